@@ -1,0 +1,129 @@
+//! Where locks live. The guard, the watchdog and the wait loop speak only to [`Backend`], so a
+//! quorum of independent masters or a Redis Cluster plugs in as one more variant with the same
+//! five operations, without touching them or the public API.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::wakeups::{Registration, Wakeups};
+use crate::LockError;
+
+pub(crate) mod memory;
+pub(crate) mod redis;
+
+/// The names one lock uses in its store: all share the `{key}` hash tag, so Redis Cluster puts
+/// them in one slot.
+#[derive(Debug, Clone)]
+pub(crate) struct LockKeys {
+    /// `<prefix>{<key>}`: holds the holder's token.
+    pub(crate) lock: String,
+    /// `<prefix>{<key>}:fence`: the fencing counter.
+    pub(crate) fence: String,
+    /// `<prefix>{<key>}:released`: told of every release.
+    pub(crate) channel: String,
+}
+
+impl LockKeys {
+    pub(crate) fn new(prefix: &str, key: &str) -> Self {
+        let lock = format!("{prefix}{{{key}}}");
+        LockKeys {
+            fence: format!("{lock}:fence"),
+            channel: format!("{lock}:released"),
+            lock,
+        }
+    }
+}
+
+/// The result of one acquire attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Attempt {
+    /// Ours; `fence` is the new fencing token when one was asked for.
+    Acquired { fence: Option<u64> },
+    /// Held by someone (or something) else; `pttl_ms` is its remaining life when it has one.
+    Held { pttl_ms: Option<u64> },
+}
+
+#[derive(Debug)]
+pub(crate) enum Backend {
+    Redis(redis::RedisBackend),
+    Memory(memory::MemoryBackend),
+}
+
+impl Backend {
+    pub(crate) async fn acquire(
+        &self,
+        keys: &LockKeys,
+        token: &str,
+        ttl_ms: u64,
+        fencing: bool,
+    ) -> Result<Attempt, LockError> {
+        match self {
+            Backend::Redis(b) => b.acquire(keys, token, ttl_ms, fencing).await,
+            Backend::Memory(b) => Ok(b.acquire(keys, token, ttl_ms, fencing)),
+        }
+    }
+
+    /// Sets the lock's ttl to `ttl_ms` if it still holds `token`; `false` if it does not.
+    pub(crate) async fn renew(&self, keys: &LockKeys, token: &str, ttl_ms: u64) -> Result<bool, LockError> {
+        match self {
+            Backend::Redis(b) => b.renew(keys, token, ttl_ms).await,
+            Backend::Memory(b) => Ok(b.renew(keys, token, ttl_ms)),
+        }
+    }
+
+    /// Deletes the lock (or, with `hold_ms > 0`, lets it expire in `hold_ms`) if it still holds
+    /// `token`, and wakes its waiters; `false` if it was no longer ours.
+    pub(crate) async fn release(
+        &self,
+        keys: &LockKeys,
+        token: &str,
+        hold_ms: u64,
+    ) -> Result<bool, LockError> {
+        match self {
+            Backend::Redis(b) => b.release(keys, token, hold_ms).await,
+            Backend::Memory(b) => Ok(b.release(keys, token, hold_ms)),
+        }
+    }
+
+    pub(crate) async fn is_locked(&self, keys: &LockKeys) -> Result<bool, LockError> {
+        match self {
+            Backend::Redis(b) => b.is_locked(keys).await,
+            Backend::Memory(b) => Ok(b.is_locked(keys)),
+        }
+    }
+
+    /// The lock's remaining life, `None` when it is not held (or never expires).
+    pub(crate) async fn remaining_ttl(&self, keys: &LockKeys) -> Result<Option<Duration>, LockError> {
+        match self {
+            Backend::Redis(b) => b.remaining_ttl(keys).await,
+            Backend::Memory(b) => Ok(b.remaining_ttl(keys)),
+        }
+    }
+
+    pub(crate) async fn force_release(&self, keys: &LockKeys) -> Result<bool, LockError> {
+        match self {
+            Backend::Redis(b) => b.force_release(keys).await,
+            Backend::Memory(b) => Ok(b.force_release(keys)),
+        }
+    }
+
+    /// Whether fencing tokens can be offered (a quorum of masters has no single counter).
+    pub(crate) fn supports_fencing(&self) -> bool {
+        true
+    }
+
+    pub(crate) fn wakeups(&self) -> &Arc<Wakeups> {
+        match self {
+            Backend::Redis(b) => b.wakeups(),
+            Backend::Memory(b) => b.wakeups(),
+        }
+    }
+
+    /// Makes sure releases of the registration's lock reach it (Redis: the channel is
+    /// subscribed). Best effort: on failure the waiter still wakes at the holder's expiry.
+    pub(crate) async fn listen(&self, registration: &Registration) {
+        if let Backend::Redis(b) = self {
+            b.listen(registration).await;
+        }
+    }
+}

@@ -1,0 +1,392 @@
+//! [`LockClient`]: taking locks, waiting for them, and running code under them.
+
+use std::future::Future;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use rand::TryRngCore;
+use tokio::time::Instant;
+
+use crate::backend::memory::MemoryBackend;
+use crate::backend::redis::{RedisBackend, Timeouts};
+use crate::backend::{Attempt, Backend, LockKeys};
+use crate::guard::{LockGuard, LockState};
+use crate::{scope, LockError, LockOptions};
+
+/// The longest key accepted, in bytes, before the prefix is added.
+pub const MAX_KEY_LEN: usize = 1024;
+/// The default key prefix: `order:42` is stored at `lock:{order:42}`.
+pub const DEFAULT_PREFIX: &str = "lock:";
+/// How long [`LockClientBuilder::build`] waits for a connection by default.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long any one Redis request may take by default before it fails as
+/// [`LockError::Unavailable`].
+pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
+/// The longest a waiter sleeps between attempts: it is woken by the holder's release, or at the
+/// holder's expiry, and at the latest after this, in case a release message was missed.
+pub const MAX_WAIT_NAP: Duration = Duration::from_secs(2);
+
+/// Takes, waits for and releases locks. Cheap to clone (the connection is shared), `Send + Sync`.
+///
+/// One client keeps one reconnecting, multiplexed Redis connection for every lock it takes, and
+/// one more connection, opened at the first wait, on which waiters hear of releases.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), lock_runtime::LockError> {
+/// use std::time::Duration;
+/// use lock_runtime::{LockClient, LockOptions};
+///
+/// let locks = LockClient::connect("redis://127.0.0.1:6379").await?;
+/// let options = LockOptions::new(Duration::from_secs(30)).watchdog(true);
+/// let receipt = locks
+///     .run("order:42", &options, async {
+///         // at most one holder of `order:42` runs this at a time
+///         "charged"
+///     })
+///     .await?;
+/// # let _ = receipt; Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct LockClient {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    backend: Backend,
+    prefix: String,
+}
+
+impl LockClient {
+    /// Connects to one Redis server: `redis://host:port`, `redis://user:pass@host:port/db`, or
+    /// `rediss://…` (TLS, with the `tls` feature), with the default prefix and timeouts.
+    pub async fn connect(url: &str) -> Result<LockClient, LockError> {
+        LockClient::builder().url(url).build().await
+    }
+
+    /// A process-local backend with the same semantics (ttl, tokens, fencing, waiting, watchdog)
+    /// on tokio's clock: for tests of code that takes locks, and demos without Redis. It locks
+    /// nothing across processes.
+    pub fn in_memory() -> LockClient {
+        LockClient::from_backend(Backend::Memory(MemoryBackend::new()), DEFAULT_PREFIX.to_owned())
+    }
+
+    /// A builder for a client with a custom prefix or timeouts.
+    pub fn builder() -> LockClientBuilder {
+        LockClientBuilder::default()
+    }
+
+    fn from_backend(backend: Backend, prefix: String) -> LockClient {
+        LockClient {
+            inner: Arc::new(Inner { backend, prefix }),
+        }
+    }
+
+    pub(crate) fn backend(&self) -> &Backend {
+        &self.inner.backend
+    }
+
+    /// Which client a held lock belongs to, for reentrancy.
+    fn id(&self) -> usize {
+        Arc::as_ptr(&self.inner) as usize
+    }
+
+    /// The prefix put before every key.
+    pub fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    fn keys(&self, key: &str) -> Result<LockKeys, LockError> {
+        let reason = if key.is_empty() {
+            "the key is empty"
+        } else if key.len() > MAX_KEY_LEN {
+            "the key is longer than 1024 bytes"
+        } else {
+            return Ok(LockKeys::new(&self.inner.prefix, key));
+        };
+        let mut end = key.len().min(64);
+        while !key.is_char_boundary(end) {
+            end -= 1;
+        }
+        Err(LockError::InvalidKey {
+            key: key[..end].to_owned(),
+            reason,
+        })
+    }
+
+    fn check(&self, options: &LockOptions) -> Result<(), LockError> {
+        options.validate()?;
+        if options.is_fencing() && !self.backend().supports_fencing() {
+            return Err(LockError::invalid_options(
+                "fencing tokens need a single counter; this client has none (RedLock)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Takes the lock on `key`, waiting up to `options.wait` if it is held.
+    ///
+    /// Fails with [`LockError::Busy`] when the wait runs out, [`LockError::Unavailable`] when
+    /// Redis cannot be reached in time, and `InvalidKey`/`InvalidOptions` for bad input. Note that
+    /// a bare `acquire` is its own owner: unlike [`run`](LockClient::run), it is not reentrant.
+    pub async fn acquire(&self, key: &str, options: &LockOptions) -> Result<LockGuard, LockError> {
+        let keys = self.keys(key)?;
+        self.check(options)?;
+        self.acquire_keys(key, keys, options).await
+    }
+
+    async fn acquire_keys(
+        &self,
+        key: &str,
+        keys: LockKeys,
+        options: &LockOptions,
+    ) -> Result<LockGuard, LockError> {
+        let backend = self.backend();
+        let deadline = Instant::now() + options.wait_time();
+        // Registered before the first attempt, so a release right after it is not missed.
+        let mut wakeup = (!options.wait_time().is_zero()).then(|| backend.wakeups().register(&keys.channel));
+        loop {
+            if let Some(wakeup) = &wakeup {
+                backend.listen(wakeup).await;
+            }
+            let token = new_token()?;
+            let started = Instant::now();
+            match backend
+                .acquire(&keys, &token, options.ttl_ms(), options.is_fencing())
+                .await?
+            {
+                Attempt::Acquired { fence } => {
+                    tracing::debug!(key, fence, "lock acquired");
+                    let state = LockState::new(key, keys, token, fence, options.ttl(), started);
+                    return Ok(LockGuard::new(
+                        self.clone(),
+                        state,
+                        options.is_watchdog(),
+                        options.min_hold(),
+                        started,
+                    ));
+                }
+                Attempt::Held { pttl_ms } => {
+                    let now = Instant::now();
+                    let Some(wakeup) = wakeup.as_mut().filter(|_| now < deadline) else {
+                        tracing::debug!(key, "lock busy");
+                        return Err(LockError::Busy { key: key.to_owned() });
+                    };
+                    let nap = nap(pttl_ms).min(deadline - now);
+                    tokio::select! {
+                        () = wakeup.bumped() => {}
+                        () = tokio::time::sleep(nap) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs `body` while holding the lock on `key`: acquires (waiting up to `options.wait`),
+    /// runs the body under the watchdog and the lost-lock policy, and releases before returning.
+    ///
+    /// - The body's output comes back as `Ok`, whatever it is (an `Err` of the body's own is
+    ///   `Ok(Err(..))` here); a failed release is logged and never replaces it.
+    /// - Lost while running: with [`OnLost::Abort`](crate::OnLost::Abort) the body is dropped
+    ///   and this returns [`LockError::Lost`]; with `Continue` it finishes, with a warning.
+    /// - Panic or cancellation of this future releases the lock in the background.
+    /// - Reentrant: called from inside a body that already holds `key` through this client
+    ///   (on the same task), it runs `body` at once, and leaves the release to the outer call.
+    ///
+    /// The body may borrow locals (no `'static` bound); the future is `Send` when `body` is.
+    pub async fn run<F: Future>(
+        &self,
+        key: &str,
+        options: &LockOptions,
+        body: F,
+    ) -> Result<F::Output, LockError> {
+        let keys = self.keys(key)?;
+        self.check(options)?;
+        if let Some(outer) = scope::held(self.id(), &keys.lock) {
+            if outer.is_lost() {
+                return Err(LockError::Lost { key: key.to_owned() });
+            }
+            return Ok(body.await);
+        }
+        let guard = self.acquire_keys(key, keys, options).await?;
+        let outcome = scope::enter(
+            self.id(),
+            Arc::clone(guard.state()),
+            guard.guard(options.lost_policy(), body),
+        )
+        .await;
+        if let Err(e) = guard.release().await {
+            tracing::warn!(key, error = %e, "lock release failed; the lock will expire");
+        }
+        outcome
+    }
+
+    /// Whether anyone holds the lock on `key` right now.
+    pub async fn is_locked(&self, key: &str) -> Result<bool, LockError> {
+        let keys = self.keys(key)?;
+        self.backend().is_locked(&keys).await
+    }
+
+    /// How long the lock on `key` has left, `None` when nobody holds it (or, on Redis, when
+    /// the key exists without an expiry, which a lock never does).
+    pub async fn remaining_ttl(&self, key: &str) -> Result<Option<Duration>, LockError> {
+        let keys = self.keys(key)?;
+        self.backend().remaining_ttl(&keys).await
+    }
+
+    /// Deletes the lock on `key` whoever holds it, and wakes its waiters; `true` if there was
+    /// one. An administrative tool (as Redisson's `forceUnlock`): the holder finds out at its next
+    /// renewal, or when its validity runs out.
+    pub async fn force_release(&self, key: &str) -> Result<bool, LockError> {
+        let keys = self.keys(key)?;
+        self.backend().force_release(&keys).await
+    }
+
+    /// How many locks this client's waiters are listening on right now (each is one
+    /// subscribed channel on Redis). Zero when nobody waits: subscriptions do not pile up.
+    pub fn waiting_channels(&self) -> usize {
+        self.backend().wakeups().len()
+    }
+}
+
+/// A fresh token: 128 bits from the OS random source, as 32 hex digits.
+fn new_token() -> Result<String, LockError> {
+    let mut bytes = [0u8; 16];
+    rand::rngs::OsRng
+        .try_fill_bytes(&mut bytes)
+        .map_err(LockError::unavailable)?;
+    Ok(format!("{:032x}", u128::from_be_bytes(bytes)))
+}
+
+/// How long a waiter sleeps before trying again, unless a release wakes it first: until the
+/// holder's key expires (never past [`MAX_WAIT_NAP`]), less up to 15% of jitter so that
+/// waiters on one lock do not all retry at the same instant.
+fn nap(pttl_ms: Option<u64>) -> Duration {
+    let until_expiry = pttl_ms.map_or(MAX_WAIT_NAP, Duration::from_millis);
+    until_expiry
+        .min(MAX_WAIT_NAP)
+        .mul_f64(rand::random_range(0.85..=1.0))
+}
+
+/// Configures a [`LockClient`].
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), lock_runtime::LockError> {
+/// use std::time::Duration;
+/// use lock_runtime::LockClient;
+///
+/// let locks = LockClient::builder()
+///     .url("redis://127.0.0.1:6379/0")
+///     .prefix("billing:lock:")
+///     .connect_timeout(Duration::from_secs(2))
+///     .response_timeout(Duration::from_millis(500))
+///     .build()
+///     .await?;
+/// # let _ = locks; Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct LockClientBuilder {
+    url: Option<String>,
+    prefix: String,
+    connect_timeout: Duration,
+    response_timeout: Duration,
+}
+
+impl Default for LockClientBuilder {
+    fn default() -> Self {
+        LockClientBuilder {
+            url: None,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            response_timeout: DEFAULT_RESPONSE_TIMEOUT,
+        }
+    }
+}
+
+impl LockClientBuilder {
+    /// The Redis server (required).
+    pub fn url(mut self, url: &str) -> Self {
+        self.url = Some(url.to_owned());
+        self
+    }
+
+    /// Put before every key (default [`DEFAULT_PREFIX`], `"lock:"`).
+    pub fn prefix(mut self, prefix: &str) -> Self {
+        prefix.clone_into(&mut self.prefix);
+        self
+    }
+
+    /// How long to wait for a connection (default [`DEFAULT_CONNECT_TIMEOUT`], 5 s).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// How long any one request may take (default [`DEFAULT_RESPONSE_TIMEOUT`], 2 s). Keep it
+    /// well below your ttls: a renewal that takes longer than the lock's validity loses it.
+    pub fn response_timeout(mut self, timeout: Duration) -> Self {
+        self.response_timeout = timeout;
+        self
+    }
+
+    /// Connects. [`LockError::Unavailable`] when the server cannot be reached within the
+    /// connect timeout; [`LockError::InvalidOptions`] for a missing or malformed URL or a zero
+    /// timeout.
+    pub async fn build(self) -> Result<LockClient, LockError> {
+        let Some(url) = self.url else {
+            return Err(LockError::invalid_options(
+                "no Redis URL given to the builder (.url(…))",
+            ));
+        };
+        if self.connect_timeout.is_zero() || self.response_timeout.is_zero() {
+            return Err(LockError::invalid_options("timeouts must be greater than zero"));
+        }
+        let timeouts = Timeouts {
+            connect: self.connect_timeout,
+            response: self.response_timeout,
+        };
+        let backend = RedisBackend::connect(&url, timeouts).await?;
+        Ok(LockClient::from_backend(Backend::Redis(backend), self.prefix))
+    }
+}
+
+static DEFAULT_CLIENT: RwLock<Option<LockClient>> = RwLock::new(None);
+
+/// Sets the client that `#[distributed_lock]` uses when no `client = …` is given, replacing
+/// any earlier one.
+pub fn set_default_client(client: LockClient) {
+    let mut slot = DEFAULT_CLIENT.write().unwrap_or_else(|e| e.into_inner());
+    *slot = Some(client);
+}
+
+/// The client set by [`set_default_client`], if any.
+pub fn default_client() -> Option<LockClient> {
+    DEFAULT_CLIENT.read().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_fresh_128_bit_hex() {
+        let a = new_token().unwrap_or_default();
+        let b = new_token().unwrap_or_default();
+        assert_eq!(a.len(), 32);
+        assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn naps_end_by_the_holders_expiry_and_are_bounded() {
+        for _ in 0..100 {
+            let n = nap(Some(100));
+            assert!(
+                n <= Duration::from_millis(100) && n >= Duration::from_millis(85),
+                "{n:?}"
+            );
+            assert!(nap(None) <= MAX_WAIT_NAP);
+            assert!(nap(Some(60_000)) <= MAX_WAIT_NAP);
+        }
+    }
+}

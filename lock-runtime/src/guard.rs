@@ -1,0 +1,297 @@
+//! A held lock: its validity clock, its lost signal, and its release on every path.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::backend::LockKeys;
+use crate::options::{ceil_millis, drift, MIN_TTL};
+use crate::{LockClient, LockError, OnLost};
+
+#[derive(Debug, Clone, Copy)]
+struct Status {
+    /// Past this instant without a renewal the lock may be someone else's.
+    valid_until: Instant,
+    /// Sticky: set when the backend said the lock is gone, or validity ran out.
+    lost: bool,
+}
+
+/// What the guard, its watchdog and the reentrancy scope share about one held lock.
+#[derive(Debug)]
+pub(crate) struct LockState {
+    pub(crate) key: String,
+    pub(crate) keys: LockKeys,
+    pub(crate) token: String,
+    pub(crate) fence: Option<u64>,
+    pub(crate) ttl: Duration,
+    status: watch::Sender<Status>,
+}
+
+impl LockState {
+    /// `started` is when the acquire request was sent: validity counts from there, so the
+    /// request's own flight time is never counted as held time.
+    pub(crate) fn new(
+        key: &str,
+        keys: LockKeys,
+        token: String,
+        fence: Option<u64>,
+        ttl: Duration,
+        started: Instant,
+    ) -> Self {
+        LockState {
+            key: key.to_owned(),
+            keys,
+            token,
+            fence,
+            ttl,
+            status: watch::Sender::new(Status {
+                valid_until: started + ttl.saturating_sub(drift(ttl)),
+                lost: false,
+            }),
+        }
+    }
+
+    pub(crate) fn valid_until(&self) -> Instant {
+        self.status.borrow().valid_until
+    }
+
+    pub(crate) fn is_lost(&self) -> bool {
+        let status = *self.status.borrow();
+        status.lost || Instant::now() >= status.valid_until
+    }
+
+    /// Marks the lock lost; returns whether it was not already.
+    pub(crate) fn mark_lost(&self) -> bool {
+        self.status
+            .send_if_modified(|s| !std::mem::replace(&mut s.lost, true))
+    }
+
+    /// Records a successful renewal sent at `sent` for `ttl`, unless the lock was already lost
+    /// (a renewal that lands after validity ran out does not resurrect it).
+    pub(crate) fn renewed(&self, sent: Instant, ttl: Duration) {
+        self.status.send_if_modified(|s| {
+            if s.lost || Instant::now() >= s.valid_until {
+                return false;
+            }
+            s.valid_until = sent + ttl.saturating_sub(drift(ttl));
+            true
+        });
+    }
+
+    /// Completes once the lock is lost: marked so, or past its validity.
+    pub(crate) async fn lost(&self) {
+        let mut rx = self.status.subscribe();
+        loop {
+            let status = *rx.borrow_and_update();
+            if status.lost {
+                return;
+            }
+            tokio::select! {
+                changed = rx.changed() => {
+                    if changed.is_err() {
+                        // The sender lives in `self`; unreachable while we borrow it.
+                        std::future::pending::<()>().await;
+                    }
+                }
+                () = tokio::time::sleep_until(status.valid_until) => {
+                    if Instant::now() >= self.valid_until() {
+                        if self.mark_lost() {
+                            tracing::warn!(key = %self.key, "lock validity ran out without a renewal; lock lost");
+                        }
+                        return;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A lock held by this process. Release it with [`release`](LockGuard::release); dropping it
+/// releases in the background.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), lock_runtime::LockError> {
+/// use std::time::Duration;
+/// use lock_runtime::{LockClient, LockOptions};
+///
+/// let client = LockClient::connect("redis://127.0.0.1:6379").await?;
+/// let guard = client
+///     .acquire("report:daily", &LockOptions::new(Duration::from_secs(30)).watchdog(true))
+///     .await?;
+/// // ... work while `guard.is_lost()` is false ...
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+#[must_use = "a lock is released as soon as its guard is dropped"]
+pub struct LockGuard {
+    client: LockClient,
+    state: Arc<LockState>,
+    watchdog: Option<JoinHandle<()>>,
+    /// With a minimum hold, the lock is kept until then even when released earlier.
+    hold_until: Instant,
+    released: bool,
+}
+
+impl LockGuard {
+    pub(crate) fn new(
+        client: LockClient,
+        state: LockState,
+        watchdog: bool,
+        hold_at_least: Duration,
+        started: Instant,
+    ) -> Self {
+        let state = Arc::new(state);
+        let watchdog = watchdog.then(|| {
+            tokio::spawn(crate::watchdog::renew_until_lost(
+                client.clone(),
+                Arc::clone(&state),
+                started,
+            ))
+        });
+        LockGuard {
+            client,
+            state,
+            watchdog,
+            hold_until: started + hold_at_least,
+            released: false,
+        }
+    }
+
+    pub(crate) fn state(&self) -> &Arc<LockState> {
+        &self.state
+    }
+
+    /// The key as the caller gave it, without the prefix.
+    pub fn key(&self) -> &str {
+        &self.state.key
+    }
+
+    /// The fencing token taken with the lock, when the options asked for one: strictly greater
+    /// than every token handed out for this key before.
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.state.fence
+    }
+
+    /// Whether the lock is lost: the backend said so, or its validity ran out without renewal.
+    pub fn is_lost(&self) -> bool {
+        self.state.is_lost()
+    }
+
+    /// Completes when the lock is lost (never, while it is renewed and ours).
+    pub async fn lost(&self) {
+        self.state.lost().await;
+    }
+
+    /// Sets the lock to expire `ttl` from now, if it is still ours; [`LockError::Lost`] if not.
+    /// The watchdog, if any, goes on renewing with the original ttl.
+    pub async fn extend(&self, ttl: Duration) -> Result<(), LockError> {
+        if ttl < MIN_TTL || ttl > crate::options::MAX_DURATION {
+            return Err(LockError::invalid_options(format!(
+                "extend ttl {ttl:?} is outside {MIN_TTL:?}..={:?}",
+                crate::options::MAX_DURATION
+            )));
+        }
+        if self.state.is_lost() {
+            return Err(self.lost_error());
+        }
+        let sent = Instant::now();
+        let backend = self.client.backend();
+        if backend
+            .renew(&self.state.keys, &self.state.token, ceil_millis(ttl))
+            .await?
+        {
+            self.state.renewed(sent, ttl);
+            Ok(())
+        } else {
+            if self.state.mark_lost() {
+                tracing::warn!(key = %self.state.key, "lock lost: found gone or taken on extend");
+            }
+            Err(self.lost_error())
+        }
+    }
+
+    /// Releases the lock: `Ok(true)` if it was still ours (it is deleted, or with a minimum
+    /// hold, left to expire at its end), `Ok(false)` if it had already expired or been taken.
+    /// The watchdog is stopped before the release is sent.
+    pub async fn release(mut self) -> Result<bool, LockError> {
+        self.released = true;
+        if let Some(watchdog) = self.watchdog.take() {
+            watchdog.abort();
+            let _ = watchdog.await;
+        }
+        release(&self.client, &self.state, self.hold_until).await
+    }
+
+    fn lost_error(&self) -> LockError {
+        LockError::Lost {
+            key: self.state.key.clone(),
+        }
+    }
+
+    /// Runs `body` while the lock holds, under the lost-lock policy.
+    pub(crate) async fn guard<F: Future>(&self, policy: OnLost, body: F) -> Result<F::Output, LockError> {
+        let body = std::pin::pin!(body);
+        let mut body = body;
+        tokio::select! {
+            biased;
+            out = &mut body => return Ok(out),
+            () = self.lost() => {}
+        }
+        match policy {
+            OnLost::Abort => {
+                tracing::warn!(key = %self.state.key, "lock lost while held; aborting the guarded code");
+                Err(self.lost_error())
+            }
+            OnLost::Continue => {
+                tracing::warn!(key = %self.state.key, "lock lost while held; the guarded code continues (on_lost = continue)");
+                Ok(body.await)
+            }
+        }
+    }
+}
+
+async fn release(client: &LockClient, state: &LockState, hold_until: Instant) -> Result<bool, LockError> {
+    let hold_ms = ceil_millis(hold_until.saturating_duration_since(Instant::now()));
+    let released = client
+        .backend()
+        .release(&state.keys, &state.token, hold_ms)
+        .await?;
+    if released {
+        tracing::debug!(key = %state.key, hold_ms, "lock released");
+    } else {
+        tracing::debug!(key = %state.key, "lock had expired or been taken before its release");
+    }
+    Ok(released)
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if self.released {
+            return;
+        }
+        let watchdog = self.watchdog.take();
+        if let Some(watchdog) = &watchdog {
+            watchdog.abort();
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::debug!(key = %self.state.key, "lock guard dropped outside a tokio runtime; the lock is left to expire");
+            return;
+        };
+        let client = self.client.clone();
+        let state = Arc::clone(&self.state);
+        let hold_until = self.hold_until;
+        runtime.spawn(async move {
+            if let Some(watchdog) = watchdog {
+                let _ = watchdog.await;
+            }
+            if let Err(e) = release(&client, &state, hold_until).await {
+                tracing::warn!(key = %state.key, error = %e, "background release of a dropped lock guard failed; it will expire");
+            }
+        });
+    }
+}

@@ -1,0 +1,206 @@
+//! What a caller asks of one lock: [`LockOptions`] and [`OnLost`].
+
+use std::time::Duration;
+
+use crate::LockError;
+
+/// The shortest ttl accepted: below it the clock drift allowance leaves no validity.
+pub const MIN_TTL: Duration = Duration::from_millis(10);
+/// The shortest ttl accepted with the watchdog: it renews every ttl/3, which leaves a round
+/// trip less than ~ttl/3 of slack; below 60 ms one slow round trip would lose the lock.
+pub const MIN_WATCHDOG_TTL: Duration = Duration::from_millis(60);
+/// The longest ttl, wait or minimum hold accepted (30 days): longer values are almost always a
+/// unit mistake, and they keep every deadline far from overflow.
+pub const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// What happens to the guarded code when its lock is lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnLost {
+    /// Stop the guarded code (its future is dropped) and return [`LockError::Lost`]. The default:
+    /// code that needs mutual exclusion must not go on without it.
+    #[default]
+    Abort,
+    /// Let the guarded code finish and log a warning. For bodies that cannot be interrupted
+    /// safely and use a fencing token to make a late write harmless.
+    Continue,
+}
+
+/// How to take and hold one lock. Built from [`LockOptions::new`] and by-value setters.
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_runtime::{LockOptions, OnLost};
+///
+/// let options = LockOptions::new(Duration::from_secs(30))
+///     .watchdog(true)
+///     .wait(Duration::from_secs(5))
+///     .fencing(true)
+///     .on_lost(OnLost::Abort);
+/// assert_eq!(options.ttl(), Duration::from_secs(30));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockOptions {
+    ttl: Duration,
+    watchdog: bool,
+    wait: Duration,
+    fencing: bool,
+    hold_at_least: Duration,
+    on_lost: OnLost,
+}
+
+impl LockOptions {
+    /// Options for a lock that expires `ttl` after it is taken (or after its last renewal).
+    /// No watchdog, no wait (one attempt), no fencing, no minimum hold, [`OnLost::Abort`].
+    pub fn new(ttl: Duration) -> Self {
+        LockOptions {
+            ttl,
+            watchdog: false,
+            wait: Duration::ZERO,
+            fencing: false,
+            hold_at_least: Duration::ZERO,
+            on_lost: OnLost::Abort,
+        }
+    }
+
+    /// Renew the lock every ttl/3 while it is held (default off: the ttl is a hard lease).
+    pub fn watchdog(mut self, on: bool) -> Self {
+        self.watchdog = on;
+        self
+    }
+
+    /// Keep trying for up to `wait` when the lock is held, woken by the holder's release
+    /// (default zero: one attempt, then [`LockError::Busy`]).
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Take a fencing token with the lock (default off): a number that strictly increases with
+    /// every acquisition of the key, to hand to storage that rejects older tokens.
+    pub fn fencing(mut self, on: bool) -> Self {
+        self.fencing = on;
+        self
+    }
+
+    /// Keep the lock for at least this long after it was taken, even when released earlier, so a
+    /// fast scheduled job is not run again by another instance in the same period (default zero).
+    pub fn hold_at_least(mut self, hold: Duration) -> Self {
+        self.hold_at_least = hold;
+        self
+    }
+
+    /// What to do with the guarded code when the lock is lost (default [`OnLost::Abort`]).
+    pub fn on_lost(mut self, policy: OnLost) -> Self {
+        self.on_lost = policy;
+        self
+    }
+
+    /// The lease length.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// Whether the watchdog renews the lock.
+    pub fn is_watchdog(&self) -> bool {
+        self.watchdog
+    }
+
+    /// How long an acquire keeps trying.
+    pub fn wait_time(&self) -> Duration {
+        self.wait
+    }
+
+    /// Whether a fencing token is taken.
+    pub fn is_fencing(&self) -> bool {
+        self.fencing
+    }
+
+    /// The minimum hold.
+    pub fn min_hold(&self) -> Duration {
+        self.hold_at_least
+    }
+
+    /// The lost-lock policy.
+    pub fn lost_policy(&self) -> OnLost {
+        self.on_lost
+    }
+
+    /// The ttl in whole milliseconds, as Redis takes it (sub-millisecond parts round up).
+    pub(crate) fn ttl_ms(&self) -> u64 {
+        ceil_millis(self.ttl)
+    }
+
+    /// Rejects options that cannot work, with a message that says which and why.
+    pub(crate) fn validate(&self) -> Result<(), LockError> {
+        if self.ttl.is_zero() {
+            return Err(LockError::invalid_options("ttl must be greater than zero"));
+        }
+        if self.ttl < MIN_TTL {
+            return Err(LockError::invalid_options(format!(
+                "ttl {:?} is below the minimum of {MIN_TTL:?}",
+                self.ttl
+            )));
+        }
+        if self.watchdog && self.ttl < MIN_WATCHDOG_TTL {
+            return Err(LockError::invalid_options(format!(
+                "ttl {:?} is too short for the watchdog (renews every ttl/3); use at least {MIN_WATCHDOG_TTL:?}",
+                self.ttl
+            )));
+        }
+        for (name, value) in [
+            ("ttl", self.ttl),
+            ("wait", self.wait),
+            ("hold_at_least", self.hold_at_least),
+        ] {
+            if value > MAX_DURATION {
+                return Err(LockError::invalid_options(format!(
+                    "{name} {value:?} exceeds the maximum of {MAX_DURATION:?}"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How much validity a lease of `ttl` loses to clock drift and the request's own flight time:
+/// ttl/100 + 2 ms (as in the Redlock paper's drift factor).
+pub(crate) fn drift(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}
+
+pub(crate) fn ceil_millis(d: Duration) -> u64 {
+    let ms = d.as_millis();
+    let ms = if d.as_nanos() % 1_000_000 == 0 { ms } else { ms + 1 };
+    u64::try_from(ms).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_zero_short_and_huge() {
+        let ok = LockOptions::new(Duration::from_secs(1));
+        assert!(ok.validate().is_ok());
+        for bad in [
+            LockOptions::new(Duration::ZERO),
+            LockOptions::new(Duration::from_millis(5)),
+            LockOptions::new(Duration::from_millis(30)).watchdog(true),
+            LockOptions::new(MAX_DURATION + Duration::from_secs(1)),
+            ok.clone().wait(Duration::MAX),
+            ok.clone().hold_at_least(Duration::MAX),
+        ] {
+            assert!(
+                matches!(bad.validate(), Err(LockError::InvalidOptions { .. })),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn drift_and_millis() {
+        assert_eq!(drift(Duration::from_secs(30)), Duration::from_millis(302));
+        assert_eq!(ceil_millis(Duration::from_micros(1500)), 2);
+        assert_eq!(ceil_millis(Duration::from_millis(7)), 7);
+    }
+}

@@ -1,0 +1,99 @@
+//! The locks held by the current call chain: reentrancy and [`current`].
+//!
+//! A guarded body runs inside a task-local frame naming its lock. A guarded call made from inside
+//! it (directly or deeper, on the same task) finds the frame and runs without acquiring again;
+//! tasks spawned from the body start with no frame, so they are other owners.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use crate::guard::LockState;
+
+/// The lock held around the current code: see [`current`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockInfo {
+    key: String,
+    fencing_token: Option<u64>,
+}
+
+impl LockInfo {
+    /// The key as the caller gave it, without the prefix.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The lock's fencing token, when it was taken with `fencing`.
+    pub fn fencing_token(&self) -> Option<u64> {
+        self.fencing_token
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Frame {
+    /// Which client (backend and prefix) holds it.
+    client: usize,
+    info: LockInfo,
+    state: Arc<LockState>,
+    parent: Option<Arc<Frame>>,
+}
+
+tokio::task_local! {
+    static HELD: Arc<Frame>;
+}
+
+/// The innermost lock held by this call chain, inside a body run by
+/// [`LockClient::run`](crate::LockClient::run) or `#[distributed_lock]`; `None` elsewhere,
+/// including in tasks spawned from such a body.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), lock_runtime::LockError> {
+/// use std::time::Duration;
+/// use lock_runtime::{LockClient, LockOptions};
+///
+/// let client = LockClient::in_memory();
+/// let options = LockOptions::new(Duration::from_secs(5)).fencing(true);
+/// let token = client
+///     .run("ledger", &options, async { lock_runtime::current().and_then(|l| l.fencing_token()) })
+///     .await?;
+/// assert_eq!(token, Some(1));
+/// assert!(lock_runtime::current().is_none());
+/// # Ok(()) }
+/// ```
+pub fn current() -> Option<LockInfo> {
+    HELD.try_with(|frame| frame.info.clone()).ok()
+}
+
+/// The state of `lock_key` if this call chain already holds it through `client`.
+pub(crate) fn held(client: usize, lock_key: &str) -> Option<Arc<LockState>> {
+    HELD.try_with(|innermost| {
+        let mut frame = Some(innermost);
+        while let Some(f) = frame {
+            if f.client == client && f.state.keys.lock == lock_key {
+                return Some(Arc::clone(&f.state));
+            }
+            frame = f.parent.as_ref();
+        }
+        None
+    })
+    .ok()
+    .flatten()
+}
+
+/// Runs `body` with `state`'s lock pushed onto this call chain's held locks.
+pub(crate) fn enter<F: Future>(
+    client: usize,
+    state: Arc<LockState>,
+    body: F,
+) -> impl Future<Output = F::Output> {
+    let frame = Frame {
+        client,
+        info: LockInfo {
+            key: state.key.clone(),
+            fencing_token: state.fence,
+        },
+        state,
+        parent: HELD.try_with(Arc::clone).ok(),
+    };
+    HELD.scope(Arc::new(frame), body)
+}

@@ -1,0 +1,313 @@
+//! The lock's behaviour, run unchanged against a spawned redis-server and the in-memory backend.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_runtime::{LockError, LockOptions, OnLost};
+use lock_tests::{eventually, Target};
+use tokio::time::Instant;
+
+fn ttl(ms: u64) -> LockOptions {
+    LockOptions::new(Duration::from_millis(ms))
+}
+
+const SECOND: Duration = Duration::from_secs(1);
+
+/// Defines each test twice: `redis::name` on a fresh redis-server, `memory::name` in memory.
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(lock_tests::Target::redis().await).await;
+                }
+            )*
+        }
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(lock_tests::Target::memory()).await;
+                }
+            )*
+        }
+    };
+}
+
+on_both_backends!(
+    lock_unlock_twice,
+    independent_keys,
+    held_lock_is_busy,
+    fifty_contenders_one_winner,
+    ttl_is_set_on_the_key,
+    late_release_returns_false_and_spares_the_new_holder,
+    non_owner_cannot_extend_or_release,
+    watchdog_keeps_a_short_lock_alive,
+    external_delete_is_noticed_as_lost,
+    dropped_guard_releases_in_background,
+    bad_keys_and_options_are_rejected,
+    run_releases_when_body_returns_err,
+    run_releases_on_cancellation,
+    run_releases_on_panic,
+    on_lost_abort_stops_the_body,
+    on_lost_continue_lets_the_body_finish,
+    lease_without_watchdog_is_lost_at_its_ttl,
+    extend_moves_the_deadline,
+);
+
+async fn lock_unlock_twice(t: Target) {
+    let c = t.client();
+    for _ in 0..2 {
+        let guard = c.acquire("twice", &ttl(5000)).await.unwrap();
+        assert_eq!(guard.key(), "twice");
+        assert!(c.is_locked("twice").await.unwrap());
+        assert!(guard.release().await.unwrap());
+        assert!(!c.is_locked("twice").await.unwrap());
+    }
+}
+
+async fn independent_keys(t: Target) {
+    let c = t.client();
+    let a = c.acquire("key-a", &ttl(5000)).await.unwrap();
+    let b = c.acquire("key-b", &ttl(5000)).await.unwrap();
+    assert!(a.release().await.unwrap());
+    assert!(c.is_locked("key-b").await.unwrap());
+    assert!(b.release().await.unwrap());
+}
+
+async fn held_lock_is_busy(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let guard = c.acquire("busy", &ttl(5000)).await.unwrap();
+    let err = other.acquire("busy", &ttl(5000)).await.unwrap_err();
+    assert!(matches!(&err, LockError::Busy { key } if key == "busy"), "{err:?}");
+    assert!(guard.release().await.unwrap());
+    other.acquire("busy", &ttl(5000)).await.unwrap().release().await.unwrap();
+}
+
+async fn fifty_contenders_one_winner(t: Target) {
+    let clients = [t.client(), t.other_client().await];
+    let attempts = (0..50).map(|i| {
+        let c = clients[i % 2].clone();
+        tokio::spawn(async move { c.acquire("contended", &ttl(10_000)).await })
+    });
+    let results = futures_util::future::join_all(attempts).await;
+    let mut winners = Vec::new();
+    for result in results {
+        match result.unwrap() {
+            Ok(guard) => winners.push(guard),
+            Err(LockError::Busy { .. }) => {}
+            Err(e) => panic!("unexpected {e:?}"),
+        }
+    }
+    assert_eq!(winners.len(), 1);
+}
+
+async fn ttl_is_set_on_the_key(t: Target) {
+    let c = t.client();
+    let guard = c.acquire("ttl", &ttl(5000)).await.unwrap();
+    let left = c.remaining_ttl("ttl").await.unwrap().expect("a lock has a ttl");
+    assert!(left <= Duration::from_millis(5000) && left > Duration::from_millis(3000), "{left:?}");
+    guard.release().await.unwrap();
+    assert_eq!(c.remaining_ttl("ttl").await.unwrap(), None);
+}
+
+async fn late_release_returns_false_and_spares_the_new_holder(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let stale = c.acquire("late", &ttl(50)).await.unwrap();
+    eventually(2 * SECOND, "the short lock expires", || async {
+        !c.is_locked("late").await.unwrap()
+    })
+    .await;
+    assert!(stale.is_lost());
+    let fresh = other.acquire("late", &ttl(5000)).await.unwrap();
+    assert!(!stale.release().await.unwrap(), "a late release must report it was not ours");
+    assert!(c.is_locked("late").await.unwrap(), "the new holder's lock must survive");
+    assert!(fresh.release().await.unwrap());
+}
+
+async fn non_owner_cannot_extend_or_release(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let stale = c.acquire("owner", &ttl(50)).await.unwrap();
+    eventually(2 * SECOND, "the short lock expires", || async {
+        !c.is_locked("owner").await.unwrap()
+    })
+    .await;
+    let owner = other.acquire("owner", &ttl(5000)).await.unwrap();
+    let err = stale.extend(Duration::from_secs(60)).await.unwrap_err();
+    assert!(matches!(err, LockError::Lost { .. }), "{err:?}");
+    let left = c.remaining_ttl("owner").await.unwrap().unwrap();
+    assert!(left <= Duration::from_secs(5), "a non-owner extended the lock: {left:?}");
+    assert!(!stale.release().await.unwrap());
+    assert!(c.is_locked("owner").await.unwrap(), "a non-owner released the lock");
+    assert!(owner.release().await.unwrap());
+}
+
+async fn watchdog_keeps_a_short_lock_alive(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let guard = c.acquire("dog", &ttl(300).watchdog(true)).await.unwrap();
+    let until = Instant::now() + Duration::from_millis(1500);
+    while Instant::now() < until {
+        assert!(!guard.is_lost());
+        assert!(matches!(other.acquire("dog", &ttl(300)).await, Err(LockError::Busy { .. })));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(guard.release().await.unwrap(), "the lock must still be ours after 5 ttls");
+}
+
+async fn external_delete_is_noticed_as_lost(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let guard = c.acquire("deleted", &ttl(300).watchdog(true)).await.unwrap();
+    assert!(other.force_release("deleted").await.unwrap());
+    tokio::time::timeout(2 * SECOND, guard.lost())
+        .await
+        .expect("the watchdog notices the missing key");
+    assert!(guard.is_lost());
+    assert!(!guard.release().await.unwrap());
+}
+
+async fn dropped_guard_releases_in_background(t: Target) {
+    let c = t.client();
+    let guard = c.acquire("dropped", &ttl(60_000).watchdog(true)).await.unwrap();
+    drop(guard);
+    eventually(2 * SECOND, "a dropped guard is released", || async {
+        !c.is_locked("dropped").await.unwrap()
+    })
+    .await;
+}
+
+async fn bad_keys_and_options_are_rejected(t: Target) {
+    let c = t.client();
+    let long = "k".repeat(1025);
+    for key in ["", long.as_str()] {
+        let err = c.acquire(key, &ttl(1000)).await.unwrap_err();
+        assert!(matches!(err, LockError::InvalidKey { .. }), "{err:?}");
+        let err = c.run(key, &ttl(1000), async {}).await.unwrap_err();
+        assert!(matches!(err, LockError::InvalidKey { .. }), "{err:?}");
+    }
+    c.acquire(&"k".repeat(1024), &ttl(1000)).await.unwrap().release().await.unwrap();
+    c.acquire("ключ-🔒", &ttl(1000)).await.unwrap().release().await.unwrap();
+    for options in [
+        ttl(0),
+        ttl(5),
+        ttl(30).watchdog(true),
+        ttl(1000).wait(Duration::MAX),
+        ttl(1000).hold_at_least(Duration::MAX),
+        LockOptions::new(Duration::MAX),
+    ] {
+        let err = c.acquire("opts", &options).await.unwrap_err();
+        assert!(matches!(err, LockError::InvalidOptions { .. }), "{options:?}: {err:?}");
+    }
+    assert!(!c.is_locked("opts").await.unwrap(), "a rejected call must not take the lock");
+}
+
+async fn run_releases_when_body_returns_err(t: Target) {
+    let c = t.client();
+    let out: Result<Result<(), &str>, _> = c.run("err", &ttl(5000), async { Err("declined") }).await;
+    assert_eq!(out.unwrap(), Err("declined"));
+    assert!(!c.is_locked("err").await.unwrap());
+}
+
+async fn run_releases_on_cancellation(t: Target) {
+    let c = t.client();
+    let entered = Arc::new(tokio::sync::Notify::new());
+    let body = {
+        let entered = Arc::clone(&entered);
+        async move {
+            entered.notify_one();
+            std::future::pending::<()>().await
+        }
+    };
+    let options = ttl(60_000).watchdog(true);
+    let run = c.run("cancelled", &options, body);
+    tokio::select! {
+        _ = run => unreachable!("the body never finishes"),
+        () = async { entered.notified().await; } => {}
+    }
+    // `run` was dropped mid-body, as a timeout or a client disconnect would.
+    eventually(2 * SECOND, "a cancelled run releases", || async {
+        !c.is_locked("cancelled").await.unwrap()
+    })
+    .await;
+    let timed_out = tokio::time::timeout(
+        Duration::from_millis(50),
+        c.run("cancelled", &ttl(60_000), std::future::pending::<()>()),
+    )
+    .await;
+    assert!(timed_out.is_err());
+    eventually(2 * SECOND, "a timed-out run releases", || async {
+        !c.is_locked("cancelled").await.unwrap()
+    })
+    .await;
+}
+
+async fn run_releases_on_panic(t: Target) {
+    let c = t.client();
+    let task = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            c.run("panics", &ttl(60_000).watchdog(true), async {
+                panic!("the body panics");
+            })
+            .await
+        })
+    };
+    assert!(task.await.unwrap_err().is_panic());
+    eventually(2 * SECOND, "a panicking run releases", || async {
+        !c.is_locked("panics").await.unwrap()
+    })
+    .await;
+}
+
+async fn on_lost_abort_stops_the_body(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let finished = AtomicBool::new(false);
+    let out = c
+        .run("abort", &ttl(300).watchdog(true), async {
+            other.force_release("abort").await.unwrap();
+            tokio::time::sleep(10 * SECOND).await;
+            finished.store(true, Ordering::SeqCst);
+        })
+        .await;
+    assert!(matches!(out, Err(LockError::Lost { ref key }) if key == "abort"), "{out:?}");
+    assert!(!finished.load(Ordering::SeqCst));
+}
+
+async fn on_lost_continue_lets_the_body_finish(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let options = ttl(300).watchdog(true).on_lost(OnLost::Continue);
+    let out = c
+        .run("continue", &options, async {
+            other.force_release("continue").await.unwrap();
+            // Wait until the loss has certainly been seen: another holder got the lock.
+            let taken = other.acquire("continue", &ttl(5000).wait(5 * SECOND)).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(400)).await; // > ttl/3: a renewal saw it
+            taken.release().await.unwrap();
+            7
+        })
+        .await;
+    assert_eq!(out.unwrap(), 7);
+}
+
+async fn lease_without_watchdog_is_lost_at_its_ttl(t: Target) {
+    let c = t.client();
+    let started = Instant::now();
+    let guard = c.acquire("lease", &ttl(200)).await.unwrap();
+    tokio::time::timeout(2 * SECOND, guard.lost()).await.expect("a lease ends");
+    assert!(started.elapsed() >= Duration::from_millis(190), "lost early: {:?}", started.elapsed());
+    assert!(guard.is_lost());
+    let out = c.run("lease-run", &ttl(200), tokio::time::sleep(10 * SECOND)).await;
+    assert!(matches!(out, Err(LockError::Lost { .. })), "{out:?}");
+}
+
+async fn extend_moves_the_deadline(t: Target) {
+    let c = t.client();
+    let guard = c.acquire("extend", &ttl(200)).await.unwrap();
+    guard.extend(Duration::from_secs(60)).await.unwrap();
+    let left = c.remaining_ttl("extend").await.unwrap().unwrap();
+    assert!(left > Duration::from_secs(50), "{left:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await; // past the original ttl
+    assert!(!guard.is_lost());
+    assert!(guard.release().await.unwrap());
+}
