@@ -277,3 +277,28 @@ pub async fn connect(url: &str) -> LockClient {
         .await
         .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"))
 }
+
+/// Defines each named test twice: `redis::name` on a fresh redis-server and `memory::name` in
+/// memory, calling `async fn name(t: Target)` from the invoking module.
+#[macro_export]
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::Target::redis().await).await;
+                }
+            )*
+        }
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($crate::Target::memory()).await;
+                }
+            )*
+        }
+    };
+}
+

@@ -14,29 +14,7 @@ fn ttl(ms: u64) -> LockOptions {
 
 const SECOND: Duration = Duration::from_secs(1);
 
-/// Defines each test twice: `redis::name` on a fresh redis-server, `memory::name` in memory.
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod redis {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(lock_tests::Target::redis().await).await;
-                }
-            )*
-        }
-        mod memory {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(lock_tests::Target::memory()).await;
-                }
-            )*
-        }
-    };
-}
-
-on_both_backends!(
+lock_tests::on_both_backends!(
     lock_unlock_twice,
     independent_keys,
     held_lock_is_busy,

@@ -1,0 +1,217 @@
+//! What only a real Redis can do to a lock: go down, freeze, restart empty, forget its scripts,
+//! or hold something at the lock's key that is not a lock.
+
+use std::time::Duration;
+
+use lock_runtime::{LockClient, LockError, LockOptions};
+use lock_tests::{connect, eventually, RedisServer};
+use redis::AsyncCommands;
+use tokio::time::Instant;
+
+fn ttl(ms: u64) -> LockOptions {
+    LockOptions::new(Duration::from_millis(ms))
+}
+
+const SECOND: Duration = Duration::from_secs(1);
+
+fn is_unavailable<T: std::fmt::Debug>(r: &Result<T, LockError>) -> bool {
+    matches!(r, Err(LockError::Unavailable { .. }))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_to_a_dead_server_is_unavailable_not_a_hang() {
+    let mut server = RedisServer::spawn();
+    let url = server.url();
+    server.kill();
+    let started = Instant::now();
+    let out = LockClient::builder()
+        .url(&url)
+        .connect_timeout(Duration::from_millis(500))
+        .build()
+        .await;
+    assert!(is_unavailable(&out), "{out:?}");
+    assert!(started.elapsed() < 5 * SECOND, "took {:?}", started.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_url_is_invalid_options() {
+    let out = LockClient::connect("http://not-redis").await;
+    assert!(matches!(out, Err(LockError::InvalidOptions { .. })), "{out:?}");
+    let out = LockClient::builder().build().await;
+    assert!(matches!(out, Err(LockError::InvalidOptions { .. })), "{out:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_down_after_connect_is_unavailable() {
+    let mut server = RedisServer::spawn();
+    let client = connect(&server.url()).await;
+    server.kill();
+    let started = Instant::now();
+    let out = client.acquire("down", &ttl(1000)).await;
+    assert!(is_unavailable(&out), "{out:?}");
+    let out = client.run("down", &ttl(1000).wait(SECOND), async {}).await;
+    assert!(is_unavailable(&out), "{out:?}");
+    assert!(started.elapsed() < 5 * SECOND, "took {:?}", started.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frozen_server_is_unavailable_within_the_response_timeout() {
+    let server = RedisServer::spawn();
+    let client = connect(&server.url()).await; // response timeout 500 ms
+    server.pause();
+    let started = Instant::now();
+    let out = client.acquire("frozen", &ttl(1000)).await;
+    let took = started.elapsed();
+    server.resume();
+    assert!(is_unavailable(&out), "{out:?}");
+    assert!(took < 3 * SECOND, "took {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frozen_server_past_the_ttl_means_lost() {
+    let server = RedisServer::spawn();
+    let client = connect(&server.url()).await;
+    let guard = client.acquire("paused", &ttl(300).watchdog(true)).await.unwrap();
+    server.pause();
+    let lost = tokio::time::timeout(3 * SECOND, guard.lost()).await;
+    server.resume();
+    assert!(lost.is_ok(), "a holder that cannot renew must learn it lost the lock");
+    assert!(guard.is_lost());
+    // Even though the key may still be there (it was frozen too), the loss is sticky.
+    assert!(matches!(guard.extend(SECOND).await, Err(LockError::Lost { .. })));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_while_held_means_lost_and_then_works_again() {
+    let mut server = RedisServer::spawn();
+    let client = connect(&server.url()).await;
+    let guard = client.acquire("restart", &ttl(300).watchdog(true)).await.unwrap();
+    server.restart();
+    tokio::time::timeout(3 * SECOND, guard.lost())
+        .await
+        .expect("the holder learns its lock vanished with the restart");
+    drop(guard);
+    let deadline = Instant::now() + 5 * SECOND;
+    let fresh = loop {
+        match client.acquire("restart", &ttl(5000)).await {
+            Ok(guard) => break guard,
+            Err(LockError::Unavailable { .. }) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("no fresh acquire after the restart: {e:?}"),
+        }
+    };
+    assert!(fresh.release().await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn external_del_is_noticed_by_the_watchdog() {
+    let server = RedisServer::spawn();
+    let client = connect(&server.url()).await;
+    let guard = client.acquire("del", &ttl(300).watchdog(true)).await.unwrap();
+    let mut raw = server.raw().await;
+    let deleted: i64 = raw.del("lock:{del}").await.unwrap();
+    assert_eq!(deleted, 1);
+    tokio::time::timeout(2 * SECOND, guard.lost()).await.expect("lost after DEL");
+    let exists: bool = raw.exists("lock:{del}").await.unwrap();
+    assert!(!exists, "the watchdog must never re-create a missing key");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn data_model_is_as_documented() {
+    let server = RedisServer::spawn();
+    let client = connect(&server.url()).await;
+    let mut raw = server.raw().await;
+    let guard = client.acquire("order:42", &ttl(5000).fencing(true)).await.unwrap();
+    let token: String = raw.get("lock:{order:42}").await.unwrap();
+    assert_eq!(token.len(), 32, "128 random bits as hex: {token}");
+    let fence: u64 = raw.get("lock:{order:42}:fence").await.unwrap();
+    assert_eq!(Some(fence), guard.fencing_token());
+    let pttl: i64 = raw.pttl("lock:{order:42}").await.unwrap();
+    assert!((3000..=5000).contains(&pttl), "{pttl}");
+    let fence_ttl: i64 = raw.pttl("lock:{order:42}:fence").await.unwrap();
+    assert_eq!(fence_ttl, -1, "the fencing counter never expires");
+    guard.release().await.unwrap();
+    let again = client.acquire("order:42", &ttl(5000)).await.unwrap();
+    let second: String = raw.get("lock:{order:42}").await.unwrap();
+    assert_ne!(token, second, "a fresh token for every acquisition");
+    again.release().await.unwrap();
+
+    let prefixed = LockClient::builder().url(&server.url()).prefix("billing:").build().await.unwrap();
+    let guard = prefixed.acquire("x", &ttl(5000)).await.unwrap();
+    let exists: bool = raw.exists("billing:{x}").await.unwrap();
+    assert!(exists);
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_values_at_the_key_are_busy_and_left_intact() {
+    let server = RedisServer::spawn();
+    let client = connect(&server.url()).await;
+    let mut raw = server.raw().await;
+    let _: () = raw.set("lock:{string}", "not-a-token").await.unwrap();
+    let _: () = raw.hset("lock:{hash}", "field", "value").await.unwrap();
+    let _: () = raw.rpush("lock:{list}", "item").await.unwrap();
+    for key in ["string", "hash", "list"] {
+        let out = client.acquire(key, &ttl(1000)).await;
+        assert!(matches!(out, Err(LockError::Busy { .. })), "{key}: {out:?}");
+        assert!(!client.force_release("never-held").await.unwrap());
+    }
+    let s: String = raw.get("lock:{string}").await.unwrap();
+    assert_eq!(s, "not-a-token");
+    let ttl_left: i64 = raw.pttl("lock:{string}").await.unwrap();
+    assert_eq!(ttl_left, -1, "a foreign value's expiry is not touched");
+    let h: String = raw.hget("lock:{hash}", "field").await.unwrap();
+    assert_eq!(h, "value");
+    let l: Vec<String> = raw.lrange("lock:{list}", 0, -1).await.unwrap();
+    assert_eq!(l, ["item"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_fence_counter_fails_cleanly_without_a_lock() {
+    let server = RedisServer::spawn();
+    let client = connect(&server.url()).await;
+    let mut raw = server.raw().await;
+    let _: () = raw.hset("lock:{fenced}:fence", "f", "v").await.unwrap();
+    let out = client.acquire("fenced", &ttl(1000).fencing(true)).await;
+    assert!(is_unavailable(&out), "{out:?}");
+    let exists: bool = raw.exists("lock:{fenced}").await.unwrap();
+    assert!(!exists, "no lock key without its fencing token");
+    let _: () = raw.set("lock:{negative}:fence", -5).await.unwrap();
+    let out = client.acquire("negative", &ttl(1000).fencing(true)).await;
+    assert!(is_unavailable(&out), "{out:?}");
+    let exists: bool = raw.exists("lock:{negative}").await.unwrap();
+    assert!(!exists);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_are_reloaded_after_script_flush() {
+    let server = RedisServer::spawn();
+    let client = connect(&server.url()).await;
+    client.acquire("flush", &ttl(1000)).await.unwrap().release().await.unwrap();
+    let mut raw = server.raw().await;
+    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut raw).await.unwrap();
+    let guard = client.acquire("flush", &ttl(1000)).await.unwrap();
+    assert!(guard.release().await.unwrap());
+}
+
+#[test]
+fn guard_dropped_outside_a_runtime_is_left_to_expire() {
+    let server = RedisServer::spawn();
+    let url = server.url();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let guard = runtime.block_on(async {
+        let client = connect(&url).await;
+        client.acquire("orphan", &ttl(200).watchdog(true)).await.unwrap()
+    });
+    drop(runtime);
+    // No runtime on this thread: the drop must neither panic nor hang.
+    drop(guard);
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let client = connect(&url).await;
+        eventually(2 * SECOND, "the orphaned lock expires", || async {
+            !client.is_locked("orphan").await.unwrap()
+        })
+        .await;
+    });
+}
