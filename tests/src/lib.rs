@@ -301,4 +301,3 @@ macro_rules! on_both_backends {
         }
     };
 }
-

@@ -59,9 +59,18 @@ async fn held_lock_is_busy(t: Target) {
     let (c, other) = (t.client(), t.other_client().await);
     let guard = c.acquire("busy", &ttl(5000)).await.unwrap();
     let err = other.acquire("busy", &ttl(5000)).await.unwrap_err();
-    assert!(matches!(&err, LockError::Busy { key } if key == "busy"), "{err:?}");
+    assert!(
+        matches!(&err, LockError::Busy { key } if key == "busy"),
+        "{err:?}"
+    );
     assert!(guard.release().await.unwrap());
-    other.acquire("busy", &ttl(5000)).await.unwrap().release().await.unwrap();
+    other
+        .acquire("busy", &ttl(5000))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
 }
 
 async fn fifty_contenders_one_winner(t: Target) {
@@ -86,7 +95,10 @@ async fn ttl_is_set_on_the_key(t: Target) {
     let c = t.client();
     let guard = c.acquire("ttl", &ttl(5000)).await.unwrap();
     let left = c.remaining_ttl("ttl").await.unwrap().expect("a lock has a ttl");
-    assert!(left <= Duration::from_millis(5000) && left > Duration::from_millis(3000), "{left:?}");
+    assert!(
+        left <= Duration::from_millis(5000) && left > Duration::from_millis(3000),
+        "{left:?}"
+    );
     guard.release().await.unwrap();
     assert_eq!(c.remaining_ttl("ttl").await.unwrap(), None);
 }
@@ -100,8 +112,14 @@ async fn late_release_returns_false_and_spares_the_new_holder(t: Target) {
     .await;
     assert!(stale.is_lost());
     let fresh = other.acquire("late", &ttl(5000)).await.unwrap();
-    assert!(!stale.release().await.unwrap(), "a late release must report it was not ours");
-    assert!(c.is_locked("late").await.unwrap(), "the new holder's lock must survive");
+    assert!(
+        !stale.release().await.unwrap(),
+        "a late release must report it was not ours"
+    );
+    assert!(
+        c.is_locked("late").await.unwrap(),
+        "the new holder's lock must survive"
+    );
     assert!(fresh.release().await.unwrap());
 }
 
@@ -116,9 +134,15 @@ async fn non_owner_cannot_extend_or_release(t: Target) {
     let err = stale.extend(Duration::from_secs(60)).await.unwrap_err();
     assert!(matches!(err, LockError::Lost { .. }), "{err:?}");
     let left = c.remaining_ttl("owner").await.unwrap().unwrap();
-    assert!(left <= Duration::from_secs(5), "a non-owner extended the lock: {left:?}");
+    assert!(
+        left <= Duration::from_secs(5),
+        "a non-owner extended the lock: {left:?}"
+    );
     assert!(!stale.release().await.unwrap());
-    assert!(c.is_locked("owner").await.unwrap(), "a non-owner released the lock");
+    assert!(
+        c.is_locked("owner").await.unwrap(),
+        "a non-owner released the lock"
+    );
     assert!(owner.release().await.unwrap());
 }
 
@@ -128,10 +152,16 @@ async fn watchdog_keeps_a_short_lock_alive(t: Target) {
     let until = Instant::now() + Duration::from_millis(1500);
     while Instant::now() < until {
         assert!(!guard.is_lost());
-        assert!(matches!(other.acquire("dog", &ttl(300)).await, Err(LockError::Busy { .. })));
+        assert!(matches!(
+            other.acquire("dog", &ttl(300)).await,
+            Err(LockError::Busy { .. })
+        ));
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert!(guard.release().await.unwrap(), "the lock must still be ours after 5 ttls");
+    assert!(
+        guard.release().await.unwrap(),
+        "the lock must still be ours after 5 ttls"
+    );
 }
 
 async fn external_delete_is_noticed_as_lost(t: Target) {
@@ -164,8 +194,18 @@ async fn bad_keys_and_options_are_rejected(t: Target) {
         let err = c.run(key, &ttl(1000), async {}).await.unwrap_err();
         assert!(matches!(err, LockError::InvalidKey { .. }), "{err:?}");
     }
-    c.acquire(&"k".repeat(1024), &ttl(1000)).await.unwrap().release().await.unwrap();
-    c.acquire("ключ-🔒", &ttl(1000)).await.unwrap().release().await.unwrap();
+    c.acquire(&"k".repeat(1024), &ttl(1000))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    c.acquire("ключ-🔒", &ttl(1000))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
     for options in [
         ttl(0),
         ttl(5),
@@ -175,9 +215,15 @@ async fn bad_keys_and_options_are_rejected(t: Target) {
         LockOptions::new(Duration::MAX),
     ] {
         let err = c.acquire("opts", &options).await.unwrap_err();
-        assert!(matches!(err, LockError::InvalidOptions { .. }), "{options:?}: {err:?}");
+        assert!(
+            matches!(err, LockError::InvalidOptions { .. }),
+            "{options:?}: {err:?}"
+        );
     }
-    assert!(!c.is_locked("opts").await.unwrap(), "a rejected call must not take the lock");
+    assert!(
+        !c.is_locked("opts").await.unwrap(),
+        "a rejected call must not take the lock"
+    );
 }
 
 async fn run_releases_when_body_returns_err(t: Target) {
@@ -248,7 +294,10 @@ async fn on_lost_abort_stops_the_body(t: Target) {
             finished.store(true, Ordering::SeqCst);
         })
         .await;
-    assert!(matches!(out, Err(LockError::Lost { ref key }) if key == "abort"), "{out:?}");
+    assert!(
+        matches!(out, Err(LockError::Lost { ref key }) if key == "abort"),
+        "{out:?}"
+    );
     assert!(!finished.load(Ordering::SeqCst));
 }
 
@@ -259,7 +308,10 @@ async fn on_lost_continue_lets_the_body_finish(t: Target) {
         .run("continue", &options, async {
             other.force_release("continue").await.unwrap();
             // Wait until the loss has certainly been seen: another holder got the lock.
-            let taken = other.acquire("continue", &ttl(5000).wait(5 * SECOND)).await.unwrap();
+            let taken = other
+                .acquire("continue", &ttl(5000).wait(5 * SECOND))
+                .await
+                .unwrap();
             tokio::time::sleep(Duration::from_millis(400)).await; // > ttl/3: a renewal saw it
             taken.release().await.unwrap();
             7
@@ -272,10 +324,18 @@ async fn lease_without_watchdog_is_lost_at_its_ttl(t: Target) {
     let c = t.client();
     let started = Instant::now();
     let guard = c.acquire("lease", &ttl(200)).await.unwrap();
-    tokio::time::timeout(2 * SECOND, guard.lost()).await.expect("a lease ends");
-    assert!(started.elapsed() >= Duration::from_millis(190), "lost early: {:?}", started.elapsed());
+    tokio::time::timeout(2 * SECOND, guard.lost())
+        .await
+        .expect("a lease ends");
+    assert!(
+        started.elapsed() >= Duration::from_millis(190),
+        "lost early: {:?}",
+        started.elapsed()
+    );
     assert!(guard.is_lost());
-    let out = c.run("lease-run", &ttl(200), tokio::time::sleep(10 * SECOND)).await;
+    let out = c
+        .run("lease-run", &ttl(200), tokio::time::sleep(10 * SECOND))
+        .await;
     assert!(matches!(out, Err(LockError::Lost { .. })), "{out:?}");
 }
 

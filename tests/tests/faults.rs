@@ -75,7 +75,10 @@ async fn frozen_server_past_the_ttl_means_lost() {
     server.pause();
     let lost = tokio::time::timeout(3 * SECOND, guard.lost()).await;
     server.resume();
-    assert!(lost.is_ok(), "a holder that cannot renew must learn it lost the lock");
+    assert!(
+        lost.is_ok(),
+        "a holder that cannot renew must learn it lost the lock"
+    );
     assert!(guard.is_lost());
     // Even though the key may still be there (it was frozen too), the loss is sticky.
     assert!(matches!(guard.extend(SECOND).await, Err(LockError::Lost { .. })));
@@ -112,7 +115,9 @@ async fn external_del_is_noticed_by_the_watchdog() {
     let mut raw = server.raw().await;
     let deleted: i64 = raw.del("lock:{del}").await.unwrap();
     assert_eq!(deleted, 1);
-    tokio::time::timeout(2 * SECOND, guard.lost()).await.expect("lost after DEL");
+    tokio::time::timeout(2 * SECOND, guard.lost())
+        .await
+        .expect("lost after DEL");
     let exists: bool = raw.exists("lock:{del}").await.unwrap();
     assert!(!exists, "the watchdog must never re-create a missing key");
 }
@@ -122,7 +127,10 @@ async fn data_model_is_as_documented() {
     let server = RedisServer::spawn();
     let client = connect(&server.url()).await;
     let mut raw = server.raw().await;
-    let guard = client.acquire("order:42", &ttl(5000).fencing(true)).await.unwrap();
+    let guard = client
+        .acquire("order:42", &ttl(5000).fencing(true))
+        .await
+        .unwrap();
     let token: String = raw.get("lock:{order:42}").await.unwrap();
     assert_eq!(token.len(), 32, "128 random bits as hex: {token}");
     let fence: u64 = raw.get("lock:{order:42}:fence").await.unwrap();
@@ -137,7 +145,12 @@ async fn data_model_is_as_documented() {
     assert_ne!(token, second, "a fresh token for every acquisition");
     again.release().await.unwrap();
 
-    let prefixed = LockClient::builder().url(&server.url()).prefix("billing:").build().await.unwrap();
+    let prefixed = LockClient::builder()
+        .url(&server.url())
+        .prefix("billing:")
+        .build()
+        .await
+        .unwrap();
     let guard = prefixed.acquire("x", &ttl(5000)).await.unwrap();
     let exists: bool = raw.exists("billing:{x}").await.unwrap();
     assert!(exists);
@@ -188,9 +201,19 @@ async fn a_broken_fence_counter_fails_cleanly_without_a_lock() {
 async fn scripts_are_reloaded_after_script_flush() {
     let server = RedisServer::spawn();
     let client = connect(&server.url()).await;
-    client.acquire("flush", &ttl(1000)).await.unwrap().release().await.unwrap();
+    client
+        .acquire("flush", &ttl(1000))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
     let mut raw = server.raw().await;
-    let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut raw).await.unwrap();
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
     let guard = client.acquire("flush", &ttl(1000)).await.unwrap();
     assert!(guard.release().await.unwrap());
 }

@@ -1,0 +1,458 @@
+//! Waiting woken by the release, fencing tokens, reentrancy, minimum hold and `current()`, on a
+//! spawned redis-server and in memory alike.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lock_runtime::{LockClient, LockError, LockOptions, MAX_WAIT_NAP};
+use lock_tests::{eventually, Target};
+use tokio::time::Instant;
+
+fn ttl(ms: u64) -> LockOptions {
+    LockOptions::new(Duration::from_millis(ms))
+}
+
+const SECOND: Duration = Duration::from_secs(1);
+
+lock_tests::on_both_backends!(
+    zero_wait_is_one_attempt,
+    release_wakes_the_waiter_before_any_timer,
+    wait_timeout_is_honoured,
+    expiry_without_release_still_ends_the_wait,
+    handoff_under_contention,
+    fencing_tokens_strictly_increase_across_clients,
+    stale_holder_write_is_rejected_by_fencing,
+    nested_calls_on_the_same_key_are_reentrant,
+    reentrancy_is_per_call_chain_not_per_client,
+    minimum_hold_keeps_the_lock_after_a_fast_body,
+    current_is_the_innermost_lock,
+    waiting_leaves_no_subscriptions_behind,
+);
+
+async fn zero_wait_is_one_attempt(t: Target) {
+    let c = t.client();
+    let held = c.acquire("once", &ttl(5000)).await.unwrap();
+    let started = Instant::now();
+    assert!(matches!(
+        c.acquire("once", &ttl(5000)).await,
+        Err(LockError::Busy { .. })
+    ));
+    assert!(
+        started.elapsed() < SECOND,
+        "one attempt, no sleeping: {:?}",
+        started.elapsed()
+    );
+    assert_eq!(c.waiting_channels(), 0, "a zero wait never listens");
+    held.release().await.unwrap();
+}
+
+async fn release_wakes_the_waiter_before_any_timer(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let holder = c.acquire("wake", &ttl(60_000)).await.unwrap();
+    let waiter = tokio::spawn({
+        let other = other.clone();
+        async move {
+            let guard = other
+                .acquire("wake", &ttl(5000).wait(Duration::from_secs(30)))
+                .await;
+            (guard, Instant::now())
+        }
+    });
+    eventually(2 * SECOND, "the waiter listens", || async {
+        other.waiting_channels() == 1
+    })
+    .await;
+    // Let the waiter make its attempt and fall asleep on its (>= 1.7 s) nap. Were this too
+    // short, the waiter would find the lock free on its first attempt: the test would pass
+    // without proving the wake-up, never fail wrongly.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let released_at = Instant::now();
+    assert!(holder.release().await.unwrap());
+    let (guard, acquired_at) = waiter.await.unwrap();
+    let handoff = acquired_at - released_at;
+    // Without the wake-up, the waiter would sleep until its nap ends: at least 85% of
+    // MAX_WAIT_NAP (the holder's key had a minute left).
+    assert!(
+        handoff < MAX_WAIT_NAP / 2,
+        "woken by a timer, not the release: {handoff:?}"
+    );
+    guard.unwrap().release().await.unwrap();
+}
+
+async fn wait_timeout_is_honoured(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let holder = c.acquire("patience", &ttl(60_000)).await.unwrap();
+    let wait = Duration::from_millis(300);
+    let started = Instant::now();
+    let out = other.acquire("patience", &ttl(1000).wait(wait)).await;
+    let waited = started.elapsed();
+    assert!(matches!(out, Err(LockError::Busy { .. })), "{out:?}");
+    assert!(waited >= wait, "gave up early: {waited:?}");
+    assert!(waited < wait + SECOND, "gave up late: {waited:?}");
+    holder.release().await.unwrap();
+}
+
+async fn expiry_without_release_still_ends_the_wait(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    // A holder that vanishes without releasing (a crashed process): nothing is published.
+    std::mem::forget(c.acquire("crashed", &ttl(300)).await.unwrap());
+    let started = Instant::now();
+    let guard = other
+        .acquire("crashed", &ttl(1000).wait(Duration::from_secs(10)))
+        .await
+        .expect("the waiter takes the lock once the holder's key expires");
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(250), "{waited:?}");
+    assert!(waited < 3 * SECOND, "{waited:?}");
+    guard.release().await.unwrap();
+}
+
+async fn handoff_under_contention(t: Target) {
+    const TASKS: usize = 8;
+    const ROUNDS: usize = 200;
+    let wait = Duration::from_secs(20);
+    let clients = [t.client(), t.other_client().await];
+    let inside = Arc::new(AtomicBool::new(false));
+    let rounds = Arc::new(AtomicU64::new(0));
+    let worst = Arc::new(Mutex::new(Duration::ZERO));
+    let tasks = (0..TASKS).map(|i| {
+        let (c, inside, rounds, worst) = (
+            clients[i % 2].clone(),
+            inside.clone(),
+            rounds.clone(),
+            worst.clone(),
+        );
+        tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                let started = Instant::now();
+                let guard = c.acquire("handoff", &ttl(10_000).wait(wait)).await.unwrap();
+                let waited = started.elapsed();
+                {
+                    let mut worst = worst.lock().unwrap();
+                    *worst = (*worst).max(waited);
+                }
+                assert!(!inside.swap(true, Ordering::SeqCst), "two holders at once");
+                rounds.fetch_add(1, Ordering::SeqCst);
+                inside.store(false, Ordering::SeqCst);
+                assert!(guard.release().await.unwrap());
+            }
+        })
+    });
+    for task in futures_util::future::join_all(tasks).await {
+        task.unwrap();
+    }
+    assert_eq!(rounds.load(Ordering::SeqCst), (TASKS * ROUNDS) as u64);
+    let worst = *worst.lock().unwrap();
+    assert!(worst <= wait + SECOND, "a waiter overran its deadline: {worst:?}");
+}
+
+async fn fencing_tokens_strictly_increase_across_clients(t: Target) {
+    let clients = [t.client(), t.other_client().await];
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let options = ttl(5000).fencing(true).wait(Duration::from_secs(20));
+    let tasks = clients.iter().map(|c| {
+        let (c, seen, options) = (c.clone(), seen.clone(), options.clone());
+        tokio::spawn(async move {
+            for _ in 0..100 {
+                c.run("fenced", &options, async {
+                    let token = lock_runtime::current().unwrap().fencing_token().unwrap();
+                    seen.lock().unwrap().push(token);
+                })
+                .await
+                .unwrap();
+            }
+        })
+    });
+    for task in futures_util::future::join_all(tasks).await {
+        task.unwrap();
+    }
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 200);
+    assert!(
+        seen.windows(2).all(|w| w[0] < w[1]),
+        "not strictly increasing: {seen:?}"
+    );
+}
+
+/// Storage that remembers the highest fencing token it accepted and rejects older ones.
+#[derive(Default)]
+struct FencedStore {
+    highest: Mutex<u64>,
+    value: Mutex<String>,
+}
+
+impl FencedStore {
+    fn write(&self, token: u64, value: &str) -> Result<(), String> {
+        let mut highest = self.highest.lock().unwrap();
+        if token < *highest {
+            return Err(format!("token {token} is older than {highest}"));
+        }
+        *highest = token;
+        *self.value.lock().unwrap() = value.to_owned();
+        Ok(())
+    }
+}
+
+async fn stale_holder_write_is_rejected_by_fencing(t: Target) {
+    let (a, b) = (t.client(), t.other_client().await);
+    let store = FencedStore::default();
+    let guard_a = a.acquire("ledger", &ttl(200).fencing(true)).await.unwrap();
+    let token_a = guard_a.fencing_token().unwrap();
+    // A pauses (a GC pause, a slow disk) past its ttl; the lock expires.
+    eventually(2 * SECOND, "A's lease expires", || async {
+        !b.is_locked("ledger").await.unwrap()
+    })
+    .await;
+    let guard_b = b.acquire("ledger", &ttl(5000).fencing(true)).await.unwrap();
+    let token_b = guard_b.fencing_token().unwrap();
+    assert!(token_b > token_a);
+    store.write(token_b, "B's write").unwrap();
+    // A wakes up and writes, unaware: storage refuses it.
+    assert!(store.write(token_a, "A's stale write").is_err());
+    assert_eq!(*store.value.lock().unwrap(), "B's write");
+    assert!(
+        guard_a.is_lost(),
+        "A can also see for itself that it lost the lock"
+    );
+    guard_b.release().await.unwrap();
+}
+
+async fn nested_calls_on_the_same_key_are_reentrant(t: Target) {
+    let c = t.client();
+    let options = ttl(5000);
+    let out = c
+        .run("outer", &options, async {
+            let inner = c
+                .run("outer", &options, async {
+                    // deeper still
+                    c.run("outer", &options, async { 3 }).await.unwrap()
+                })
+                .await
+                .unwrap();
+            assert!(
+                c.is_locked("outer").await.unwrap(),
+                "the inner call must not release"
+            );
+            let other_key = c
+                .run("other", &options, async { c.is_locked("other").await.unwrap() })
+                .await
+                .unwrap();
+            assert!(other_key, "a nested call on another key acquires it");
+            assert!(!c.is_locked("other").await.unwrap(), "and releases it");
+            inner
+        })
+        .await
+        .unwrap();
+    assert_eq!(out, 3);
+    assert!(
+        !c.is_locked("outer").await.unwrap(),
+        "the outermost call releases"
+    );
+}
+
+async fn reentrancy_is_per_call_chain_not_per_client(t: Target) {
+    let c = t.client();
+    let options = ttl(5000);
+    c.run("chain", &options, async {
+        // A task spawned from the body is another owner.
+        let spawned = tokio::spawn({
+            let c = c.clone();
+            let options = options.clone();
+            async move { c.run("chain", &options, async {}).await }
+        });
+        assert!(matches!(spawned.await.unwrap(), Err(LockError::Busy { .. })));
+        // So is a bare acquire, even on this task.
+        assert!(matches!(
+            c.acquire("chain", &options).await,
+            Err(LockError::Busy { .. })
+        ));
+    })
+    .await
+    .unwrap();
+    // Two sibling calls polled by one task are two owners too.
+    let (a, b) = tokio::join!(
+        c.run(
+            "siblings",
+            &options,
+            tokio::time::sleep(Duration::from_millis(100))
+        ),
+        c.run(
+            "siblings",
+            &options,
+            tokio::time::sleep(Duration::from_millis(100))
+        ),
+    );
+    assert!(a.is_ok() != b.is_ok(), "{a:?} {b:?}");
+}
+
+async fn minimum_hold_keeps_the_lock_after_a_fast_body(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let hold = Duration::from_millis(600);
+    let started = Instant::now();
+    c.run("job:nightly", &ttl(10_000).hold_at_least(hold), async {})
+        .await
+        .unwrap();
+    assert!(
+        c.is_locked("job:nightly").await.unwrap(),
+        "released before the minimum hold"
+    );
+    let left = c.remaining_ttl("job:nightly").await.unwrap().unwrap();
+    assert!(left <= hold, "{left:?}");
+    assert!(matches!(
+        other.acquire("job:nightly", &ttl(1000)).await,
+        Err(LockError::Busy { .. })
+    ));
+    // A waiter is not let in early, and gets in once the hold is over.
+    let guard = other
+        .acquire("job:nightly", &ttl(1000).wait(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() >= hold - Duration::from_millis(20),
+        "{:?}",
+        started.elapsed()
+    );
+    guard.release().await.unwrap();
+    // A body that outlasts the minimum hold releases at once.
+    c.run(
+        "job:slow",
+        &ttl(10_000).hold_at_least(Duration::from_millis(50)),
+        async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        },
+    )
+    .await
+    .unwrap();
+    assert!(!c.is_locked("job:slow").await.unwrap());
+}
+
+async fn current_is_the_innermost_lock(t: Target) {
+    let c = t.client();
+    assert!(lock_runtime::current().is_none());
+    let fenced = ttl(5000).fencing(true);
+    c.run("outer", &fenced, async {
+        let outer = lock_runtime::current().unwrap();
+        assert_eq!(outer.key(), "outer");
+        assert_eq!(outer.fencing_token(), Some(1));
+        c.run("inner", &ttl(5000), async {
+            let inner = lock_runtime::current().unwrap();
+            assert_eq!(inner.key(), "inner");
+            assert_eq!(inner.fencing_token(), None);
+        })
+        .await
+        .unwrap();
+        assert_eq!(lock_runtime::current().unwrap().key(), "outer");
+        let spawned = tokio::spawn(async { lock_runtime::current() }).await.unwrap();
+        assert!(spawned.is_none(), "a spawned task holds nothing");
+    })
+    .await
+    .unwrap();
+    assert!(lock_runtime::current().is_none());
+}
+
+async fn waiting_leaves_no_subscriptions_behind(t: Target) {
+    const TASKS: usize = 10;
+    const CYCLES: usize = 500; // 10 × 500 = 5,000 lock/unlock cycles over 5 keys
+    let c = t.client();
+    let tasks = (0..TASKS).map(|i| {
+        let c = c.clone();
+        tokio::spawn(async move {
+            let key = format!("leak:{}", i % 5);
+            for _ in 0..CYCLES {
+                let guard = c
+                    .acquire(&key, &ttl(10_000).wait(Duration::from_secs(30)))
+                    .await
+                    .unwrap();
+                guard.release().await.unwrap();
+            }
+        })
+    });
+    for task in futures_util::future::join_all(tasks).await {
+        task.unwrap();
+    }
+    assert_eq!(c.waiting_channels(), 0);
+    if let Some(server) = t.server() {
+        let raw = server.raw().await;
+        eventually(5 * SECOND, "every channel is unsubscribed on the server", || {
+            let mut raw = raw.clone();
+            async move {
+                let channels: Vec<String> = ::redis::cmd("PUBSUB")
+                    .arg("CHANNELS")
+                    .query_async(&mut raw)
+                    .await
+                    .unwrap();
+                channels.is_empty()
+            }
+        })
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_survive_a_subscriber_connection_loss() {
+    let t = Target::redis().await;
+    let c = t.client();
+    let holder = c.acquire("survive", &ttl(60_000)).await.unwrap();
+    let waiter = tokio::spawn({
+        let c = c.clone();
+        async move {
+            c.acquire("survive", &ttl(5000).wait(Duration::from_secs(30)))
+                .await
+        }
+    });
+    eventually(2 * SECOND, "the waiter listens", || async {
+        c.waiting_channels() == 1
+    })
+    .await;
+    let server = t.server().unwrap();
+    let mut raw = server.raw().await;
+    eventually(2 * SECOND, "the waiter's channel is subscribed", || {
+        let mut raw = raw.clone();
+        async move {
+            let channels: Vec<String> = ::redis::cmd("PUBSUB")
+                .arg("CHANNELS")
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+            channels.len() == 1
+        }
+    })
+    .await;
+    // Drop every pub/sub client connection from the server side.
+    let killed: i64 = ::redis::cmd("CLIENT")
+        .arg(&["KILL", "TYPE", "pubsub"])
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(killed, 1, "one subscriber connection per client");
+    eventually(3 * SECOND, "the waiter subscribes again", || {
+        let mut raw = raw.clone();
+        async move {
+            let channels: Vec<String> = ::redis::cmd("PUBSUB")
+                .arg("CHANNELS")
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+            channels.len() == 1
+        }
+    })
+    .await;
+    let released_at = Instant::now();
+    holder.release().await.unwrap();
+    let guard = waiter.await.unwrap().unwrap();
+    assert!(
+        released_at.elapsed() < MAX_WAIT_NAP / 2,
+        "{:?}",
+        released_at.elapsed()
+    );
+    guard.release().await.unwrap();
+}
+
+#[allow(dead_code)]
+fn assert_send_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<LockClient>();
+    check::<lock_runtime::LockGuard>();
+    check::<LockError>();
+}
