@@ -1,10 +1,19 @@
-//! The `#[distributed_lock]` attribute of `lock-runtime`. Use it through `lock_runtime`.
+//! The `#[distributed_lock]` attribute of `lock-runtime`. Depend on `lock-runtime` and use it as
+//! `lock_runtime::distributed_lock`; the reference lives there.
+//!
+//! Structure: [`parse`] reads the attribute's arguments as written, [`validate`] checks them
+//! against the fn and builds the [`validate::Config`], [`expand`] writes the code.
 
 use proc_macro::TokenStream;
 
-/// Guards an async fn with a distributed lock. See `lock_runtime::distributed_lock`.
+mod expand;
+mod key;
+mod parse;
+mod validate;
+
+/// Guards an async fn with a distributed lock: see `lock_runtime::distributed_lock` for the
+/// reference.
 #[proc_macro_attribute]
 pub fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStream {
-    let _ = args;
-    item
+    expand::distributed_lock(args.into(), item.into()).into()
 }

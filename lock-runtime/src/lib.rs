@@ -44,14 +44,106 @@ pub use guard::LockGuard;
 pub use options::{LockOptions, OnLost, MAX_DURATION, MIN_TTL, MIN_WATCHDOG_TTL};
 pub use scope::{current, LockInfo};
 
+/// Turns an async fn into a critical section guarded by a distributed lock.
+///
+/// ```no_run
+/// use lock_runtime::{distributed_lock, LockError};
+///
+/// # struct Receipt;
+/// #[derive(Debug)]
+/// enum PayError { Lock(LockError), Declined }
+/// impl From<LockError> for PayError {
+///     fn from(e: LockError) -> Self { PayError::Lock(e) }
+/// }
+///
+/// #[distributed_lock(key = "order:<id>", ttl_ms = 30000, watchdog)]
+/// async fn pay(id: u64, amount_cents: u64) -> Result<Receipt, PayError> {
+///     // runs only while this process holds `order:<id>`
+/// #   Ok(Receipt)
+/// }
+/// ```
+///
+/// Before the body runs, the key is rendered and the lock taken (one atomic script); while it runs,
+/// the lock is renewed (`watchdog`) and watched; when the body finishes, by a value, an `Err`, `?`
+/// or an early `return`, the lock is released with a token-checked script before the fn returns.
+/// A panic, or the future being dropped (a `tokio::time::timeout`, a client that hung up), releases
+/// it in the background. A lock that cannot be taken or is lost becomes the fn's error through
+/// `E: From<LockError>`. The signature stays as written, so the fn is still an `async fn`, its
+/// future is `Send` whenever the body's is, and other attributes stack.
+///
+/// # Arguments
+///
+/// | argument | default | meaning |
+/// |---|---|---|
+/// | `key = "…"` | required | The lock's key: text plus `<name>` or `<name.field.path>` placeholders naming parameters (also names bound in patterns, such as `Path(order_id): Path<u64>`, and `self`), rendered with `Display`. Must render to 1..=1024 bytes, else [`LockError::InvalidKey`]. |
+/// | `ttl_ms = N` | `30000` | The lease in milliseconds (at least 10; at least 60 with `watchdog`). |
+/// | `watchdog` | off | Renew every ttl/3 while the body runs. Without it the ttl is a hard lease: the body is lost at its end. |
+/// | `wait_ms = N` | `0` | How long to wait for a holder, woken by its release. `0`: one attempt, then [`LockError::Busy`]. |
+/// | `fencing` | off | Take a fencing token, strictly increasing per key; read it with [`current()`]. |
+/// | `hold_at_least_ms = N` | `0` | Keep the lock at least this long after it was taken, so a fast scheduled job does not run again elsewhere in the same period. |
+/// | `on_lost = "abort" \| "continue"` | `"abort"` | When the lock is lost mid-body: drop the body and return [`LockError::Lost`], or let it finish with a warning. |
+/// | `client = EXPR` | the default client | A [`LockClient`], `&LockClient` or `Arc<LockClient>`, from an expression over the parameters (`client = self.locks`, `client = state.locks`), evaluated once before the lock is taken. Without it, [`default_client()`], or [`LockError::NotConfigured`]. |
+/// | `crate = "path"` | `::lock_runtime` | Where the runtime is, when it is re-exported under another name. |
+///
+/// Mistakes are compile errors pointing at the token at fault: a fn that is not `async`, a
+/// missing, unknown (the message lists the valid ones) or repeated argument, `ttl_ms = 0`, a
+/// duration that is not an integer literal, an `on_lost` that is neither value, a placeholder that
+/// names no parameter or is empty or unclosed, and a return type that is not
+/// `Result<T, E: From<LockError>>`.
+///
+/// # Examples
+///
+/// Each argument in use, on the in-memory backend:
+///
+/// ```
+/// use std::sync::Arc;
+/// use lock_runtime::{distributed_lock, LockClient, LockError};
+///
+/// struct Shop { locks: LockClient }
+///
+/// impl Shop {
+///     /// `client = self.locks`, a field path in the key, a wait for the holder.
+///     #[distributed_lock(key = "stock:<item.sku>", client = self.locks, wait_ms = 2000)]
+///     async fn reserve(&self, item: &Item) -> Result<u32, LockError> {
+///         Ok(item.count)
+///     }
+/// }
+/// struct Item { sku: &'static str, count: u32 }
+///
+/// /// A fenced write: the token goes with the write to storage that rejects older ones.
+/// #[distributed_lock(key = "ledger:<account>", client = locks, fencing, ttl_ms = 10000, watchdog)]
+/// async fn post(locks: &LockClient, account: u32) -> Result<u64, LockError> {
+///     Ok(lock_runtime::current().and_then(|l| l.fencing_token()).unwrap_or(0))
+/// }
+///
+/// /// A scheduled job that holds its lock for at least a minute, and is left to finish if the
+/// /// lock is lost.
+/// #[distributed_lock(key = "job:cleanup", client = locks, hold_at_least_ms = 60000, on_lost = "continue")]
+/// async fn cleanup(locks: Arc<LockClient>) -> anyhow::Result<()> {
+///     Ok(())
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> anyhow::Result<()> {
+/// let locks = LockClient::in_memory();
+/// let shop = Shop { locks: locks.clone() };
+/// assert_eq!(shop.reserve(&Item { sku: "A-1", count: 3 }).await?, 3);
+/// assert_eq!(post(&locks, 7).await?, 1);
+/// assert_eq!(post(&locks, 7).await?, 2);
+/// cleanup(Arc::new(locks.clone())).await?;
+/// assert!(locks.is_locked("job:cleanup").await?, "held for the minimum hold");
+///
+/// // The default client serves fns without `client = …`.
+/// lock_runtime::set_default_client(locks);
+/// #[distributed_lock(key = "report:<day>")]
+/// async fn report(day: u32) -> Result<u32, LockError> { Ok(day) }
+/// assert_eq!(report(1).await?, 1);
+/// # Ok(()) }
+/// ```
 #[cfg(feature = "macros")]
 #[doc(inline)]
 pub use lock_macros::distributed_lock;
 
-/// What code generated by `#[distributed_lock]` calls. Not public API: it may change in any
-/// release.
 #[doc(hidden)]
-pub mod __private {
-    pub use crate::{default_client, LockClient, LockError, LockOptions, OnLost};
-    pub use std::time::Duration;
-}
+#[path = "private.rs"]
+pub mod __private;

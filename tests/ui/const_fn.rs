@@ -1,0 +1,8 @@
+use lock_runtime::{distributed_lock, LockError};
+
+#[distributed_lock(key = "job")]
+const async fn constant() -> Result<(), LockError> {
+    Ok(())
+}
+
+fn main() {}

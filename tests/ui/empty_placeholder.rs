@@ -1,0 +1,8 @@
+use lock_runtime::{distributed_lock, LockError};
+
+#[distributed_lock(key = "order:<>")]
+async fn pay(id: u64) -> Result<(), LockError> {
+    Ok(())
+}
+
+fn main() {}
