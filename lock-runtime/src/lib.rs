@@ -26,6 +26,11 @@
 //! announced on `<prefix>{k}:released`. The whole protocol is in the three scripts under
 //! `src/scripts/`.
 
+/// The README's examples, compiled as doc tests so they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+struct ReadmeDoctests;
+
 mod backend;
 mod client;
 mod error;
