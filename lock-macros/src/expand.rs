@@ -22,9 +22,8 @@ use syn::spanned::Spanned;
 use syn::visit::Visit;
 use syn::{ItemFn, ReturnType, Type};
 
-use crate::key::Piece;
 use crate::parse::RawArgs;
-use crate::validate::{bindings, validate, Config, OnLost};
+use crate::validate::{validate, Config, KeyPart, OnLost};
 
 /// The attribute's entry point. On any error, the item is emitted unchanged next to the errors,
 /// so the rest of the crate still type-checks and IDEs keep working.
@@ -50,7 +49,7 @@ fn hidden(name: &str) -> Ident {
 fn expand(config: Config, mut item: ItemFn) -> TokenStream {
     let krate = &config.krate;
     let private = quote!(#krate::__private);
-    let (format, placeholders) = key_format(&config, &item);
+    let (format, placeholders) = key_format(&config);
     let (key, client, options, out, err) = (
         hidden("__lock_key"),
         hidden("__lock_client"),
@@ -104,7 +103,9 @@ fn expand(config: Config, mut item: ItemFn) -> TokenStream {
         _ => quote!(),
     };
 
-    let block = &item.block;
+    // The body's statements, not its block: pasted with its braces as the tail of another block,
+    // a one-line body would trip `unused_braces` in the user's crate.
+    let stmts = &item.block.stmts;
     let body = quote! {{
         let #key = ::std::format!(#format #(, #placeholders)*);
         let #client = #client_expr;
@@ -114,7 +115,7 @@ fn expand(config: Config, mut item: ItemFn) -> TokenStream {
             .fencing(#fencing)
             .hold_at_least(#private::Duration::from_millis(#hold_at_least_ms))
             .on_lost(#on_lost);
-        match #private::run(#client, #key, #options, async move { #anchor #block }).await {
+        match #private::run(#client, #key, #options, async move { #anchor #(#stmts)* }).await {
             ::core::result::Result::Ok(#out) => #out,
             ::core::result::Result::Err(#err) => #failed,
         }
@@ -124,29 +125,14 @@ fn expand(config: Config, mut item: ItemFn) -> TokenStream {
 }
 
 /// The `format!` string and arguments that render the key template.
-fn key_format(config: &Config, item: &ItemFn) -> (String, Vec<TokenStream>) {
-    let names = bindings(item);
+fn key_format(config: &Config) -> (String, Vec<TokenStream>) {
     let mut format = String::new();
     let mut args = Vec::new();
-    for piece in &config.key {
-        match piece {
-            Piece::Text(text) => format.push_str(&text.replace('{', "{{").replace('}', "}}")),
-            Piece::Placeholder(path) => {
+    for part in &config.key {
+        match part {
+            KeyPart::Text(text) => format.push_str(&text.replace('{', "{{").replace('}', "}}")),
+            KeyPart::Value { root, fields } => {
                 format.push_str("{}");
-                // The binding's own ident, so it resolves to the parameter (validate checked it).
-                let root = names
-                    .iter()
-                    .find(|n| **n == path[0])
-                    .cloned()
-                    .unwrap_or_else(|| Ident::new(&path[0], config.key_span));
-                let fields = path[1..].iter().map(|segment| match segment.parse::<u32>() {
-                    Ok(index) => syn::Index {
-                        index,
-                        span: config.key_span,
-                    }
-                    .into_token_stream(),
-                    Err(_) => Ident::new(segment, config.key_span).into_token_stream(),
-                });
                 args.push(quote!(#root #(. #fields)*));
             }
         }

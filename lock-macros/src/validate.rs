@@ -4,7 +4,7 @@
 
 use proc_macro2::{Ident, Span};
 use syn::spanned::Spanned;
-use syn::{Expr, ExprLit, ItemFn, Lit, LitStr, Pat, Path};
+use syn::{Expr, ExprLit, ItemFn, Lit, LitStr, Member, Pat, Path};
 
 use crate::key::{parse_template, Piece};
 use crate::parse::{RawArg, RawArgs};
@@ -22,10 +22,19 @@ pub(crate) enum OnLost {
     Continue,
 }
 
+/// One part of a checked key template.
+pub(crate) enum KeyPart {
+    Text(String),
+    /// `<root.a.0>`: the parameter's own ident (so it resolves to it), then fields or indexes.
+    Value {
+        root: Ident,
+        fields: Vec<Member>,
+    },
+}
+
 /// Everything expansion needs, checked.
 pub(crate) struct Config {
-    pub(crate) key: Vec<Piece>,
-    pub(crate) key_span: Span,
+    pub(crate) key: Vec<KeyPart>,
     pub(crate) ttl_ms: u64,
     pub(crate) watchdog: bool,
     pub(crate) wait_ms: u64,
@@ -271,7 +280,7 @@ pub(crate) fn validate(args: RawArgs, item: &ItemFn) -> syn::Result<Config> {
             None
         }
         Some(lit) => match check_key(lit, item) {
-            Ok(pieces) => Some((pieces, lit.span())),
+            Ok(parts) => Some(parts),
             Err(e) => {
                 push(&mut errors, e);
                 None
@@ -281,12 +290,11 @@ pub(crate) fn validate(args: RawArgs, item: &ItemFn) -> syn::Result<Config> {
     if let Some(e) = errors {
         return Err(e);
     }
-    let Some((key, key_span)) = key else {
+    let Some(key) = key else {
         return Err(syn::Error::new(Span::call_site(), "missing `key`"));
     };
     Ok(Config {
         key,
-        key_span,
         ttl_ms,
         watchdog,
         wait_ms: given.wait_ms.unwrap_or(0),
@@ -298,31 +306,58 @@ pub(crate) fn validate(args: RawArgs, item: &ItemFn) -> syn::Result<Config> {
     })
 }
 
-fn check_key(lit: &LitStr, item: &ItemFn) -> syn::Result<Vec<Piece>> {
+fn check_key(lit: &LitStr, item: &ItemFn) -> syn::Result<Vec<KeyPart>> {
     let template = lit.value();
     if template.is_empty() {
         return Err(syn::Error::new(lit.span(), "the key template is empty"));
     }
     let pieces = parse_template(&template).map_err(|msg| syn::Error::new(lit.span(), msg))?;
     let names = bindings(item);
-    for piece in &pieces {
-        if let Piece::Placeholder(path) = piece {
-            if !names.iter().any(|n| *n == path[0]) {
-                let known: Vec<String> = names.iter().map(ToString::to_string).collect();
-                return Err(syn::Error::new(
+    let mut parts = Vec::with_capacity(pieces.len());
+    for piece in pieces {
+        let path = match piece {
+            Piece::Text(text) => {
+                parts.push(KeyPart::Text(text));
+                continue;
+            }
+            Piece::Placeholder(path) => path,
+        };
+        let Some(root) = names.iter().find(|n| **n == path[0]) else {
+            let known: Vec<String> = names.iter().map(ToString::to_string).collect();
+            return Err(syn::Error::new(
+                lit.span(),
+                format!(
+                    "`<{}>` in the key names no parameter of this fn (parameters: {})",
+                    path.join("."),
+                    if known.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        known.join(", ")
+                    }
+                ),
+            ));
+        };
+        let mut fields = Vec::with_capacity(path.len() - 1);
+        for segment in &path[1..] {
+            let mut member: Member = syn::parse_str(segment).map_err(|_| {
+                syn::Error::new(
                     lit.span(),
                     format!(
-                        "`<{}>` in the key names no parameter of this fn (parameters: {})",
-                        path.join("."),
-                        if known.is_empty() {
-                            "none".to_owned()
-                        } else {
-                            known.join(", ")
-                        }
+                        "`{segment}` in `<{}>` is not a field name or a tuple index",
+                        path.join(".")
                     ),
-                ));
+                )
+            })?;
+            match &mut member {
+                Member::Named(ident) => ident.set_span(lit.span()),
+                Member::Unnamed(index) => index.span = lit.span(),
             }
+            fields.push(member);
         }
+        parts.push(KeyPart::Value {
+            root: root.clone(),
+            fields,
+        });
     }
-    Ok(pieces)
+    Ok(parts)
 }

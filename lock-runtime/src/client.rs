@@ -11,6 +11,7 @@ use crate::backend::memory::MemoryBackend;
 use crate::backend::redis::{RedisBackend, Timeouts};
 use crate::backend::{Attempt, Backend, LockKeys};
 use crate::guard::{LockGuard, LockState};
+use crate::wakeups::Registration;
 use crate::{scope, LockError, LockOptions};
 
 /// The longest key accepted, in bytes, before the prefix is added.
@@ -143,18 +144,26 @@ impl LockClient {
     ) -> Result<LockGuard, LockError> {
         let backend = self.backend();
         let deadline = Instant::now() + options.wait_time();
-        // Registered before the first attempt, so a release right after it is not missed.
-        let mut wakeup = (!options.wait_time().is_zero()).then(|| backend.wakeups().register(&keys.channel));
+        let mut wakeup: Option<Registration> = None;
         loop {
             if let Some(wakeup) = &wakeup {
-                backend.listen(wakeup).await;
+                // Never past the waiter's own deadline, however the subscriber fares.
+                let _ = tokio::time::timeout_at(deadline, backend.listen(wakeup)).await;
             }
             let token = new_token()?;
             let started = Instant::now();
-            match backend
+            let pending = PendingAcquire::new(self, &keys, &token);
+            let attempt = backend
                 .acquire(&keys, &token, options.ttl_ms(), options.is_fencing())
-                .await?
-            {
+                .await;
+            let attempt = match attempt {
+                Ok(answer) => {
+                    pending.settled();
+                    answer
+                }
+                Err(e) => return Err(e), // `pending` releases in the background as it drops
+            };
+            match attempt {
                 Attempt::Acquired { fence } => {
                     tracing::debug!(key, fence, "lock acquired");
                     let state = LockState::new(key, keys, token, fence, options.ttl(), started);
@@ -168,14 +177,22 @@ impl LockClient {
                 }
                 Attempt::Held { pttl_ms } => {
                     let now = Instant::now();
-                    let Some(wakeup) = wakeup.as_mut().filter(|_| now < deadline) else {
+                    if now >= deadline {
                         tracing::debug!(key, "lock busy");
                         return Err(LockError::Busy { key: key.to_owned() });
-                    };
-                    let nap = nap(pttl_ms).min(deadline - now);
-                    tokio::select! {
-                        () = wakeup.bumped() => {}
-                        () = tokio::time::sleep(nap) => {}
+                    }
+                    match &mut wakeup {
+                        // First refusal: listen for the release, then try again at once, so a
+                        // release between that attempt and the subscription is not missed. An
+                        // uncontended acquire never pays for the subscription.
+                        None => wakeup = Some(backend.wakeups().register(&keys.channel)),
+                        Some(wakeup) => {
+                            let nap = nap(pttl_ms).min(deadline - now);
+                            tokio::select! {
+                                () = wakeup.bumped() => {}
+                                () = tokio::time::sleep(nap) => {}
+                            }
+                        }
                     }
                 }
             }
@@ -193,7 +210,8 @@ impl LockClient {
     /// - Reentrant: called from inside a body that already holds `key` through this client
     ///   (on the same task), it runs `body` at once, and leaves the release to the outer call.
     ///
-    /// The body may borrow locals (no `'static` bound); the future is `Send` when `body` is.
+    /// The body may borrow locals (no `'static` bound). The future is `Send` when `body` and its
+    /// output are (the output is kept across the release).
     pub async fn run<F: Future>(
         &self,
         key: &str,
@@ -205,6 +223,12 @@ impl LockClient {
         if let Some(outer) = scope::held(self.id(), &keys.lock) {
             if outer.is_lost() {
                 return Err(LockError::Lost { key: key.to_owned() });
+            }
+            if options.is_fencing() && outer.fence.is_none() {
+                return Err(LockError::invalid_options(format!(
+                    "a nested call on `{key}` asks for a fencing token, but the enclosing call \
+                     holds the lock without one: ask for `fencing` on the outermost call"
+                )));
             }
             return Ok(body.await);
         }
@@ -246,6 +270,52 @@ impl LockClient {
     /// subscribed channel on Redis). Zero when nobody waits: subscriptions do not pile up.
     pub fn waiting_channels(&self) -> usize {
         self.backend().wakeups().len()
+    }
+}
+
+/// An acquire request in flight. If it is dropped before its answer is seen (the caller was
+/// cancelled, or the answer timed out), the script may still have taken the lock on the server,
+/// with nobody to release it for a whole ttl: so the token-checked release is sent in the
+/// background. It follows the acquire on the same connection, and is harmless if the lock was
+/// never taken.
+struct PendingAcquire<'a> {
+    client: &'a LockClient,
+    keys: &'a LockKeys,
+    token: &'a str,
+    settled: bool,
+}
+
+impl<'a> PendingAcquire<'a> {
+    fn new(client: &'a LockClient, keys: &'a LockKeys, token: &'a str) -> Self {
+        PendingAcquire {
+            client,
+            keys,
+            token,
+            settled: false,
+        }
+    }
+
+    /// An answer came: `Acquired` hands the lock to a guard, `Held` took nothing. An error is not
+    /// an answer (a timed-out script may still have run), so it leaves the release armed.
+    fn settled(mut self) {
+        self.settled = true;
+    }
+}
+
+impl Drop for PendingAcquire<'_> {
+    fn drop(&mut self) {
+        if self.settled {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return; // no runtime: the lock, if taken, expires at its ttl
+        };
+        let (client, keys, token) = (self.client.clone(), self.keys.clone(), self.token.to_owned());
+        runtime.spawn(async move {
+            if let Ok(true) = client.backend().release(&keys, &token, 0).await {
+                tracing::debug!(lock = %keys.lock, "released a lock whose acquire was abandoned in flight");
+            }
+        });
     }
 }
 

@@ -169,9 +169,7 @@ pub(crate) fn drift(ttl: Duration) -> Duration {
 }
 
 pub(crate) fn ceil_millis(d: Duration) -> u64 {
-    let ms = d.as_millis();
-    let ms = if d.as_nanos() % 1_000_000 == 0 { ms } else { ms + 1 };
-    u64::try_from(ms).unwrap_or(u64::MAX)
+    u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX)
 }
 
 #[cfg(test)]

@@ -63,12 +63,14 @@ impl Wakeups {
         }
     }
 
-    /// After a lost subscriber connection: every channel needs subscribing again, and every waiter
-    /// re-checks its lock at once, since a release may have gone unheard.
-    pub(crate) fn reset_all(&self) {
+    /// The subscriber connection was lost: every subscribed channel needs subscribing again,
+    /// and its waiters re-check their lock at once, since a release may have gone unheard.
+    /// Channels that were never subscribed lost nothing, and are left asleep.
+    pub(crate) fn subscriptions_lost(&self) {
         for entry in self.lock().values_mut() {
-            entry.subscribed = false;
-            entry.bumps.send_modify(|n| *n = n.wrapping_add(1));
+            if std::mem::replace(&mut entry.subscribed, false) {
+                entry.bumps.send_modify(|n| *n = n.wrapping_add(1));
+            }
         }
     }
 

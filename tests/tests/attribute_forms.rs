@@ -118,6 +118,11 @@ async fn must_use(locks: &LockClient) -> Result<(), LockError> {
     Ok(())
 }
 
+/// A one-line body on the signature's line: no `unused_braces` from the generated code.
+#[rustfmt::skip]
+#[distributed_lock(key = "one", client = locks)]
+async fn one_liner(locks: &LockClient) -> Result<u8, LockError> { Ok(1) }
+
 /// Owned arguments moved into the body after the key is rendered from them.
 #[distributed_lock(key = "owned:<name>", client = locks)]
 async fn owned(locks: &LockClient, name: String) -> Result<String, LockError> {
@@ -155,6 +160,7 @@ async fn every_form_runs_guarded(t: Target) {
     assert_eq!(traced(&locks, 4).await.unwrap(), 4);
     assert_eq!(traced_inside(&locks, 5).await.unwrap(), 5);
     must_use(&locks).await.unwrap();
+    assert_eq!(one_liner(&locks).await.unwrap(), 1);
     assert_eq!(owned(&locks, "ann".to_owned()).await.unwrap(), "ann");
     assert!(braces(&locks, 1).await.unwrap());
     for key in ["order:1", "customer:9:eu:5", "item:12", "must", "{odd}:1"] {

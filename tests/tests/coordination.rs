@@ -28,6 +28,7 @@ lock_tests::on_both_backends!(
     minimum_hold_keeps_the_lock_after_a_fast_body,
     current_is_the_innermost_lock,
     waiting_leaves_no_subscriptions_behind,
+    nested_fencing_without_an_outer_token_is_invalid,
 );
 
 async fn zero_wait_is_one_attempt(t: Target) {
@@ -455,4 +456,15 @@ fn assert_send_sync() {
     check::<LockClient>();
     check::<lock_runtime::LockGuard>();
     check::<LockError>();
+}
+
+async fn nested_fencing_without_an_outer_token_is_invalid(t: Target) {
+    let c = t.client();
+    let out = c
+        .run("unfenced", &ttl(5000), async {
+            c.run("unfenced", &ttl(5000).fencing(true), async {}).await
+        })
+        .await
+        .unwrap();
+    assert!(matches!(out, Err(LockError::InvalidOptions { .. })), "{out:?}");
 }

@@ -190,11 +190,15 @@ async fn a_broken_fence_counter_fails_cleanly_without_a_lock() {
     assert!(is_unavailable(&out), "{out:?}");
     let exists: bool = raw.exists("lock:{fenced}").await.unwrap();
     assert!(!exists, "no lock key without its fencing token");
-    let _: () = raw.set("lock:{negative}:fence", -5).await.unwrap();
-    let out = client.acquire("negative", &ttl(1000).fencing(true)).await;
-    assert!(is_unavailable(&out), "{out:?}");
-    let exists: bool = raw.exists("lock:{negative}").await.unwrap();
-    assert!(!exists);
+    for bad in ["-1", "1.5", "abc"] {
+        let _: () = raw.set("lock:{negative}:fence", bad).await.unwrap();
+        let out = client.acquire("negative", &ttl(1000).fencing(true)).await;
+        assert!(is_unavailable(&out), "{bad}: {out:?}");
+        let exists: bool = raw.exists("lock:{negative}").await.unwrap();
+        assert!(!exists, "{bad}: no lock key");
+        let counter: String = raw.get("lock:{negative}:fence").await.unwrap();
+        assert_eq!(counter, bad, "a failed script changes nothing");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -237,4 +241,129 @@ fn guard_dropped_outside_a_runtime_is_left_to_expire() {
         })
         .await;
     });
+}
+
+/// Reads a counter from `INFO`: `field:value` in `stats`, or `calls=` of a command in
+/// `commandstats`.
+async fn info_counter(raw: &mut redis::aio::MultiplexedConnection, section: &str, field: &str) -> u64 {
+    let info: String = redis::cmd("INFO").arg(section).query_async(raw).await.unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|rest| {
+            let rest = rest.trim_start_matches(':').trim_start_matches("calls=");
+            rest.split([',', '\r']).next()?.parse().ok()
+        })
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_cancelled_in_flight_leaves_no_orphan_lock() {
+    let server = RedisServer::spawn();
+    let client = connect(&server.url()).await;
+    let options = ttl(20_000);
+    client.run("warm", &options, async {}).await.unwrap(); // scripts loaded
+    server.pause();
+    // The request is on the wire when the caller gives up; a frozen Redis runs it later.
+    let cancelled = tokio::time::timeout(
+        Duration::from_millis(100),
+        client.run("orphan", &options, async {}),
+    )
+    .await;
+    assert!(cancelled.is_err());
+    server.resume();
+    eventually(3 * SECOND, "the abandoned acquire's lock is released", || async {
+        !client.is_locked("orphan").await.unwrap()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_that_timed_out_leaves_no_orphan_lock() {
+    let server = RedisServer::spawn();
+    let client = connect(&server.url()).await; // response timeout 500 ms
+    let options = ttl(20_000);
+    client.run("warm", &options, async {}).await.unwrap();
+    server.pause();
+    let out = client.run("orphan", &options, async {}).await;
+    server.resume();
+    assert!(is_unavailable(&out), "{out:?}");
+    eventually(3 * SECOND, "the timed-out acquire's lock is released", || async {
+        !client.is_locked("orphan").await.unwrap()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_on_a_frozen_server_give_up_in_parallel() {
+    let server = RedisServer::spawn();
+    let client = connect(&server.url()).await; // response timeout 500 ms
+    let holder = client.acquire("w", &ttl(30_000)).await.unwrap();
+    server.pause();
+    let started = Instant::now();
+    let waiters: Vec<_> = (0..6)
+        .map(|i| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let key = if i % 2 == 0 {
+                    "w".to_owned()
+                } else {
+                    format!("w{i}")
+                };
+                client
+                    .acquire(&key, &ttl(5000).wait(Duration::from_millis(100)))
+                    .await
+                    .map(drop)
+            })
+        })
+        .collect();
+    for waiter in waiters {
+        let out = waiter.await.unwrap();
+        assert!(is_unavailable(&out), "{out:?}");
+    }
+    let took = started.elapsed();
+    server.resume();
+    drop(holder);
+    assert!(took < 2 * SECOND, "waiters queued behind each other: {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_refusing_subscribe_is_not_hammered() {
+    let server = RedisServer::spawn();
+    let mut raw = server.raw().await;
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "default", "-subscribe"])
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let client = connect(&server.url()).await;
+    let holder = client.acquire("refused", &ttl(60_000)).await.unwrap();
+    let connections = info_counter(&mut raw, "stats", "total_connections_received").await;
+    let attempts = info_counter(&mut raw, "commandstats", "cmdstat_evalsha").await;
+    let out = client
+        .acquire("refused", &ttl(5000).wait(Duration::from_millis(600)))
+        .await;
+    assert!(matches!(out, Err(LockError::Busy { .. })), "{out:?}");
+    let connections = info_counter(&mut raw, "stats", "total_connections_received").await - connections;
+    let attempts = info_counter(&mut raw, "commandstats", "cmdstat_evalsha").await - attempts;
+    // One subscriber connection tried, then timers: a couple of attempts, not a loop.
+    assert!(connections <= 2, "{connections} new connections");
+    assert!(attempts <= 6, "{attempts} acquire attempts in 600 ms");
+    holder.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncontended_wait_opens_no_subscription() {
+    let server = RedisServer::spawn();
+    let client = connect(&server.url()).await;
+    let mut raw = server.raw().await;
+    for _ in 0..10 {
+        let guard = client.acquire("free", &ttl(5000).wait(SECOND)).await.unwrap();
+        guard.release().await.unwrap();
+    }
+    let subscribers: String = redis::cmd("CLIENT")
+        .arg(&["LIST", "TYPE", "pubsub"])
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert!(subscribers.trim().is_empty(), "{subscribers}");
 }

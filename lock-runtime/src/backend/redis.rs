@@ -8,8 +8,10 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSubSink, PubSubStream};
 use redis::{AsyncCommands, RedisResult, Script};
+use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::sync::{mpsc, Mutex};
-use tokio::task::JoinHandle;
+use tokio::task::{AbortHandle, JoinHandle};
+use tokio::time::Instant;
 
 use super::{Attempt, LockKeys};
 use crate::error::TimedOut;
@@ -36,6 +38,11 @@ pub(crate) struct RedisBackend {
 
 impl RedisBackend {
     pub(crate) async fn connect(url: &str, timeouts: Timeouts) -> Result<Self, LockError> {
+        if url.starts_with("rediss://") && !cfg!(feature = "tls") {
+            return Err(LockError::invalid_options(
+                "a rediss:// (TLS) URL needs lock-runtime's `tls` feature",
+            ));
+        }
         let client = redis::Client::open(url)
             .map_err(|e| LockError::invalid_options(format!("invalid Redis URL: {e}")))?;
         let config = ConnectionManagerConfig::new()
@@ -51,12 +58,7 @@ impl RedisBackend {
             Err(_) => return Err(LockError::unavailable(TimedOut { after: bound })),
         };
         let (idle_tx, idle_rx) = mpsc::unbounded_channel();
-        let subscriber = Arc::new(Subscriber {
-            client,
-            timeouts,
-            wakeups: Wakeups::new(Some(idle_tx)),
-            live: Mutex::new(None),
-        });
+        let subscriber = Arc::new(Subscriber::new(client, timeouts, Wakeups::new(Some(idle_tx))));
         let unsubscriber = tokio::spawn(Arc::clone(&subscriber).unsubscribe_idle(idle_rx));
         Ok(RedisBackend {
             conn,
@@ -172,11 +174,7 @@ impl RedisBackend {
 impl Drop for RedisBackend {
     fn drop(&mut self) {
         self.unsubscriber.abort();
-        if let Ok(mut live) = self.subscriber.live.try_lock() {
-            if let Some(live) = live.take() {
-                live.dispatcher.abort();
-            }
-        }
+        self.subscriber.stop_dispatcher();
     }
 }
 
@@ -188,17 +186,20 @@ async fn bounded<T>(after: Duration, request: impl Future<Output = RedisResult<T
 }
 
 /// The subscriber connection while it is up: the half that sends SUBSCRIBE/UNSUBSCRIBE, and the
-/// task that reads messages and wakes local waiters.
+/// generation that tells its dispatcher task apart from an earlier connection's.
 #[derive(Debug)]
 struct Live {
     generation: u64,
     sink: PubSubSink,
-    dispatcher: JoinHandle<()>,
 }
 
-/// One pub/sub connection per client, opened on the first wait and reopened (by the next waiter)
-/// after it breaks; a broken connection wakes every waiter so none sleeps through a release
-/// that went unheard.
+/// After the subscriber connection fails to open or to subscribe, waiters rely on their timers
+/// for this long before anyone tries again: a server that refuses pub/sub is not hammered.
+const SUBSCRIBER_RETRY: Duration = Duration::from_secs(1);
+
+/// One pub/sub connection per client, opened by the first waiter and reopened by the next one
+/// after it breaks. Waiters whose subscription is lost with a connection are woken to re-check
+/// their lock, so none sleeps through a release that went unheard.
 #[derive(Debug)]
 struct Subscriber {
     client: redis::Client,
@@ -206,16 +207,42 @@ struct Subscriber {
     wakeups: Arc<Wakeups>,
     /// Also serialises SUBSCRIBE against UNSUBSCRIBE of the same channel.
     live: Mutex<Option<Live>>,
+    /// The task reading the current connection, so dropping the client can always stop it.
+    dispatcher: std::sync::Mutex<Option<AbortHandle>>,
+    /// No new connection before this instant (set after a failure).
+    retry_after: std::sync::Mutex<Option<Instant>>,
 }
 
 impl Subscriber {
-    /// Subscribes `channel` unless it is already; on failure the waiter falls back to its timer.
+    fn new(client: redis::Client, timeouts: Timeouts, wakeups: Arc<Wakeups>) -> Self {
+        Subscriber {
+            client,
+            timeouts,
+            wakeups,
+            live: Mutex::new(None),
+            dispatcher: std::sync::Mutex::new(None),
+            retry_after: std::sync::Mutex::new(None),
+        }
+    }
+
+    fn cooling_down(&self) -> bool {
+        lock(&self.retry_after).is_some_and(|until| Instant::now() < until)
+    }
+
+    fn stop_dispatcher(&self) {
+        if let Some(dispatcher) = lock(&self.dispatcher).take() {
+            dispatcher.abort();
+        }
+    }
+
+    /// Subscribes `channel` unless it is already. Best effort: on failure the waiter wakes at
+    /// the holder's expiry or its nap's end instead.
     async fn listen(self: &Arc<Self>, channel: &str) {
-        if self.wakeups.is_subscribed(channel) {
+        if self.wakeups.is_subscribed(channel) || self.cooling_down() {
             return;
         }
         let mut live = self.live.lock().await;
-        if self.wakeups.is_subscribed(channel) {
+        if self.wakeups.is_subscribed(channel) || self.cooling_down() {
             return;
         }
         if live.is_none() {
@@ -223,6 +250,7 @@ impl Subscriber {
                 Ok(opened) => *live = Some(opened),
                 Err(e) => {
                     tracing::debug!(error = %e, "lock wake-up subscriber unavailable; waiting on timers");
+                    *lock(&self.retry_after) = Some(Instant::now() + SUBSCRIBER_RETRY);
                     return;
                 }
             }
@@ -240,22 +268,21 @@ impl Subscriber {
     async fn open(self: &Arc<Self>) -> Result<Live, LockError> {
         let pubsub = bounded(self.timeouts.connect, self.client.get_async_pubsub()).await?;
         let (sink, stream) = pubsub.split();
-        static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let generation = GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        static GENERATION: AtomicU64 = AtomicU64::new(0);
+        let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
         let dispatcher = tokio::spawn(Arc::clone(self).dispatch(generation, stream));
-        Ok(Live {
-            generation,
-            sink,
-            dispatcher,
-        })
+        self.stop_dispatcher();
+        *lock(&self.dispatcher) = Some(dispatcher.abort_handle());
+        Ok(Live { generation, sink })
     }
 
-    /// Drops a connection that misbehaved; every waiter re-checks and the next one reconnects.
+    /// Drops a connection that misbehaved: its subscriptions are gone, so their waiters re-check,
+    /// and nobody reconnects before [`SUBSCRIBER_RETRY`] has passed.
     fn discard(&self, live: &mut Option<Live>) {
-        if let Some(old) = live.take() {
-            old.dispatcher.abort();
-        }
-        self.wakeups.reset_all();
+        live.take();
+        self.stop_dispatcher();
+        *lock(&self.retry_after) = Some(Instant::now() + SUBSCRIBER_RETRY);
+        self.wakeups.subscriptions_lost();
     }
 
     async fn dispatch(self: Arc<Self>, generation: u64, mut stream: PubSubStream) {
@@ -265,10 +292,8 @@ impl Subscriber {
         tracing::debug!("lock wake-up subscriber connection closed");
         let mut live = self.live.lock().await;
         if live.as_ref().is_some_and(|l| l.generation == generation) {
-            if let Some(old) = live.take() {
-                drop(old.sink);
-            }
-            self.wakeups.reset_all();
+            live.take();
+            self.wakeups.subscriptions_lost();
         }
     }
 
@@ -287,4 +312,9 @@ impl Subscriber {
             }
         }
     }
+}
+
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Each holder only reads or replaces the value, so a poisoned one is still consistent.
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
