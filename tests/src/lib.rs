@@ -154,6 +154,17 @@ impl RedisServer {
     }
 }
 
+impl RedisServer {
+    /// The channels some client is subscribed to (`PUBSUB CHANNELS`).
+    pub async fn subscribed_channels(&self) -> Vec<String> {
+        redis::cmd("PUBSUB")
+            .arg("CHANNELS")
+            .query_async(&mut self.raw().await)
+            .await
+            .unwrap_or_else(|e| panic!("PUBSUB CHANNELS failed: {e}"))
+    }
+}
+
 impl Drop for RedisServer {
     fn drop(&mut self) {
         if let Some(child) = &self.child {

@@ -374,18 +374,11 @@ async fn waiting_leaves_no_subscriptions_behind(t: Target) {
     }
     assert_eq!(c.waiting_channels(), 0);
     if let Some(server) = t.server() {
-        let raw = server.raw().await;
-        eventually(5 * SECOND, "every channel is unsubscribed on the server", || {
-            let mut raw = raw.clone();
-            async move {
-                let channels: Vec<String> = ::redis::cmd("PUBSUB")
-                    .arg("CHANNELS")
-                    .query_async(&mut raw)
-                    .await
-                    .unwrap();
-                channels.is_empty()
-            }
-        })
+        eventually(
+            5 * SECOND,
+            "every channel is unsubscribed on the server",
+            || async { server.subscribed_channels().await.is_empty() },
+        )
         .await;
     }
 }
@@ -408,16 +401,8 @@ async fn waiters_survive_a_subscriber_connection_loss() {
     .await;
     let server = t.server().unwrap();
     let mut raw = server.raw().await;
-    eventually(2 * SECOND, "the waiter's channel is subscribed", || {
-        let mut raw = raw.clone();
-        async move {
-            let channels: Vec<String> = ::redis::cmd("PUBSUB")
-                .arg("CHANNELS")
-                .query_async(&mut raw)
-                .await
-                .unwrap();
-            channels.len() == 1
-        }
+    eventually(2 * SECOND, "the waiter's channel is subscribed", || async {
+        server.subscribed_channels().await.len() == 1
     })
     .await;
     // Drop every pub/sub client connection from the server side.
@@ -427,16 +412,8 @@ async fn waiters_survive_a_subscriber_connection_loss() {
         .await
         .unwrap();
     assert_eq!(killed, 1, "one subscriber connection per client");
-    eventually(3 * SECOND, "the waiter subscribes again", || {
-        let mut raw = raw.clone();
-        async move {
-            let channels: Vec<String> = ::redis::cmd("PUBSUB")
-                .arg("CHANNELS")
-                .query_async(&mut raw)
-                .await
-                .unwrap();
-            channels.len() == 1
-        }
+    eventually(3 * SECOND, "the waiter subscribes again", || async {
+        server.subscribed_channels().await.len() == 1
     })
     .await;
     let released_at = Instant::now();
