@@ -1,9 +1,9 @@
 //! Local fan-out of "this lock was released" to the waiters of one client.
 //!
 //! Each lock's channel has one entry with a counter behind a `watch`; every release message bumps
-//! it. A waiter registers (and, on Redis, makes sure the channel is subscribed) *before* its
-//! acquire attempt, so a release that lands between the attempt and the wait still changes the
-//! counter it then waits on. The last registration of a channel to go removes the entry and asks
+//! it. A waiter registers (and, on Redis, makes sure the channel is subscribed) *before* the
+//! attempt it will wait after, so a release that lands between that attempt and the wait still
+//! changes the counter it then waits on. The last registration of a channel to go removes the entry and asks
 //! the backend to unsubscribe, so channels never pile up.
 
 use std::collections::HashMap;
