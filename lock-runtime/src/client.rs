@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use crate::backend::memory::MemoryBackend;
 use crate::backend::redis::{RedisBackend, Timeouts};
 use crate::backend::{Attempt, Backend, LockKeys};
-use crate::guard::{LockGuard, LockState};
+use crate::guard::{release_in_background, LockGuard, LockState};
 use crate::wakeups::Registration;
 use crate::{scope, LockError, LockOptions};
 
@@ -115,16 +115,6 @@ impl LockClient {
         })
     }
 
-    fn check(&self, options: &LockOptions) -> Result<(), LockError> {
-        options.validate()?;
-        if options.is_fencing() && !self.backend().supports_fencing() {
-            return Err(LockError::invalid_options(
-                "fencing tokens need a single counter; this client has none (RedLock)",
-            ));
-        }
-        Ok(())
-    }
-
     /// Takes the lock on `key`, waiting up to `options.wait` if it is held.
     ///
     /// Fails with [`LockError::Busy`] when the wait runs out, [`LockError::Unavailable`] when
@@ -132,7 +122,7 @@ impl LockClient {
     /// a bare `acquire` is its own owner: unlike [`run`](LockClient::run), it is not reentrant.
     pub async fn acquire(&self, key: &str, options: &LockOptions) -> Result<LockGuard, LockError> {
         let keys = self.keys(key)?;
-        self.check(options)?;
+        options.validate()?;
         self.acquire_keys(key, keys, options).await
     }
 
@@ -219,7 +209,7 @@ impl LockClient {
         body: F,
     ) -> Result<F::Output, LockError> {
         let keys = self.keys(key)?;
-        self.check(options)?;
+        options.validate()?;
         if let Some(outer) = scope::held(self.id(), &keys.lock) {
             if outer.is_lost() {
                 return Err(LockError::Lost { key: key.to_owned() });
@@ -236,7 +226,7 @@ impl LockClient {
         let outcome = scope::enter(
             self.id(),
             Arc::clone(guard.state()),
-            guard.guard(options.lost_policy(), body),
+            guard.run_body(options.lost_policy(), body),
         )
         .await;
         if let Err(e) = guard.release().await {
@@ -304,18 +294,15 @@ impl<'a> PendingAcquire<'a> {
 
 impl Drop for PendingAcquire<'_> {
     fn drop(&mut self) {
-        if self.settled {
-            return;
+        if !self.settled {
+            release_in_background(
+                self.client.clone(),
+                self.keys.clone(),
+                self.token.to_owned(),
+                Instant::now(),
+                None,
+            );
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return; // no runtime: the lock, if taken, expires at its ttl
-        };
-        let (client, keys, token) = (self.client.clone(), self.keys.clone(), self.token.to_owned());
-        runtime.spawn(async move {
-            if let Ok(true) = client.backend().release(&keys, &token, 0).await {
-                tracing::debug!(lock = %keys.lock, "released a lock whose acquire was abandoned in flight");
-            }
-        });
     }
 }
 

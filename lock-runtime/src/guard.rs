@@ -224,7 +224,7 @@ impl LockGuard {
             watchdog.abort();
             let _ = watchdog.await;
         }
-        release(&self.client, &self.state, self.hold_until).await
+        release_lock(&self.client, &self.state.keys, &self.state.token, self.hold_until).await
     }
 
     fn lost_error(&self) -> LockError {
@@ -234,9 +234,8 @@ impl LockGuard {
     }
 
     /// Runs `body` while the lock holds, under the lost-lock policy.
-    pub(crate) async fn guard<F: Future>(&self, policy: OnLost, body: F) -> Result<F::Output, LockError> {
-        let body = std::pin::pin!(body);
-        let mut body = body;
+    pub(crate) async fn run_body<F: Future>(&self, policy: OnLost, body: F) -> Result<F::Output, LockError> {
+        let mut body = std::pin::pin!(body);
         tokio::select! {
             biased;
             out = &mut body => return Ok(out),
@@ -255,18 +254,45 @@ impl LockGuard {
     }
 }
 
-async fn release(client: &LockClient, state: &LockState, hold_until: Instant) -> Result<bool, LockError> {
+/// The token-checked release; with a minimum hold left, the lock is kept until `hold_until`.
+async fn release_lock(
+    client: &LockClient,
+    keys: &LockKeys,
+    token: &str,
+    hold_until: Instant,
+) -> Result<bool, LockError> {
     let hold_ms = ceil_millis(hold_until.saturating_duration_since(Instant::now()));
-    let released = client
-        .backend()
-        .release(&state.keys, &state.token, hold_ms)
-        .await?;
+    let released = client.backend().release(keys, token, hold_ms).await?;
     if released {
-        tracing::debug!(key = %state.key, hold_ms, "lock released");
+        tracing::debug!(lock = %keys.lock, hold_ms, "lock released");
     } else {
-        tracing::debug!(key = %state.key, "lock had expired or been taken before its release");
+        tracing::debug!(lock = %keys.lock, "lock had expired or been taken before its release");
     }
     Ok(released)
+}
+
+/// Releases from a spawned task, once `watchdog` (already aborted) has stopped: for a dropped
+/// guard, and for an acquire abandoned in flight. Outside a tokio runtime there is nothing to
+/// send it from, and the lock is left to expire at its ttl.
+pub(crate) fn release_in_background(
+    client: LockClient,
+    keys: LockKeys,
+    token: String,
+    hold_until: Instant,
+    watchdog: Option<JoinHandle<()>>,
+) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        tracing::debug!(lock = %keys.lock, "no tokio runtime to release from; the lock is left to expire");
+        return;
+    };
+    runtime.spawn(async move {
+        if let Some(watchdog) = watchdog {
+            let _ = watchdog.await;
+        }
+        if let Err(e) = release_lock(&client, &keys, &token, hold_until).await {
+            tracing::warn!(lock = %keys.lock, error = %e, "background lock release failed; the lock will expire");
+        }
+    });
 }
 
 impl Drop for LockGuard {
@@ -278,20 +304,12 @@ impl Drop for LockGuard {
         if let Some(watchdog) = &watchdog {
             watchdog.abort();
         }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::debug!(key = %self.state.key, "lock guard dropped outside a tokio runtime; the lock is left to expire");
-            return;
-        };
-        let client = self.client.clone();
-        let state = Arc::clone(&self.state);
-        let hold_until = self.hold_until;
-        runtime.spawn(async move {
-            if let Some(watchdog) = watchdog {
-                let _ = watchdog.await;
-            }
-            if let Err(e) = release(&client, &state, hold_until).await {
-                tracing::warn!(key = %state.key, error = %e, "background release of a dropped lock guard failed; it will expire");
-            }
-        });
+        release_in_background(
+            self.client.clone(),
+            self.state.keys.clone(),
+            self.state.token.clone(),
+            self.hold_until,
+            watchdog,
+        );
     }
 }

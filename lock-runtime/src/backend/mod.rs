@@ -107,11 +107,6 @@ impl Backend {
         }
     }
 
-    /// Whether fencing tokens can be offered (a quorum of masters has no single counter).
-    pub(crate) fn supports_fencing(&self) -> bool {
-        true
-    }
-
     pub(crate) fn wakeups(&self) -> &Arc<Wakeups> {
         match self {
             Backend::Redis(b) => b.wakeups(),
