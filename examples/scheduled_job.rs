@@ -26,21 +26,32 @@ Redis: REDIS_URL (default redis://127.0.0.1:6379), else the in-memory backend.";
 
 const PERIOD: Duration = Duration::from_secs(1);
 
-/// Which instances ran the job in each tick.
-type Runs = Arc<Mutex<BTreeMap<u64, Vec<u64>>>>;
+/// Which instances ran the job in each tick; shared by the instances.
+#[derive(Clone, Default)]
+struct Runs(Arc<Mutex<BTreeMap<u64, Vec<u64>>>>);
 
-fn record(runs: &Runs, tick: u64, instance: u64) {
-    runs.lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .entry(tick)
-        .or_default()
-        .push(instance);
+impl Runs {
+    fn ticks(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Vec<u64>>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn record(&self, tick: u64, instance: u64) {
+        self.ticks().entry(tick).or_default().push(instance);
+    }
+
+    fn in_tick(&self, tick: u64) -> Vec<u64> {
+        self.ticks().get(&tick).cloned().unwrap_or_default()
+    }
+
+    fn total(&self) -> usize {
+        self.ticks().values().map(Vec::len).sum()
+    }
 }
 
 /// The job as often written first: a lock, but none left once the job is done.
 #[distributed_lock(key = "job:report:plain", ttl_ms = 5000, client = locks)]
 async fn report_plain(locks: &LockClient, runs: &Runs, tick: u64, instance: u64) -> Result<(), LockError> {
-    record(runs, tick, instance);
+    runs.record(tick, instance);
     tokio::time::sleep(Duration::from_millis(30)).await; // the job's work
     Ok(())
 }
@@ -48,7 +59,7 @@ async fn report_plain(locks: &LockClient, runs: &Runs, tick: u64, instance: u64)
 /// The job with a minimum hold: the lock stays 800 ms after it was taken, however fast the job.
 #[distributed_lock(key = "job:report:held", ttl_ms = 5000, hold_at_least_ms = 800, client = locks)]
 async fn report_held(locks: &LockClient, runs: &Runs, tick: u64, instance: u64) -> Result<(), LockError> {
-    record(runs, tick, instance);
+    runs.record(tick, instance);
     tokio::time::sleep(Duration::from_millis(30)).await;
     Ok(())
 }
@@ -91,7 +102,7 @@ async fn main() -> anyhow::Result<()> {
         "{instances} instances tick the job every {PERIOD:?}, each 0-250 ms late; the job takes 30 ms\n"
     );
 
-    let (plain, held): (Runs, Runs) = (Arc::default(), Arc::default());
+    let (plain, held) = (Runs::default(), Runs::default());
     let start = Instant::now() + Duration::from_millis(100);
     let mut tasks = Vec::new();
     for (instance, locks) in clients.into_iter().enumerate() {
@@ -118,45 +129,22 @@ async fn main() -> anyhow::Result<()> {
     while printed < ticks {
         tokio::time::sleep_until(start + PERIOD * printed as u32 + Duration::from_millis(600)).await;
         printed += 1;
-        let plain_runs = plain
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&printed)
-            .cloned()
-            .unwrap_or_default();
-        let held_runs = held
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&printed)
-            .cloned()
-            .unwrap_or_default();
         println!(
             "tick {printed}: without a minimum hold ran on {:<14} with hold_at_least_ms = 800 ran on {}",
-            names(&plain_runs),
-            names(&held_runs)
+            names(&plain.in_tick(printed)),
+            names(&held.in_tick(printed))
         );
     }
     for task in tasks {
         task.await??;
     }
 
-    let count = |runs: &Runs| {
-        runs.lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .map(Vec::len)
-            .sum::<usize>()
-    };
-    let once_per_tick = held
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .values()
-        .all(|r| r.len() == 1)
-        && count(&held) == ticks as usize;
+    let once_per_tick =
+        (1..=ticks).all(|tick| held.in_tick(tick).len() == 1) && held.total() == ticks as usize;
     println!(
         "\nruns in {ticks} ticks: without a minimum hold {}, with hold_at_least_ms {}",
-        count(&plain),
-        count(&held)
+        plain.total(),
+        held.total()
     );
     if !once_per_tick {
         println!("FAIL: with a minimum hold the job must run exactly once per tick");
