@@ -12,7 +12,15 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lock_runtime::LockClient;
+use lock_runtime::{LockClient, LockOptions};
+
+/// One second, the unit most test deadlines are written in.
+pub const SECOND: Duration = Duration::from_secs(1);
+
+/// Options with a ttl of `ms` milliseconds and nothing else.
+pub fn ttl(ms: u64) -> LockOptions {
+    LockOptions::new(Duration::from_millis(ms))
+}
 
 /// One `redis-server` process on a free loopback port.
 #[derive(Debug)]

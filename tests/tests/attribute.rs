@@ -6,10 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_runtime::{distributed_lock, LockClient, LockError};
-use lock_tests::{eventually, Target};
+use lock_tests::{eventually, Target, SECOND};
 use tokio::sync::Notify;
-
-const SECOND: Duration = Duration::from_secs(1);
 
 #[derive(Debug, PartialEq)]
 enum PayError {

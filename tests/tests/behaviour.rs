@@ -5,14 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_runtime::{LockError, LockOptions, OnLost};
-use lock_tests::{eventually, Target};
+use lock_tests::{eventually, ttl, Target, SECOND};
 use tokio::time::Instant;
-
-fn ttl(ms: u64) -> LockOptions {
-    LockOptions::new(Duration::from_millis(ms))
-}
-
-const SECOND: Duration = Duration::from_secs(1);
 
 lock_tests::on_both_backends!(
     lock_unlock_twice,

@@ -5,15 +5,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lock_runtime::{LockClient, LockError, LockOptions, MAX_WAIT_NAP};
-use lock_tests::{eventually, Target};
+use lock_runtime::{LockClient, LockError, MAX_WAIT_NAP};
+use lock_tests::{eventually, ttl, Target, SECOND};
 use tokio::time::Instant;
-
-fn ttl(ms: u64) -> LockOptions {
-    LockOptions::new(Duration::from_millis(ms))
-}
-
-const SECOND: Duration = Duration::from_secs(1);
 
 lock_tests::on_both_backends!(
     zero_wait_is_one_attempt,

@@ -3,16 +3,10 @@
 
 use std::time::Duration;
 
-use lock_runtime::{LockClient, LockError, LockOptions};
-use lock_tests::{connect, eventually, RedisServer};
+use lock_runtime::{LockClient, LockError};
+use lock_tests::{connect, eventually, ttl, RedisServer, SECOND};
 use redis::AsyncCommands;
 use tokio::time::Instant;
-
-fn ttl(ms: u64) -> LockOptions {
-    LockOptions::new(Duration::from_millis(ms))
-}
-
-const SECOND: Duration = Duration::from_secs(1);
 
 fn is_unavailable<T: std::fmt::Debug>(r: &Result<T, LockError>) -> bool {
     matches!(r, Err(LockError::Unavailable { .. }))
@@ -366,4 +360,29 @@ async fn an_uncontended_wait_opens_no_subscription() {
         .await
         .unwrap();
     assert!(subscribers.trim().is_empty(), "{subscribers}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watchdog_retries_through_a_short_freeze() {
+    let server = RedisServer::spawn();
+    let client = connect(&server.url()).await; // response timeout 500 ms
+    let guard = client.acquire("freeze", &ttl(3000).watchdog(true)).await.unwrap();
+    // Frozen across the first renewal (due at 1 s): it times out at 1.5 s, and the retries
+    // go on while the lock is still valid (until ~2.97 s).
+    server.pause();
+    tokio::time::sleep(Duration::from_millis(1700)).await; // the freeze itself
+    server.resume();
+    eventually(3 * SECOND, "a retried renewal extends the lock", || async {
+        client
+            .remaining_ttl("freeze")
+            .await
+            .unwrap()
+            .is_some_and(|left| left > Duration::from_millis(2500))
+    })
+    .await;
+    assert!(
+        !guard.is_lost(),
+        "a transient error must not lose a still-valid lock"
+    );
+    assert!(guard.release().await.unwrap());
 }

@@ -1,0 +1,77 @@
+//! The `tracing` events a lock emits: acquired and busy (debug); renewal failed, lost and
+//! release failed (warn). Runs on a current-thread runtime, so every task the lock spawns runs
+//! under the test's capturing subscriber.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use lock_runtime::LockError;
+use lock_tests::{connect, eventually, ttl, RedisServer, SECOND};
+
+/// Everything the subscriber writes.
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Logs {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    /// Whether a line at `level` contains `message`.
+    fn has(&self, level: &str, message: &str) -> bool {
+        let text = String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned();
+        text.lines()
+            .any(|line| line.contains(level) && line.contains(message))
+    }
+}
+
+#[tokio::test]
+async fn lock_events_are_traced_at_their_levels() {
+    let logs = Logs::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .without_time()
+        .with_writer({
+            let logs = logs.clone();
+            move || logs.clone()
+        })
+        .finish();
+    let _capture = tracing::subscriber::set_default(subscriber);
+
+    let mut server = RedisServer::spawn();
+    let client = connect(&server.url()).await; // response timeout 500 ms
+    let guard = client.acquire("events", &ttl(3000).watchdog(true)).await.unwrap();
+    assert!(logs.has("DEBUG", "lock acquired"));
+    assert!(matches!(
+        client.acquire("events", &ttl(1000)).await,
+        Err(LockError::Busy { .. })
+    ));
+    assert!(logs.has("DEBUG", "lock busy"));
+
+    server.pause();
+    eventually(3 * SECOND, "a renewal fails while Redis is frozen", || async {
+        logs.has("WARN", "lock renewal failed")
+    })
+    .await;
+    server.resume();
+
+    assert!(client.force_release("events").await.unwrap());
+    tokio::time::timeout(3 * SECOND, guard.lost()).await.unwrap();
+    assert!(logs.has("WARN", "lock lost"));
+    drop(guard);
+
+    let out = client.run("doomed", &ttl(1000), async { server.kill() }).await;
+    assert!(
+        out.is_ok(),
+        "a failed release never replaces the body's result: {out:?}"
+    );
+    assert!(logs.has("WARN", "lock release failed"));
+}
