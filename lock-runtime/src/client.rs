@@ -7,8 +7,9 @@ use std::time::Duration;
 use rand::TryRngCore;
 use tokio::time::Instant;
 
+use crate::backend::connection::{client_for_url, Timeouts, TlsMaterial};
 use crate::backend::memory::MemoryBackend;
-use crate::backend::redis::{RedisBackend, Timeouts};
+use crate::backend::redis::RedisBackend;
 use crate::backend::{Attempt, Backend, LockKeys};
 use crate::guard::{release_in_background, LockGuard, LockState};
 use crate::wakeups::Registration;
@@ -341,9 +342,26 @@ fn nap(pttl_ms: Option<u64>) -> Duration {
 ///     .await?;
 /// # let _ = locks; Ok(()) }
 /// ```
+///
+/// With TLS and a private CA (the `tls` feature), started before Redis is reachable:
+///
+/// ```no_run
+/// # #[cfg(feature = "tls")]
+/// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use lock_runtime::LockClient;
+///
+/// let locks = LockClient::builder()
+///     .url("rediss://locker:secret@redis.internal:6380")
+///     .tls_root_ca(&std::fs::read("/etc/redis/ca.pem")?)
+///     .tls_client_auth(&std::fs::read("client.pem")?, &std::fs::read("client.key")?)
+///     .build_lazy()?; // connects on first use
+/// # let _ = locks; Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 pub struct LockClientBuilder {
     url: Option<String>,
+    redis_client: Option<redis::Client>,
+    tls: TlsMaterial,
     prefix: String,
     connect_timeout: Duration,
     response_timeout: Duration,
@@ -353,6 +371,8 @@ impl Default for LockClientBuilder {
     fn default() -> Self {
         LockClientBuilder {
             url: None,
+            redis_client: None,
+            tls: TlsMaterial::default(),
             prefix: DEFAULT_PREFIX.to_owned(),
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
@@ -361,9 +381,32 @@ impl Default for LockClientBuilder {
 }
 
 impl LockClientBuilder {
-    /// The Redis server (required).
+    /// The Redis server: `redis://[user:password@]host:port[/db]`, or `rediss://…` for TLS
+    /// (with the `tls` feature). Give this or [`redis_client`](Self::redis_client).
     pub fn url(mut self, url: &str) -> Self {
         self.url = Some(url.to_owned());
+        self
+    }
+
+    /// The Redis server, as a `redis::Client` you built: for anything redis-rs supports that
+    /// this builder does not name (your own TLS setup, RESP3, a Unix socket, …). Give this or
+    /// [`url`](Self::url).
+    pub fn redis_client(mut self, client: redis::Client) -> Self {
+        self.redis_client = Some(client);
+        self
+    }
+
+    /// Trusts the CA certificate(s) in `pem` for a `rediss://` server, instead of the system's
+    /// trust store: for servers whose certificate a private CA signed.
+    pub fn tls_root_ca(mut self, pem: &[u8]) -> Self {
+        self.tls.root_ca = Some(pem.to_vec());
+        self
+    }
+
+    /// Presents this client certificate (PEM chain and its PEM private key) to a `rediss://`
+    /// server started with `--tls-auth-clients yes`.
+    pub fn tls_client_auth(mut self, cert_pem: &[u8], key_pem: &[u8]) -> Self {
+        self.tls.client_auth = Some((cert_pem.to_vec(), key_pem.to_vec()));
         self
     }
 
@@ -381,28 +424,56 @@ impl LockClientBuilder {
 
     /// How long any one request may take (default [`DEFAULT_RESPONSE_TIMEOUT`], 2 s). Keep it
     /// well below your ttls: a renewal that takes longer than the lock's validity loses it.
+    /// Two requests in a row without an answer, and the connection is replaced.
     pub fn response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
         self
     }
 
-    /// Connects. [`LockError::Unavailable`] when the server cannot be reached within the
-    /// connect timeout; [`LockError::InvalidOptions`] for a missing or malformed URL or a zero
+    /// Connects, so that a server that is down or refuses this client is reported at start:
+    /// [`LockError::Unavailable`] when it cannot be reached within the connect timeout,
+    /// [`LockError::Refused`] when it answers but refuses (credentials, database index), and
+    /// [`LockError::InvalidOptions`] for a missing or malformed URL, bad TLS material or a zero
     /// timeout.
     pub async fn build(self) -> Result<LockClient, LockError> {
-        let Some(url) = self.url else {
-            return Err(LockError::invalid_options(
-                "no Redis URL given to the builder (.url(…))",
-            ));
-        };
+        let client = self.build_lazy()?;
+        if let Backend::Redis(backend) = client.backend() {
+            backend.connect().await?;
+        }
+        Ok(client)
+    }
+
+    /// Checks the configuration (URL, timeouts, TLS material) without connecting; the first
+    /// operation connects. A service can start while Redis is down: its operations fail with
+    /// [`LockError::Unavailable`] until Redis is back, and then work.
+    pub fn build_lazy(self) -> Result<LockClient, LockError> {
         if self.connect_timeout.is_zero() || self.response_timeout.is_zero() {
             return Err(LockError::invalid_options("timeouts must be greater than zero"));
         }
+        let client = match (self.url, self.redis_client) {
+            (Some(url), None) => client_for_url(&url, &self.tls)?,
+            (None, Some(client)) if self.tls.root_ca.is_none() && self.tls.client_auth.is_none() => client,
+            (None, Some(_)) => {
+                return Err(LockError::invalid_options(
+                    "TLS certificates go into the redis::Client given to .redis_client(…), not the builder",
+                ))
+            }
+            (Some(_), Some(_)) => {
+                return Err(LockError::invalid_options(
+                    "give the builder either .url(…) or .redis_client(…), not both",
+                ))
+            }
+            (None, None) => {
+                return Err(LockError::invalid_options(
+                    "no Redis server given to the builder (.url(…) or .redis_client(…))",
+                ))
+            }
+        };
         let timeouts = Timeouts {
             connect: self.connect_timeout,
             response: self.response_timeout,
         };
-        let backend = RedisBackend::connect(&url, timeouts).await?;
+        let backend = Box::new(RedisBackend::new(client, timeouts));
         Ok(LockClient::from_backend(Backend::Redis(backend), self.prefix))
     }
 }

@@ -39,10 +39,23 @@ pub enum LockError {
         /// The user's key, without the prefix.
         key: String,
     },
-    /// The backend could not be reached, timed out, or answered with an error.
+    /// The backend could not be reached, timed out, or the connection broke: worth retrying
+    /// once Redis is back.
     #[error("lock backend unavailable: {source}")]
     Unavailable {
         /// What went wrong underneath.
+        #[source]
+        source: BoxError,
+    },
+    /// Redis answered, but refuses this client: a wrong user or password, an ACL without a
+    /// command, key or channel right that locking needs, a database index the server does not
+    /// have, or a server that forbids scripts. Retrying will not help; the configuration must
+    /// change, and `reason` says what to fix.
+    #[error("Redis refuses this client: {reason} ({source})")]
+    Refused {
+        /// What to fix.
+        reason: &'static str,
+        /// Redis's own answer.
         #[source]
         source: BoxError,
     },
@@ -82,8 +95,42 @@ impl LockError {
 }
 
 impl From<redis::RedisError> for LockError {
+    /// `Refused` when Redis answered with a refusal that only a configuration change can fix,
+    /// `Unavailable` for everything else.
     fn from(e: redis::RedisError) -> Self {
-        LockError::unavailable(e)
+        match refusal(&e) {
+            Some(reason) => LockError::Refused {
+                reason,
+                source: e.into(),
+            },
+            None => LockError::unavailable(e),
+        }
+    }
+}
+
+/// What to fix, when `e` is Redis refusing this client rather than failing.
+fn refusal(e: &redis::RedisError) -> Option<&'static str> {
+    use redis::{ErrorKind, ServerErrorKind};
+    const CREDENTIALS: &str = "wrong user or password: fix the credentials in the Redis URL";
+    const ACL: &str = "the Redis user's ACL lacks a command, key or channel right that locking \
+                       needs (see the README, \"Connecting in production\")";
+    match e.kind() {
+        ErrorKind::AuthenticationFailed => return Some(CREDENTIALS),
+        ErrorKind::Server(ServerErrorKind::NoPerm) => return Some(ACL),
+        _ => {}
+    }
+    let code = e.code().unwrap_or_default();
+    let text = e.to_string().to_ascii_lowercase();
+    if matches!(code, "WRONGPASS" | "NOAUTH") || text.contains("wrongpass") || text.contains("noauth") {
+        Some(CREDENTIALS)
+    } else if code == "NOPERM" || text.contains("noperm") {
+        Some(ACL)
+    } else if text.contains("db index is out of range") || text.contains("invalid db index") {
+        Some("the database index in the Redis URL does not exist on this server")
+    } else if text.contains("unknown command") || text.contains("scripts are disabled") {
+        Some("this Redis server does not offer the script commands locking needs (EVALSHA, SCRIPT LOAD)")
+    } else {
+        None
     }
 }
 

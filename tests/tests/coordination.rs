@@ -329,7 +329,7 @@ async fn current_is_the_innermost_lock(t: Target) {
     c.run("outer", &fenced, async {
         let outer = lock_runtime::current().unwrap();
         assert_eq!(outer.key(), "outer");
-        assert_eq!(outer.fencing_token(), Some(1));
+        assert!(outer.fencing_token().is_some_and(|t| t > 0));
         c.run("inner", &ttl(5000), async {
             let inner = lock_runtime::current().unwrap();
             assert_eq!(inner.key(), "inner");

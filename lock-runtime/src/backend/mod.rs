@@ -8,6 +8,7 @@ use std::time::Duration;
 use crate::wakeups::{Registration, Wakeups};
 use crate::LockError;
 
+pub(crate) mod connection;
 pub(crate) mod memory;
 pub(crate) mod redis;
 
@@ -45,7 +46,7 @@ pub(crate) enum Attempt {
 
 #[derive(Debug)]
 pub(crate) enum Backend {
-    Redis(redis::RedisBackend),
+    Redis(Box<redis::RedisBackend>),
     Memory(memory::MemoryBackend),
 }
 

@@ -1,18 +1,19 @@
-//! One Redis server: a reconnecting multiplexed connection shared by every lock of the client,
-//! the three scripts, and one shared subscriber connection for wake-ups.
+//! One Redis server: a request connection shared by every lock of the client, the three
+//! scripts, and one shared subscriber connection for wake-ups.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use futures_util::StreamExt;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig, PubSubSink, PubSubStream};
+use redis::aio::{PubSubSink, PubSubStream};
 use redis::{AsyncCommands, RedisResult, Script};
 use tokio::sync::{mpsc, Mutex};
-use tokio::task::{AbortHandle, JoinHandle};
+use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
+use super::connection::{lock, Connection, Timeouts};
 use super::{Attempt, LockKeys};
 use crate::error::TimedOut;
 use crate::wakeups::{Registration, Wakeups};
@@ -22,55 +23,35 @@ static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("..
 static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../scripts/renew.lua")));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../scripts/release.lua")));
 
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Timeouts {
-    pub(crate) connect: Duration,
-    pub(crate) response: Duration,
-}
+/// What the release script answers when it released the lock but Redis refused to let it
+/// announce the release (an ACL without rights on the channel).
+const RELEASED_UNANNOUNCED: i64 = 2;
 
 #[derive(Debug)]
 pub(crate) struct RedisBackend {
-    conn: ConnectionManager,
-    timeouts: Timeouts,
+    conn: Connection,
     subscriber: Arc<Subscriber>,
-    unsubscriber: JoinHandle<()>,
 }
 
 impl RedisBackend {
-    pub(crate) async fn connect(url: &str, timeouts: Timeouts) -> Result<Self, LockError> {
-        if url.starts_with("rediss://") && !cfg!(feature = "tls") {
-            return Err(LockError::invalid_options(
-                "a rediss:// (TLS) URL needs lock-runtime's `tls` feature",
-            ));
-        }
-        let client = redis::Client::open(url)
-            .map_err(|e| LockError::invalid_options(format!("invalid Redis URL: {e}")))?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeouts.connect))
-            .set_response_timeout(Some(timeouts.response))
-            .set_number_of_retries(1)
-            .set_max_delay(Duration::from_millis(500));
-        // The manager tries twice, each bounded by the connect timeout, with a short pause.
-        let bound = timeouts.connect * 2 + Duration::from_secs(1);
-        let conn = match tokio::time::timeout(bound, client.get_connection_manager_with_config(config)).await
-        {
-            Ok(conn) => conn?,
-            Err(_) => return Err(LockError::unavailable(TimedOut { after: bound })),
-        };
+    /// A backend that connects on first use.
+    pub(crate) fn new(client: redis::Client, timeouts: Timeouts) -> Self {
         let (idle_tx, idle_rx) = mpsc::unbounded_channel();
-        let subscriber = Arc::new(Subscriber::new(client, timeouts, Wakeups::new(Some(idle_tx))));
-        let unsubscriber = tokio::spawn(Arc::clone(&subscriber).unsubscribe_idle(idle_rx));
-        Ok(RedisBackend {
-            conn,
+        let subscriber = Arc::new(Subscriber::new(
+            client.clone(),
             timeouts,
+            Wakeups::new(Some(idle_tx)),
+            idle_rx,
+        ));
+        RedisBackend {
+            conn: Connection::new(client, timeouts),
             subscriber,
-            unsubscriber,
-        })
+        }
     }
 
-    /// Runs one request, bounded by the response timeout whatever state the connection is in.
-    async fn timed<T>(&self, request: impl Future<Output = RedisResult<T>>) -> Result<T, LockError> {
-        bounded(self.timeouts.response, request).await
+    /// Opens the request connection now: a server that is down or refuses us fails here.
+    pub(crate) async fn connect(&self) -> Result<(), LockError> {
+        self.conn.ensure_open().await
     }
 
     pub(crate) async fn acquire(
@@ -80,17 +61,18 @@ impl RedisBackend {
         ttl_ms: u64,
         fencing: bool,
     ) -> Result<Attempt, LockError> {
-        let mut conn = self.conn.clone();
         let (taken, n): (i64, i64) = self
-            .timed(
+            .conn
+            .request(|mut conn| async move {
                 ACQUIRE
                     .key(&keys.lock)
                     .key(&keys.fence)
                     .arg(token)
                     .arg(ttl_ms)
                     .arg(if fencing { "1" } else { "0" })
-                    .invoke_async(&mut conn),
-            )
+                    .invoke_async(&mut conn)
+                    .await
+            })
             .await?;
         Ok(if taken == 1 {
             Attempt::Acquired {
@@ -104,15 +86,16 @@ impl RedisBackend {
     }
 
     pub(crate) async fn renew(&self, keys: &LockKeys, token: &str, ttl_ms: u64) -> Result<bool, LockError> {
-        let mut conn = self.conn.clone();
         let renewed: i64 = self
-            .timed(
+            .conn
+            .request(|mut conn| async move {
                 RENEW
                     .key(&keys.lock)
                     .arg(token)
                     .arg(ttl_ms)
-                    .invoke_async(&mut conn),
-            )
+                    .invoke_async(&mut conn)
+                    .await
+            })
             .await?;
         Ok(renewed == 1)
     }
@@ -123,42 +106,54 @@ impl RedisBackend {
         token: &str,
         hold_ms: u64,
     ) -> Result<bool, LockError> {
-        let mut conn = self.conn.clone();
         let released: i64 = self
-            .timed(
+            .conn
+            .request(|mut conn| async move {
                 RELEASE
                     .key(&keys.lock)
                     .key(&keys.channel)
                     .arg(token)
                     .arg(hold_ms)
-                    .invoke_async(&mut conn),
-            )
+                    .invoke_async(&mut conn)
+                    .await
+            })
             .await?;
-        Ok(released == 1)
+        if released == RELEASED_UNANNOUNCED {
+            self.subscriber.pubsub_denied();
+        }
+        Ok(released != 0)
     }
 
     pub(crate) async fn is_locked(&self, keys: &LockKeys) -> Result<bool, LockError> {
-        let mut conn = self.conn.clone();
-        self.timed(conn.exists(&keys.lock)).await
+        self.conn
+            .request(|mut conn| async move { conn.exists(&keys.lock).await })
+            .await
     }
 
     pub(crate) async fn remaining_ttl(&self, keys: &LockKeys) -> Result<Option<Duration>, LockError> {
-        let mut conn = self.conn.clone();
-        let pttl: i64 = self.timed(conn.pttl(&keys.lock)).await?;
+        let pttl: i64 = self
+            .conn
+            .request(|mut conn| async move { conn.pttl(&keys.lock).await })
+            .await?;
         Ok(u64::try_from(pttl).ok().map(Duration::from_millis))
     }
 
     pub(crate) async fn force_release(&self, keys: &LockKeys) -> Result<bool, LockError> {
-        let mut conn = self.conn.clone();
-        let (deleted, _): (i64, i64) = self
-            .timed(
-                redis::pipe()
-                    .atomic()
-                    .del(&keys.lock)
-                    .publish(&keys.channel, "released")
-                    .query_async(&mut conn),
-            )
+        let deleted: i64 = self
+            .conn
+            .request(|mut conn| async move { conn.del(&keys.lock).await })
             .await?;
+        if deleted == 1 {
+            // Best effort, as in the release script: a user without channel rights still
+            // deletes, and waiters then wake on their timers.
+            let told: Result<i64, LockError> = self
+                .conn
+                .request(|mut conn| async move { conn.publish(&keys.channel, "released").await })
+                .await;
+            if matches!(told, Err(LockError::Refused { .. })) {
+                self.subscriber.pubsub_denied();
+            }
+        }
         Ok(deleted == 1)
     }
 
@@ -173,8 +168,7 @@ impl RedisBackend {
 
 impl Drop for RedisBackend {
     fn drop(&mut self) {
-        self.unsubscriber.abort();
-        self.subscriber.stop_dispatcher();
+        self.subscriber.stop();
     }
 }
 
@@ -197,6 +191,10 @@ struct Live {
 /// for this long before anyone tries again: a server that refuses pub/sub is not hammered.
 const SUBSCRIBER_RETRY: Duration = Duration::from_secs(1);
 
+/// While anyone waits, the subscriber connection is pinged this often, so that one that went
+/// silent (no reset, nothing answers) is replaced instead of leaving waiters on their timers.
+const SUBSCRIBER_PING: Duration = Duration::from_secs(1);
+
 /// One pub/sub connection per client, opened by the first waiter and reopened by the next one
 /// after it breaks. Waiters whose subscription is lost with a connection are woken to re-check
 /// their lock, so none sleeps through a release that went unheard.
@@ -209,19 +207,38 @@ struct Subscriber {
     live: Mutex<Option<Live>>,
     /// The task reading the current connection, so dropping the client can always stop it.
     dispatcher: std::sync::Mutex<Option<AbortHandle>>,
+    /// The task that unsubscribes idle channels and pings the connection, started by the first
+    /// waiter (so a client can be built outside a runtime), with the receiver it takes then.
+    upkeep: std::sync::Mutex<Upkeep>,
     /// No new connection before this instant (set after a failure).
     retry_after: std::sync::Mutex<Option<Instant>>,
+    /// Redis refused this client pub/sub (an ACL without channel rights); said once.
+    denied_said: AtomicBool,
+}
+
+#[derive(Debug)]
+enum Upkeep {
+    NotStarted(mpsc::UnboundedReceiver<String>),
+    Running(AbortHandle),
+    Stopped,
 }
 
 impl Subscriber {
-    fn new(client: redis::Client, timeouts: Timeouts, wakeups: Arc<Wakeups>) -> Self {
+    fn new(
+        client: redis::Client,
+        timeouts: Timeouts,
+        wakeups: Arc<Wakeups>,
+        idle: mpsc::UnboundedReceiver<String>,
+    ) -> Self {
         Subscriber {
             client,
             timeouts,
             wakeups,
             live: Mutex::new(None),
             dispatcher: std::sync::Mutex::new(None),
+            upkeep: std::sync::Mutex::new(Upkeep::NotStarted(idle)),
             retry_after: std::sync::Mutex::new(None),
+            denied_said: AtomicBool::new(false),
         }
     }
 
@@ -235,9 +252,38 @@ impl Subscriber {
         }
     }
 
+    fn stop(&self) {
+        if let Upkeep::Running(task) = std::mem::replace(&mut *lock(&self.upkeep), Upkeep::Stopped) {
+            task.abort();
+        }
+        self.stop_dispatcher();
+    }
+
+    /// Says once per client that releases cannot be announced or heard, and what that costs.
+    fn pubsub_denied(&self) {
+        if !self.denied_said.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "Redis denies this client pub/sub on lock channels (ACL channel rights): waiters \
+                 wake on their timers (up to 2 s after a release) instead of at the release; \
+                 grant the user `&<prefix>*` to hand locks over at once"
+            );
+        }
+    }
+
+    fn start_upkeep(self: &Arc<Self>) {
+        let mut upkeep = lock(&self.upkeep);
+        if let Upkeep::NotStarted(_) = &*upkeep {
+            if let Upkeep::NotStarted(idle) = std::mem::replace(&mut *upkeep, Upkeep::Stopped) {
+                let task = tokio::spawn(Arc::clone(self).upkeep(idle));
+                *upkeep = Upkeep::Running(task.abort_handle());
+            }
+        }
+    }
+
     /// Subscribes `channel` unless it is already. Best effort: on failure the waiter wakes at
     /// the holder's expiry or its nap's end instead.
     async fn listen(self: &Arc<Self>, channel: &str) {
+        self.start_upkeep();
         if self.wakeups.is_subscribed(channel) || self.cooling_down() {
             return;
         }
@@ -249,7 +295,7 @@ impl Subscriber {
             match self.open().await {
                 Ok(opened) => *live = Some(opened),
                 Err(e) => {
-                    tracing::debug!(error = %e, "lock wake-up subscriber unavailable; waiting on timers");
+                    self.failed(&e, "lock wake-up subscriber unavailable; waiting on timers");
                     *lock(&self.retry_after) = Some(Instant::now() + SUBSCRIBER_RETRY);
                     return;
                 }
@@ -259,10 +305,17 @@ impl Subscriber {
         match bounded(self.timeouts.response, current.sink.subscribe(channel)).await {
             Ok(()) => self.wakeups.set_subscribed(channel),
             Err(e) => {
-                tracing::debug!(error = %e, channel, "lock wake-up subscription failed; waiting on timers");
+                self.failed(&e, "lock wake-up subscription failed; waiting on timers");
                 self.discard(&mut live);
             }
         }
+    }
+
+    fn failed(&self, e: &LockError, what: &str) {
+        if matches!(e, LockError::Refused { .. }) {
+            self.pubsub_denied();
+        }
+        tracing::debug!(error = %e, "{what}");
     }
 
     async fn open(self: &Arc<Self>) -> Result<Live, LockError> {
@@ -297,24 +350,41 @@ impl Subscriber {
         }
     }
 
-    /// Unsubscribes channels whose last local waiter has gone (unless one came back meanwhile).
-    async fn unsubscribe_idle(self: Arc<Self>, mut idle: mpsc::UnboundedReceiver<String>) {
-        while let Some(channel) = idle.recv().await {
-            let mut live = self.live.lock().await;
-            if self.wakeups.is_wanted(&channel) {
-                continue;
-            }
-            if let Some(current) = live.as_mut() {
-                if let Err(e) = bounded(self.timeouts.response, current.sink.unsubscribe(&channel)).await {
-                    tracing::debug!(error = %e, "lock wake-up unsubscribe failed; reconnecting later");
-                    self.discard(&mut live);
+    /// Unsubscribes channels whose last local waiter has gone (unless one came back meanwhile),
+    /// and pings the connection while anyone waits, replacing it when it no longer answers.
+    async fn upkeep(self: Arc<Self>, mut idle: mpsc::UnboundedReceiver<String>) {
+        let mut ping = tokio::time::interval(SUBSCRIBER_PING);
+        ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                channel = idle.recv() => {
+                    let Some(channel) = channel else { return };
+                    let mut live = self.live.lock().await;
+                    if self.wakeups.is_wanted(&channel) {
+                        continue;
+                    }
+                    if let Some(current) = live.as_mut() {
+                        if let Err(e) = bounded(self.timeouts.response, current.sink.unsubscribe(&channel)).await {
+                            tracing::debug!(error = %e, "lock wake-up unsubscribe failed; reconnecting later");
+                            self.discard(&mut live);
+                        }
+                    }
+                }
+                _ = ping.tick() => {
+                    if self.wakeups.len() == 0 {
+                        continue;
+                    }
+                    let mut live = self.live.lock().await;
+                    if let Some(current) = live.as_mut() {
+                        let answer: Result<redis::Value, _> =
+                            bounded(self.timeouts.response, current.sink.ping()).await;
+                        if let Err(e) = answer {
+                            tracing::warn!(error = %e, "lock wake-up connection silent; replacing it");
+                            self.discard(&mut live);
+                        }
+                    }
                 }
             }
         }
     }
-}
-
-fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Each holder only reads or replaces the value, so a poisoned one is still consistent.
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }

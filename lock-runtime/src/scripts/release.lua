@@ -1,7 +1,9 @@
 -- Give a lock back if it is still ours, and wake the waiters.
 -- KEYS[1] lock key, KEYS[2] the lock's wake-up channel; ARGV[1] our token,
 -- ARGV[2] ms the lock must still be held (minimum hold), 0 to delete now.
--- Returns 1 when it was ours, 0 when it had expired or been taken by someone else.
+-- Returns 1 when it was ours, 0 when it had expired or been taken by someone else, and 2 when it
+-- was ours but Redis refused the announcement (an ACL without rights on the channel): the
+-- release itself stands, and waiters wake on their timers.
 -- With a minimum hold left, the key is kept and expires then; waiters are told so they re-read
 -- its now shorter expiry instead of sleeping on the old one.
 if redis.call('TYPE', KEYS[1]).ok ~= 'string' or redis.call('GET', KEYS[1]) ~= ARGV[1] then
@@ -12,5 +14,8 @@ if tonumber(ARGV[2]) > 0 then
 else
   redis.call('DEL', KEYS[1])
 end
-redis.call('PUBLISH', KEYS[2], 'released')
+local told = redis.pcall('PUBLISH', KEYS[2], 'released')
+if type(told) == 'table' and told.err then
+  return 2
+end
 return 1
