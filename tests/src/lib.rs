@@ -5,14 +5,21 @@
 //! killed on drop. The binary comes from `$REDIS_SERVER` or `PATH`; when it is missing the kit
 //! panics with how to install it, so a run without Redis fails loudly instead of skipping.
 
+use std::ffi::OsString;
 use std::future::Future;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lock_runtime::{LockClient, LockOptions};
+use lock_runtime::{LockClient, LockClientBuilder, LockOptions};
+
+mod proxy;
+mod tls;
+
+pub use proxy::FaultProxy;
+pub use tls::TestCerts;
 
 /// One second, the unit most test deadlines are written in.
 pub const SECOND: Duration = Duration::from_secs(1);
@@ -22,11 +29,15 @@ pub fn ttl(ms: u64) -> LockOptions {
     LockOptions::new(Duration::from_millis(ms))
 }
 
-/// One `redis-server` process on a free loopback port.
+/// One `redis-server` process on a free loopback port (and, made by
+/// [`RedisServer::spawn_tls`], a second one for TLS).
 #[derive(Debug)]
 pub struct RedisServer {
     child: Option<Child>,
     port: u16,
+    tls_port: Option<u16>,
+    /// Arguments after the common ones, the same at every (re)start.
+    extra_args: Vec<OsString>,
     dir: tempfile::TempDir,
     binary: PathBuf,
 }
@@ -34,12 +45,24 @@ pub struct RedisServer {
 impl RedisServer {
     /// Starts a server on a free port (no persistence) and waits until it answers PING.
     pub fn spawn() -> RedisServer {
+        RedisServer::spawn_with(|_, _| (None, Vec::new()))
+    }
+
+    /// Starts a server with the extra arguments and TLS port that `configure` returns, given
+    /// the server's (new, empty) temp dir and plaintext port; on "Address already in use",
+    /// tries again with a new temp dir and new ports.
+    fn spawn_with(mut configure: impl FnMut(&Path, u16) -> (Option<u16>, Vec<OsString>)) -> RedisServer {
         let binary = redis_binary();
         for _ in 0..20 {
+            let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("cannot create a temp dir: {e}"));
+            let port = free_port();
+            let (tls_port, extra_args) = configure(dir.path(), port);
             let mut server = RedisServer {
                 child: None,
-                port: free_port(),
-                dir: tempfile::tempdir().unwrap_or_else(|e| panic!("cannot create a temp dir: {e}")),
+                port,
+                tls_port,
+                extra_args,
+                dir,
                 binary: binary.clone(),
             };
             match server.start() {
@@ -65,6 +88,7 @@ impl RedisServer {
             .arg(self.dir.path())
             .arg("--logfile")
             .arg(self.log_path())
+            .args(&self.extra_args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -126,7 +150,8 @@ impl RedisServer {
         self.signal("-CONT");
     }
 
-    /// Kills the process and starts a new, empty one on the same port.
+    /// Kills the process and starts a new, empty one on the same port, with the same arguments
+    /// (TLS included).
     pub fn restart(&mut self) {
         self.stop();
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -202,6 +227,16 @@ fn redis_binary() -> PathBuf {
     })
 }
 
+/// A free loopback port other than `taken`.
+fn other_free_port(taken: u16) -> u16 {
+    loop {
+        let port = free_port();
+        if port != taken {
+            return port;
+        }
+    }
+}
+
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -245,16 +280,44 @@ where
 pub struct Target {
     client: LockClient,
     server: Option<RedisServer>,
+    /// How to make another client of the same server.
+    builder: Option<LockClientBuilder>,
 }
 
 impl Target {
     /// A fresh `redis-server` and a client connected to it.
     pub async fn redis() -> Target {
         let server = RedisServer::spawn();
-        let client = connect(&server.url()).await;
+        Target::on(server.url().as_str(), server, |b| b).await
+    }
+
+    /// A fresh `redis-server` that only trusts clients with a certificate, and a client that
+    /// connects to it over TLS (`rediss://`), trusting its private CA and presenting one.
+    pub async fn redis_tls() -> Target {
+        let certs = TestCerts::generate();
+        let server = RedisServer::spawn_tls(&certs, true);
+        Target::on(server.tls_url().as_str(), server, |b| {
+            b.tls_root_ca(certs.ca_pem())
+                .tls_client_auth(certs.client_cert_pem(), certs.client_key_pem())
+        })
+        .await
+    }
+
+    async fn on(
+        url: &str,
+        server: RedisServer,
+        configure: impl FnOnce(LockClientBuilder) -> LockClientBuilder,
+    ) -> Target {
+        let builder = configure(test_builder(url));
+        let client = builder
+            .clone()
+            .build()
+            .await
+            .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"));
         Target {
             client,
             server: Some(server),
+            builder: Some(builder),
         }
     }
 
@@ -263,6 +326,7 @@ impl Target {
         Target {
             client: LockClient::in_memory(),
             server: None,
+            builder: None,
         }
     }
 
@@ -274,8 +338,12 @@ impl Target {
     /// Another client on the same store: its own connections on Redis (another process, in
     /// effect); in memory, another handle on the same store.
     pub async fn other_client(&self) -> LockClient {
-        match &self.server {
-            Some(server) => connect(&server.url()).await,
+        match &self.builder {
+            Some(builder) => builder
+                .clone()
+                .build()
+                .await
+                .unwrap_or_else(|e| panic!("cannot connect another client: {e}")),
             None => self.client.clone(),
         }
     }
@@ -286,37 +354,65 @@ impl Target {
     }
 }
 
-/// Connects a client to `url` with short timeouts, as the tests want failures fast.
-pub async fn connect(url: &str) -> LockClient {
+/// A builder for `url` with short timeouts, as the tests want failures fast.
+pub fn test_builder(url: &str) -> LockClientBuilder {
     LockClient::builder()
         .url(url)
         .connect_timeout(Duration::from_secs(2))
         .response_timeout(Duration::from_millis(500))
+}
+
+/// Connects a client to `url` with short timeouts, as the tests want failures fast.
+pub async fn connect(url: &str) -> LockClient {
+    test_builder(url)
         .build()
         .await
         .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"))
 }
 
+/// Defines each named test once per target, as `target::name`, calling `async fn name(t: Target)`
+/// from the invoking module:
+/// `on_targets!(redis => Target::redis().await, memory => Target::memory(); [a, b])`.
+#[macro_export]
+macro_rules! on_targets {
+    ($($module:ident => $target:expr),+ ; $names:tt) => {
+        $( $crate::on_targets!(@module $module, $target, $names); )+
+    };
+    (@module $module:ident, $target:expr, [$($name:ident),* $(,)?]) => {
+        mod $module {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name($target).await;
+                }
+            )*
+        }
+    };
+}
+
 /// Defines each named test twice: `redis::name` on a fresh redis-server and `memory::name` in
-/// memory, calling `async fn name(t: Target)` from the invoking module.
+/// memory.
 #[macro_export]
 macro_rules! on_both_backends {
     ($($name:ident),* $(,)?) => {
-        mod redis {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name($crate::Target::redis().await).await;
-                }
-            )*
-        }
-        mod memory {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name($crate::Target::memory()).await;
-                }
-            )*
-        }
+        $crate::on_targets!(
+            redis => $crate::Target::redis().await,
+            memory => $crate::Target::memory();
+            [$($name),*]
+        );
+    };
+}
+
+/// Defines each named test on every deployment the suite covers: `redis::name` (plaintext),
+/// `redis_tls::name` (TLS with a private CA and a client certificate) and `memory::name`.
+#[macro_export]
+macro_rules! on_every_deployment {
+    ($($name:ident),* $(,)?) => {
+        $crate::on_targets!(
+            redis => $crate::Target::redis().await,
+            redis_tls => $crate::Target::redis_tls().await,
+            memory => $crate::Target::memory();
+            [$($name),*]
+        );
     };
 }
