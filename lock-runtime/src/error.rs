@@ -127,6 +127,10 @@ fn refusal(e: &redis::RedisError) -> Option<&'static str> {
         Some(ACL)
     } else if text.contains("db index is out of range") || text.contains("invalid db index") {
         Some("the database index in the Redis URL does not exist on this server")
+    } else if text.contains("invalid peer certificate") || text.contains("certificate verify failed") {
+        Some("the server's TLS certificate is not trusted here: give the CA that signed it with .tls_root_ca(…)")
+    } else if text.contains("certificaterequired") || text.contains("certificate required") {
+        Some("the server requires a TLS client certificate: give one with .tls_client_auth(…)")
     } else if text.contains("unknown command") || text.contains("scripts are disabled") {
         Some("this Redis server does not offer the script commands locking needs (EVALSHA, SCRIPT LOAD)")
     } else {

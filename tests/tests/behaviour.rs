@@ -1,4 +1,5 @@
-//! The lock's behaviour, run unchanged against a spawned redis-server and the in-memory backend.
+//! The lock's behaviour, run unchanged against a spawned redis-server (plaintext, and TLS with a
+//! client certificate) and the in-memory backend.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -8,7 +9,7 @@ use lock_runtime::{LockError, LockOptions, OnLost};
 use lock_tests::{eventually, ttl, Target, SECOND};
 use tokio::time::Instant;
 
-lock_tests::on_both_backends!(
+lock_tests::on_every_deployment!(
     lock_unlock_twice,
     independent_keys,
     held_lock_is_busy,

@@ -1,5 +1,5 @@
 //! Waiting woken by the release, fencing tokens, reentrancy, minimum hold and `current()`, on a
-//! spawned redis-server and in memory alike.
+//! spawned redis-server (plaintext and TLS) and in memory alike.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -9,7 +9,7 @@ use lock_runtime::{LockClient, LockError, MAX_WAIT_NAP};
 use lock_tests::{eventually, ttl, Target, SECOND};
 use tokio::time::Instant;
 
-lock_tests::on_both_backends!(
+lock_tests::on_every_deployment!(
     zero_wait_is_one_attempt,
     release_wakes_the_waiter_before_any_timer,
     wait_timeout_is_honoured,

@@ -75,3 +75,44 @@ async fn lock_events_are_traced_at_their_levels() {
     );
     assert!(logs.has("WARN", "lock release failed"));
 }
+
+#[tokio::test]
+async fn denied_pub_sub_is_said_once_per_client() {
+    let logs = Logs::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .without_time()
+        .with_writer({
+            let logs = logs.clone();
+            move || logs.clone()
+        })
+        .finish();
+    let _capture = tracing::subscriber::set_default(subscriber);
+
+    let server = RedisServer::spawn();
+    let mut raw = server.raw().await;
+    // Every right locking needs, but none on channels (Redis 7's default for new users).
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "quiet", "on", ">pw", "resetchannels", "~*", "+@all"])
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let client = connect(&format!("redis://quiet:pw@127.0.0.1:{}", server.port())).await;
+    for _ in 0..3 {
+        let guard = client.acquire("quiet", &ttl(60_000)).await.unwrap();
+        assert!(guard.release().await.unwrap());
+    }
+    let holder = client.acquire("quiet", &ttl(300)).await.unwrap();
+    let out = client.acquire("quiet", &ttl(1000).wait(SECOND)).await; // subscribing is denied too
+    out.unwrap().release().await.unwrap();
+    drop(holder);
+    let text = String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
+    assert_eq!(
+        text.matches("denies this client pub/sub").count(),
+        1,
+        "one warning per client:\n{text}"
+    );
+    assert!(text.contains("WARN"), "{text}");
+    assert!(!text.contains("release failed"), "{text}");
+}

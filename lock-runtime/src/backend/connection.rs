@@ -78,6 +78,17 @@ pub(crate) fn client_for_url(url: &str, tls: &TlsMaterial) -> Result<redis::Clie
         .set_nodelay(true)
         .set_keepalive(keepalive);
     let info = info.set_tcp_settings(tcp);
+    let no_certificate = |pem: &[u8]| !String::from_utf8_lossy(pem).contains("-----BEGIN CERTIFICATE-----");
+    if tls.root_ca.as_deref().is_some_and(no_certificate)
+        || tls
+            .client_auth
+            .as_ref()
+            .is_some_and(|(cert, _)| no_certificate(cert))
+    {
+        return Err(LockError::invalid_options(
+            "invalid TLS material: no PEM certificate (-----BEGIN CERTIFICATE-----) in it",
+        ));
+    }
     if is_tls {
         tls_client(info, tls)
     } else {
