@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -16,6 +17,9 @@ use crate::{LockClient, LockError, OnLost};
 struct Status {
     /// Past this instant without a renewal the lock may be someone else's.
     valid_until: Instant,
+    /// When the request behind `valid_until` was sent: an answer to one sent earlier arrives
+    /// late and is ignored, since Redis applied the later one last.
+    sent: Instant,
     /// Sticky: set when the backend said the lock is gone, or validity ran out.
     lost: bool,
 }
@@ -50,6 +54,7 @@ impl LockState {
             ttl,
             status: watch::Sender::new(Status {
                 valid_until: started + ttl.saturating_sub(drift(ttl)),
+                sent: started,
                 lost: false,
             }),
         }
@@ -71,13 +76,16 @@ impl LockState {
     }
 
     /// Records a successful renewal sent at `sent` for `ttl`, unless the lock was already lost
-    /// (a renewal that lands after validity ran out does not resurrect it).
+    /// (a renewal that lands after validity ran out does not resurrect it), or a renewal sent
+    /// later was recorded already (an `extend` and the watchdog, two `extend`s: whichever was
+    /// sent last set the key's expiry, whatever order their answers are handled in).
     pub(crate) fn renewed(&self, sent: Instant, ttl: Duration) {
         self.status.send_if_modified(|s| {
-            if s.lost || Instant::now() >= s.valid_until {
+            if s.lost || Instant::now() >= s.valid_until || sent < s.sent {
                 return false;
             }
             s.valid_until = sent + ttl.saturating_sub(drift(ttl));
+            s.sent = sent;
             true
         });
     }
@@ -234,12 +242,30 @@ impl LockGuard {
     }
 
     /// Runs `body` while the lock holds, under the lost-lock policy.
+    ///
+    /// The body is never polled once validity has passed: validity is checked before every
+    /// poll of it, which costs no cooperative budget, and the lost signal is polled outside
+    /// tokio's budget. So a body that always has ready work (and so exhausts the budget on
+    /// every poll) is still stopped at the end of its lease, and a lock whose acquire answer
+    /// came back after its validity never runs the body at all.
     pub(crate) async fn run_body<F: Future>(&self, policy: OnLost, body: F) -> Result<F::Output, LockError> {
         let mut body = std::pin::pin!(body);
-        tokio::select! {
-            biased;
-            out = &mut body => return Ok(out),
-            () = self.lost() => {}
+        let mut lost = std::pin::pin!(tokio::task::unconstrained(self.lost()));
+        let finished = std::future::poll_fn(|cx| {
+            if self.state.is_lost() {
+                if self.state.mark_lost() {
+                    tracing::warn!(key = %self.state.key, "lock validity ran out without a renewal; lock lost");
+                }
+                return Poll::Ready(None);
+            }
+            if lost.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(None);
+            }
+            body.as_mut().poll(cx).map(Some)
+        })
+        .await;
+        if let Some(out) = finished {
+            return Ok(out);
         }
         match policy {
             OnLost::Abort => {
@@ -310,6 +336,38 @@ impl Drop for LockGuard {
             self.state.token.clone(),
             self.hold_until,
             watchdog,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(ttl: Duration, started: Instant) -> LockState {
+        LockState::new("k", LockKeys::new("lock:", "k"), "t".into(), None, ttl, started)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_renewal_sent_earlier_never_overrides_one_sent_later() {
+        let ttl = Duration::from_secs(10);
+        let t0 = Instant::now();
+        let lock = state(ttl, t0);
+        let watchdog_sent = t0 + Duration::from_secs(3);
+        let extend_sent = t0 + Duration::from_secs(4);
+        tokio::time::advance(Duration::from_secs(5)).await;
+        // The extend's answer is handled first, the watchdog's (sent before it) second.
+        lock.renewed(extend_sent, Duration::from_secs(5));
+        lock.renewed(watchdog_sent, Duration::from_secs(30));
+        let five = Duration::from_secs(5);
+        assert_eq!(lock.valid_until(), extend_sent + five - drift(five));
+        // Two extends, answered out of order: the later one stands.
+        lock.renewed(extend_sent + Duration::from_millis(500), Duration::from_secs(2));
+        lock.renewed(extend_sent + Duration::from_millis(400), Duration::from_secs(20));
+        let two = Duration::from_secs(2);
+        assert_eq!(
+            lock.valid_until(),
+            extend_sent + Duration::from_millis(500) + two - drift(two)
         );
     }
 }

@@ -28,6 +28,7 @@ lock_tests::on_every_deployment!(
     on_lost_continue_lets_the_body_finish,
     lease_without_watchdog_is_lost_at_its_ttl,
     extend_moves_the_deadline,
+    a_body_that_is_always_ready_is_stopped_at_its_lease,
 );
 
 async fn lock_unlock_twice(t: Target) {
@@ -343,4 +344,35 @@ async fn extend_moves_the_deadline(t: Target) {
     tokio::time::sleep(Duration::from_millis(300)).await; // past the original ttl
     assert!(!guard.is_lost());
     assert!(guard.release().await.unwrap());
+}
+
+/// Runs until `until` has passed, always with ready work: every poll exhausts tokio's
+/// cooperative budget, which once starved the lost signal.
+async fn always_ready(until: Duration) -> &'static str {
+    let started = Instant::now();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    loop {
+        let _ = tx.send(());
+        rx.recv().await;
+        if started.elapsed() > until {
+            return "finished";
+        }
+    }
+}
+
+async fn a_body_that_is_always_ready_is_stopped_at_its_lease(t: Target) {
+    let c = t.client();
+    let started = Instant::now();
+    let out = c.run("ready", &ttl(100), always_ready(2 * SECOND)).await;
+    let took = started.elapsed();
+    assert!(matches!(out, Err(LockError::Lost { .. })), "{out:?}");
+    assert!(took < SECOND, "stopped {took:?} after a 100 ms lease began");
+
+    let started = Instant::now();
+    let continued = ttl(100).on_lost(OnLost::Continue);
+    let out = c
+        .run("ready", &continued, always_ready(Duration::from_millis(300)))
+        .await;
+    assert_eq!(out.ok(), Some("finished"), "on_lost = continue lets it finish");
+    assert!(started.elapsed() >= Duration::from_millis(300));
 }

@@ -386,3 +386,23 @@ async fn the_watchdog_retries_through_a_short_freeze() {
     );
     assert!(guard.release().await.unwrap());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_answered_after_its_validity_never_runs_the_body() {
+    let server = RedisServer::spawn();
+    let proxy = lock_tests::FaultProxy::start(server.port());
+    let client = connect(&proxy.url()).await;
+    client.run("warm", &ttl(1000), async {}).await.unwrap(); // scripts loaded
+    proxy.delay(Duration::from_millis(80)); // a round trip of at least 160 ms
+    let ran = std::sync::atomic::AtomicBool::new(false);
+    let out = client
+        .run("late", &ttl(100), async {
+            ran.store(true, std::sync::atomic::Ordering::SeqCst);
+        })
+        .await;
+    assert!(matches!(out, Err(LockError::Lost { .. })), "{out:?}");
+    assert!(
+        !ran.load(std::sync::atomic::Ordering::SeqCst),
+        "the body ran on a lock whose validity had passed before it was known to be held"
+    );
+}
