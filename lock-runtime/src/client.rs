@@ -357,7 +357,7 @@ fn nap(pttl_ms: Option<u64>) -> Duration {
 ///     .build_lazy()?; // connects on first use
 /// # let _ = locks; Ok(()) }
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct LockClientBuilder {
     url: Option<String>,
     redis_client: Option<redis::Client>,
@@ -377,6 +377,29 @@ impl Default for LockClientBuilder {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
         }
+    }
+}
+
+impl std::fmt::Debug for LockClientBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The URL may carry a password: show where it points, not who logs in.
+        let url = self
+            .url
+            .as_deref()
+            .map(|url| match (url.find("://"), url.rfind('@')) {
+                (Some(scheme), Some(at)) if at > scheme => {
+                    format!("{}<credentials>{}", &url[..scheme + 3], &url[at..])
+                }
+                _ => url.to_owned(),
+            });
+        f.debug_struct("LockClientBuilder")
+            .field("url", &url)
+            .field("redis_client", &self.redis_client)
+            .field("tls", &self.tls)
+            .field("prefix", &self.prefix)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .finish()
     }
 }
 
@@ -503,6 +526,16 @@ mod tests {
         assert_eq!(a.len(), 32);
         assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
         assert_ne!(a, b);
+    }
+
+    #[test]
+    fn builder_debug_hides_credentials() {
+        let shown = format!(
+            "{:?}",
+            LockClient::builder().url("redis://user:secret@host:6379/0")
+        );
+        assert!(!shown.contains("secret") && !shown.contains("user"), "{shown}");
+        assert!(shown.contains("redis://<credentials>@host:6379/0"), "{shown}");
     }
 
     #[test]

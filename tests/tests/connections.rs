@@ -521,3 +521,21 @@ async fn the_acquire_script_is_idempotent_for_its_token() {
     let (refused, _): (i64, i64) = call("t2").invoke_async(&mut raw).await.unwrap();
     assert_eq!(refused, 0, "another token is still refused");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_client_built_by_the_user_is_taken_as_is() {
+    let server = RedisServer::spawn();
+    let client = LockClient::builder()
+        .redis_client(redis::Client::open(server.url()).unwrap())
+        .build()
+        .await
+        .unwrap();
+    let guard = client.acquire("theirs", &ttl(1000)).await.unwrap();
+    assert!(guard.release().await.unwrap());
+
+    let both = LockClient::builder()
+        .url(&server.url())
+        .redis_client(redis::Client::open(server.url()).unwrap())
+        .build_lazy();
+    assert!(matches!(both, Err(LockError::InvalidOptions { .. })), "{both:?}");
+}
