@@ -48,9 +48,22 @@ pub const MAX_WAIT_NAP: Duration = Duration::from_secs(2);
 ///     .await?;
 /// # let _ = receipt; Ok(()) }
 /// ```
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct LockClient {
     inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for LockClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let backend = match self.backend() {
+            Backend::Redis(_) => "redis",
+            Backend::Memory(_) => "in-memory",
+        };
+        f.debug_struct("LockClient")
+            .field("backend", &backend)
+            .field("prefix", &self.inner.prefix)
+            .finish_non_exhaustive()
+    }
 }
 
 #[derive(Debug)]
@@ -136,16 +149,38 @@ impl LockClient {
         let backend = self.backend();
         let deadline = Instant::now() + options.wait_time();
         let mut wakeup: Option<Registration> = None;
+        // Until refused once, no holder's expiry is known.
+        let mut pttl_ms = None;
+        // Local waiters queue in order: a newcomer that would wait joins the end of the queue
+        // instead of barging in ahead of waiters already there, and tries when woken.
+        let mut sleep_first = false;
+        if !options.wait_time().is_zero() && backend.wakeups().queued(&keys.channel) > 0 {
+            wakeup = Some(backend.wakeups().register(&keys.channel));
+            sleep_first = true;
+        }
         loop {
             if let Some(wakeup) = &wakeup {
                 // Never past the waiter's own deadline, however the subscriber fares.
                 let _ = tokio::time::timeout_at(deadline, backend.listen(wakeup)).await;
+                if std::mem::take(&mut sleep_first) {
+                    let nap = nap(pttl_ms).min(deadline.saturating_duration_since(Instant::now()));
+                    tokio::select! {
+                        () = wakeup.woken() => {}
+                        () = tokio::time::sleep(nap) => {}
+                    }
+                }
             }
             let token = new_token()?;
             let started = Instant::now();
             let pending = PendingAcquire::new(self, &keys, &token);
             let attempt = backend
-                .acquire(&keys, &token, options.ttl_ms(), options.is_fencing())
+                .acquire(
+                    &keys,
+                    &token,
+                    options.ttl_ms(),
+                    options.is_fencing(),
+                    wakeup.is_some(),
+                )
                 .await;
             let attempt = match attempt {
                 Ok(answer) => {
@@ -156,6 +191,9 @@ impl LockClient {
             };
             match attempt {
                 Attempt::Acquired { fence } => {
+                    if let Some(wakeup) = wakeup {
+                        wakeup.acquired();
+                    }
                     tracing::debug!(key, fence, "lock acquired");
                     let state = LockState::new(key, keys, token, fence, options.ttl(), started);
                     return Ok(LockGuard::new(
@@ -166,24 +204,19 @@ impl LockClient {
                         started,
                     ));
                 }
-                Attempt::Held { pttl_ms } => {
-                    let now = Instant::now();
-                    if now >= deadline {
+                Attempt::Held { pttl_ms: left } => {
+                    if Instant::now() >= deadline {
                         tracing::debug!(key, "lock busy");
                         return Err(LockError::Busy { key: key.to_owned() });
                     }
-                    match &mut wakeup {
+                    pttl_ms = left;
+                    if wakeup.is_none() {
                         // First refusal: listen for the release, then try again at once, so a
                         // release between that attempt and the subscription is not missed. An
                         // uncontended acquire never pays for the subscription.
-                        None => wakeup = Some(backend.wakeups().register(&keys.channel)),
-                        Some(wakeup) => {
-                            let nap = nap(pttl_ms).min(deadline - now);
-                            tokio::select! {
-                                () = wakeup.bumped() => {}
-                                () = tokio::time::sleep(nap) => {}
-                            }
-                        }
+                        wakeup = Some(backend.wakeups().register(&keys.channel));
+                    } else {
+                        sleep_first = true;
                     }
                 }
             }
@@ -255,6 +288,13 @@ impl LockClient {
     pub async fn force_release(&self, key: &str) -> Result<bool, LockError> {
         let keys = self.keys(key)?;
         self.backend().force_release(&keys).await
+    }
+
+    /// How many of this client's callers are waiting for `key` right now, queued in the order
+    /// they began waiting (a release wakes the first of them).
+    pub fn waiting(&self, key: &str) -> Result<usize, LockError> {
+        let keys = self.keys(key)?;
+        Ok(self.backend().wakeups().queued(&keys.channel))
     }
 
     /// How many locks this client's waiters are listening on right now (each is one

@@ -1,22 +1,36 @@
-//! Local fan-out of "this lock was released" to the waiters of one client.
+//! Local hand-off of "this lock was released" to the waiters of one client: one waiter per
+//! release, in the order they began waiting.
 //!
-//! Each lock's channel has one entry with a counter behind a `watch`; every release message bumps
-//! it. A waiter registers (and, on Redis, makes sure the channel is subscribed) *before* the
-//! attempt it will wait after, so a release that lands between that attempt and the wait still
-//! changes the counter it then waits on. The last registration of a channel to go removes the entry and asks
-//! the backend to unsubscribe, so channels never pile up.
+//! Each lock's channel has a FIFO queue of this client's waiters. A release wakes only the head
+//! of the queue, so a hand-off costs one acquire attempt per client, not one per waiter; the
+//! head that fails (someone else barged in) stays at the head and sleeps again. A waiter leaving
+//! the queue without the lock (it gave up, its wait ran out, it was cancelled) wakes the next
+//! one in its place, so no wake-up is lost with it. A wake-up is a stored permit, so one that
+//! arrives while the head is busy with an attempt is seen when it next sleeps.
+//!
+//! A waiter registers (and, on Redis, makes sure the channel is subscribed) *before* the attempt
+//! it will wait after, so a release between that attempt and the wait still reaches it. The
+//! last registration of a channel to go removes the entry and asks the backend to unsubscribe,
+//! so channels never pile up.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, Notify};
 
 #[derive(Debug)]
 struct Channel {
-    bumps: watch::Sender<u64>,
-    waiters: usize,
+    /// This client's waiters, in the order they began waiting; the head is woken next.
+    queue: VecDeque<Arc<Waiter>>,
     /// The backend confirmed the subscription (always true in memory).
     subscribed: bool,
+}
+
+#[derive(Debug)]
+struct Waiter {
+    id: u64,
+    wake: Notify,
 }
 
 /// The channels this client's waiters listen on.
@@ -40,26 +54,36 @@ impl Wakeups {
         self.channels.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Starts listening on `channel`; the returned registration sees every bump from now on.
+    /// Joins the end of `channel`'s queue.
     pub(crate) fn register(self: &Arc<Self>, channel: &str) -> Registration {
+        static IDS: AtomicU64 = AtomicU64::new(0);
+        let waiter = Arc::new(Waiter {
+            id: IDS.fetch_add(1, Ordering::Relaxed),
+            wake: Notify::new(),
+        });
         let mut channels = self.lock();
         let entry = channels.entry(channel.to_owned()).or_insert_with(|| Channel {
-            bumps: watch::Sender::new(0),
-            waiters: 0,
+            queue: VecDeque::new(),
             subscribed: self.on_idle.is_none(),
         });
-        entry.waiters += 1;
+        entry.queue.push_back(Arc::clone(&waiter));
         Registration {
-            rx: entry.bumps.subscribe(),
+            waiter,
             channel: channel.to_owned(),
             owner: Arc::clone(self),
+            acquired: false,
         }
     }
 
-    /// Wakes every local waiter of `channel`.
+    /// How many of this client's waiters queue for `channel`.
+    pub(crate) fn queued(&self, channel: &str) -> usize {
+        self.lock().get(channel).map_or(0, |c| c.queue.len())
+    }
+
+    /// A release of `channel`'s lock: wakes the head of its queue.
     pub(crate) fn notify(&self, channel: &str) {
-        if let Some(entry) = self.lock().get(channel) {
-            entry.bumps.send_modify(|n| *n = n.wrapping_add(1));
+        if let Some(head) = self.lock().get(channel).and_then(|c| c.queue.front()) {
+            head.wake.notify_one();
         }
     }
 
@@ -69,7 +93,9 @@ impl Wakeups {
     pub(crate) fn subscriptions_lost(&self) {
         for entry in self.lock().values_mut() {
             if std::mem::replace(&mut entry.subscribed, false) {
-                entry.bumps.send_modify(|n| *n = n.wrapping_add(1));
+                for waiter in &entry.queue {
+                    waiter.wake.notify_one();
+                }
             }
         }
     }
@@ -93,32 +119,37 @@ impl Wakeups {
         self.lock().len()
     }
 
-    fn unregister(&self, channel: &str) {
+    fn unregister(&self, channel: &str, waiter: u64, acquired: bool) {
         let mut channels = self.lock();
-        let idle = match channels.get_mut(channel) {
-            Some(entry) => {
-                entry.waiters -= 1;
-                entry.waiters == 0
-            }
-            None => false,
+        let Some(entry) = channels.get_mut(channel) else {
+            return;
         };
-        if idle {
+        let was_head = entry.queue.front().is_some_and(|w| w.id == waiter);
+        entry.queue.retain(|w| w.id != waiter);
+        if entry.queue.is_empty() {
             channels.remove(channel);
             drop(channels);
             if let Some(tx) = &self.on_idle {
                 // The receiver only goes away with the client; nothing to do then.
                 let _ = tx.send(channel.to_owned());
             }
+        } else if was_head && !acquired {
+            // It may have taken a wake-up meant for the lock's next holder with it: the next
+            // waiter tries in its place.
+            if let Some(next) = entry.queue.front() {
+                next.wake.notify_one();
+            }
         }
     }
 }
 
-/// One waiter's interest in one channel; dropping it ends the interest.
+/// One waiter's place in a channel's queue; dropping it leaves the queue.
 #[derive(Debug)]
 pub(crate) struct Registration {
-    rx: watch::Receiver<u64>,
+    waiter: Arc<Waiter>,
     channel: String,
     owner: Arc<Wakeups>,
+    acquired: bool,
 }
 
 impl Registration {
@@ -126,39 +157,68 @@ impl Registration {
         &self.channel
     }
 
-    /// Completes at the first bump since the registration or since the last `bumped()`.
-    pub(crate) async fn bumped(&mut self) {
-        if self.rx.changed().await.is_err() {
-            // The sender lives as long as this registration does; never reached.
-            std::future::pending::<()>().await;
-        }
+    /// Completes at the first wake-up since the last one seen (a release heard while this
+    /// waiter was the head, or its turn passed on by a waiter that left).
+    pub(crate) async fn woken(&self) {
+        self.waiter.wake.notified().await;
+    }
+
+    /// Leaves the queue holding the lock: the next waiter is woken by this one's release, not
+    /// now.
+    pub(crate) fn acquired(mut self) {
+        self.acquired = true;
     }
 }
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.owner.unregister(&self.channel);
+        self.owner
+            .unregister(&self.channel, self.waiter.id, self.acquired);
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
+    async fn is_woken(r: &Registration) -> bool {
+        tokio::time::timeout(Duration::from_millis(50), r.woken())
+            .await
+            .is_ok()
+    }
+
     #[tokio::test]
-    async fn bump_after_register_is_seen_and_idle_channels_go() {
+    async fn a_release_wakes_the_head_only_and_idle_channels_go() {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let wakeups = Wakeups::new(Some(tx));
-        let mut a = wakeups.register("c");
+        let a = wakeups.register("c");
         let b = wakeups.register("c");
         wakeups.notify("c");
-        tokio::time::timeout(std::time::Duration::from_secs(1), a.bumped())
-            .await
-            .unwrap_or_else(|_| panic!("the bump before the wait was lost"));
-        drop(a);
+        assert!(is_woken(&a).await, "the wake-up before the wait was lost");
+        assert!(!is_woken(&b).await, "only the head is woken");
+        a.acquired();
+        assert!(!is_woken(&b).await, "a head that took the lock passes nothing on");
+        wakeups.notify("c");
+        assert!(is_woken(&b).await);
         assert_eq!(wakeups.len(), 1);
         drop(b);
         assert_eq!(wakeups.len(), 0);
         assert_eq!(rx.recv().await.as_deref(), Some("c"));
+    }
+
+    #[tokio::test]
+    async fn a_head_that_leaves_without_the_lock_passes_its_turn_on() {
+        let wakeups = Wakeups::new(None);
+        let a = wakeups.register("c");
+        let b = wakeups.register("c");
+        let c = wakeups.register("c");
+        wakeups.notify("c");
+        drop(a); // woken, then gave up before trying
+        assert!(is_woken(&b).await, "the next waiter tries in its place");
+        assert!(!is_woken(&c).await);
+        drop(c); // not the head: leaving wakes nobody
+        assert!(!is_woken(&b).await);
     }
 }

@@ -188,6 +188,53 @@ impl RedisServer {
 }
 
 impl RedisServer {
+    /// How many commands the server ran successfully, counting those inside scripts and leaving
+    /// out `INFO` (what this asks with).
+    pub async fn commands_executed(&self) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut self.raw().await)
+            .await
+            .unwrap_or_else(|e| panic!("INFO commandstats failed: {e}"));
+        info.lines()
+            .filter_map(|l| l.strip_prefix("cmdstat_"))
+            .filter(|l| !l.starts_with("info:"))
+            .map(|stats| {
+                let field = |name: &str| -> u64 {
+                    stats
+                        .split([',', ':'])
+                        .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0)
+                };
+                field("calls") - field("failed_calls")
+            })
+            .sum()
+    }
+
+    /// How many times the server ran `command` (lower case) successfully, counting calls made
+    /// inside scripts: `calls` less `failed_calls` of `cmdstat_<command>` in
+    /// `INFO commandstats` (an `EVALSHA` answered `NOSCRIPT` is a failed call).
+    pub async fn command_calls(&self, command: &str) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut self.raw().await)
+            .await
+            .unwrap_or_else(|e| panic!("INFO commandstats failed: {e}"));
+        let prefix = format!("cmdstat_{command}:");
+        let Some(stats) = info.lines().find_map(|l| l.strip_prefix(prefix.as_str())) else {
+            return 0;
+        };
+        let field = |name: &str| -> u64 {
+            stats
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0)
+        };
+        field("calls") - field("failed_calls")
+    }
+
     /// The channels some client is subscribed to (`PUBSUB CHANNELS`).
     pub async fn subscribed_channels(&self) -> Vec<String> {
         redis::cmd("PUBSUB")

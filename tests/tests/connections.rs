@@ -224,11 +224,15 @@ async fn an_acl_without_the_rights_locking_needs_is_refused() {
     )
     .await;
     let client = builder(&with_user(&server, "noscripts")).build().await.unwrap();
-    let out = client.acquire("acl", &ttl(1000)).await;
+    // An uncontended acquire is a plain SET, which this user may send; the release is a script.
+    let guard = client.acquire("acl", &ttl(1000)).await.unwrap();
+    let out = guard.release().await;
     let Err(LockError::Refused { reason, .. }) = &out else {
         panic!("{out:?}");
     };
     assert!(reason.contains("ACL"), "{reason}");
+    let out = client.acquire("acl-fenced", &ttl(1000).fencing(true)).await;
+    assert!(matches!(out, Err(LockError::Refused { .. })), "{out:?}");
 
     // Scripts, but not on the lock's keys.
     acl(&server, &["otherkeys", "on", ">pw", "~cache:*", "&*", "+@all"]).await;

@@ -23,6 +23,8 @@ lock_tests::on_every_deployment!(
     current_is_the_innermost_lock,
     waiting_leaves_no_subscriptions_behind,
     nested_fencing_without_an_outer_token_is_invalid,
+    a_release_wakes_local_waiters_one_at_a_time_in_arrival_order,
+    a_cancelled_waiter_does_not_take_the_next_wake_up_with_it,
 );
 
 async fn zero_wait_is_one_attempt(t: Target) {
@@ -438,4 +440,108 @@ async fn nested_fencing_without_an_outer_token_is_invalid(t: Target) {
         .await
         .unwrap();
     assert!(matches!(out, Err(LockError::InvalidOptions { .. })), "{out:?}");
+}
+
+/// Starts a task waiting for `key` on `client` and returns once it is queued behind the ones
+/// already there.
+async fn queue_waiter(
+    client: &LockClient,
+    key: &'static str,
+    index: usize,
+    order: &Arc<Mutex<Vec<usize>>>,
+) -> tokio::task::JoinHandle<()> {
+    let before = client.waiting(key).unwrap();
+    let task = tokio::spawn({
+        let (client, order) = (client.clone(), Arc::clone(order));
+        async move {
+            let guard = client.acquire(key, &ttl(5000).wait(30 * SECOND)).await.unwrap();
+            order.lock().unwrap().push(index);
+            guard.release().await.unwrap();
+        }
+    });
+    eventually(2 * SECOND, "the waiter queues", || async {
+        client.waiting(key).unwrap() == before + 1
+    })
+    .await;
+    task
+}
+
+async fn a_release_wakes_local_waiters_one_at_a_time_in_arrival_order(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let holder = other.acquire("fifo", &ttl(60_000)).await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..5 {
+        tasks.push(queue_waiter(&c, "fifo", i, &order).await);
+    }
+    let released_at = Instant::now();
+    holder.release().await.unwrap();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(
+        *order.lock().unwrap(),
+        [0, 1, 2, 3, 4],
+        "first come, first served"
+    );
+    assert!(
+        released_at.elapsed() < MAX_WAIT_NAP,
+        "each release woke the next waiter; none waited for a timer"
+    );
+    assert_eq!(c.waiting("fifo").unwrap(), 0);
+}
+
+async fn a_cancelled_waiter_does_not_take_the_next_wake_up_with_it(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let holder = other.acquire("cancel", &ttl(60_000)).await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let first = queue_waiter(&c, "cancel", 0, &order).await;
+    let second = queue_waiter(&c, "cancel", 1, &order).await;
+    first.abort();
+    assert!(first.await.unwrap_err().is_cancelled());
+    assert_eq!(c.waiting("cancel").unwrap(), 1);
+    let released_at = Instant::now();
+    holder.release().await.unwrap();
+    second.await.unwrap();
+    assert!(
+        released_at.elapsed() < MAX_WAIT_NAP / 2,
+        "the remaining waiter was woken by the release: {:?}",
+        released_at.elapsed()
+    );
+    assert_eq!(*order.lock().unwrap(), [1]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_off_costs_one_attempt_not_one_per_waiter() {
+    let t = Target::redis().await;
+    let (c, other) = (t.client(), t.other_client().await);
+    let server = t.server().unwrap();
+    let holder = other.acquire("o1", &ttl(60_000)).await.unwrap();
+    let scripts_before = server.command_calls("evalsha").await;
+    const WAITERS: u64 = 16;
+    let tasks: Vec<_> = (0..WAITERS)
+        .map(|_| {
+            let c = c.clone();
+            tokio::spawn(async move {
+                let guard = c.acquire("o1", &ttl(5000).wait(30 * SECOND)).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                guard.release().await.unwrap();
+            })
+        })
+        .collect();
+    eventually(5 * SECOND, "every waiter queues", || async {
+        c.waiting("o1").unwrap() == WAITERS as usize
+    })
+    .await;
+    holder.release().await.unwrap();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let scripts = server.command_calls("evalsha").await - scripts_before;
+    // Per waiter: at most one retry when it first queues, one attempt when woken, and its
+    // release. Waking every waiter on every release would cost about WAITERS² / 2 attempts.
+    assert!(
+        scripts <= 3 * WAITERS + 1,
+        "{scripts} scripts for {WAITERS} hand-offs"
+    );
 }

@@ -406,3 +406,29 @@ async fn an_acquire_answered_after_its_validity_never_runs_the_body() {
         "the body ran on a lock whose validity had passed before it was known to be held"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncontended_pair_executes_five_commands() {
+    let server = RedisServer::spawn();
+    let client = connect(&server.url()).await;
+    client
+        .acquire("lean", &ttl(1000))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap(); // scripts loaded
+    let before = server.commands_executed().await;
+    for _ in 0..10 {
+        client
+            .acquire("lean", &ttl(1000))
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    let per_pair = (server.commands_executed().await - before) as f64 / 10.0;
+    // SET NX PX GET; EVALSHA running GET, DEL, PUBLISH.
+    assert!(per_pair <= 5.0, "{per_pair} commands per acquire + release");
+}

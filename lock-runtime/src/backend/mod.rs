@@ -51,15 +51,18 @@ pub(crate) enum Backend {
 }
 
 impl Backend {
+    /// One attempt. A `waiting` caller also learns the holder's remaining ttl when refused (to
+    /// sleep no longer than that); a first attempt may skip it, to cost one command.
     pub(crate) async fn acquire(
         &self,
         keys: &LockKeys,
         token: &str,
         ttl_ms: u64,
         fencing: bool,
+        waiting: bool,
     ) -> Result<Attempt, LockError> {
         match self {
-            Backend::Redis(b) => b.acquire(keys, token, ttl_ms, fencing).await,
+            Backend::Redis(b) => b.acquire(keys, token, ttl_ms, fencing, waiting).await,
             Backend::Memory(b) => Ok(b.acquire(keys, token, ttl_ms, fencing)),
         }
     }

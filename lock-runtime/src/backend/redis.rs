@@ -60,7 +60,11 @@ impl RedisBackend {
         token: &str,
         ttl_ms: u64,
         fencing: bool,
+        waiting: bool,
     ) -> Result<Attempt, LockError> {
+        if !fencing && !waiting {
+            return self.try_set(keys, token, ttl_ms).await;
+        }
         let (taken, n): (i64, i64) = self
             .conn
             .request(|mut conn| async move {
@@ -83,6 +87,34 @@ impl RedisBackend {
                 pttl_ms: u64::try_from(n).ok(),
             }
         })
+    }
+
+    /// The cheapest attempt, one command: `SET NX PX … GET` answers the value it found, so a
+    /// retried request recognises its own token, and any other value (or another type, which
+    /// `GET` refuses with `WRONGTYPE`) is someone else's. It does not learn the holder's ttl.
+    async fn try_set(&self, keys: &LockKeys, token: &str, ttl_ms: u64) -> Result<Attempt, LockError> {
+        let found: Result<Option<Vec<u8>>, LockError> = self
+            .conn
+            .request(|mut conn| async move {
+                redis::cmd("SET")
+                    .arg(&keys.lock)
+                    .arg(token)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(ttl_ms)
+                    .arg("GET")
+                    .query_async(&mut conn)
+                    .await
+            })
+            .await;
+        let held = Attempt::Held { pttl_ms: None };
+        match found {
+            Ok(None) => Ok(Attempt::Acquired { fence: None }),
+            Ok(Some(value)) if value == token.as_bytes() => Ok(Attempt::Acquired { fence: None }),
+            Ok(Some(_)) => Ok(held),
+            Err(LockError::Unavailable { source }) if is_wrong_type(&source) => Ok(held),
+            Err(e) => Err(e),
+        }
     }
 
     pub(crate) async fn renew(&self, keys: &LockKeys, token: &str, ttl_ms: u64) -> Result<bool, LockError> {
@@ -114,12 +146,18 @@ impl RedisBackend {
                     .key(&keys.channel)
                     .arg(token)
                     .arg(hold_ms)
+                    .arg(&self.subscriber.id)
                     .invoke_async(&mut conn)
                     .await
             })
             .await?;
         if released == RELEASED_UNANNOUNCED {
             self.subscriber.pubsub_denied();
+        }
+        if released != 0 {
+            // This client's own next waiter need not hear it from Redis (its subscriber skips
+            // the announcement, which carries this client's id).
+            self.subscriber.wakeups.notify(&keys.channel);
         }
         Ok(released != 0)
     }
@@ -172,6 +210,11 @@ impl Drop for RedisBackend {
     }
 }
 
+fn is_wrong_type(e: &crate::BoxError) -> bool {
+    e.downcast_ref::<redis::RedisError>()
+        .is_some_and(|e| e.code() == Some("WRONGTYPE"))
+}
+
 async fn bounded<T>(after: Duration, request: impl Future<Output = RedisResult<T>>) -> Result<T, LockError> {
     match tokio::time::timeout(after, request).await {
         Ok(answer) => answer.map_err(LockError::from),
@@ -200,6 +243,8 @@ const SUBSCRIBER_PING: Duration = Duration::from_secs(1);
 /// their lock, so none sleeps through a release that went unheard.
 #[derive(Debug)]
 struct Subscriber {
+    /// Announces this client's releases, so that its own are skipped when heard back.
+    id: String,
     client: redis::Client,
     timeouts: Timeouts,
     wakeups: Arc<Wakeups>,
@@ -231,6 +276,7 @@ impl Subscriber {
         idle: mpsc::UnboundedReceiver<String>,
     ) -> Self {
         Subscriber {
+            id: format!("{:016x}", rand::random::<u64>()),
             client,
             timeouts,
             wakeups,
@@ -340,7 +386,9 @@ impl Subscriber {
 
     async fn dispatch(self: Arc<Self>, generation: u64, mut stream: PubSubStream) {
         while let Some(message) = stream.next().await {
-            self.wakeups.notify(message.get_channel_name());
+            if message.get_payload_bytes() != self.id.as_bytes() {
+                self.wakeups.notify(message.get_channel_name());
+            }
         }
         tracing::debug!("lock wake-up subscriber connection closed");
         let mut live = self.live.lock().await;

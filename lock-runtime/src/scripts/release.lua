@@ -1,12 +1,14 @@
--- Give a lock back if it is still ours, and wake the waiters.
+-- Give a lock back if it is still ours, and announce it to the waiters.
 -- KEYS[1] lock key, KEYS[2] the lock's wake-up channel; ARGV[1] our token,
--- ARGV[2] ms the lock must still be held (minimum hold), 0 to delete now.
+-- ARGV[2] ms the lock must still be held (minimum hold), 0 to delete now, ARGV[3] the releasing
+-- client's id (the announcement; that client wakes its own next waiter itself).
 -- Returns 1 when it was ours, 0 when it had expired or been taken by someone else, and 2 when it
 -- was ours but Redis refused the announcement (an ACL without rights on the channel): the
--- release itself stands, and waiters wake on their timers.
+-- release itself stands, and waiters elsewhere wake on their timers.
 -- With a minimum hold left, the key is kept and expires then; waiters are told so they re-read
 -- its now shorter expiry instead of sleeping on the old one.
-if redis.call('TYPE', KEYS[1]).ok ~= 'string' or redis.call('GET', KEYS[1]) ~= ARGV[1] then
+-- A key of another type answers GET with an error: not ours, and left alone.
+if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
 if tonumber(ARGV[2]) > 0 then
@@ -14,7 +16,7 @@ if tonumber(ARGV[2]) > 0 then
 else
   redis.call('DEL', KEYS[1])
 end
-local told = redis.pcall('PUBLISH', KEYS[2], 'released')
+local told = redis.pcall('PUBLISH', KEYS[2], ARGV[3])
 if type(told) == 'table' and told.err then
   return 2
 end
