@@ -1,7 +1,7 @@
 //! [`LockClient`]: taking locks, waiting for them, and running code under them.
 
 use std::future::Future;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 
 use rand::TryRngCore;
@@ -13,6 +13,7 @@ use crate::backend::redis::RedisBackend;
 use crate::backend::{Attempt, Backend, LockKeys};
 use crate::guard::{release_in_background, LockGuard, LockState};
 use crate::wakeups::Registration;
+use crate::watchdog::Watchdog;
 use crate::{scope, LockError, LockOptions};
 
 /// The longest key accepted, in bytes, before the prefix is added.
@@ -67,9 +68,16 @@ impl std::fmt::Debug for LockClient {
 }
 
 #[derive(Debug)]
-struct Inner {
+pub(crate) struct Inner {
     backend: Backend,
     prefix: String,
+    watchdog: Arc<Watchdog>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.watchdog.stop();
+    }
 }
 
 impl LockClient {
@@ -93,12 +101,29 @@ impl LockClient {
 
     fn from_backend(backend: Backend, prefix: String) -> LockClient {
         LockClient {
-            inner: Arc::new(Inner { backend, prefix }),
+            inner: Arc::new(Inner {
+                backend,
+                prefix,
+                watchdog: Arc::default(),
+            }),
         }
     }
 
     pub(crate) fn backend(&self) -> &Backend {
         &self.inner.backend
+    }
+
+    pub(crate) fn watchdog(&self) -> &Arc<Watchdog> {
+        &self.inner.watchdog
+    }
+
+    /// A handle that does not keep the client alive (for its own background tasks).
+    pub(crate) fn downgrade(&self) -> Weak<Inner> {
+        Arc::downgrade(&self.inner)
+    }
+
+    pub(crate) fn upgrade(inner: &Weak<Inner>) -> Option<LockClient> {
+        inner.upgrade().map(|inner| LockClient { inner })
     }
 
     /// Which client a held lock belongs to, for reentrancy.
@@ -297,6 +322,11 @@ impl LockClient {
         Ok(self.backend().wakeups().queued(&keys.channel))
     }
 
+    /// How many locks this client's watchdog renews right now.
+    pub fn watched_locks(&self) -> usize {
+        self.watchdog().len()
+    }
+
     /// How many locks this client's waiters are listening on right now (each is one
     /// subscribed channel on Redis). Zero when nobody waits: subscriptions do not pile up.
     pub fn waiting_channels(&self) -> usize {
@@ -341,7 +371,6 @@ impl Drop for PendingAcquire<'_> {
                 self.keys.clone(),
                 self.token.to_owned(),
                 Instant::now(),
-                None,
             );
         }
     }

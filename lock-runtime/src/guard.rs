@@ -6,7 +6,6 @@ use std::task::Poll;
 use std::time::Duration;
 
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::backend::LockKeys;
@@ -139,7 +138,8 @@ impl LockState {
 pub struct LockGuard {
     client: LockClient,
     state: Arc<LockState>,
-    watchdog: Option<JoinHandle<()>>,
+    /// Its id with the client's watchdog, when it is renewed.
+    watched: Option<u64>,
     /// With a minimum hold, the lock is kept until then even when released earlier.
     hold_until: Instant,
     released: bool,
@@ -154,17 +154,11 @@ impl LockGuard {
         started: Instant,
     ) -> Self {
         let state = Arc::new(state);
-        let watchdog = watchdog.then(|| {
-            tokio::spawn(crate::watchdog::renew_until_lost(
-                client.clone(),
-                Arc::clone(&state),
-                started,
-            ))
-        });
+        let watched = watchdog.then(|| client.watchdog().watch(&client, Arc::clone(&state), started));
         LockGuard {
             client,
             state,
-            watchdog,
+            watched,
             hold_until: started + hold_at_least,
             released: false,
         }
@@ -225,14 +219,17 @@ impl LockGuard {
 
     /// Releases the lock: `Ok(true)` if it was still ours (it is deleted, or with a minimum
     /// hold, left to expire at its end), `Ok(false)` if it had already expired or been taken.
-    /// The watchdog is stopped before the release is sent.
+    /// The watchdog stops renewing it before the release is sent.
     pub async fn release(mut self) -> Result<bool, LockError> {
         self.released = true;
-        if let Some(watchdog) = self.watchdog.take() {
-            watchdog.abort();
-            let _ = watchdog.await;
-        }
+        self.unwatch();
         release_lock(&self.client, &self.state.keys, &self.state.token, self.hold_until).await
+    }
+
+    fn unwatch(&mut self) {
+        if let Some(id) = self.watched.take() {
+            self.client.watchdog().unwatch(id);
+        }
     }
 
     fn lost_error(&self) -> LockError {
@@ -297,24 +294,15 @@ async fn release_lock(
     Ok(released)
 }
 
-/// Releases from a spawned task, once `watchdog` (already aborted) has stopped: for a dropped
-/// guard, and for an acquire abandoned in flight. Outside a tokio runtime there is nothing to
-/// send it from, and the lock is left to expire at its ttl.
-pub(crate) fn release_in_background(
-    client: LockClient,
-    keys: LockKeys,
-    token: String,
-    hold_until: Instant,
-    watchdog: Option<JoinHandle<()>>,
-) {
+/// Releases from a spawned task: for a dropped guard, and for an acquire abandoned in flight.
+/// Outside a tokio runtime there is nothing to send it from, and the lock is left to expire at
+/// its ttl.
+pub(crate) fn release_in_background(client: LockClient, keys: LockKeys, token: String, hold_until: Instant) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         tracing::debug!(lock = %keys.lock, "no tokio runtime to release from; the lock is left to expire");
         return;
     };
     runtime.spawn(async move {
-        if let Some(watchdog) = watchdog {
-            let _ = watchdog.await;
-        }
         if let Err(e) = release_lock(&client, &keys, &token, hold_until).await {
             tracing::warn!(lock = %keys.lock, error = %e, "background lock release failed; the lock will expire");
         }
@@ -326,16 +314,12 @@ impl Drop for LockGuard {
         if self.released {
             return;
         }
-        let watchdog = self.watchdog.take();
-        if let Some(watchdog) = &watchdog {
-            watchdog.abort();
-        }
+        self.unwatch();
         release_in_background(
             self.client.clone(),
             self.state.keys.clone(),
             self.state.token.clone(),
             self.hold_until,
-            watchdog,
         );
     }
 }

@@ -1,56 +1,182 @@
-//! Renews a held lock every ttl/3 until it is released or lost.
+//! One watchdog per client: a single task renews every held lock that is due, many locks per
+//! script, instead of one task and one round trip per lock.
+//!
+//! Each lock is due ttl/3 after its last successful renewal was sent. When the earliest lock
+//! falls due, every lock due within the next half interval is renewed with it (renewing a little
+//! early only moves its expiry later), in scripts of up to [`BATCH`] locks sent together. Each
+//! lock's validity counts from its own batch's send time, and a lock found gone or taken is lost
+//! alone. Transient errors are retried every ttl/20 (5–500 ms) while a lock is still valid; the
+//! renew script never re-creates a missing key.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
+use futures_util::future::join_all;
+use tokio::sync::Notify;
+use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use crate::guard::LockState;
 use crate::options::ceil_millis;
 use crate::LockClient;
 
-/// Renews `state`'s lock every ttl/3 (counted from the start of the last successful renewal).
-/// Transient errors are retried every ttl/20 while the lock is still valid; the lock is declared
-/// lost when its key is gone or holds another token, or when validity runs out first. It never
-/// re-creates a missing key (the renew script checks the token). The guard aborts this task
-/// before it sends its release.
-pub(crate) async fn renew_until_lost(client: LockClient, state: Arc<LockState>, acquired: Instant) {
-    let ttl_ms = ceil_millis(state.ttl);
-    let interval = state.ttl / 3;
-    let retry = (state.ttl / 20).clamp(Duration::from_millis(5), Duration::from_millis(500));
-    let mut next = acquired + interval;
-    loop {
-        tokio::time::sleep_until(next).await;
+/// The most locks one renew script extends.
+pub(crate) const BATCH: usize = 200;
+
+/// The locks a client's watchdog renews.
+#[derive(Debug, Default)]
+pub(crate) struct Watchdog {
+    held: Mutex<HashMap<u64, Watched>>,
+    /// Told of every newly watched lock, which may be due before the task's current sleep ends.
+    changed: Notify,
+    task: Mutex<Option<AbortHandle>>,
+}
+
+#[derive(Debug)]
+struct Watched {
+    state: Arc<LockState>,
+    /// When its next renewal is due.
+    due: Instant,
+}
+
+/// Renew every ttl/3.
+fn interval(ttl: Duration) -> Duration {
+    ttl / 3
+}
+
+/// After a failed renewal, try again this soon (while the lock is still valid).
+fn retry(ttl: Duration) -> Duration {
+    (ttl / 20).clamp(Duration::from_millis(5), Duration::from_millis(500))
+}
+
+impl Watchdog {
+    fn held(&self) -> MutexGuard<'_, HashMap<u64, Watched>> {
+        // Every update is one step, so a poisoned map is still consistent.
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Renews `state`'s lock from now on, the first time ttl/3 after `acquired`; returns the id
+    /// that [`unwatch`](Self::unwatch) takes.
+    pub(crate) fn watch(
+        self: &Arc<Self>,
+        client: &LockClient,
+        state: Arc<LockState>,
+        acquired: Instant,
+    ) -> u64 {
+        static IDS: AtomicU64 = AtomicU64::new(0);
+        let id = IDS.fetch_add(1, Ordering::Relaxed);
+        let due = acquired + interval(state.ttl);
+        self.held().insert(id, Watched { state, due });
+        self.start(client);
+        self.changed.notify_one();
+        id
+    }
+
+    /// Stops renewing lock `id` (before its release is sent). A renewal already on the wire is
+    /// harmless: it is token-checked, and Redis applies it before the release that follows it on
+    /// the same connection.
+    pub(crate) fn unwatch(&self, id: u64) {
+        self.held().remove(&id);
+    }
+
+    /// How many locks are being renewed.
+    pub(crate) fn len(&self) -> usize {
+        self.held().len()
+    }
+
+    fn start(self: &Arc<Self>, client: &LockClient) {
+        let mut task = self.task.lock().unwrap_or_else(|e| e.into_inner());
+        if task.is_none() {
+            let handle = tokio::spawn(Arc::clone(self).run(client.downgrade()));
+            *task = Some(handle.abort_handle());
+        }
+    }
+
+    /// Stops the task (the client is gone).
+    pub(crate) fn stop(&self) {
+        if let Some(task) = self.task.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            task.abort();
+        }
+    }
+
+    async fn run(self: Arc<Self>, client: Weak<crate::client::Inner>) {
         loop {
-            let sent = Instant::now();
-            let valid_until = state.valid_until();
-            if sent >= valid_until || state.is_lost() {
-                if state.mark_lost() {
-                    tracing::warn!(key = %state.key, "lock lost: validity ran out before a renewal succeeded");
+            let earliest = self.held().values().map(|w| w.due).min();
+            match earliest {
+                Some(due) if due <= Instant::now() => {}
+                Some(due) => {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(due) => {}
+                        () = self.changed.notified() => continue,
+                    }
                 }
-                return;
+                None => {
+                    self.changed.notified().await;
+                    continue;
+                }
             }
-            let renewal = client.backend().renew(&state.keys, &state.token, ttl_ms);
-            match tokio::time::timeout_at(valid_until, renewal).await {
-                Ok(Ok(true)) => {
-                    state.renewed(sent, state.ttl);
-                    tracing::trace!(key = %state.key, "lock renewed");
-                    next = sent + interval;
-                    break;
+            let Some(client) = LockClient::upgrade(&client) else {
+                return;
+            };
+            self.renew_due(&client).await;
+        }
+    }
+
+    /// Renews every lock due now or within the next half interval, in batches sent together.
+    async fn renew_due(&self, client: &LockClient) {
+        let now = Instant::now();
+        let mut due = Vec::new();
+        self.held().retain(|&id, watched| {
+            if watched.state.is_lost() {
+                if watched.state.mark_lost() {
+                    tracing::warn!(key = %watched.state.key, "lock lost: validity ran out before a renewal succeeded");
                 }
-                Ok(Ok(false)) => {
+                return false;
+            }
+            if watched.due <= now + interval(watched.state.ttl) / 2 {
+                due.push((id, Arc::clone(&watched.state)));
+            }
+            true
+        });
+        let batches = due.chunks(BATCH).map(|batch| self.renew_batch(client, batch));
+        join_all(batches).await;
+    }
+
+    async fn renew_batch(&self, client: &LockClient, batch: &[(u64, Arc<LockState>)]) {
+        let sent = Instant::now();
+        let locks: Vec<_> = batch
+            .iter()
+            .map(|(_, s)| (&s.keys, s.token.as_str(), ceil_millis(s.ttl)))
+            .collect();
+        let answer = client.backend().renew_many(&locks).await;
+        let mut held = self.held();
+        let mut gone = Vec::new();
+        for (i, (id, state)) in batch.iter().enumerate() {
+            let Some(watched) = held.get_mut(id) else {
+                continue; // released meanwhile
+            };
+            match &answer {
+                Ok(renewed) if renewed.get(i).copied().unwrap_or(false) => {
+                    state.renewed(sent, state.ttl);
+                    watched.due = sent + interval(state.ttl);
+                    tracing::trace!(key = %state.key, "lock renewed");
+                }
+                Ok(_) => {
                     if state.mark_lost() {
                         tracing::warn!(key = %state.key, "lock lost: its key is gone or holds another token");
                     }
-                    return;
+                    gone.push(*id);
                 }
-                Ok(Err(e)) => {
+                Err(e) => {
                     tracing::warn!(key = %state.key, error = %e, "lock renewal failed; retrying while the lock is valid");
-                    tokio::time::sleep(retry.min(valid_until.saturating_duration_since(Instant::now())))
-                        .await;
+                    watched.due = Instant::now() + retry(state.ttl);
                 }
-                Err(_) => {} // validity ran out mid-request: the check above ends the loop
             }
+        }
+        for id in gone {
+            held.remove(&id);
         }
     }
 }

@@ -29,6 +29,7 @@ lock_tests::on_every_deployment!(
     lease_without_watchdog_is_lost_at_its_ttl,
     extend_moves_the_deadline,
     a_body_that_is_always_ready_is_stopped_at_its_lease,
+    one_watchdog_renews_many_locks_and_loses_only_the_one_gone,
 );
 
 async fn lock_unlock_twice(t: Target) {
@@ -375,4 +376,46 @@ async fn a_body_that_is_always_ready_is_stopped_at_its_lease(t: Target) {
         .await;
     assert_eq!(out.ok(), Some("finished"), "on_lost = continue lets it finish");
     assert!(started.elapsed() >= Duration::from_millis(300));
+}
+
+async fn one_watchdog_renews_many_locks_and_loses_only_the_one_gone(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let options = ttl(300).watchdog(true);
+    let mut guards = Vec::new();
+    for i in 0..50 {
+        guards.push(c.acquire(&format!("many:{i}"), &options).await.unwrap());
+    }
+    assert_eq!(c.watched_locks(), 50);
+    // One is deleted behind its holder's back, one is released mid-way.
+    assert!(other.force_release("many:7").await.unwrap());
+    let released = guards.remove(20);
+    assert!(released.release().await.unwrap());
+    eventually(2 * SECOND, "the deleted lock is found lost", || async {
+        guards[7].is_lost()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(700)).await; // over two ttls: renewals kept the rest
+    for (i, guard) in guards.iter().enumerate() {
+        if i != 7 {
+            assert!(!guard.is_lost(), "{}: lost", guard.key());
+            assert!(
+                c.is_locked(guard.key()).await.unwrap(),
+                "{}: expired",
+                guard.key()
+            );
+        }
+    }
+    assert!(
+        !c.is_locked("many:20").await.unwrap(),
+        "a released lock is never renewed again"
+    );
+    assert!(
+        !c.is_locked("many:7").await.unwrap(),
+        "a lost lock is never re-created"
+    );
+    assert_eq!(c.watched_locks(), 48);
+    for guard in guards {
+        let _ = guard.release().await;
+    }
+    assert_eq!(c.watched_locks(), 0);
 }

@@ -432,3 +432,30 @@ async fn an_uncontended_pair_executes_five_commands() {
     // SET NX PX GET; EVALSHA running GET, DEL, PUBLISH.
     assert!(per_pair <= 5.0, "{per_pair} commands per acquire + release");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_watchdog_renews_locks_in_batches() {
+    let server = RedisServer::spawn();
+    let client = connect(&server.url()).await;
+    let options = ttl(900).watchdog(true);
+    let mut guards = Vec::new();
+    for i in 0..300 {
+        guards.push(client.acquire(&format!("batch:{i}"), &options).await.unwrap());
+    }
+    let (scripts, renewals) = (
+        server.command_calls("evalsha").await,
+        server.command_calls("pexpire").await,
+    );
+    tokio::time::sleep(Duration::from_millis(1000)).await; // three renewal intervals
+    let scripts = server.command_calls("evalsha").await - scripts;
+    let renewals = server.command_calls("pexpire").await - renewals;
+    assert!(renewals >= 600, "{renewals} renewals of 300 locks in 1 s");
+    assert!(
+        renewals >= 50 * scripts,
+        "{renewals} renewals in {scripts} scripts: not batched"
+    );
+    assert!(guards.iter().all(|g| !g.is_lost()));
+    for guard in guards {
+        guard.release().await.unwrap();
+    }
+}

@@ -69,9 +69,18 @@ impl Backend {
 
     /// Sets the lock's ttl to `ttl_ms` if it still holds `token`; `false` if it does not.
     pub(crate) async fn renew(&self, keys: &LockKeys, token: &str, ttl_ms: u64) -> Result<bool, LockError> {
+        let renewed = self.renew_many(&[(keys, token, ttl_ms)]).await?;
+        Ok(renewed.first().copied().unwrap_or(false))
+    }
+
+    /// [`renew`](Self::renew) for many locks in one request: whether each was still ours.
+    pub(crate) async fn renew_many(&self, locks: &[(&LockKeys, &str, u64)]) -> Result<Vec<bool>, LockError> {
         match self {
-            Backend::Redis(b) => b.renew(keys, token, ttl_ms).await,
-            Backend::Memory(b) => Ok(b.renew(keys, token, ttl_ms)),
+            Backend::Redis(b) => b.renew_many(locks).await,
+            Backend::Memory(b) => Ok(locks
+                .iter()
+                .map(|(keys, token, ttl_ms)| b.renew(keys, token, *ttl_ms))
+                .collect()),
         }
     }
 

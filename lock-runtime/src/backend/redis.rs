@@ -117,19 +117,18 @@ impl RedisBackend {
         }
     }
 
-    pub(crate) async fn renew(&self, keys: &LockKeys, token: &str, ttl_ms: u64) -> Result<bool, LockError> {
-        let renewed: i64 = self
+    pub(crate) async fn renew_many(&self, locks: &[(&LockKeys, &str, u64)]) -> Result<Vec<bool>, LockError> {
+        let renewed: Vec<i64> = self
             .conn
             .request(|mut conn| async move {
-                RENEW
-                    .key(&keys.lock)
-                    .arg(token)
-                    .arg(ttl_ms)
-                    .invoke_async(&mut conn)
-                    .await
+                let mut invocation = RENEW.prepare_invoke();
+                for (keys, token, ttl_ms) in locks {
+                    invocation.key(&keys.lock).arg(*token).arg(*ttl_ms);
+                }
+                invocation.invoke_async(&mut conn).await
             })
             .await?;
-        Ok(renewed == 1)
+        Ok(renewed.into_iter().map(|r| r == 1).collect())
     }
 
     pub(crate) async fn release(

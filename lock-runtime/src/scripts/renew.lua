@@ -1,8 +1,14 @@
--- Extend a lock we still hold. Never re-creates a missing key.
--- KEYS[1] lock key; ARGV[1] our token, ARGV[2] new ttl in ms.
--- Returns 1 when renewed, 0 when the key is gone or holds something else (a key of another type
--- answers GET with an error: not ours either).
-if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
-  return 0
+-- Extend locks we still hold, one or many (the watchdog renews a whole batch in one call).
+-- Never re-creates a missing key.
+-- KEYS[i] the i-th lock key; ARGV[2i-1] its token, ARGV[2i] its new ttl in ms.
+-- Returns, per lock, 1 when renewed, 0 when the key is gone or holds something else (a key of
+-- another type answers GET with an error: not ours either).
+local renewed = {}
+for i, key in ipairs(KEYS) do
+  if redis.pcall('GET', key) == ARGV[2 * i - 1] then
+    renewed[i] = redis.call('PEXPIRE', key, ARGV[2 * i])
+  else
+    renewed[i] = 0
+  end
 end
-return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return renewed
