@@ -70,6 +70,7 @@ fn expand(config: Config, mut item: ItemFn) -> TokenStream {
         watchdog,
         wait_ms,
         fencing,
+        fair,
         hold_at_least_ms,
         ..
     } = config;
@@ -113,6 +114,7 @@ fn expand(config: Config, mut item: ItemFn) -> TokenStream {
             .watchdog(#watchdog)
             .wait(#private::Duration::from_millis(#wait_ms))
             .fencing(#fencing)
+            .fair(#fair)
             .hold_at_least(#private::Duration::from_millis(#hold_at_least_ms))
             .on_lost(#on_lost);
         match #private::run(#client, #key, #options, async move { #anchor #(#stmts)* }).await {

@@ -9,7 +9,7 @@ use syn::{Expr, ExprLit, ItemFn, Lit, LitStr, Member, Pat, Path};
 use crate::key::{parse_template, Piece};
 use crate::parse::{RawArg, RawArgs};
 
-const VALID: &str = "key, ttl_ms, watchdog, wait_ms, fencing, hold_at_least_ms, on_lost, client, crate";
+const VALID: &str = "key, ttl_ms, watchdog, wait_ms, fencing, fair, hold_at_least_ms, on_lost, client, crate";
 const DEFAULT_TTL_MS: u64 = 30_000;
 // Kept in step with lock_runtime::{MIN_TTL, MIN_WATCHDOG_TTL, MAX_DURATION}.
 const MIN_TTL_MS: u64 = 10;
@@ -39,6 +39,7 @@ pub(crate) struct Config {
     pub(crate) watchdog: bool,
     pub(crate) wait_ms: u64,
     pub(crate) fencing: bool,
+    pub(crate) fair: bool,
     pub(crate) hold_at_least_ms: u64,
     pub(crate) on_lost: OnLost,
     pub(crate) client: Option<Expr>,
@@ -53,6 +54,7 @@ struct Given {
     watchdog: Option<bool>,
     wait_ms: Option<u64>,
     fencing: Option<bool>,
+    fair: Option<bool>,
     hold_at_least_ms: Option<u64>,
     on_lost: Option<OnLost>,
     client: Option<Expr>,
@@ -166,6 +168,7 @@ impl Given {
             "hold_at_least_ms" => once(&mut self.hold_at_least_ms, arg, millis(arg)?.0),
             "watchdog" => once(&mut self.watchdog, arg, flag(arg)?),
             "fencing" => once(&mut self.fencing, arg, flag(arg)?),
+            "fair" => once(&mut self.fair, arg, flag(arg)?),
             "on_lost" => {
                 let s = string(arg)?;
                 let policy = match s.value().as_str() {
@@ -299,6 +302,7 @@ pub(crate) fn validate(args: RawArgs, item: &ItemFn) -> syn::Result<Config> {
         watchdog,
         wait_ms: given.wait_ms.unwrap_or(0),
         fencing: given.fencing.unwrap_or(false),
+        fair: given.fair.unwrap_or(false),
         hold_at_least_ms: given.hold_at_least_ms.unwrap_or(0),
         on_lost: given.on_lost.unwrap_or(OnLost::Abort),
         client: given.client,

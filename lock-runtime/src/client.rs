@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use crate::backend::connection::{client_for_url, Timeouts, TlsMaterial};
 use crate::backend::memory::MemoryBackend;
 use crate::backend::redis::RedisBackend;
-use crate::backend::{Attempt, Backend, LockKeys};
+use crate::backend::{Ask, Attempt, Backend, LockKeys};
 use crate::guard::{release_in_background, LockGuard, LockState};
 use crate::wakeups::Registration;
 use crate::watchdog::Watchdog;
@@ -173,14 +173,20 @@ impl LockClient {
     ) -> Result<LockGuard, LockError> {
         let backend = self.backend();
         let deadline = Instant::now() + options.wait_time();
+        let will_wait = !options.wait_time().is_zero();
+        let fair = options.is_fair();
+        // One token for every attempt of this call: it is also a fair waiter's place in line.
+        let token = new_token()?;
+        let place = (fair && will_wait).then(|| QueuePlace::new(self, &keys, &token));
         let mut wakeup: Option<Registration> = None;
         // Until refused once, no holder's expiry is known.
         let mut pttl_ms = None;
         // Local waiters queue in order: a newcomer that would wait joins the end of the queue
-        // instead of barging in ahead of waiters already there, and tries when woken.
+        // instead of barging in ahead of waiters already there, and tries when woken. (A fair
+        // waiter asks at once: its place in line is taken in the store.)
         let mut sleep_first = false;
-        if !options.wait_time().is_zero() && backend.wakeups().queued(&keys.channel) > 0 {
-            wakeup = Some(backend.wakeups().register(&keys.channel));
+        if will_wait && !fair && backend.wakeups().queued(&keys.channel) > 0 {
+            wakeup = Some(backend.wakeups().register(&keys.channel, None));
             sleep_first = true;
         }
         loop {
@@ -188,26 +194,23 @@ impl LockClient {
                 // Never past the waiter's own deadline, however the subscriber fares.
                 let _ = tokio::time::timeout_at(deadline, backend.listen(wakeup)).await;
                 if std::mem::take(&mut sleep_first) {
-                    let nap = nap(pttl_ms).min(deadline.saturating_duration_since(Instant::now()));
+                    let nap = nap(pttl_ms, fair).min(deadline.saturating_duration_since(Instant::now()));
                     tokio::select! {
                         () = wakeup.woken() => {}
                         () = tokio::time::sleep(nap) => {}
                     }
                 }
             }
-            let token = new_token()?;
+            let ask = Ask {
+                ttl_ms: options.ttl_ms(),
+                fencing: options.is_fencing(),
+                waiting: wakeup.is_some(),
+                fair,
+                join: will_wait,
+            };
             let started = Instant::now();
-            let pending = PendingAcquire::new(self, &keys, &token);
-            let attempt = backend
-                .acquire(
-                    &keys,
-                    &token,
-                    options.ttl_ms(),
-                    options.is_fencing(),
-                    wakeup.is_some(),
-                )
-                .await;
-            let attempt = match attempt {
+            let pending = PendingAcquire::new(self, &keys, &token, fair);
+            let attempt = match backend.acquire(&keys, &token, &ask).await {
                 Ok(answer) => {
                     pending.settled();
                     answer
@@ -219,8 +222,11 @@ impl LockClient {
                     if let Some(wakeup) = wakeup {
                         wakeup.acquired();
                     }
+                    if let Some(place) = place {
+                        place.taken();
+                    }
                     tracing::debug!(key, fence, "lock acquired");
-                    let state = LockState::new(key, keys, token, fence, options.ttl(), started);
+                    let state = LockState::new(key, keys, token, fence, options.ttl(), fair, started);
                     return Ok(LockGuard::new(
                         self.clone(),
                         state,
@@ -239,7 +245,8 @@ impl LockClient {
                         // First refusal: listen for the release, then try again at once, so a
                         // release between that attempt and the subscription is not missed. An
                         // uncontended acquire never pays for the subscription.
-                        wakeup = Some(backend.wakeups().register(&keys.channel));
+                        let name = fair.then_some(token.as_str());
+                        wakeup = Some(backend.wakeups().register(&keys.channel, name));
                     } else {
                         sleep_first = true;
                     }
@@ -343,15 +350,17 @@ struct PendingAcquire<'a> {
     client: &'a LockClient,
     keys: &'a LockKeys,
     token: &'a str,
+    fair: bool,
     settled: bool,
 }
 
 impl<'a> PendingAcquire<'a> {
-    fn new(client: &'a LockClient, keys: &'a LockKeys, token: &'a str) -> Self {
+    fn new(client: &'a LockClient, keys: &'a LockKeys, token: &'a str, fair: bool) -> Self {
         PendingAcquire {
             client,
             keys,
             token,
+            fair,
             settled: false,
         }
     }
@@ -371,8 +380,56 @@ impl Drop for PendingAcquire<'_> {
                 self.keys.clone(),
                 self.token.to_owned(),
                 Instant::now(),
+                self.fair,
             );
         }
+    }
+}
+
+/// A fair waiter's place in the store's queue. Unless the lock was taken with it, it is given up
+/// in the background when the waiter stops (its wait ran out, an error, a cancelled caller), so
+/// the waiters behind it do not wait for the place to lapse.
+struct QueuePlace {
+    client: LockClient,
+    keys: LockKeys,
+    token: String,
+    taken: bool,
+}
+
+impl QueuePlace {
+    fn new(client: &LockClient, keys: &LockKeys, token: &str) -> Self {
+        QueuePlace {
+            client: client.clone(),
+            keys: keys.clone(),
+            token: token.to_owned(),
+            taken: false,
+        }
+    }
+
+    /// The lock was taken: the acquire script already removed the place.
+    fn taken(mut self) {
+        self.taken = true;
+    }
+}
+
+impl Drop for QueuePlace {
+    fn drop(&mut self) {
+        if self.taken {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (client, keys, token) = (
+            self.client.clone(),
+            self.keys.clone(),
+            std::mem::take(&mut self.token),
+        );
+        runtime.spawn(async move {
+            if let Err(e) = client.backend().leave_queue(&keys, &token).await {
+                tracing::debug!(lock = %keys.lock, error = %e, "could not leave the fair queue; the place lapses");
+            }
+        });
     }
 }
 
@@ -386,14 +443,18 @@ fn new_token() -> Result<String, LockError> {
 }
 
 /// How long a waiter sleeps before trying again, unless a release wakes it first: until the
-/// holder's key expires (never past [`MAX_WAIT_NAP`]), less up to 15% of jitter so that
-/// waiters on one lock do not all retry at the same instant.
-fn nap(pttl_ms: Option<u64>) -> Duration {
-    let until_expiry = pttl_ms.map_or(MAX_WAIT_NAP, Duration::from_millis);
-    until_expiry
-        .min(MAX_WAIT_NAP)
-        .mul_f64(rand::random_range(0.85..=1.0))
+/// holder's key expires (never past [`MAX_WAIT_NAP`]; a fair waiter, never past [`FAIR_NAP`],
+/// which keeps its place in line), less up to 15% of jitter so that waiters on one lock do not
+/// all retry at the same instant.
+fn nap(pttl_ms: Option<u64>, fair: bool) -> Duration {
+    let longest = if fair { FAIR_NAP } else { MAX_WAIT_NAP };
+    let until_expiry = pttl_ms.map_or(longest, Duration::from_millis);
+    until_expiry.min(longest).mul_f64(rand::random_range(0.85..=1.0))
 }
+
+/// The longest a fair waiter sleeps between attempts: well within [`FAIR_PLACE_KEPT`], so a
+/// live waiter never loses its place.
+const FAIR_NAP: Duration = Duration::from_millis(300);
 
 /// Configures a [`LockClient`].
 ///
@@ -610,13 +671,14 @@ mod tests {
     #[test]
     fn naps_end_by_the_holders_expiry_and_are_bounded() {
         for _ in 0..100 {
-            let n = nap(Some(100));
+            let n = nap(Some(100), false);
             assert!(
                 n <= Duration::from_millis(100) && n >= Duration::from_millis(85),
                 "{n:?}"
             );
-            assert!(nap(None) <= MAX_WAIT_NAP);
-            assert!(nap(Some(60_000)) <= MAX_WAIT_NAP);
+            assert!(nap(None, false) <= MAX_WAIT_NAP);
+            assert!(nap(Some(60_000), false) <= MAX_WAIT_NAP);
+            assert!(nap(None, true) <= FAIR_NAP && FAIR_NAP * 3 < crate::FAIR_PLACE_KEPT);
         }
     }
 }

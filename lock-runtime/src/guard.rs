@@ -31,6 +31,8 @@ pub(crate) struct LockState {
     pub(crate) token: String,
     pub(crate) fence: Option<u64>,
     pub(crate) ttl: Duration,
+    /// Taken as a fair lock: its release names the next waiter in line.
+    pub(crate) fair: bool,
     status: watch::Sender<Status>,
 }
 
@@ -43,6 +45,7 @@ impl LockState {
         token: String,
         fence: Option<u64>,
         ttl: Duration,
+        fair: bool,
         started: Instant,
     ) -> Self {
         LockState {
@@ -51,6 +54,7 @@ impl LockState {
             token,
             fence,
             ttl,
+            fair,
             status: watch::Sender::new(Status {
                 valid_until: started + ttl.saturating_sub(drift(ttl)),
                 sent: started,
@@ -223,7 +227,14 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<bool, LockError> {
         self.released = true;
         self.unwatch();
-        release_lock(&self.client, &self.state.keys, &self.state.token, self.hold_until).await
+        release_lock(
+            &self.client,
+            &self.state.keys,
+            &self.state.token,
+            self.hold_until,
+            self.state.fair,
+        )
+        .await
     }
 
     fn unwatch(&mut self) {
@@ -283,9 +294,10 @@ async fn release_lock(
     keys: &LockKeys,
     token: &str,
     hold_until: Instant,
+    fair: bool,
 ) -> Result<bool, LockError> {
     let hold_ms = ceil_millis(hold_until.saturating_duration_since(Instant::now()));
-    let released = client.backend().release(keys, token, hold_ms).await?;
+    let released = client.backend().release(keys, token, hold_ms, fair).await?;
     if released {
         tracing::debug!(lock = %keys.lock, hold_ms, "lock released");
     } else {
@@ -297,13 +309,19 @@ async fn release_lock(
 /// Releases from a spawned task: for a dropped guard, and for an acquire abandoned in flight.
 /// Outside a tokio runtime there is nothing to send it from, and the lock is left to expire at
 /// its ttl.
-pub(crate) fn release_in_background(client: LockClient, keys: LockKeys, token: String, hold_until: Instant) {
+pub(crate) fn release_in_background(
+    client: LockClient,
+    keys: LockKeys,
+    token: String,
+    hold_until: Instant,
+    fair: bool,
+) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
         tracing::debug!(lock = %keys.lock, "no tokio runtime to release from; the lock is left to expire");
         return;
     };
     runtime.spawn(async move {
-        if let Err(e) = release_lock(&client, &keys, &token, hold_until).await {
+        if let Err(e) = release_lock(&client, &keys, &token, hold_until, fair).await {
             tracing::warn!(lock = %keys.lock, error = %e, "background lock release failed; the lock will expire");
         }
     });
@@ -320,6 +338,7 @@ impl Drop for LockGuard {
             self.state.keys.clone(),
             self.state.token.clone(),
             self.hold_until,
+            self.state.fair,
         );
     }
 }
@@ -329,7 +348,15 @@ mod tests {
     use super::*;
 
     fn state(ttl: Duration, started: Instant) -> LockState {
-        LockState::new("k", LockKeys::new("lock:", "k"), "t".into(), None, ttl, started)
+        LockState::new(
+            "k",
+            LockKeys::new("lock:", "k"),
+            "t".into(),
+            None,
+            ttl,
+            false,
+            started,
+        )
     }
 
     #[tokio::test(start_paused = true)]

@@ -46,7 +46,7 @@ pub use client::{
 };
 pub use error::{BoxError, LockError, TimedOut};
 pub use guard::LockGuard;
-pub use options::{LockOptions, OnLost, MAX_DURATION, MIN_TTL, MIN_WATCHDOG_TTL};
+pub use options::{LockOptions, OnLost, FAIR_PLACE_KEPT, MAX_DURATION, MIN_TTL, MIN_WATCHDOG_TTL};
 pub use scope::{current, LockInfo};
 
 /// Turns an async fn into a critical section guarded by a distributed lock.
@@ -85,6 +85,7 @@ pub use scope::{current, LockInfo};
 /// | `watchdog` | off | Renew every ttl/3 while the body runs. Without it the ttl is a hard lease: the body is lost at its end. |
 /// | `wait_ms = N` | `0` | How long to wait for a holder, woken by its release. `0`: one attempt, then [`LockError::Busy`]. |
 /// | `fencing` | off | Take a fencing token, strictly increasing per key; read it with [`current()`]. |
+/// | `fair` | off | Waiters get the lock in the order they began waiting, across all clients and processes ([`LockOptions::fair`]). |
 /// | `hold_at_least_ms = N` | `0` | Keep the lock at least this long after it was taken, so a fast scheduled job does not run again elsewhere in the same period. |
 /// | `on_lost = "abort" \| "continue"` | `"abort"` | When the lock is lost mid-body: drop the body and return [`LockError::Lost`], or let it finish with a warning. |
 /// | `client = EXPR` | the default client | A [`LockClient`], `&LockClient` or `Arc<LockClient>`, from an expression over the parameters (`client = self.locks`, `client = state.locks`), evaluated once before the lock is taken. Without it, [`default_client()`], or [`LockError::NotConfigured`]. |

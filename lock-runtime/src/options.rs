@@ -9,6 +9,10 @@ pub const MIN_TTL: Duration = Duration::from_millis(10);
 /// The shortest ttl accepted with the watchdog: it renews every ttl/3, which leaves a round
 /// trip less than ~ttl/3 of slack; below 60 ms one slow round trip would lose the lock.
 pub const MIN_WATCHDOG_TTL: Duration = Duration::from_millis(60);
+/// How long a fair waiter keeps its place in the queue without asking again: a waiter that died
+/// delays the ones behind it by at most this (plus one of their naps, at most 300 ms).
+pub const FAIR_PLACE_KEPT: Duration = Duration::from_secs(1);
+
 /// The longest ttl, wait or minimum hold accepted (30 days): longer values are almost always a
 /// unit mistake, and they keep every deadline far from overflow.
 pub const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
@@ -46,6 +50,7 @@ pub struct LockOptions {
     fencing: bool,
     hold_at_least: Duration,
     on_lost: OnLost,
+    fair: bool,
 }
 
 impl LockOptions {
@@ -59,6 +64,7 @@ impl LockOptions {
             fencing: false,
             hold_at_least: Duration::ZERO,
             on_lost: OnLost::Abort,
+            fair: false,
         }
     }
 
@@ -93,6 +99,24 @@ impl LockOptions {
     pub fn on_lost(mut self, policy: OnLost) -> Self {
         self.on_lost = policy;
         self
+    }
+
+    /// Waiters get the lock in the order they began waiting, across all clients and processes
+    /// (default off: a release wakes one waiter per client, and whichever asks first gets it).
+    ///
+    /// Fair waiters queue in Redis, next to the lock; a release wakes exactly the next one, and
+    /// nobody (not even a caller that does not wait) takes the lock ahead of the queue. A waiter
+    /// that died keeps its place for at most [`FAIR_PLACE_KEPT`], so it delays the others by at
+    /// most that much; one that gives up or is cancelled leaves at once. Fairness holds among
+    /// callers that all ask for it: a non-fair acquire on the same key ignores the queue.
+    pub fn fair(mut self, on: bool) -> Self {
+        self.fair = on;
+        self
+    }
+
+    /// Whether waiters queue in the order they arrived.
+    pub fn is_fair(&self) -> bool {
+        self.fair
     }
 
     /// The lease length.

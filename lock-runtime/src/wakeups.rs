@@ -30,6 +30,8 @@ struct Channel {
 #[derive(Debug)]
 struct Waiter {
     id: u64,
+    /// A fair waiter's token: a fair release names the waiter whose turn it is.
+    token: Option<String>,
     wake: Notify,
 }
 
@@ -54,11 +56,12 @@ impl Wakeups {
         self.channels.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Joins the end of `channel`'s queue.
-    pub(crate) fn register(self: &Arc<Self>, channel: &str) -> Registration {
+    /// Joins the end of `channel`'s queue; a fair waiter gives its token.
+    pub(crate) fn register(self: &Arc<Self>, channel: &str, token: Option<&str>) -> Registration {
         static IDS: AtomicU64 = AtomicU64::new(0);
         let waiter = Arc::new(Waiter {
             id: IDS.fetch_add(1, Ordering::Relaxed),
+            token: token.map(str::to_owned),
             wake: Notify::new(),
         });
         let mut channels = self.lock();
@@ -84,6 +87,19 @@ impl Wakeups {
     pub(crate) fn notify(&self, channel: &str) {
         if let Some(head) = self.lock().get(channel).and_then(|c| c.queue.front()) {
             head.wake.notify_one();
+        }
+    }
+
+    /// A fair release named the waiter whose turn it is: wakes it, if it is one of ours.
+    pub(crate) fn notify_waiter(&self, channel: &str, token: &[u8]) {
+        let channels = self.lock();
+        let named = channels.get(channel).and_then(|c| {
+            c.queue
+                .iter()
+                .find(|w| w.token.as_deref().map(str::as_bytes) == Some(token))
+        });
+        if let Some(waiter) = named {
+            waiter.wake.notify_one();
         }
     }
 
@@ -193,8 +209,8 @@ mod tests {
     async fn a_release_wakes_the_head_only_and_idle_channels_go() {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let wakeups = Wakeups::new(Some(tx));
-        let a = wakeups.register("c");
-        let b = wakeups.register("c");
+        let a = wakeups.register("c", None);
+        let b = wakeups.register("c", None);
         wakeups.notify("c");
         assert!(is_woken(&a).await, "the wake-up before the wait was lost");
         assert!(!is_woken(&b).await, "only the head is woken");
@@ -211,9 +227,9 @@ mod tests {
     #[tokio::test]
     async fn a_head_that_leaves_without_the_lock_passes_its_turn_on() {
         let wakeups = Wakeups::new(None);
-        let a = wakeups.register("c");
-        let b = wakeups.register("c");
-        let c = wakeups.register("c");
+        let a = wakeups.register("c", None);
+        let b = wakeups.register("c", None);
+        let c = wakeups.register("c", None);
         wakeups.notify("c");
         drop(a); // woken, then gave up before trying
         assert!(is_woken(&b).await, "the next waiter tries in its place");

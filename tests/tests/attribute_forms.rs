@@ -129,6 +129,12 @@ async fn owned(locks: &LockClient, name: String) -> Result<String, LockError> {
     Ok(name)
 }
 
+/// Fair waiting, from the attribute.
+#[distributed_lock(key = "fair:<n>", client = locks, fair, wait_ms = 1000)]
+async fn fair(locks: &LockClient, n: u8) -> Result<bool, LockError> {
+    locks.is_locked(&format!("fair:{n}")).await
+}
+
 /// A key with literal braces.
 #[distributed_lock(key = "{odd}:<n>", client = locks)]
 async fn braces(locks: &LockClient, n: u8) -> Result<bool, LockError> {
@@ -163,7 +169,8 @@ async fn every_form_runs_guarded(t: Target) {
     assert_eq!(one_liner(&locks).await.unwrap(), 1);
     assert_eq!(owned(&locks, "ann".to_owned()).await.unwrap(), "ann");
     assert!(braces(&locks, 1).await.unwrap());
-    for key in ["order:1", "customer:9:eu:5", "item:12", "must", "{odd}:1"] {
+    assert!(fair(&locks, 2).await.unwrap());
+    for key in ["order:1", "customer:9:eu:5", "item:12", "must", "{odd}:1", "fair:2"] {
         assert!(!locks.is_locked(key).await.unwrap(), "{key} left held");
     }
 }

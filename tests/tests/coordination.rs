@@ -25,6 +25,8 @@ lock_tests::on_every_deployment!(
     nested_fencing_without_an_outer_token_is_invalid,
     a_release_wakes_local_waiters_one_at_a_time_in_arrival_order,
     a_cancelled_waiter_does_not_take_the_next_wake_up_with_it,
+    fair_waiters_of_several_clients_get_the_lock_in_arrival_order,
+    a_fair_waiter_that_gives_up_leaves_the_line_at_once,
 );
 
 async fn zero_wait_is_one_attempt(t: Target) {
@@ -544,4 +546,127 @@ async fn a_hand_off_costs_one_attempt_not_one_per_waiter() {
         scripts <= 3 * WAITERS + 1,
         "{scripts} scripts for {WAITERS} hand-offs"
     );
+}
+
+async fn fair_waiters_of_several_clients_get_the_lock_in_arrival_order(t: Target) {
+    let clients = [t.client(), t.other_client().await, t.other_client().await];
+    let holder = clients[0].acquire("fair", &ttl(60_000).fair(true)).await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        // Alternate clients, so the order is kept across them, not just within one.
+        let client = clients[i % 3].clone();
+        let before = client.waiting("fair").unwrap();
+        let order = Arc::clone(&order);
+        let waiter = client.clone();
+        tasks.push(tokio::spawn(async move {
+            let fair = ttl(5000).fair(true).wait(30 * SECOND);
+            let guard = waiter.acquire("fair", &fair).await.unwrap();
+            order.lock().unwrap().push(i);
+            guard.release().await.unwrap();
+        }));
+        // It waits (refused once, so it has its place in line) before the next one comes.
+        eventually(2 * SECOND, "the fair waiter is in line", || async {
+            client.waiting("fair").unwrap() == before + 1
+        })
+        .await;
+    }
+    let released_at = Instant::now();
+    holder.release().await.unwrap();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(
+        *order.lock().unwrap(),
+        [0, 1, 2, 3, 4, 5],
+        "first come, first served"
+    );
+    assert!(
+        released_at.elapsed() < MAX_WAIT_NAP,
+        "each release woke the next in line: {:?}",
+        released_at.elapsed()
+    );
+}
+
+async fn a_fair_waiter_that_gives_up_leaves_the_line_at_once(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let fair = ttl(60_000).fair(true);
+    let holder = c.acquire("line", &fair).await.unwrap();
+    // First in line, but gives up.
+    let out = other
+        .acquire("line", &fair.clone().wait(Duration::from_millis(200)))
+        .await;
+    assert!(matches!(out, Err(LockError::Busy { .. })), "{out:?}");
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let next = tokio::spawn({
+        let (c, order) = (c.clone(), Arc::clone(&order));
+        async move {
+            let guard = c
+                .acquire("line", &ttl(5000).fair(true).wait(30 * SECOND))
+                .await
+                .unwrap();
+            order.lock().unwrap().push(1);
+            guard.release().await.unwrap();
+        }
+    });
+    eventually(2 * SECOND, "the second waiter is in line", || async {
+        c.waiting("line").unwrap() == 1
+    })
+    .await;
+    let released_at = Instant::now();
+    holder.release().await.unwrap();
+    next.await.unwrap();
+    assert!(
+        released_at.elapsed() < lock_runtime::FAIR_PLACE_KEPT / 2,
+        "the one that gave up left the line; nobody waited for its place to lapse: {:?}",
+        released_at.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nobody_barges_ahead_of_the_fair_line_until_its_head_lapses() {
+    use ::redis::AsyncCommands;
+    let t = Target::redis().await;
+    let c = t.client();
+    let mut raw = t.server().unwrap().raw().await;
+    // A waiter of another process is first in line, its place kept for a minute; the lock is free.
+    let _: () = raw.zadd("lock:{barge}:queue", "elsewhere", 1).await.unwrap();
+    let kept_until: u64 = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        + Duration::from_secs(60))
+    .as_millis()
+    .try_into()
+    .unwrap();
+    let _: () = raw
+        .zadd("lock:{barge}:queue:kept", "elsewhere", kept_until)
+        .await
+        .unwrap();
+    let fair = ttl(5000).fair(true);
+    let out = c.acquire("barge", &fair).await;
+    assert!(
+        matches!(out, Err(LockError::Busy { .. })),
+        "a fair try must not barge: {out:?}"
+    );
+    let out = c
+        .acquire("barge", &fair.clone().wait(Duration::from_millis(300)))
+        .await;
+    assert!(
+        matches!(out, Err(LockError::Busy { .. })),
+        "nor a fair wait: {out:?}"
+    );
+    eventually(2 * SECOND, "the waiter that gave up leaves the line", || {
+        let mut raw = raw.clone();
+        async move {
+            let line: Vec<String> = raw.zrange("lock:{barge}:queue", 0, -1).await.unwrap();
+            line == ["elsewhere"]
+        }
+    })
+    .await;
+    // Its place lapses: the line moves on.
+    let _: () = raw.zadd("lock:{barge}:queue:kept", "elsewhere", 1).await.unwrap();
+    let guard = c.acquire("barge", &fair).await.unwrap();
+    let line: usize = raw.zcard("lock:{barge}:queue").await.unwrap();
+    assert_eq!(line, 0);
+    guard.release().await.unwrap();
 }

@@ -1,13 +1,14 @@
 //! A process-local backend with the semantics of the Redis one, on tokio's clock (so tests of
 //! user code may pause and advance time).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Attempt, LockKeys};
+use super::{Ask, Attempt, LockKeys};
+use crate::options::{ceil_millis, FAIR_PLACE_KEPT};
 use crate::wakeups::Wakeups;
 
 #[derive(Debug)]
@@ -20,6 +21,43 @@ struct Held {
 struct Store {
     locks: HashMap<String, Held>,
     fences: HashMap<String, u64>,
+    /// Fair queues, by queue key.
+    queues: HashMap<String, Queue>,
+    /// Orders arrivals in every queue.
+    arrivals: u64,
+}
+
+/// Fair waiters of one lock: tokens by arrival, and when each one's place lapses.
+#[derive(Debug, Default)]
+struct Queue {
+    order: BTreeMap<u64, String>,
+    places: HashMap<String, (u64, Instant)>,
+}
+
+impl Queue {
+    /// Drops waiters whose place lapsed; whether any did.
+    fn purge(&mut self, now: Instant) -> bool {
+        let before = self.places.len();
+        let order = &mut self.order;
+        self.places.retain(|_, (arrival, kept)| {
+            let keep = *kept > now;
+            if !keep {
+                order.remove(arrival);
+            }
+            keep
+        });
+        self.places.len() != before
+    }
+
+    fn head(&self) -> Option<&String> {
+        self.order.values().next()
+    }
+
+    fn leave(&mut self, token: &str) {
+        if let Some((arrival, _)) = self.places.remove(token) {
+            self.order.remove(&arrival);
+        }
+    }
 }
 
 impl Store {
@@ -59,16 +97,53 @@ impl MemoryBackend {
         &self.wakeups
     }
 
-    pub(crate) fn acquire(&self, keys: &LockKeys, token: &str, ttl_ms: u64, fencing: bool) -> Attempt {
+    pub(crate) fn acquire(&self, keys: &LockKeys, token: &str, ask: &Ask) -> Attempt {
         let now = Instant::now();
         let mut store = self.store();
-        if let Some(held) = store.live(&keys.lock, now) {
-            let left = held.expires_at.saturating_duration_since(now);
+        let holder = store
+            .live(&keys.lock, now)
+            .map(|h| (h.token == token, h.expires_at));
+        if let Some((true, _)) = holder {
+            let fence = ask
+                .fencing
+                .then(|| store.fences.get(&keys.fence).copied().unwrap_or(0));
+            return Attempt::Acquired { fence };
+        }
+        if ask.fair {
+            let store = &mut *store;
+            let queue = store.queues.entry(keys.queue.clone()).or_default();
+            let purged = queue.purge(now);
+            let head = queue.head().cloned();
+            if holder.is_some() || head.as_deref().is_some_and(|h| h != token) {
+                if ask.join {
+                    let kept = now + FAIR_PLACE_KEPT;
+                    match queue.places.get_mut(token) {
+                        Some(place) => place.1 = kept,
+                        None => {
+                            store.arrivals += 1;
+                            queue.order.insert(store.arrivals, token.to_owned());
+                            queue.places.insert(token.to_owned(), (store.arrivals, kept));
+                        }
+                    }
+                }
+                if holder.is_none() && purged {
+                    // The lock is free and the waiters ahead of the new head are gone.
+                    if let Some(head) = head {
+                        self.wakeups.notify_waiter(&keys.channel, head.as_bytes());
+                    }
+                }
+                let pttl_ms =
+                    holder.map(|(_, expires_at)| ceil_millis(expires_at.saturating_duration_since(now)));
+                return Attempt::Held { pttl_ms };
+            }
+            queue.leave(token);
+        }
+        if let Some((_, expires_at)) = holder {
             return Attempt::Held {
-                pttl_ms: Some(crate::options::ceil_millis(left)),
+                pttl_ms: Some(ceil_millis(expires_at.saturating_duration_since(now))),
             };
         }
-        let fence = fencing.then(|| {
+        let fence = ask.fencing.then(|| {
             let counter = store.fences.entry(keys.fence.clone()).or_insert(0);
             *counter += 1;
             *counter
@@ -77,10 +152,16 @@ impl MemoryBackend {
             keys.lock.clone(),
             Held {
                 token: token.to_owned(),
-                expires_at: now + Duration::from_millis(ttl_ms),
+                expires_at: now + Duration::from_millis(ask.ttl_ms),
             },
         );
         Attempt::Acquired { fence }
+    }
+
+    pub(crate) fn leave_queue(&self, keys: &LockKeys, token: &str) {
+        if let Some(queue) = self.store().queues.get_mut(&keys.queue) {
+            queue.leave(token);
+        }
     }
 
     pub(crate) fn renew(&self, keys: &LockKeys, token: &str, ttl_ms: u64) -> bool {
@@ -94,9 +175,9 @@ impl MemoryBackend {
         }
     }
 
-    pub(crate) fn release(&self, keys: &LockKeys, token: &str, hold_ms: u64) -> bool {
+    pub(crate) fn release(&self, keys: &LockKeys, token: &str, hold_ms: u64, fair: bool) -> bool {
         let now = Instant::now();
-        {
+        let next = {
             let mut store = self.store();
             match store.ours(&keys.lock, token, now) {
                 Some(held) if hold_ms > 0 => held.expires_at = now + Duration::from_millis(hold_ms),
@@ -105,8 +186,16 @@ impl MemoryBackend {
                 }
                 None => return false,
             }
+            let queue = store.queues.get_mut(&keys.queue).filter(|_| fair);
+            queue.and_then(|q| {
+                q.purge(now);
+                q.head().cloned()
+            })
+        };
+        match next {
+            Some(head) => self.wakeups.notify_waiter(&keys.channel, head.as_bytes()),
+            None => self.wakeups.notify(&keys.channel),
         }
-        self.wakeups.notify(&keys.channel);
         true
     }
 

@@ -22,6 +22,10 @@ pub(crate) struct LockKeys {
     pub(crate) fence: String,
     /// `<prefix>{<key>}:released`: told of every release.
     pub(crate) channel: String,
+    /// `<prefix>{<key>}:queue`: fair waiters' tokens, in the order they arrived.
+    pub(crate) queue: String,
+    /// `<prefix>{<key>}:queue:kept`: fair waiters' tokens, by when their places lapse.
+    pub(crate) kept: String,
 }
 
 impl LockKeys {
@@ -30,9 +34,25 @@ impl LockKeys {
         LockKeys {
             fence: format!("{lock}:fence"),
             channel: format!("{lock}:released"),
+            queue: format!("{lock}:queue"),
+            kept: format!("{lock}:queue:kept"),
             lock,
         }
     }
+}
+
+/// What one acquire attempt asks for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ask {
+    pub(crate) ttl_ms: u64,
+    pub(crate) fencing: bool,
+    /// The caller is waiting: a refusal should say how long the holder has left (a first
+    /// attempt may skip that, to cost one command).
+    pub(crate) waiting: bool,
+    /// Waiters queue in the store, and the head of the queue comes first.
+    pub(crate) fair: bool,
+    /// With `fair`: take a place in the queue when refused (the caller will wait).
+    pub(crate) join: bool,
 }
 
 /// The result of one acquire attempt.
@@ -51,19 +71,27 @@ pub(crate) enum Backend {
 }
 
 impl Backend {
-    /// One attempt. A `waiting` caller also learns the holder's remaining ttl when refused (to
-    /// sleep no longer than that); a first attempt may skip it, to cost one command.
+    /// One attempt; idempotent for one token.
     pub(crate) async fn acquire(
         &self,
         keys: &LockKeys,
         token: &str,
-        ttl_ms: u64,
-        fencing: bool,
-        waiting: bool,
+        ask: &Ask,
     ) -> Result<Attempt, LockError> {
         match self {
-            Backend::Redis(b) => b.acquire(keys, token, ttl_ms, fencing, waiting).await,
-            Backend::Memory(b) => Ok(b.acquire(keys, token, ttl_ms, fencing)),
+            Backend::Redis(b) => b.acquire(keys, token, ask).await,
+            Backend::Memory(b) => Ok(b.acquire(keys, token, ask)),
+        }
+    }
+
+    /// Gives up `token`'s place in the fair queue (a waiter that stops waiting).
+    pub(crate) async fn leave_queue(&self, keys: &LockKeys, token: &str) -> Result<(), LockError> {
+        match self {
+            Backend::Redis(b) => b.leave_queue(keys, token).await,
+            Backend::Memory(b) => {
+                b.leave_queue(keys, token);
+                Ok(())
+            }
         }
     }
 
@@ -85,16 +113,18 @@ impl Backend {
     }
 
     /// Deletes the lock (or, with `hold_ms > 0`, lets it expire in `hold_ms`) if it still holds
-    /// `token`, and wakes its waiters; `false` if it was no longer ours.
+    /// `token`, and wakes a waiter (`fair`: the head of the queue); `false` if it was no longer
+    /// ours.
     pub(crate) async fn release(
         &self,
         keys: &LockKeys,
         token: &str,
         hold_ms: u64,
+        fair: bool,
     ) -> Result<bool, LockError> {
         match self {
-            Backend::Redis(b) => b.release(keys, token, hold_ms).await,
-            Backend::Memory(b) => Ok(b.release(keys, token, hold_ms)),
+            Backend::Redis(b) => b.release(keys, token, hold_ms, fair).await,
+            Backend::Memory(b) => Ok(b.release(keys, token, hold_ms, fair)),
         }
     }
 

@@ -14,8 +14,9 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use super::connection::{lock, Connection, Timeouts};
-use super::{Attempt, LockKeys};
+use super::{Ask, Attempt, LockKeys};
 use crate::error::TimedOut;
+use crate::options::{ceil_millis, FAIR_PLACE_KEPT};
 use crate::wakeups::{Registration, Wakeups};
 use crate::LockError;
 
@@ -58,29 +59,38 @@ impl RedisBackend {
         &self,
         keys: &LockKeys,
         token: &str,
-        ttl_ms: u64,
-        fencing: bool,
-        waiting: bool,
+        ask: &Ask,
     ) -> Result<Attempt, LockError> {
-        if !fencing && !waiting {
-            return self.try_set(keys, token, ttl_ms).await;
+        if !ask.fencing && !ask.waiting && !ask.fair {
+            return self.try_set(keys, token, ask.ttl_ms).await;
         }
+        let place_kept = if ask.fair {
+            ceil_millis(FAIR_PLACE_KEPT).to_string()
+        } else {
+            String::new()
+        };
+        let place_kept = &place_kept;
         let (taken, n): (i64, i64) = self
             .conn
             .request(|mut conn| async move {
                 ACQUIRE
                     .key(&keys.lock)
                     .key(&keys.fence)
+                    .key(&keys.queue)
+                    .key(&keys.kept)
+                    .key(&keys.channel)
                     .arg(token)
-                    .arg(ttl_ms)
-                    .arg(if fencing { "1" } else { "0" })
+                    .arg(ask.ttl_ms)
+                    .arg(if ask.fencing { "1" } else { "0" })
+                    .arg(place_kept)
+                    .arg(if ask.join { "1" } else { "0" })
                     .invoke_async(&mut conn)
                     .await
             })
             .await?;
         Ok(if taken == 1 {
             Attempt::Acquired {
-                fence: fencing.then_some(n.unsigned_abs()),
+                fence: ask.fencing.then_some(n.unsigned_abs()),
             }
         } else {
             Attempt::Held {
@@ -131,21 +141,40 @@ impl RedisBackend {
         Ok(renewed.into_iter().map(|r| r == 1).collect())
     }
 
+    pub(crate) async fn leave_queue(&self, keys: &LockKeys, token: &str) -> Result<(), LockError> {
+        self.conn
+            .request(|mut conn| async move {
+                redis::pipe()
+                    .zrem(&keys.queue, token)
+                    .ignore()
+                    .zrem(&keys.kept, token)
+                    .ignore()
+                    .query_async::<()>(&mut conn)
+                    .await
+            })
+            .await
+    }
+
     pub(crate) async fn release(
         &self,
         keys: &LockKeys,
         token: &str,
         hold_ms: u64,
+        fair: bool,
     ) -> Result<bool, LockError> {
+        let announcement = &self.subscriber.announcement;
         let released: i64 = self
             .conn
             .request(|mut conn| async move {
                 RELEASE
                     .key(&keys.lock)
                     .key(&keys.channel)
+                    .key(&keys.queue)
+                    .key(&keys.kept)
                     .arg(token)
                     .arg(hold_ms)
-                    .arg(&self.subscriber.id)
+                    .arg(announcement)
+                    .arg(if fair { "1" } else { "0" })
                     .invoke_async(&mut conn)
                     .await
             })
@@ -153,9 +182,10 @@ impl RedisBackend {
         if released == RELEASED_UNANNOUNCED {
             self.subscriber.pubsub_denied();
         }
-        if released != 0 {
+        if released != 0 && !fair {
             // This client's own next waiter need not hear it from Redis (its subscriber skips
-            // the announcement, which carries this client's id).
+            // the announcement, which carries this client's id). A fair release names the next
+            // waiter instead, wherever it is.
             self.subscriber.wakeups.notify(&keys.channel);
         }
         Ok(released != 0)
@@ -242,8 +272,9 @@ const SUBSCRIBER_PING: Duration = Duration::from_secs(1);
 /// their lock, so none sleeps through a release that went unheard.
 #[derive(Debug)]
 struct Subscriber {
-    /// Announces this client's releases, so that its own are skipped when heard back.
-    id: String,
+    /// How this client announces its releases (`c:` and a random id), so that its own are
+    /// skipped when heard back.
+    announcement: String,
     client: redis::Client,
     timeouts: Timeouts,
     wakeups: Arc<Wakeups>,
@@ -275,7 +306,7 @@ impl Subscriber {
         idle: mpsc::UnboundedReceiver<String>,
     ) -> Self {
         Subscriber {
-            id: format!("{:016x}", rand::random::<u64>()),
+            announcement: format!("c:{:016x}", rand::random::<u64>()),
             client,
             timeouts,
             wakeups,
@@ -385,8 +416,12 @@ impl Subscriber {
 
     async fn dispatch(self: Arc<Self>, generation: u64, mut stream: PubSubStream) {
         while let Some(message) = stream.next().await {
-            if message.get_payload_bytes() != self.id.as_bytes() {
-                self.wakeups.notify(message.get_channel_name());
+            let (channel, said) = (message.get_channel_name(), message.get_payload_bytes());
+            if let Some(waiter) = said.strip_prefix(b"w:") {
+                // A fair release names the next waiter; it may be another client's.
+                self.wakeups.notify_waiter(channel, waiter);
+            } else if said != self.announcement.as_bytes() {
+                self.wakeups.notify(channel);
             }
         }
         tracing::debug!("lock wake-up subscriber connection closed");

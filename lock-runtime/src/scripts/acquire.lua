@@ -1,9 +1,14 @@
 -- Take a lock if its key is free. Idempotent for one token: a request sent again after its
 -- connection broke finds the lock already its own and takes neither a second lock nor a second
 -- fencing token.
--- KEYS[1] lock key, KEYS[2] fence counter; ARGV[1] token, ARGV[2] ttl in ms, ARGV[3] '1' = fencing.
--- Returns {1, fence} when taken (fence is 0 without fencing), or {0, pttl} when the key is held
--- by anything else (pttl is -1 for a key without expiry, such as a foreign value).
+-- KEYS[1] lock key, KEYS[2] fence counter, KEYS[3] fair queue (waiter tokens by arrival),
+-- KEYS[4] fair places (waiter tokens by the ms their place lapses), KEYS[5] wake-up channel.
+-- ARGV[1] token, ARGV[2] ttl in ms, ARGV[3] '1' = fencing, ARGV[4] fair: '' = not fair, else
+-- the ms a waiter's place is kept without a new attempt, ARGV[5] '1' = join the fair queue (the
+-- caller will wait).
+-- Returns {1, fence} when taken (fence is 0 without fencing), or {0, pttl} when not: pttl is the
+-- holder's remaining ttl, -1 for a key without expiry (a foreign value), -2 when the key is free
+-- but fair waiters come first.
 -- Every check comes before the first write: a counter of another type (WRONGTYPE), or one that is
 -- not a non-negative integer, fails the script with nothing changed.
 local fencing = ARGV[3] == '1'
@@ -14,14 +19,15 @@ if fencing then
     return redis.error_reply('fence counter ' .. KEYS[2] .. ' does not hold a non-negative integer')
   end
 end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+
+-- The lock was just set: the new fencing token, if asked for. It is above the last one and at
+-- least the server's clock in microseconds, so a counter lost with its data (a restart without
+-- persistence, a failover to a replica that missed the last INCRBY) restarts above every token
+-- it handed out, as long as the clock has not gone back by more than the time since then.
+local function taken()
   if not fencing then
     return {1, 0}
   end
-  -- The next token is above the last one and at least the server's clock in microseconds, so a
-  -- counter lost with its data (a restart without persistence, a failover to a replica that
-  -- missed the last INCRBY) restarts above every token it handed out, as long as the clock has
-  -- not gone back by more than the time since then.
   local time = redis.call('TIME')
   local floor = tonumber(time[1]) * 1000000 + tonumber(time[2])
   local last = tonumber(counter) or 0
@@ -31,8 +37,47 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   end
   return {1, redis.call('INCRBY', KEYS[2], step)}
 end
--- A foreign value of another type answers GET with an error: not ours either.
-if redis.pcall('GET', KEYS[1]) == ARGV[1] then
+
+local place = tonumber(ARGV[4])
+if not place then
+  if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    return taken()
+  end
+  -- A foreign value of another type answers GET with an error: not ours either.
+  if redis.pcall('GET', KEYS[1]) == ARGV[1] then
+    return {1, tonumber(counter) or 0}
+  end
+  return {0, redis.call('PTTL', KEYS[1])}
+end
+
+-- Fair: the lock goes to the head of the queue. Waiters whose place lapsed (they stopped asking:
+-- dead, or gone without leaving) lose it first.
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local lapsed = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
+for _, waiter in ipairs(lapsed) do
+  redis.call('ZREM', KEYS[3], waiter)
+  redis.call('ZREM', KEYS[4], waiter)
+end
+local holder = redis.pcall('GET', KEYS[1])
+if holder == ARGV[1] then
   return {1, tonumber(counter) or 0}
+end
+local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+if holder == false and (head == nil or head == ARGV[1]) then
+  if head then
+    redis.call('ZREM', KEYS[3], ARGV[1])
+    redis.call('ZREM', KEYS[4], ARGV[1])
+  end
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return taken()
+end
+if ARGV[5] == '1' then
+  redis.call('ZADD', KEYS[3], 'NX', tonumber(time[1]) * 1000000 + tonumber(time[2]), ARGV[1])
+  redis.call('ZADD', KEYS[4], now + place, ARGV[1])
+end
+if holder == false and #lapsed > 0 then
+  -- The lock is free and the waiters ahead of the new head are gone: its turn has come.
+  redis.pcall('PUBLISH', KEYS[5], 'w:' .. head)
 end
 return {0, redis.call('PTTL', KEYS[1])}
