@@ -21,10 +21,26 @@ async fn main() -> anyhow::Result<()> {
     };
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port as u16)).await?;
     println!("listening on http://{}", listener.local_addr()?);
-    axum::serve(listener, lock_examples::axum_orders::app(locks))
-        .with_graceful_shutdown(async {
-            let _ = tokio::signal::ctrl_c().await;
-        })
+    axum::serve(listener, lock_examples::axum_orders::app(locks.clone()))
+        .with_graceful_shutdown(stop_requested())
         .await?;
+    // Give back whatever is still held, so the other instances need not wait out the ttls.
+    locks.shutdown().await;
     Ok(())
+}
+
+/// Ctrl-C, or SIGTERM (what a process manager or Kubernetes sends).
+async fn stop_requested() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = terminate => {}
+    }
 }

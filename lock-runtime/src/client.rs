@@ -4,6 +4,7 @@ use std::future::Future;
 use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 
+use futures_util::future::join_all;
 use rand::TryRngCore;
 use tokio::time::Instant;
 
@@ -11,7 +12,9 @@ use crate::backend::connection::{client_for_url, Timeouts, TlsMaterial};
 use crate::backend::memory::MemoryBackend;
 use crate::backend::redis::RedisBackend;
 use crate::backend::{Ask, Attempt, Backend, LockKeys};
-use crate::guard::{release_in_background, LockGuard, LockState};
+use crate::error::ShutDown;
+use crate::guard::{release_in_background, release_state, LockGuard, LockState};
+use crate::held::HeldLocks;
 use crate::wakeups::Registration;
 use crate::watchdog::Watchdog;
 use crate::{scope, LockError, LockOptions};
@@ -72,6 +75,7 @@ pub(crate) struct Inner {
     backend: Backend,
     prefix: String,
     watchdog: Arc<Watchdog>,
+    held: Arc<HeldLocks>,
 }
 
 impl Drop for Inner {
@@ -105,6 +109,7 @@ impl LockClient {
                 backend,
                 prefix,
                 watchdog: Arc::default(),
+                held: Arc::default(),
             }),
         }
     }
@@ -115,6 +120,10 @@ impl LockClient {
 
     pub(crate) fn watchdog(&self) -> &Arc<Watchdog> {
         &self.inner.watchdog
+    }
+
+    pub(crate) fn held(&self) -> &Arc<HeldLocks> {
+        &self.inner.held
     }
 
     /// A handle that does not keep the client alive (for its own background tasks).
@@ -190,6 +199,9 @@ impl LockClient {
             sleep_first = true;
         }
         loop {
+            if self.held().is_closed() {
+                return Err(LockError::unavailable(ShutDown));
+            }
             if let Some(wakeup) = &wakeup {
                 // Never past the waiter's own deadline, however the subscriber fares.
                 let _ = tokio::time::timeout_at(deadline, backend.listen(wakeup)).await;
@@ -226,12 +238,11 @@ impl LockClient {
                         place.taken();
                     }
                     tracing::debug!(key, fence, "lock acquired");
-                    let state = LockState::new(key, keys, token, fence, options.ttl(), fair, started);
+                    let state = LockState::new(key, keys, token, fence, options, started);
                     return Ok(LockGuard::new(
                         self.clone(),
                         state,
                         options.is_watchdog(),
-                        options.min_hold(),
                         started,
                     ));
                 }
@@ -274,31 +285,54 @@ impl LockClient {
         options: &LockOptions,
         body: F,
     ) -> Result<F::Output, LockError> {
+        // Boxed once, before anything else: the body is then moved around as a pointer, so
+        // the future of a guarded call (and of calls nested in it) holds it only once.
+        let body = Box::pin(body);
         let keys = self.keys(key)?;
         options.validate()?;
         if let Some(outer) = scope::held(self.id(), &keys.lock) {
-            if outer.is_lost() {
-                return Err(LockError::Lost { key: key.to_owned() });
-            }
-            if options.is_fencing() && outer.fence.is_none() {
-                return Err(LockError::invalid_options(format!(
-                    "a nested call on `{key}` asks for a fencing token, but the enclosing call \
-                     holds the lock without one: ask for `fencing` on the outermost call"
-                )));
-            }
-            return Ok(body.await);
+            return self.run_nested(key, &outer, options, body).await;
         }
-        let guard = self.acquire_keys(key, keys, options).await?;
+        // Boxed: the acquire's state machine would otherwise sit inside every guarded future,
+        // nested bodies included.
+        let guard = Box::pin(self.acquire_keys(key, keys, options)).await?;
+        let state = Arc::clone(guard.state());
         let outcome = scope::enter(
             self.id(),
-            Arc::clone(guard.state()),
-            guard.run_body(options.lost_policy(), body),
+            Arc::clone(&state),
+            state.run_body(options.lost_policy(), body),
         )
         .await;
-        if let Err(e) = guard.release().await {
+        if let Err(e) = Box::pin(guard.release()).await {
             tracing::warn!(key, error = %e, "lock release failed; the lock will expire");
         }
         outcome
+    }
+
+    /// A call on a key that an enclosing call of this call chain holds: it runs without acquiring,
+    /// after the other nested calls of that enclosing body that came first (they take turns),
+    /// under its own lost-lock policy, and its minimum hold extends the lock's.
+    async fn run_nested<F: Future>(
+        &self,
+        key: &str,
+        outer: &scope::Frame,
+        options: &LockOptions,
+        body: F,
+    ) -> Result<F::Output, LockError> {
+        let state = &outer.state;
+        if options.is_fencing() && state.fence.is_none() {
+            return Err(LockError::invalid_options(format!(
+                "a nested call on `{key}` asks for a fencing token, but the enclosing call \
+                 holds the lock without one: ask for `fencing` on the outermost call"
+            )));
+        }
+        let _turn = outer.turns.lock().await;
+        if state.is_lost() {
+            return Err(LockError::Lost { key: key.to_owned() });
+        }
+        state.hold_at_least_until(Instant::now() + options.min_hold());
+        let body = state.run_body(options.lost_policy(), body);
+        scope::enter(self.id(), Arc::clone(state), body).await
     }
 
     /// Whether anyone holds the lock on `key` right now.
@@ -327,6 +361,52 @@ impl LockClient {
     pub fn waiting(&self, key: &str) -> Result<usize, LockError> {
         let keys = self.keys(key)?;
         Ok(self.backend().wakeups().queued(&keys.channel))
+    }
+
+    /// Gives back every lock this client holds, for a process that is stopping (a SIGTERM
+    /// handler, the end of `main`): without it, the locks of a stopping process stay held until
+    /// their ttl ends, and the other instances wait that long.
+    ///
+    /// It stops the watchdog, marks every held lock lost (so guarded bodies with
+    /// `on_lost = "abort"` stop), releases each one (token-checked, minimum holds honoured), and
+    /// waits for releases already in flight in the background (dropped guards, abandoned
+    /// acquires), each bounded by the response timeout. Afterwards every acquire fails with
+    /// [`LockError::Unavailable`] (source [`ShutDown`]). Calling it again does nothing more.
+    ///
+    /// ```no_run
+    /// # async fn serve() {}
+    /// # async fn demo(locks: lock_runtime::LockClient) {
+    /// tokio::select! {
+    ///     () = serve() => {}
+    ///     _ = tokio::signal::ctrl_c() => {}
+    /// }
+    /// locks.shutdown().await; // the other instances can take the locks at once
+    /// # }
+    /// ```
+    pub async fn shutdown(&self) {
+        self.held().close();
+        self.watchdog().stop();
+        let locks = self.held().take_all();
+        for state in &locks {
+            if state.mark_lost() {
+                tracing::debug!(key = %state.key, "lock given back by shutdown");
+            }
+        }
+        let releases = locks.iter().map(|state| release_state(self, state));
+        for (state, released) in locks.iter().zip(join_all(releases).await) {
+            if let Err(e) = released {
+                tracing::warn!(key = %state.key, error = %e, "lock release at shutdown failed; the lock will expire");
+            }
+        }
+        let bound = self.backend().response_timeout();
+        if tokio::time::timeout(bound, self.held().released_all())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "shutdown: background lock releases still in flight after {bound:?}; those locks will expire"
+            );
+        }
     }
 
     /// How many locks this client's watchdog renews right now.

@@ -145,3 +145,9 @@ pub struct TimedOut {
     /// How long we waited.
     pub after: Duration,
 }
+
+/// The source of [`LockError::Unavailable`] for an acquire on a client after
+/// [`LockClient::shutdown`](crate::LockClient::shutdown).
+#[derive(Debug, thiserror::Error)]
+#[error("the lock client was shut down")]
+pub struct ShutDown;

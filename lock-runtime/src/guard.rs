@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 use crate::backend::LockKeys;
 use crate::options::{ceil_millis, drift, MIN_TTL};
-use crate::{LockClient, LockError, OnLost};
+use crate::{LockClient, LockError, LockOptions, OnLost};
 
 #[derive(Debug, Clone, Copy)]
 struct Status {
@@ -33,6 +33,8 @@ pub(crate) struct LockState {
     pub(crate) ttl: Duration,
     /// Taken as a fair lock: its release names the next waiter in line.
     pub(crate) fair: bool,
+    /// With a minimum hold, the lock is kept until then even when released earlier.
+    hold_until: std::sync::Mutex<Instant>,
     status: watch::Sender<Status>,
 }
 
@@ -44,17 +46,18 @@ impl LockState {
         keys: LockKeys,
         token: String,
         fence: Option<u64>,
-        ttl: Duration,
-        fair: bool,
+        options: &LockOptions,
         started: Instant,
     ) -> Self {
+        let ttl = options.ttl();
         LockState {
             key: key.to_owned(),
             keys,
             token,
             fence,
             ttl,
-            fair,
+            fair: options.is_fair(),
+            hold_until: std::sync::Mutex::new(started + options.min_hold()),
             status: watch::Sender::new(Status {
                 valid_until: started + ttl.saturating_sub(drift(ttl)),
                 sent: started,
@@ -91,6 +94,57 @@ impl LockState {
             s.sent = sent;
             true
         });
+    }
+
+    /// Runs `body` while the lock holds, under the lost-lock policy.
+    ///
+    /// The body is never polled once validity has passed: validity is checked before every
+    /// poll of it, which costs no cooperative budget, and the lost signal is polled outside
+    /// tokio's budget. So a body that always has ready work (and so exhausts the budget on
+    /// every poll) is still stopped at the end of its lease, and a lock whose acquire answer
+    /// came back after its validity never runs the body at all.
+    pub(crate) async fn run_body<F: Future>(&self, policy: OnLost, body: F) -> Result<F::Output, LockError> {
+        let mut body = std::pin::pin!(body);
+        let mut lost = std::pin::pin!(tokio::task::unconstrained(self.lost()));
+        let finished = std::future::poll_fn(|cx| {
+            if self.is_lost() {
+                if self.mark_lost() {
+                    tracing::warn!(key = %self.key, "lock validity ran out without a renewal; lock lost");
+                }
+                return Poll::Ready(None);
+            }
+            if lost.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(None);
+            }
+            body.as_mut().poll(cx).map(Some)
+        })
+        .await;
+        if let Some(out) = finished {
+            return Ok(out);
+        }
+        match policy {
+            OnLost::Abort => {
+                tracing::warn!(key = %self.key, "lock lost while held; aborting the guarded code");
+                Err(LockError::Lost {
+                    key: self.key.clone(),
+                })
+            }
+            OnLost::Continue => {
+                tracing::warn!(key = %self.key, "lock lost while held; the guarded code continues (on_lost = continue)");
+                Ok(body.await)
+            }
+        }
+    }
+
+    /// Keeps the lock at least until `until` when it is released (a nested call's minimum hold
+    /// adds to the outermost one's).
+    pub(crate) fn hold_at_least_until(&self, until: Instant) {
+        let mut hold = self.hold_until.lock().unwrap_or_else(|e| e.into_inner());
+        *hold = (*hold).max(until);
+    }
+
+    pub(crate) fn hold_until(&self) -> Instant {
+        *self.hold_until.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Completes once the lock is lost: marked so, or past its validity.
@@ -144,26 +198,21 @@ pub struct LockGuard {
     state: Arc<LockState>,
     /// Its id with the client's watchdog, when it is renewed.
     watched: Option<u64>,
-    /// With a minimum hold, the lock is kept until then even when released earlier.
-    hold_until: Instant,
+    /// Its id among the client's held locks.
+    held: u64,
     released: bool,
 }
 
 impl LockGuard {
-    pub(crate) fn new(
-        client: LockClient,
-        state: LockState,
-        watchdog: bool,
-        hold_at_least: Duration,
-        started: Instant,
-    ) -> Self {
+    pub(crate) fn new(client: LockClient, state: LockState, watchdog: bool, started: Instant) -> Self {
         let state = Arc::new(state);
         let watched = watchdog.then(|| client.watchdog().watch(&client, Arc::clone(&state), started));
+        let held = client.held().insert(Arc::clone(&state));
         LockGuard {
             client,
             state,
             watched,
-            hold_until: started + hold_at_least,
+            held,
             released: false,
         }
     }
@@ -227,20 +276,14 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<bool, LockError> {
         self.released = true;
         self.unwatch();
-        release_lock(
-            &self.client,
-            &self.state.keys,
-            &self.state.token,
-            self.hold_until,
-            self.state.fair,
-        )
-        .await
+        release_state(&self.client, &self.state).await
     }
 
     fn unwatch(&mut self) {
         if let Some(id) = self.watched.take() {
             self.client.watchdog().unwatch(id);
         }
+        self.client.held().forget(self.held);
     }
 
     fn lost_error(&self) -> LockError {
@@ -248,44 +291,11 @@ impl LockGuard {
             key: self.state.key.clone(),
         }
     }
+}
 
-    /// Runs `body` while the lock holds, under the lost-lock policy.
-    ///
-    /// The body is never polled once validity has passed: validity is checked before every
-    /// poll of it, which costs no cooperative budget, and the lost signal is polled outside
-    /// tokio's budget. So a body that always has ready work (and so exhausts the budget on
-    /// every poll) is still stopped at the end of its lease, and a lock whose acquire answer
-    /// came back after its validity never runs the body at all.
-    pub(crate) async fn run_body<F: Future>(&self, policy: OnLost, body: F) -> Result<F::Output, LockError> {
-        let mut body = std::pin::pin!(body);
-        let mut lost = std::pin::pin!(tokio::task::unconstrained(self.lost()));
-        let finished = std::future::poll_fn(|cx| {
-            if self.state.is_lost() {
-                if self.state.mark_lost() {
-                    tracing::warn!(key = %self.state.key, "lock validity ran out without a renewal; lock lost");
-                }
-                return Poll::Ready(None);
-            }
-            if lost.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(None);
-            }
-            body.as_mut().poll(cx).map(Some)
-        })
-        .await;
-        if let Some(out) = finished {
-            return Ok(out);
-        }
-        match policy {
-            OnLost::Abort => {
-                tracing::warn!(key = %self.state.key, "lock lost while held; aborting the guarded code");
-                Err(self.lost_error())
-            }
-            OnLost::Continue => {
-                tracing::warn!(key = %self.state.key, "lock lost while held; the guarded code continues (on_lost = continue)");
-                Ok(body.await)
-            }
-        }
-    }
+/// The token-checked release of a held lock (its minimum hold honoured).
+pub(crate) async fn release_state(client: &LockClient, state: &LockState) -> Result<bool, LockError> {
+    release_lock(client, &state.keys, &state.token, state.hold_until(), state.fair).await
 }
 
 /// The token-checked release; with a minimum hold left, the lock is kept until `hold_until`.
@@ -320,7 +330,9 @@ pub(crate) fn release_in_background(
         tracing::debug!(lock = %keys.lock, "no tokio runtime to release from; the lock is left to expire");
         return;
     };
+    let releasing = client.held().releasing();
     runtime.spawn(async move {
+        let _releasing = releasing;
         if let Err(e) = release_lock(&client, &keys, &token, hold_until, fair).await {
             tracing::warn!(lock = %keys.lock, error = %e, "background lock release failed; the lock will expire");
         }
@@ -337,7 +349,7 @@ impl Drop for LockGuard {
             self.client.clone(),
             self.state.keys.clone(),
             self.state.token.clone(),
-            self.hold_until,
+            self.state.hold_until(),
             self.state.fair,
         );
     }
@@ -353,8 +365,7 @@ mod tests {
             LockKeys::new("lock:", "k"),
             "t".into(),
             None,
-            ttl,
-            false,
+            &LockOptions::new(ttl),
             started,
         )
     }

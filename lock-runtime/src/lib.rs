@@ -35,6 +35,7 @@ mod backend;
 mod client;
 mod error;
 mod guard;
+mod held;
 mod options;
 mod scope;
 mod wakeups;
@@ -44,7 +45,7 @@ pub use client::{
     default_client, set_default_client, LockClient, LockClientBuilder, DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT, MAX_KEY_LEN, MAX_WAIT_NAP,
 };
-pub use error::{BoxError, LockError, TimedOut};
+pub use error::{BoxError, LockError, ShutDown, TimedOut};
 pub use guard::LockGuard;
 pub use options::{LockOptions, OnLost, FAIR_PLACE_KEPT, MAX_DURATION, MIN_TTL, MIN_WATCHDOG_TTL};
 pub use scope::{current, LockInfo};

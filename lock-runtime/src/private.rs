@@ -70,6 +70,7 @@ pub async fn run<F: Future>(
     options: LockOptions,
     body: F,
 ) -> Result<F::Output, LockError> {
+    let body = Box::pin(body); // held once, not once per layer (see `LockClient::run`)
     let client = match client {
         Some(client) => client,
         None => crate::default_client().ok_or(LockError::NotConfigured)?,

@@ -33,7 +33,12 @@ pub(crate) struct Frame {
     /// Which client (backend and prefix) holds it.
     client: usize,
     info: LockInfo,
-    state: Arc<LockState>,
+    pub(crate) state: Arc<LockState>,
+    /// Nested calls on this frame's key, made from its body, take turns on this: two of them
+    /// joined in one body do not run their bodies at the same time, as two reentrant calls of
+    /// one thread could not. Each nested call runs in a frame of its own, so calls nested in it
+    /// take turns on its frame instead, and never wait for themselves.
+    pub(crate) turns: tokio::sync::Mutex<()>,
     parent: Option<Arc<Frame>>,
 }
 
@@ -64,13 +69,13 @@ pub fn current() -> Option<LockInfo> {
     HELD.try_with(|frame| frame.info.clone()).ok()
 }
 
-/// The state of `lock_key` if this call chain already holds it through `client`.
-pub(crate) fn held(client: usize, lock_key: &str) -> Option<Arc<LockState>> {
+/// The innermost frame of this call chain that holds `lock_key` through `client`, if any.
+pub(crate) fn held(client: usize, lock_key: &str) -> Option<Arc<Frame>> {
     HELD.try_with(|innermost| {
         let mut frame = Some(innermost);
         while let Some(f) = frame {
             if f.client == client && f.state.keys.lock == lock_key {
-                return Some(Arc::clone(&f.state));
+                return Some(Arc::clone(f));
             }
             frame = f.parent.as_ref();
         }
@@ -93,6 +98,7 @@ pub(crate) fn enter<F: Future>(
             fencing_token: state.fence,
         },
         state,
+        turns: tokio::sync::Mutex::new(()),
         parent: HELD.try_with(Arc::clone).ok(),
     };
     HELD.scope(Arc::new(frame), body)

@@ -94,11 +94,12 @@ impl Watchdog {
         }
     }
 
-    /// Stops the task (the client is gone).
+    /// Stops the task and forgets every lock (the client is gone, or shut down).
     pub(crate) fn stop(&self) {
         if let Some(task) = self.task.lock().unwrap_or_else(|e| e.into_inner()).take() {
             task.abort();
         }
+        self.held().clear();
     }
 
     async fn run(self: Arc<Self>, client: Weak<crate::client::Inner>) {

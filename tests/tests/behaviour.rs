@@ -30,6 +30,7 @@ lock_tests::on_every_deployment!(
     extend_moves_the_deadline,
     a_body_that_is_always_ready_is_stopped_at_its_lease,
     one_watchdog_renews_many_locks_and_loses_only_the_one_gone,
+    shutdown_gives_back_every_lock_and_refuses_new_ones,
 );
 
 async fn lock_unlock_twice(t: Target) {
@@ -418,4 +419,60 @@ async fn one_watchdog_renews_many_locks_and_loses_only_the_one_gone(t: Target) {
         let _ = guard.release().await;
     }
     assert_eq!(c.watched_locks(), 0);
+}
+
+async fn shutdown_gives_back_every_lock_and_refuses_new_ones(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let renewed = c
+        .acquire("down:renewed", &ttl(60_000).watchdog(true))
+        .await
+        .unwrap();
+    let plain = c.acquire("down:plain", &ttl(60_000)).await.unwrap();
+    let held_on = c
+        .acquire(
+            "down:hold",
+            &ttl(60_000).hold_at_least(Duration::from_millis(300)),
+        )
+        .await
+        .unwrap();
+    drop(c.acquire("down:dropped", &ttl(60_000)).await.unwrap()); // released in the background
+    let body = tokio::spawn({
+        let c = c.clone();
+        async move {
+            c.run("down:body", &ttl(60_000), std::future::pending::<()>())
+                .await
+        }
+    });
+    eventually(2 * SECOND, "the body holds its lock", || async {
+        other.is_locked("down:body").await.unwrap()
+    })
+    .await;
+
+    c.shutdown().await;
+    for key in ["down:renewed", "down:plain", "down:dropped", "down:body"] {
+        assert!(
+            !other.is_locked(key).await.unwrap(),
+            "{key} still held after shutdown"
+        );
+    }
+    assert!(
+        other.is_locked("down:hold").await.unwrap(),
+        "a minimum hold is honoured"
+    );
+    let out = body.await.unwrap();
+    assert!(
+        matches!(out, Err(LockError::Lost { .. })),
+        "the body is stopped: {out:?}"
+    );
+    assert!(renewed.is_lost() && plain.is_lost() && held_on.is_lost());
+    assert_eq!(c.watched_locks(), 0);
+    let out = c.acquire("down:new", &ttl(1000)).await;
+    assert!(
+        matches!(&out, Err(LockError::Unavailable { source }) if source.is::<lock_runtime::ShutDown>()),
+        "{out:?}"
+    );
+    // Guards released after the shutdown find their locks gone; nothing is disturbed.
+    assert_eq!(plain.release().await.ok(), Some(false));
+    drop(renewed);
+    drop(held_on);
 }

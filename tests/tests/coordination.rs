@@ -27,6 +27,9 @@ lock_tests::on_every_deployment!(
     a_cancelled_waiter_does_not_take_the_next_wake_up_with_it,
     fair_waiters_of_several_clients_get_the_lock_in_arrival_order,
     a_fair_waiter_that_gives_up_leaves_the_line_at_once,
+    a_nested_call_keeps_its_own_lost_policy,
+    a_nested_minimum_hold_extends_the_outer_one,
+    nested_calls_joined_in_one_body_take_turns,
 );
 
 async fn zero_wait_is_one_attempt(t: Target) {
@@ -669,4 +672,98 @@ async fn nobody_barges_ahead_of_the_fair_line_until_its_head_lapses() {
     let line: usize = raw.zcard("lock:{barge}:queue").await.unwrap();
     assert_eq!(line, 0);
     guard.release().await.unwrap();
+}
+
+async fn a_nested_call_keeps_its_own_lost_policy(t: Target) {
+    let c = t.client();
+    let finished = AtomicBool::new(false);
+    let outer = c
+        .run(
+            "policy",
+            &ttl(150).on_lost(lock_runtime::OnLost::Continue),
+            async {
+                // No watchdog: the 150 ms lease runs out while the nested body sleeps.
+                c.run("policy", &ttl(150), async {
+                    tokio::time::sleep(Duration::from_millis(400)).await;
+                    finished.store(true, Ordering::SeqCst);
+                })
+                .await
+            },
+        )
+        .await;
+    let nested = outer.expect("the outer call continues, as it asked");
+    assert!(matches!(nested, Err(LockError::Lost { .. })), "{nested:?}");
+    assert!(
+        !finished.load(Ordering::SeqCst),
+        "the nested body was aborted, as it asked"
+    );
+}
+
+async fn a_nested_minimum_hold_extends_the_outer_one(t: Target) {
+    let c = t.client();
+    let started = Instant::now();
+    c.run("nested-hold", &ttl(5000), async {
+        c.run(
+            "nested-hold",
+            &ttl(5000).hold_at_least(Duration::from_millis(400)),
+            async {},
+        )
+        .await
+        .unwrap();
+    })
+    .await
+    .unwrap();
+    assert!(
+        c.is_locked("nested-hold").await.unwrap(),
+        "the outermost release keeps the lock for the nested call's minimum hold"
+    );
+    eventually(3 * SECOND, "the hold ends", || async {
+        !c.is_locked("nested-hold").await.unwrap()
+    })
+    .await;
+    assert!(started.elapsed() >= Duration::from_millis(400));
+}
+
+async fn nested_calls_joined_in_one_body_take_turns(t: Target) {
+    let c = t.client();
+    let inside = AtomicU64::new(0);
+    let most = AtomicU64::new(0);
+    let nested = |n: u64| {
+        let (c, inside, most) = (&c, &inside, &most);
+        async move {
+            c.run("turns", &ttl(5000), async {
+                let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                // A call nested one level deeper still runs: it does not wait for itself.
+                c.run("turns", &ttl(5000), async {}).await.unwrap();
+                inside.fetch_sub(1, Ordering::SeqCst);
+                n
+            })
+            .await
+            .unwrap()
+        }
+    };
+    let (a, b, d) = c
+        .run("turns", &ttl(5000), async {
+            tokio::join!(nested(1), nested(2), nested(3))
+        })
+        .await
+        .unwrap();
+    assert_eq!((a, b, d), (1, 2, 3));
+    assert_eq!(most.load(Ordering::SeqCst), 1, "nested bodies overlapped");
+}
+
+#[tokio::test]
+async fn nested_guarded_futures_hold_their_body_once() {
+    // Each layer holds its body once, behind a pointer, so nesting grows the future linearly;
+    // before, every layer held its body two or three times, and three levels of nesting joined
+    // in one body overflowed a worker thread's stack.
+    let c = LockClient::in_memory();
+    let o = ttl(5000);
+    let one = std::mem::size_of_val(&c.run("x", &o, async {}));
+    let three = std::mem::size_of_val(&c.run("x", &o, async {
+        c.run("x", &o, async { c.run("x", &o, async {}).await }).await
+    }));
+    assert!(three <= 4 * one, "one level: {one} bytes, three: {three} bytes");
 }

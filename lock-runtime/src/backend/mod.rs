@@ -150,6 +150,14 @@ impl Backend {
         }
     }
 
+    /// How long one request may take.
+    pub(crate) fn response_timeout(&self) -> Duration {
+        match self {
+            Backend::Redis(b) => b.response_timeout(),
+            Backend::Memory(_) => crate::DEFAULT_RESPONSE_TIMEOUT,
+        }
+    }
+
     pub(crate) fn wakeups(&self) -> &Arc<Wakeups> {
         match self {
             Backend::Redis(b) => b.wakeups(),

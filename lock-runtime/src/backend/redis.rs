@@ -228,6 +228,10 @@ impl RedisBackend {
         &self.subscriber.wakeups
     }
 
+    pub(crate) fn response_timeout(&self) -> Duration {
+        self.subscriber.timeouts.response
+    }
+
     pub(crate) async fn listen(&self, registration: &Registration) {
         self.subscriber.listen(registration.channel()).await;
     }

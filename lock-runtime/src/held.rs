@@ -1,0 +1,82 @@
+//! The locks a client holds and the releases it has in flight, so that
+//! [`LockClient::shutdown`](crate::LockClient::shutdown) can give every one of them back.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::Notify;
+
+use crate::guard::LockState;
+
+#[derive(Debug, Default)]
+pub(crate) struct HeldLocks {
+    locks: Mutex<HashMap<u64, Arc<LockState>>>,
+    /// Set by shutdown: no new acquires.
+    closed: AtomicBool,
+    /// Background releases not finished yet.
+    releasing: AtomicUsize,
+    released_all: Notify,
+}
+
+impl HeldLocks {
+    fn locks(&self) -> MutexGuard<'_, HashMap<u64, Arc<LockState>>> {
+        // Every update is one step, so a poisoned map is still consistent.
+        self.locks.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records a lock taken; returns the id that [`forget`](Self::forget) takes.
+    pub(crate) fn insert(&self, state: Arc<LockState>) -> u64 {
+        static IDS: AtomicU64 = AtomicU64::new(0);
+        let id = IDS.fetch_add(1, Ordering::Relaxed);
+        self.locks().insert(id, state);
+        id
+    }
+
+    /// The lock is being released by its guard (or was given back by shutdown).
+    pub(crate) fn forget(&self, id: u64) {
+        self.locks().remove(&id);
+    }
+
+    pub(crate) fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+    }
+
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    /// Every lock still held, now forgotten: shutdown releases them.
+    pub(crate) fn take_all(&self) -> Vec<Arc<LockState>> {
+        self.locks().drain().map(|(_, state)| state).collect()
+    }
+
+    /// Counts a background release until the returned value is dropped.
+    pub(crate) fn releasing(self: &Arc<Self>) -> Releasing {
+        self.releasing.fetch_add(1, Ordering::SeqCst);
+        Releasing(Arc::clone(self))
+    }
+
+    /// Completes when no background release is in flight.
+    pub(crate) async fn released_all(&self) {
+        loop {
+            let notified = self.released_all.notified();
+            if self.releasing.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// One background release in flight.
+#[derive(Debug)]
+pub(crate) struct Releasing(Arc<HeldLocks>);
+
+impl Drop for Releasing {
+    fn drop(&mut self) {
+        if self.0.releasing.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.released_all.notify_waiters();
+        }
+    }
+}
