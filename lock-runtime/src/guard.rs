@@ -273,10 +273,15 @@ impl LockGuard {
     /// Releases the lock: `Ok(true)` if it was still ours (it is deleted, or with a minimum
     /// hold, left to expire at its end), `Ok(false)` if it had already expired or been taken.
     /// The watchdog stops renewing it before the release is sent.
+    ///
+    /// If this future is dropped before the answer comes (a timeout around it, a cancelled
+    /// task), the guard's `Drop` sends the release again in the background: it is token-checked,
+    /// so a second one is harmless, and the lock is never left held.
     pub async fn release(mut self) -> Result<bool, LockError> {
-        self.released = true;
         self.unwatch();
-        release_state(&self.client, &self.state).await
+        let released = release_state(&self.client, &self.state).await;
+        self.released = true;
+        released
     }
 
     fn unwatch(&mut self) {
