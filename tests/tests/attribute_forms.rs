@@ -170,7 +170,14 @@ async fn every_form_runs_guarded(t: Target) {
     assert_eq!(owned(&locks, "ann".to_owned()).await.unwrap(), "ann");
     assert!(braces(&locks, 1).await.unwrap());
     assert!(fair(&locks, 2).await.unwrap());
-    for key in ["order:1", "customer:9:eu:5", "item:12", "must", "{odd}:1", "fair:2"] {
+    for key in [
+        "order:1",
+        "customer:9:eu:5",
+        "item:12",
+        "must",
+        "{odd}:1",
+        "fair:2",
+    ] {
         assert!(!locks.is_locked(key).await.unwrap(), "{key} left held");
     }
 }

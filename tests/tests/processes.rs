@@ -1,5 +1,6 @@
 //! Locks across separate OS processes (the `lock-worker` binary of this package): fair waiters
-//! get the lock in the order they arrived, and a waiter killed while first in line is skipped.
+//! get the lock in the order they arrived, a waiter killed while first in line is skipped, and a
+//! process told to stop gives its locks back.
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -86,4 +87,49 @@ async fn a_waiter_killed_first_in_line_is_skipped_within_the_bound() {
         took < FAIR_PLACE_KEPT + Duration::from_millis(300) + SECOND,
         "the dead waiter held up the line for {took:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_that_shuts_down_on_sigterm_leaves_its_locks_free() {
+    use std::io::BufRead;
+    let server = RedisServer::spawn();
+    let mut holder = Command::new(env!("CARGO_BIN_EXE_lock-worker"))
+        .args([&server.url(), "term", "holder", "term:log", "0", "until-sigterm"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start lock-worker: {e}"));
+    let stdout = holder.stdout.take().unwrap();
+    let line = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        std::io::BufReader::new(stdout).read_line(&mut line).map(|_| line)
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(line.trim(), "held");
+    let client = connect(&server.url()).await;
+    for key in ["term", "term:renewed"] {
+        assert!(
+            client.is_locked(key).await.unwrap(),
+            "{key} is held before SIGTERM"
+        );
+    }
+    let status = Command::new("kill")
+        .args(["-TERM", &holder.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let status = tokio::task::spawn_blocking(move || holder.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success(), "{status}");
+    // Right after it exited, not after the ttls (30 s and a minute).
+    for key in ["term", "term:renewed", "term:dropped"] {
+        assert!(
+            !client.is_locked(key).await.unwrap(),
+            "{key} still held after the process stopped"
+        );
+    }
 }
