@@ -5,7 +5,7 @@ use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use rand::TryRngCore;
+use rand::Rng;
 use tokio::time::Instant;
 
 use crate::backend::connection::{client_for_url, Timeouts, TlsMaterial};
@@ -513,13 +513,11 @@ impl Drop for QueuePlace {
     }
 }
 
-/// A fresh token: 128 bits from the OS random source, as 32 hex digits.
+/// A fresh token: 128 random bits, as 32 hex digits, from rand's thread-local generator (a
+/// CSPRNG seeded, and periodically reseeded, from the OS): a system call per token cost more
+/// than the rest of an acquire's client work.
 fn new_token() -> Result<String, LockError> {
-    let mut bytes = [0u8; 16];
-    rand::rngs::OsRng
-        .try_fill_bytes(&mut bytes)
-        .map_err(LockError::unavailable)?;
-    Ok(format!("{:032x}", u128::from_be_bytes(bytes)))
+    Ok(format!("{:032x}", rand::rng().random::<u128>()))
 }
 
 /// How long a waiter sleeps before trying again, unless a release wakes it first: until the

@@ -51,7 +51,10 @@ impl TlsMaterial {
 }
 
 /// The `redis::Client` for `url`: checked (scheme, TLS feature, PEM material) without
-/// connecting, with TCP_NODELAY (a lock request is one small write) and TCP keepalive.
+/// connecting, with TCP keepalive. `TCP_NODELAY` stays off, as redis-rs leaves it: a request
+/// waits for no ACK anyway (the answer to the previous one carries it), while with many
+/// requests in flight Nagle's algorithm packs them into fewer packets, which measured 24% more
+/// pairs per second with 64 tasks (see README, Performance).
 pub(crate) fn client_for_url(url: &str, tls: &TlsMaterial) -> Result<redis::Client, LockError> {
     if !url.contains("://") {
         return Err(LockError::invalid_options(
@@ -74,9 +77,7 @@ pub(crate) fn client_for_url(url: &str, tls: &TlsMaterial) -> Result<redis::Clie
     let keepalive = redis::io::tcp::socket2::TcpKeepalive::new()
         .with_time(Duration::from_secs(15))
         .with_interval(Duration::from_secs(5));
-    let tcp = redis::io::tcp::TcpSettings::default()
-        .set_nodelay(true)
-        .set_keepalive(keepalive);
+    let tcp = redis::io::tcp::TcpSettings::default().set_keepalive(keepalive);
     let info = info.set_tcp_settings(tcp);
     let no_certificate = |pem: &[u8]| !String::from_utf8_lossy(pem).contains("-----BEGIN CERTIFICATE-----");
     if tls.root_ca.as_deref().is_some_and(no_certificate)

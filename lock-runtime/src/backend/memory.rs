@@ -106,12 +106,12 @@ impl MemoryBackend {
         if let Some((true, _)) = holder {
             let fence = ask
                 .fencing
-                .then(|| store.fences.get(&keys.fence).copied().unwrap_or(0));
+                .then(|| store.fences.get(&keys.fence()).copied().unwrap_or(0));
             return Attempt::Acquired { fence };
         }
         if ask.fair {
             let store = &mut *store;
-            let queue = store.queues.entry(keys.queue.clone()).or_default();
+            let queue = store.queues.entry(keys.queue()).or_default();
             let purged = queue.purge(now);
             let head = queue.head().cloned();
             if holder.is_some() || head.as_deref().is_some_and(|h| h != token) {
@@ -144,7 +144,7 @@ impl MemoryBackend {
             };
         }
         let fence = ask.fencing.then(|| {
-            let counter = store.fences.entry(keys.fence.clone()).or_insert(0);
+            let counter = store.fences.entry(keys.fence()).or_insert(0);
             *counter += 1;
             *counter
         });
@@ -159,7 +159,7 @@ impl MemoryBackend {
     }
 
     pub(crate) fn leave_queue(&self, keys: &LockKeys, token: &str) {
-        if let Some(queue) = self.store().queues.get_mut(&keys.queue) {
+        if let Some(queue) = self.store().queues.get_mut(&keys.queue()) {
             queue.leave(token);
         }
     }
@@ -186,7 +186,11 @@ impl MemoryBackend {
                 }
                 None => return false,
             }
-            let queue = store.queues.get_mut(&keys.queue).filter(|_| fair);
+            let queue = if fair {
+                store.queues.get_mut(&keys.queue())
+            } else {
+                None
+            };
             queue.and_then(|q| {
                 q.purge(now);
                 q.head().cloned()

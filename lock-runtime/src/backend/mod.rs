@@ -13,31 +13,37 @@ pub(crate) mod memory;
 pub(crate) mod redis;
 
 /// The names one lock uses in its store: all share the `{key}` hash tag, so Redis Cluster puts
-/// them in one slot.
+/// them in one slot. The two every lock uses are kept; the others are made when needed.
 #[derive(Debug, Clone)]
 pub(crate) struct LockKeys {
     /// `<prefix>{<key>}`: holds the holder's token.
     pub(crate) lock: String,
-    /// `<prefix>{<key>}:fence`: the fencing counter.
-    pub(crate) fence: String,
     /// `<prefix>{<key>}:released`: told of every release.
     pub(crate) channel: String,
-    /// `<prefix>{<key>}:queue`: fair waiters' tokens, in the order they arrived.
-    pub(crate) queue: String,
-    /// `<prefix>{<key>}:queue:kept`: fair waiters' tokens, by when their places lapse.
-    pub(crate) kept: String,
 }
 
 impl LockKeys {
     pub(crate) fn new(prefix: &str, key: &str) -> Self {
         let lock = format!("{prefix}{{{key}}}");
         LockKeys {
-            fence: format!("{lock}:fence"),
             channel: format!("{lock}:released"),
-            queue: format!("{lock}:queue"),
-            kept: format!("{lock}:queue:kept"),
             lock,
         }
+    }
+
+    /// `<prefix>{<key>}:fence`: the fencing counter.
+    pub(crate) fn fence(&self) -> String {
+        format!("{}:fence", self.lock)
+    }
+
+    /// `<prefix>{<key>}:queue`: fair waiters' tokens, in the order they arrived.
+    pub(crate) fn queue(&self) -> String {
+        format!("{}:queue", self.lock)
+    }
+
+    /// `<prefix>{<key>}:queue:kept`: fair waiters' tokens, by when their places lapse.
+    pub(crate) fn kept(&self) -> String {
+        format!("{}:queue:kept", self.lock)
     }
 }
 

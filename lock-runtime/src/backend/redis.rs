@@ -75,9 +75,9 @@ impl RedisBackend {
             .request(|mut conn| async move {
                 ACQUIRE
                     .key(&keys.lock)
-                    .key(&keys.fence)
-                    .key(&keys.queue)
-                    .key(&keys.kept)
+                    .key(keys.fence())
+                    .key(keys.queue())
+                    .key(keys.kept())
                     .key(&keys.channel)
                     .arg(token)
                     .arg(ask.ttl_ms)
@@ -145,9 +145,9 @@ impl RedisBackend {
         self.conn
             .request(|mut conn| async move {
                 redis::pipe()
-                    .zrem(&keys.queue, token)
+                    .zrem(keys.queue(), token)
                     .ignore()
-                    .zrem(&keys.kept, token)
+                    .zrem(keys.kept(), token)
                     .ignore()
                     .query_async::<()>(&mut conn)
                     .await
@@ -166,17 +166,14 @@ impl RedisBackend {
         let released: i64 = self
             .conn
             .request(|mut conn| async move {
-                RELEASE
-                    .key(&keys.lock)
-                    .key(&keys.channel)
-                    .key(&keys.queue)
-                    .key(&keys.kept)
-                    .arg(token)
-                    .arg(hold_ms)
-                    .arg(announcement)
-                    .arg(if fair { "1" } else { "0" })
-                    .invoke_async(&mut conn)
-                    .await
+                let mut release = RELEASE.prepare_invoke();
+                release.key(&keys.lock).key(&keys.channel);
+                release.arg(token).arg(hold_ms).arg(announcement);
+                if fair {
+                    // Only a fair release reads the line.
+                    release.key(keys.queue()).key(keys.kept()).arg("1");
+                }
+                release.invoke_async(&mut conn).await
             })
             .await?;
         if released == RELEASED_UNANNOUNCED {
