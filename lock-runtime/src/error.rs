@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-/// A boxed error from a backend (the `redis` crate, a timeout, the OS random source).
+/// A boxed error from a backend (the `redis` crate, a timeout).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Why a lock could not be taken, kept, or released.
