@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use tokio::sync::watch;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::backend::LockKeys;
@@ -14,6 +14,8 @@ use crate::{LockClient, LockError, LockOptions, OnLost};
 
 #[derive(Debug, Clone, Copy)]
 struct Status {
+    /// With a minimum hold, the lock is kept until then even when released earlier.
+    hold_until: Instant,
     /// Past this instant without a renewal the lock may be someone else's.
     valid_until: Instant,
     /// When the request behind `valid_until` was sent: an answer to one sent earlier arrives
@@ -33,9 +35,11 @@ pub(crate) struct LockState {
     pub(crate) ttl: Duration,
     /// Taken as a fair lock: its release names the next waiter in line.
     pub(crate) fair: bool,
-    /// With a minimum hold, the lock is kept until then even when released earlier.
-    hold_until: std::sync::Mutex<Instant>,
-    status: watch::Sender<Status>,
+    /// Small on purpose (a `Mutex` and one `Notify`, not a `watch` channel): a client may hold
+    /// many thousands of locks.
+    status: std::sync::Mutex<Status>,
+    /// Told of every change of `status`.
+    changed: Notify,
 }
 
 impl LockState {
@@ -57,28 +61,42 @@ impl LockState {
             fence,
             ttl,
             fair: options.is_fair(),
-            hold_until: std::sync::Mutex::new(started + options.min_hold()),
-            status: watch::Sender::new(Status {
+            status: std::sync::Mutex::new(Status {
+                hold_until: started + options.min_hold(),
                 valid_until: started + ttl.saturating_sub(drift(ttl)),
                 sent: started,
                 lost: false,
             }),
+            changed: Notify::new(),
         }
     }
 
+    fn status(&self) -> std::sync::MutexGuard<'_, Status> {
+        // Every update is one step, so a poisoned status is still consistent.
+        self.status.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Applies `change` to the status and tells waiters, if it says it changed anything.
+    fn update(&self, change: impl FnOnce(&mut Status) -> bool) -> bool {
+        let changed = change(&mut self.status());
+        if changed {
+            self.changed.notify_waiters();
+        }
+        changed
+    }
+
     pub(crate) fn valid_until(&self) -> Instant {
-        self.status.borrow().valid_until
+        self.status().valid_until
     }
 
     pub(crate) fn is_lost(&self) -> bool {
-        let status = *self.status.borrow();
+        let status = *self.status();
         status.lost || Instant::now() >= status.valid_until
     }
 
     /// Marks the lock lost; returns whether it was not already.
     pub(crate) fn mark_lost(&self) -> bool {
-        self.status
-            .send_if_modified(|s| !std::mem::replace(&mut s.lost, true))
+        self.update(|s| !std::mem::replace(&mut s.lost, true))
     }
 
     /// Records a successful renewal sent at `sent` for `ttl`, unless the lock was already lost
@@ -86,7 +104,7 @@ impl LockState {
     /// later was recorded already (an `extend` and the watchdog, two `extend`s: whichever was
     /// sent last set the key's expiry, whatever order their answers are handled in).
     pub(crate) fn renewed(&self, sent: Instant, ttl: Duration) {
-        self.status.send_if_modified(|s| {
+        self.update(|s| {
             if s.lost || Instant::now() >= s.valid_until || sent < s.sent {
                 return false;
             }
@@ -139,29 +157,25 @@ impl LockState {
     /// Keeps the lock at least until `until` when it is released (a nested call's minimum hold
     /// adds to the outermost one's).
     pub(crate) fn hold_at_least_until(&self, until: Instant) {
-        let mut hold = self.hold_until.lock().unwrap_or_else(|e| e.into_inner());
-        *hold = (*hold).max(until);
+        let mut status = self.status();
+        status.hold_until = status.hold_until.max(until);
     }
 
     pub(crate) fn hold_until(&self) -> Instant {
-        *self.hold_until.lock().unwrap_or_else(|e| e.into_inner())
+        self.status().hold_until
     }
 
     /// Completes once the lock is lost: marked so, or past its validity.
     pub(crate) async fn lost(&self) {
-        let mut rx = self.status.subscribe();
         loop {
-            let status = *rx.borrow_and_update();
+            // Created before the status is read, so a change in between is not missed.
+            let changed = self.changed.notified();
+            let status = *self.status();
             if status.lost {
                 return;
             }
             tokio::select! {
-                changed = rx.changed() => {
-                    if changed.is_err() {
-                        // The sender lives in `self`; unreachable while we borrow it.
-                        std::future::pending::<()>().await;
-                    }
-                }
+                () = changed => {}
                 () = tokio::time::sleep_until(status.valid_until) => {
                     if Instant::now() >= self.valid_until() {
                         if self.mark_lost() {
