@@ -9,9 +9,13 @@ use tokio::sync::Notify;
 
 use crate::guard::LockState;
 
+/// Shards of the registry: every acquire and release touches it, from every task of the client
+/// at once, so one lock would be contended.
+const SHARDS: usize = 16;
+
 #[derive(Debug, Default)]
 pub(crate) struct HeldLocks {
-    locks: Mutex<HashMap<u64, Arc<LockState>>>,
+    locks: [Mutex<HashMap<u64, Arc<LockState>>>; SHARDS],
     /// Set by shutdown: no new acquires.
     closed: AtomicBool,
     /// Background releases not finished yet.
@@ -20,22 +24,24 @@ pub(crate) struct HeldLocks {
 }
 
 impl HeldLocks {
-    fn locks(&self) -> MutexGuard<'_, HashMap<u64, Arc<LockState>>> {
+    fn shard(&self, id: u64) -> MutexGuard<'_, HashMap<u64, Arc<LockState>>> {
         // Every update is one step, so a poisoned map is still consistent.
-        self.locks.lock().unwrap_or_else(|e| e.into_inner())
+        self.locks[id as usize % SHARDS]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// Records a lock taken; returns the id that [`forget`](Self::forget) takes.
     pub(crate) fn insert(&self, state: Arc<LockState>) -> u64 {
         static IDS: AtomicU64 = AtomicU64::new(0);
         let id = IDS.fetch_add(1, Ordering::Relaxed);
-        self.locks().insert(id, state);
+        self.shard(id).insert(id, state);
         id
     }
 
     /// The lock is being released by its guard (or was given back by shutdown).
     pub(crate) fn forget(&self, id: u64) {
-        self.locks().remove(&id);
+        self.shard(id).remove(&id);
     }
 
     pub(crate) fn close(&self) {
@@ -48,7 +54,14 @@ impl HeldLocks {
 
     /// Every lock still held, now forgotten: shutdown releases them.
     pub(crate) fn take_all(&self) -> Vec<Arc<LockState>> {
-        self.locks().drain().map(|(_, state)| state).collect()
+        (0..SHARDS as u64)
+            .flat_map(|shard| {
+                self.shard(shard)
+                    .drain()
+                    .map(|(_, state)| state)
+                    .collect::<Vec<_>>()
+            })
+            .collect()
     }
 
     /// Counts a background release until the returned value is dropped.

@@ -14,7 +14,7 @@
 //! so channels never pile up.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::{mpsc, Notify};
@@ -39,6 +39,8 @@ struct Waiter {
 #[derive(Debug, Default)]
 pub(crate) struct Wakeups {
     channels: Mutex<HashMap<String, Channel>>,
+    /// How many waiters are registered: a release with nobody waiting skips the lock.
+    waiters: AtomicUsize,
     /// Told the name of a channel nobody waits on any more (Redis: to unsubscribe it).
     on_idle: Option<mpsc::UnboundedSender<String>>,
 }
@@ -47,6 +49,7 @@ impl Wakeups {
     pub(crate) fn new(on_idle: Option<mpsc::UnboundedSender<String>>) -> Arc<Self> {
         Arc::new(Wakeups {
             channels: Mutex::default(),
+            waiters: AtomicUsize::new(0),
             on_idle,
         })
     }
@@ -70,6 +73,7 @@ impl Wakeups {
             subscribed: self.on_idle.is_none(),
         });
         entry.queue.push_back(Arc::clone(&waiter));
+        self.waiters.fetch_add(1, Ordering::SeqCst);
         Registration {
             waiter,
             channel: channel.to_owned(),
@@ -85,6 +89,9 @@ impl Wakeups {
 
     /// A release of `channel`'s lock: wakes the head of its queue.
     pub(crate) fn notify(&self, channel: &str) {
+        if self.waiters.load(Ordering::SeqCst) == 0 {
+            return;
+        }
         if let Some(head) = self.lock().get(channel).and_then(|c| c.queue.front()) {
             head.wake.notify_one();
         }
@@ -137,6 +144,7 @@ impl Wakeups {
 
     fn unregister(&self, channel: &str, waiter: u64, acquired: bool) {
         let mut channels = self.lock();
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
         let Some(entry) = channels.get_mut(channel) else {
             return;
         };

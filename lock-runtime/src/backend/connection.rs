@@ -10,7 +10,7 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, RwLock};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
@@ -135,7 +135,8 @@ pub(crate) const SILENT_AFTER: u32 = 2;
 pub(crate) struct Connection {
     client: redis::Client,
     timeouts: Timeouts,
-    live: Mutex<Option<Live>>,
+    /// Read by every request, written only when a connection opens or is dropped.
+    live: RwLock<Option<Live>>,
     /// Held while a connection is opened, so that one open serves everyone waiting; it keeps the
     /// last failure, which those who waited for that very attempt get instead of a new attempt.
     opening: tokio::sync::Mutex<Option<Failure>>,
@@ -176,7 +177,7 @@ impl Connection {
         Connection {
             client,
             timeouts,
-            live: Mutex::new(None),
+            live: RwLock::new(None),
             opening: tokio::sync::Mutex::new(None),
             unanswered: AtomicU32::new(0),
         }
@@ -234,12 +235,12 @@ impl Connection {
     }
 
     async fn current(&self) -> Result<Live, LockError> {
-        if let Some(live) = lock(&self.live).clone() {
+        if let Some(live) = read(&self.live).clone() {
             return Ok(live);
         }
         let asked = Instant::now();
         let mut last_failure = self.opening.lock().await;
-        if let Some(live) = lock(&self.live).clone() {
+        if let Some(live) = read(&self.live).clone() {
             return Ok(live);
         }
         if let Some(failure) = last_failure.as_ref().filter(|f| f.at >= asked) {
@@ -249,7 +250,7 @@ impl Connection {
             Ok(live) => {
                 *last_failure = None;
                 self.unanswered.store(0, Ordering::Relaxed);
-                *lock(&self.live) = Some(live.clone());
+                *write(&self.live) = Some(live.clone());
                 Ok(live)
             }
             Err(error) => {
@@ -288,7 +289,7 @@ impl Connection {
     /// Forgets connection `generation` (if it is still the current one): the next request
     /// opens a new one.
     fn discard(&self, generation: u64) {
-        let mut live = lock(&self.live);
+        let mut live = write(&self.live);
         if live.as_ref().is_some_and(|l| l.generation == generation) {
             *live = None;
         }
@@ -299,6 +300,15 @@ impl Connection {
 /// with an error.
 fn broke(e: &RedisError) -> bool {
     (e.is_io_error() && !e.is_timeout()) || e.kind() == redis::ErrorKind::Parse
+}
+
+fn read<T>(lock: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
+    // Each holder only reads or replaces the value, so a poisoned one is still consistent.
+    lock.read().unwrap_or_else(|e| e.into_inner())
+}
+
+fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
+    lock.write().unwrap_or_else(|e| e.into_inner())
 }
 
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
