@@ -246,7 +246,10 @@ impl LockClient {
                         started,
                     ));
                 }
-                Attempt::Held { pttl_ms: left } => {
+                Attempt::Held {
+                    pttl_ms: left,
+                    behind,
+                } => {
                     if Instant::now() >= deadline {
                         tracing::debug!(key, "lock busy");
                         return Err(LockError::Busy { key: key.to_owned() });
@@ -255,9 +258,11 @@ impl LockClient {
                     if wakeup.is_none() {
                         // First refusal: listen for the release, then try again at once, so a
                         // release between that attempt and the subscription is not missed. An
-                        // uncontended acquire never pays for the subscription.
+                        // uncontended acquire never pays for the subscription. A fair waiter
+                        // with others ahead in line need not: no release before its turn names it.
                         let name = fair.then_some(token.as_str());
                         wakeup = Some(backend.wakeups().register(&keys.channel, name));
+                        sleep_first = behind;
                     } else {
                         sleep_first = true;
                     }

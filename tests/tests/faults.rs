@@ -459,3 +459,45 @@ async fn the_watchdog_renews_locks_in_batches() {
         guard.release().await.unwrap();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_applied_after_a_release_with_a_minimum_hold_cannot_extend_it() {
+    // The watchdog may have sent a renewal just before the guard's release, which Redis applies
+    // after it (another connection after a reconnect, or a batch sent a moment later): it must
+    // not give the held-back lock a whole ttl again.
+    let server = RedisServer::spawn();
+    let client = connect(&server.url()).await;
+    let mut raw = server.raw().await;
+    let options = ttl(60_000).hold_at_least(Duration::from_millis(300));
+    let guard = client.acquire("late", &options).await.unwrap();
+    let token: String = raw.get("lock:{late}").await.unwrap();
+    assert!(guard.release().await.unwrap());
+    let renew = redis::Script::new(include_str!("../../lock-runtime/src/scripts/renew.lua"));
+    let renewed: Vec<i64> = renew
+        .key("lock:{late}")
+        .arg(&token)
+        .arg(60_000)
+        .invoke_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(renewed, [0], "a released lock is not renewed");
+    let left: i64 = raw.pttl("lock:{late}").await.unwrap();
+    assert!(
+        (0..=300).contains(&left),
+        "kept for its minimum hold only: {left} ms left"
+    );
+    // A release sent again (its answer was lost) still stands, and changes nothing.
+    let release = redis::Script::new(include_str!("../../lock-runtime/src/scripts/release.lua"));
+    let again: i64 = release
+        .key("lock:{late}")
+        .key("lock:{late}:released")
+        .arg(&token)
+        .arg(300)
+        .arg("c:test")
+        .invoke_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(again, 1);
+    let after: i64 = raw.pttl("lock:{late}").await.unwrap();
+    assert!(after <= left, "{after} > {left}");
+}

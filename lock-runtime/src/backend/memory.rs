@@ -134,13 +134,16 @@ impl MemoryBackend {
                 }
                 let pttl_ms =
                     holder.map(|(_, expires_at)| ceil_millis(expires_at.saturating_duration_since(now)));
-                return Attempt::Held { pttl_ms };
+                let behind = queue.order.values().next().is_some_and(|first| first != token)
+                    && queue.places.contains_key(token);
+                return Attempt::Held { pttl_ms, behind };
             }
             queue.leave(token);
         }
         if let Some((_, expires_at)) = holder {
             return Attempt::Held {
                 pttl_ms: Some(ceil_millis(expires_at.saturating_duration_since(now))),
+                behind: false,
             };
         }
         let fence = ask.fencing.then(|| {
@@ -179,8 +182,18 @@ impl MemoryBackend {
         let now = Instant::now();
         let next = {
             let mut store = self.store();
-            match store.ours(&keys.lock, token, now) {
-                Some(held) if hold_ms > 0 => held.expires_at = now + Duration::from_millis(hold_ms),
+            // As in release.lua: a lock kept for its minimum hold is marked released, so a
+            // renewal applied after the release cannot extend it; a second release stands.
+            let kept = format!("{token}:released");
+            let held = store
+                .live(&keys.lock, now)
+                .filter(|h| h.token == token || h.token == kept);
+            match held {
+                Some(held) if hold_ms > 0 && held.token == kept => return true,
+                Some(held) if hold_ms > 0 => {
+                    held.token = kept;
+                    held.expires_at = now + Duration::from_millis(hold_ms);
+                }
                 Some(_) => {
                     store.locks.remove(&keys.lock);
                 }

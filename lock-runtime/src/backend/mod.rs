@@ -67,7 +67,9 @@ pub(crate) enum Attempt {
     /// Ours; `fence` is the new fencing token when one was asked for.
     Acquired { fence: Option<u64> },
     /// Held by someone (or something) else; `pttl_ms` is its remaining life when it has one.
-    Held { pttl_ms: Option<u64> },
+    /// `behind`: a fair waiter with others ahead of it in line (the next release names one of
+    /// them, not it).
+    Held { pttl_ms: Option<u64>, behind: bool },
 }
 
 #[derive(Debug)]

@@ -70,7 +70,7 @@ impl RedisBackend {
             String::new()
         };
         let place_kept = &place_kept;
-        let (taken, n): (i64, i64) = self
+        let answer: Vec<i64> = self
             .conn
             .request(|mut conn| async move {
                 ACQUIRE
@@ -88,6 +88,10 @@ impl RedisBackend {
                     .await
             })
             .await?;
+        let (taken, n) = (
+            answer.first().copied().unwrap_or(0),
+            answer.get(1).copied().unwrap_or(-1),
+        );
         Ok(if taken == 1 {
             Attempt::Acquired {
                 fence: ask.fencing.then_some(n.unsigned_abs()),
@@ -95,6 +99,7 @@ impl RedisBackend {
         } else {
             Attempt::Held {
                 pttl_ms: u64::try_from(n).ok(),
+                behind: answer.get(2).is_some_and(|&ahead| ahead > 0),
             }
         })
     }
@@ -117,7 +122,10 @@ impl RedisBackend {
                     .await
             })
             .await;
-        let held = Attempt::Held { pttl_ms: None };
+        let held = Attempt::Held {
+            pttl_ms: None,
+            behind: false,
+        };
         match found {
             Ok(None) => Ok(Attempt::Acquired { fence: None }),
             Ok(Some(value)) if value == token.as_bytes() => Ok(Attempt::Acquired { fence: None }),

@@ -8,7 +8,7 @@
 -- caller will wait).
 -- Returns {1, fence} when taken (fence is 0 without fencing), or {0, pttl} when not: pttl is the
 -- holder's remaining ttl, -1 for a key without expiry (a foreign value), -2 when the key is free
--- but fair waiters come first.
+-- but fair waiters come first; a fair refusal adds how many waiters are ahead in line.
 -- Every check comes before the first write: a counter of another type (WRONGTYPE), or one that is
 -- not a non-negative integer, fails the script with nothing changed.
 local fencing = ARGV[3] == '1'
@@ -80,4 +80,6 @@ if holder == false and #lapsed > 0 then
   -- The lock is free and the waiters ahead of the new head are gone: its turn has come.
   redis.pcall('PUBLISH', KEYS[5], 'w:' .. head)
 end
-return {0, redis.call('PTTL', KEYS[1])}
+-- How many are ahead of the caller in line: a waiter with others ahead will not be named by the
+-- next release, so it need not ask again before it sleeps.
+return {0, redis.call('PTTL', KEYS[1]), redis.call('ZRANK', KEYS[3], ARGV[1]) or 0}

@@ -6,14 +6,22 @@
 -- Returns 1 when it was ours, 0 when it had expired or been taken by someone else, and 2 when it
 -- was ours but Redis refused the announcement (an ACL without rights on the channel): the
 -- release itself stands, and waiters elsewhere wake on their timers.
--- With a minimum hold left, the key is kept and expires then; waiters are told so they re-read
--- its now shorter expiry instead of sleeping on the old one.
+-- With a minimum hold left, the key is kept (marked released) and expires then; waiters are told
+-- so they re-read its now shorter expiry instead of sleeping on the old one.
+-- A lock kept for its minimum hold is marked released (its value gets a ':released' suffix), so
+-- that a renewal sent before the release but applied after it, which compares the bare token,
+-- cannot extend it past the hold; a release sent again finds it marked and stands.
 -- A key of another type answers GET with an error: not ours, and left alone.
-if redis.pcall('GET', KEYS[1]) ~= ARGV[1] then
+local held = redis.pcall('GET', KEYS[1])
+local kept = ARGV[1] .. ':released'
+if held ~= ARGV[1] and held ~= kept then
   return 0
 end
 if tonumber(ARGV[2]) > 0 then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  if held == kept then
+    return 1
+  end
+  redis.call('SET', KEYS[1], kept, 'PX', ARGV[2])
 else
   redis.call('DEL', KEYS[1])
 end

@@ -1,0 +1,1365 @@
+//! Model-based tests: seeded random sequences of operations (acquire with each option, release,
+//! extend, drop, cancel, force release, time passing, and the queries) run against the in-memory
+//! backend and a spawned redis-server, and every answer is compared with a small model of the
+//! contract in the README. On a disagreement the sequence is shrunk (chunks, then single ops, then
+//! simpler options, each candidate on a fresh store) and the test fails with the seed, the shrunk
+//! sequence and a trace of its failing run.
+//!
+//! The model: per key, who holds it (a guard, or nobody but a released lock's minimum hold) and
+//! until when, and the highest fencing token seen (each new one must be above it: Redis hands
+//! out microsecond timestamps, memory 1, 2, 3); per guard, its local validity, whether it knows
+//! it is lost, and its minimum hold. From those it predicts every answer: an acquire is `Busy`
+//! exactly while the key is held; `release` is `Ok(true)` exactly while the key holds the guard's
+//! token (then the key is deleted, or kept until the minimum hold ends); `extend` is `Ok` while
+//! the guard is not lost and the key is its own, `Err(Lost)` otherwise; `is_lost()` is true once
+//! its validity passed (or it was told so) and false while valid; `is_locked`,
+//! `remaining_ttl` and `force_release` follow the key. A dropped guard, and an acquire abandoned
+//! by a 0 ms timeout, must leave the key free once their background release lands (within
+//! `SETTLE`, plus any minimum hold). After every step each key's `is_locked` and each guard's
+//! `is_lost()` are checked too; at the end every guard is dropped and every key must come free,
+//! with nothing left waiting or watched.
+//!
+//! One assumption: a watched lock is renewed in time (the watchdog renews at ttl/3 of 1.2 s;
+//! the runtime would have to stall for ~0.8 s to lose one).
+//!
+//! Time: the model never assumes how long an operation takes. It times each one (a window
+//! from just before the call to just after it) and knows each lease's end only as an interval of
+//! instants. A lease is certainly live in a window that ends `MARGIN` (100 ms) before its earliest
+//! end, certainly over in one that starts `MARGIN` after its latest end, and otherwise
+//! undecided: then the answer is accepted either way and tells the model which way it went. Two
+//! ttl classes far apart (150 ms, 10 s) and a "time passes" step of 400 ms make most checks
+//! decided, and a loaded machine only makes more of them undecided, never wrong.
+//!
+//! Replay: `MODEL_SEED=0x… cargo test -p lock-tests --test model -- --nocapture` runs that one
+//! sequence (the seed printed for it); `MODEL_RUNS=n` changes the number of sequences.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_runtime::{LockClient, LockError, LockGuard, LockOptions};
+use lock_tests::Target;
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+
+lock_tests::on_both_backends!(random_sequences_agree_with_the_model);
+
+/// A short lease: surely over after one `NAP`, and live only for checks made right after it.
+const SHORT: Duration = Duration::from_millis(150);
+/// A long lease: live through almost any whole sequence.
+const LONG: Duration = Duration::from_secs(10);
+/// The watchdog's ttl: renewed every 400 ms, so a lock survives a stalled runtime of ~0.8 s,
+/// and without renewals it would be gone after three naps.
+const WATCHDOG: Duration = Duration::from_millis(1200);
+/// The minimum hold: still held one nap after the acquire, surely over after two.
+const HOLD: Duration = Duration::from_millis(600);
+/// "Time passes".
+const NAP: Duration = Duration::from_millis(400);
+/// How far from a lease's end (or a hold's) a check must be to be decided.
+const MARGIN: Duration = Duration::from_millis(100);
+/// How long a background release (a dropped guard, an abandoned acquire) may take to land.
+const SETTLE: Duration = Duration::from_secs(2);
+/// How long Redis holds back writes (`CLIENT PAUSE … WRITE`) for a stalled cancel.
+const STALL: Duration = Duration::from_millis(30);
+/// How long a cancelled waiting acquire would otherwise wait.
+const CANCELLED_WAIT: Duration = Duration::from_millis(300);
+
+const KEYS: [&str; 3] = ["m0", "m1", "m2"];
+/// Sequences per backend, and how many run at once (each on its own store).
+const RUNS: u64 = 25;
+const PARALLEL: usize = 5;
+/// Sequence lengths.
+const MIN_OPS: u64 = 25;
+const MAX_OPS: u64 = 40;
+/// The most time spent shrinking a failing sequence.
+const SHRINK_BUDGET: Duration = Duration::from_secs(120);
+/// How many times a shrunk candidate must pass to be taken as passing.
+const SHRINK_TRIES: usize = 2;
+
+/// The validity a lease loses to drift, as the README states it: ttl/100 + 2 ms.
+fn drift(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Operations and their generator.
+
+/// A small seeded generator (xorshift64*), as in storm.rs.
+struct Dice(u64);
+
+impl Dice {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// splitmix64: spreads consecutive seeds apart.
+fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    /// ttl `SHORT`.
+    Short,
+    /// ttl `LONG`.
+    Long,
+    /// ttl `WATCHDOG`, renewed by the watchdog.
+    Dog,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Acq {
+    client: usize,
+    key: usize,
+    class: Class,
+    fencing: bool,
+    hold: bool,
+}
+
+impl Acq {
+    fn ttl(&self) -> Duration {
+        match self.class {
+            Class::Short => SHORT,
+            Class::Long => LONG,
+            Class::Dog => WATCHDOG,
+        }
+    }
+
+    fn options(&self) -> LockOptions {
+        let options = LockOptions::new(self.ttl())
+            .fencing(self.fencing)
+            .watchdog(self.class == Class::Dog);
+        if self.hold {
+            options.hold_at_least(HOLD)
+        } else {
+            options
+        }
+    }
+}
+
+/// One step. `guard` picks among the guards alive at that point (`guard % count`, in the order
+/// they were taken), so that every sequence, shrunk ones included, is valid; with no guard
+/// alive the step does nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    /// `acquire` with wait 0.
+    Acquire(Acq),
+    /// The same acquire inside `tokio::time::timeout(0 ms, …)`, which fires at the timer's next
+    /// millisecond tick: in memory the acquire is always answered at its first poll; on Redis it
+    /// is abandoned unanswered (not yet sent, or in flight) or, when Redis is quick, answered.
+    /// `stall` (Redis only): `CLIENT PAUSE 30 WRITE` first, so the request is surely in flight
+    /// when abandoned and runs after that, taking the lock if it is free. `waiting`: with a wait
+    /// of 300 ms, so that on a held key it is abandoned while waiting. A guard it returns
+    /// anyway is dropped.
+    Cancel {
+        acq: Acq,
+        waiting: bool,
+        stall: bool,
+    },
+    Release {
+        guard: usize,
+    },
+    /// By `SHORT` or (`long`) `LONG`; a watchdog lock always by `LONG` (the watchdog goes on
+    /// renewing with its own ttl, ttl/3 after its last renewal, which a shorter extend may not
+    /// survive).
+    Extend {
+        guard: usize,
+        long: bool,
+    },
+    /// Drop the guard: released in the background.
+    Drop {
+        guard: usize,
+    },
+    /// Time passes: sleep `NAP`.
+    Sleep,
+    IsLocked {
+        client: usize,
+        key: usize,
+    },
+    RemainingTtl {
+        client: usize,
+        key: usize,
+    },
+    ForceRelease {
+        client: usize,
+        key: usize,
+    },
+}
+
+impl Op {
+    fn random(d: &mut Dice) -> Op {
+        let client = d.below(2) as usize;
+        let key = d.below(KEYS.len() as u64) as usize;
+        let guard = d.below(8) as usize;
+        let roll = d.below(100);
+        let acq = |d: &mut Dice| Acq {
+            client,
+            key,
+            class: match d.below(100) {
+                0..=39 => Class::Short,
+                40..=74 => Class::Long,
+                _ => Class::Dog,
+            },
+            fencing: d.chance(50),
+            hold: d.chance(25),
+        };
+        match roll {
+            0..=29 => Op::Acquire(acq(d)),
+            30..=39 => Op::Cancel {
+                acq: acq(d),
+                waiting: d.chance(35),
+                stall: d.chance(50),
+            },
+            40..=54 => Op::Release { guard },
+            55..=64 => Op::Extend {
+                guard,
+                long: d.chance(50),
+            },
+            65..=71 => Op::Drop { guard },
+            72..=81 => Op::Sleep,
+            82..=87 => Op::IsLocked { client, key },
+            88..=93 => Op::RemainingTtl { client, key },
+            _ => Op::ForceRelease { client, key },
+        }
+    }
+
+    /// Simpler forms of this step, tried while shrinking.
+    fn simpler(&self) -> Vec<Op> {
+        let mut out = Vec::new();
+        let acq_simpler = |a: &Acq| {
+            let mut v = Vec::new();
+            if a.fencing {
+                v.push(Acq { fencing: false, ..*a });
+            }
+            if a.hold {
+                v.push(Acq { hold: false, ..*a });
+            }
+            if a.class != Class::Long {
+                v.push(Acq {
+                    class: Class::Long,
+                    ..*a
+                });
+            }
+            if a.client != 0 {
+                v.push(Acq { client: 0, ..*a });
+            }
+            v
+        };
+        match *self {
+            Op::Acquire(a) => out.extend(acq_simpler(&a).into_iter().map(Op::Acquire)),
+            Op::Cancel { acq, waiting, stall } => {
+                if waiting {
+                    out.push(Op::Cancel {
+                        acq,
+                        waiting: false,
+                        stall,
+                    });
+                }
+                out.extend(
+                    acq_simpler(&acq)
+                        .into_iter()
+                        .map(|acq| Op::Cancel { acq, waiting, stall }),
+                );
+            }
+            Op::Release { guard } if guard != 0 => out.push(Op::Release { guard: 0 }),
+            Op::Extend { guard, long } if guard != 0 => out.push(Op::Extend { guard: 0, long }),
+            Op::Drop { guard } if guard != 0 => out.push(Op::Drop { guard: 0 }),
+            _ => {}
+        }
+        out
+    }
+}
+
+fn generate(seed: u64) -> Vec<Op> {
+    let mut d = Dice(seed | 1);
+    let len = MIN_OPS + d.below(MAX_OPS - MIN_OPS + 1);
+    (0..len).map(|_| Op::random(&mut d)).collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The model.
+
+/// The instants just before and just after one call: whatever it did, it did in between.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    lo: Instant,
+    hi: Instant,
+}
+
+impl Window {
+    fn now() -> Window {
+        let now = Instant::now();
+        Window { lo: now, hi: now }
+    }
+}
+
+async fn timed<F: std::future::Future>(f: F) -> (Window, F::Output) {
+    let lo = Instant::now();
+    let out = f.await;
+    (
+        Window {
+            lo,
+            hi: Instant::now(),
+        },
+        out,
+    )
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Status {
+    Live,
+    Over,
+    Undecided,
+}
+
+/// When a lease ends.
+#[derive(Debug, Clone, Copy)]
+enum Lease {
+    /// Somewhere in `lo..=hi` (for a guard's own validity, `lo` already less the drift).
+    Until { lo: Instant, hi: Instant },
+    /// Renewed by the watchdog for as long as the guard lives; the key's remaining ttl is at most
+    /// `max_left` (the watchdog's ttl, or a longer extend's until the next renewal).
+    Renewed { max_left: Duration },
+}
+
+impl Lease {
+    /// A lease taken or renewed for `ttl` by a request in `w`.
+    fn timed(w: Window, ttl: Duration) -> Lease {
+        Lease::Until {
+            lo: w.lo + ttl - drift(ttl),
+            hi: w.hi + ttl,
+        }
+    }
+
+    fn status(&self, w: Window) -> Status {
+        match *self {
+            Lease::Renewed { .. } => Status::Live,
+            Lease::Until { lo, hi } => {
+                if w.hi + MARGIN < lo {
+                    Status::Live
+                } else if w.lo > hi + MARGIN {
+                    Status::Over
+                } else {
+                    Status::Undecided
+                }
+            }
+        }
+    }
+
+    fn show(&self) -> String {
+        match *self {
+            Lease::Until { lo, hi } => format!("ending {}..{} from now", from_now(lo), from_now(hi)),
+            Lease::Renewed { max_left } => {
+                format!("renewed by the watchdog ({max_left:?} ttl at most)")
+            }
+        }
+    }
+}
+
+/// `t` relative to now, for messages.
+fn from_now(t: Instant) -> String {
+    let now = Instant::now();
+    if t >= now {
+        format!("+{:.1?}", t - now)
+    } else {
+        format!("-{:.1?}", now - t)
+    }
+}
+
+/// Who holds a key in the store.
+#[derive(Debug, Clone, Copy)]
+struct Holder {
+    /// The guard whose token is in the key; `None` after a release that left a minimum hold.
+    owner: Option<usize>,
+    lease: Lease,
+}
+
+impl Holder {
+    fn show(&self) -> String {
+        match self.owner {
+            Some(id) => format!("g{id}, lease {}", self.lease.show()),
+            None => format!("a released lock's minimum hold, {}", self.lease.show()),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct KeyModel {
+    holder: Option<Holder>,
+    /// The highest fencing token seen for the key: every later one must be greater.
+    last_fence: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lost {
+    No,
+    /// `is_lost()` said so once: it stays so.
+    Yes,
+    /// An extend succeeded but its answer may have come after the old validity ran out (then
+    /// the guard stays lost): the next `is_lost()` says which.
+    Unsettled,
+}
+
+/// What the model knows of one guard.
+#[derive(Debug)]
+struct GuardModel {
+    id: usize,
+    key: usize,
+    watchdog: bool,
+    /// When its minimum hold ends, if it has one.
+    hold: Option<(Instant, Instant)>,
+    /// Its local validity (the instant past which `is_lost()` is true).
+    validity: Lease,
+    lost: Lost,
+}
+
+impl GuardModel {
+    /// What `is_lost()` must say in `w`, if decided.
+    fn expect_lost(&self, w: Window) -> Option<bool> {
+        if self.lost == Lost::Yes {
+            return Some(true);
+        }
+        match self.validity.status(w) {
+            Status::Over => Some(true),
+            Status::Live if self.lost == Lost::No => Some(false),
+            _ => None,
+        }
+    }
+}
+
+struct Slot {
+    real: LockGuard,
+    model: GuardModel,
+}
+
+/// What the model says of a key in a window.
+#[derive(Debug, Clone, Copy)]
+enum KeyNow {
+    Free,
+    Held(Holder),
+    /// Held until a lease end that may fall inside the window.
+    Maybe(Holder),
+}
+
+#[derive(Debug, Default, Clone)]
+struct Stats {
+    /// Answers the model predicted.
+    decided: u64,
+    /// Answers accepted either way, the timing being too close to call.
+    undecided: u64,
+    /// How often each kind of outcome came up: what the sequences exercised.
+    seen: std::collections::BTreeMap<&'static str, u64>,
+}
+
+impl Stats {
+    fn add(&mut self, other: &Stats) {
+        self.decided += other.decided;
+        self.undecided += other.undecided;
+        for (k, v) in &other.seen {
+            *self.seen.entry(k).or_default() += v;
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Failure {
+    /// The step that disagreed (`None`: the final checks, or a panic).
+    step: Option<usize>,
+    what: String,
+    trace: Vec<String>,
+}
+
+macro_rules! ensure {
+    ($cond:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return Err(format!($($fmt)+));
+        }
+    };
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    Redis,
+    Memory,
+}
+
+/// One sequence on one fresh store, with the model alongside.
+struct Run {
+    clients: [LockClient; 2],
+    keys: [KeyModel; 3],
+    guards: Vec<Slot>,
+    next_guard: usize,
+    trace: Vec<String>,
+    stats: Stats,
+    // Last: the clients drop before the server does.
+    target: Target,
+}
+
+impl Run {
+    async fn new(backend: Backend) -> Run {
+        let target = match backend {
+            Backend::Redis => Target::redis().await,
+            Backend::Memory => Target::memory(),
+        };
+        Run {
+            clients: [target.client(), target.other_client().await],
+            keys: Default::default(),
+            guards: Vec::new(),
+            next_guard: 0,
+            trace: Vec::new(),
+            stats: Stats::default(),
+            target,
+        }
+    }
+
+    fn note(&mut self, line: String) {
+        self.trace.push(line);
+    }
+
+    fn hit(&mut self, what: &'static str) {
+        *self.stats.seen.entry(what).or_default() += 1;
+    }
+
+    fn decided(&mut self, decided: bool) {
+        if decided {
+            self.stats.decided += 1;
+        } else {
+            self.stats.undecided += 1;
+        }
+    }
+
+    /// The key's state in `w`; a lease surely over is forgotten on the way.
+    fn key_now(&mut self, key: usize, w: Window) -> KeyNow {
+        let Some(holder) = self.keys[key].holder else {
+            return KeyNow::Free;
+        };
+        match holder.lease.status(w) {
+            Status::Live => KeyNow::Held(holder),
+            Status::Undecided => KeyNow::Maybe(holder),
+            Status::Over => {
+                if holder.owner.is_some() {
+                    self.hit("a guard's lease ran out in the store");
+                }
+                self.keys[key].holder = None;
+                KeyNow::Free
+            }
+        }
+    }
+
+    /// Checks an answer saying whether `key` was held during `w`, and learns from it.
+    fn observe_held(&mut self, key: usize, w: Window, held: bool, what: &str) -> Result<(), String> {
+        match self.key_now(key, w) {
+            KeyNow::Free => {
+                self.decided(true);
+                ensure!(
+                    !held,
+                    "{what}: `{}` is held, but the model has it free",
+                    KEYS[key]
+                );
+            }
+            KeyNow::Held(h) => {
+                self.decided(true);
+                ensure!(
+                    held,
+                    "{what}: `{}` is free, but the model has it held by {}",
+                    KEYS[key],
+                    h.show()
+                );
+            }
+            KeyNow::Maybe(_) => {
+                self.decided(false);
+                if !held {
+                    self.keys[key].holder = None;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The store's state of `g`'s lock: live (the key holds its token), over, or undecided.
+    fn owned(&self, g: &GuardModel, w: Window) -> Status {
+        match self.keys[g.key].holder {
+            Some(Holder {
+                owner: Some(owner),
+                lease,
+            }) if owner == g.id => lease.status(w),
+            _ => Status::Over,
+        }
+    }
+
+    fn pick(&self, guard: usize) -> Option<usize> {
+        (!self.guards.is_empty()).then(|| guard % self.guards.len())
+    }
+
+    /// Waits until `key` is free, at most `within`.
+    async fn settles_free(&mut self, key: usize, within: Duration, what: &str) -> Result<(), String> {
+        let deadline = Instant::now() + within;
+        loop {
+            match self.clients[0].is_locked(KEYS[key]).await {
+                Ok(false) => break,
+                Ok(true) => {}
+                Err(e) => return Err(format!("{what}: is_locked failed: {e:?}")),
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "{what}: `{}` still held after {within:?}",
+                KEYS[key]
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        self.decided(true);
+        self.keys[key].holder = None;
+        Ok(())
+    }
+
+    /// How long past now the key may legitimately stay held by `holder` (its lease, and its
+    /// owner's minimum hold), not counting a background release's own delay.
+    fn may_stay(&self, holder: &Holder) -> Duration {
+        let now = Instant::now();
+        let lease = match holder.lease {
+            Lease::Until { hi, .. } => hi.saturating_duration_since(now),
+            Lease::Renewed { .. } => Duration::ZERO,
+        };
+        let hold = holder
+            .owner
+            .and_then(|id| self.guards.iter().find(|s| s.model.id == id))
+            .and_then(|s| s.model.hold)
+            .map_or(Duration::ZERO, |(_, hi)| hi.saturating_duration_since(now));
+        lease.max(hold)
+    }
+
+    /// Checks an acquire's answer; on success records the new guard and returns its slot.
+    fn acquired(
+        &mut self,
+        a: &Acq,
+        w: Window,
+        result: Result<LockGuard, LockError>,
+    ) -> Result<(Option<usize>, String), String> {
+        let key = KEYS[a.key];
+        let now = self.key_now(a.key, w);
+        match result {
+            Ok(guard) => {
+                self.hit("acquire: taken");
+                match now {
+                    KeyNow::Held(h) => {
+                        self.decided(true);
+                        return Err(format!(
+                            "acquired `{key}` while the model has it held by {}",
+                            h.show()
+                        ));
+                    }
+                    KeyNow::Maybe(_) => self.decided(false),
+                    KeyNow::Free => self.decided(true),
+                }
+                ensure!(guard.key() == key, "the guard's key is `{}`", guard.key());
+                let token = guard.fencing_token();
+                let model = &mut self.keys[a.key];
+                if a.fencing {
+                    let Some(token) = token else {
+                        return Err(format!("a fenced acquire of `{key}` has no fencing token"));
+                    };
+                    if let Some(last) = model.last_fence {
+                        *self
+                            .stats
+                            .seen
+                            .entry("acquire: fencing token above an earlier one")
+                            .or_default() += 1;
+                        ensure!(
+                            token > last,
+                            "fencing token {token} of `{key}` is not above the earlier {last}"
+                        );
+                    }
+                    model.last_fence = Some(token);
+                } else {
+                    ensure!(token.is_none(), "an unfenced acquire got a token {token:?}");
+                }
+                let id = self.next_guard;
+                self.next_guard += 1;
+                let lease = if a.class == Class::Dog {
+                    Lease::Renewed { max_left: WATCHDOG }
+                } else {
+                    Lease::timed(w, a.ttl())
+                };
+                model.holder = Some(Holder {
+                    owner: Some(id),
+                    lease,
+                });
+                self.guards.push(Slot {
+                    real: guard,
+                    model: GuardModel {
+                        id,
+                        key: a.key,
+                        watchdog: a.class == Class::Dog,
+                        hold: a.hold.then(|| (w.lo + HOLD, w.hi + HOLD)),
+                        validity: lease,
+                        lost: Lost::No,
+                    },
+                });
+                Ok((Some(self.guards.len() - 1), format!("Ok(g{id}, fence {token:?})")))
+            }
+            Err(LockError::Busy { key: busy }) => {
+                ensure!(busy == key, "Busy names `{busy}`");
+                self.hit("acquire: busy");
+                match now {
+                    KeyNow::Free => {
+                        self.decided(true);
+                        Err(format!("Busy on `{key}`, but the model has it free"))
+                    }
+                    KeyNow::Held(_) => {
+                        self.decided(true);
+                        Ok((None, "Busy".into()))
+                    }
+                    KeyNow::Maybe(_) => {
+                        self.decided(false);
+                        Ok((None, "Busy".into()))
+                    }
+                }
+            }
+            Err(e) => Err(format!("acquire of `{key}` failed: {e:?}")),
+        }
+    }
+
+    /// Drops the guard in `slot`; if its token may still be in the key, waits for the
+    /// background release (and its minimum hold) to free the key.
+    async fn drop_guard(&mut self, slot: usize) -> Result<String, String> {
+        let Slot { real, model: g } = self.guards.remove(slot);
+        let w = Window::now();
+        let status = self.owned(&g, w);
+        let stay = match (status, g.hold) {
+            (Status::Over, _) => None,
+            (_, Some((_, hold_hi))) => Some(hold_hi.saturating_duration_since(w.hi)),
+            (_, None) => Some(Duration::ZERO),
+        };
+        let stay = stay.map(|hold| {
+            let lease = match self.keys[g.key].holder.map(|h| h.lease) {
+                Some(Lease::Until { hi, .. }) if status == Status::Undecided => {
+                    hi.saturating_duration_since(w.hi)
+                }
+                _ => Duration::ZERO,
+            };
+            hold.max(lease)
+        });
+        drop(real);
+        match stay {
+            None => {
+                self.hit("drop: not the holder");
+                Ok(format!("dropped g{} (not the holder)", g.id))
+            }
+            Some(stay) => {
+                let what = format!("g{} dropped", g.id);
+                self.settles_free(g.key, SETTLE + stay, &what).await?;
+                self.hit("drop: the holder, freed in the background");
+                Ok(format!("dropped g{}, `{}` freed", g.id, KEYS[g.key]))
+            }
+        }
+    }
+
+    async fn step(&mut self, op: Op) -> Result<String, String> {
+        match op {
+            Op::Acquire(a) => {
+                let c = self.clients[a.client].clone();
+                let (w, result) = timed(c.acquire(KEYS[a.key], &a.options())).await;
+                Ok(self.acquired(&a, w, result)?.1)
+            }
+            Op::Cancel {
+                acq: a,
+                waiting,
+                stall,
+            } => {
+                let c = self.clients[a.client].clone();
+                let mut options = a.options();
+                if waiting {
+                    options = options.wait(CANCELLED_WAIT);
+                }
+                let server = self.target.server().filter(|_| stall);
+                if let Some(server) = server {
+                    ::redis::cmd("CLIENT")
+                        .arg("PAUSE")
+                        .arg(STALL.as_millis() as u64)
+                        .arg("WRITE")
+                        .query_async::<()>(&mut server.raw().await)
+                        .await
+                        .map_err(|e| format!("CLIENT PAUSE failed: {e}"))?;
+                }
+                let acquire = c.acquire(KEYS[a.key], &options);
+                let (mut w, result) = timed(tokio::time::timeout(Duration::ZERO, acquire)).await;
+                if let (Some(server), Err(_)) = (server, &result) {
+                    // The abandoned request runs when the pause ends (Redis checks for that up to
+                    // 100 ms late), before a write sent after it on another connection: once that
+                    // write is answered, the acquire has run, and its release (queued behind it
+                    // on its connection).
+                    ::redis::cmd("SET")
+                        .arg("model:probe")
+                        .arg(1)
+                        .query_async::<()>(&mut server.raw().await)
+                        .await
+                        .map_err(|e| format!("SET after CLIENT PAUSE failed: {e}"))?;
+                    w.hi = Instant::now();
+                    self.hit("cancel: abandoned while stalled in flight");
+                }
+                let outcome = match result {
+                    Ok(result) => match self.acquired(&a, w, result)? {
+                        (Some(slot), got) => {
+                            self.hit("cancel: completed before the timeout, guard dropped");
+                            format!("{got}, then {}", self.drop_guard(slot).await?)
+                        }
+                        (None, got) => got,
+                    },
+                    Err(_elapsed) => match self.key_now(a.key, w) {
+                        KeyNow::Held(_) => {
+                            self.hit(if waiting {
+                                "cancel: abandoned while waiting for a held key"
+                            } else {
+                                "cancel: abandoned on a held key"
+                            });
+                            "cancelled".to_owned()
+                        }
+                        KeyNow::Free => {
+                            self.hit("cancel: abandoned on a free key, the key freed");
+                            self.settles_free(a.key, SETTLE, "after a cancelled acquire")
+                                .await?;
+                            "cancelled, key free".to_owned()
+                        }
+                        KeyNow::Maybe(h) => {
+                            let within = SETTLE + self.may_stay(&h);
+                            self.settles_free(a.key, within, "after a cancelled acquire")
+                                .await?;
+                            "cancelled, key free".to_owned()
+                        }
+                    },
+                };
+                let deadline = Instant::now() + SETTLE;
+                while c.waiting_channels() != 0 {
+                    ensure!(
+                        Instant::now() < deadline,
+                        "a cancelled acquire left {} channel(s) waited on",
+                        c.waiting_channels()
+                    );
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Ok(outcome)
+            }
+            Op::Release { guard } => {
+                let Some(slot) = self.pick(guard) else {
+                    return Ok("no guard".into());
+                };
+                let Slot { real, model: g } = self.guards.remove(slot);
+                let (w, result) = timed(real.release()).await;
+                let status = self.owned(&g, w);
+                self.decided(status != Status::Undecided);
+                match result {
+                    Ok(true) => {
+                        ensure!(
+                            status != Status::Over,
+                            "release of g{} said it was still ours, but the model has it expired \
+                             or taken (the key: {})",
+                            g.id,
+                            self.keys[g.key].holder.map_or("free".to_owned(), |h| h.show())
+                        );
+                        self.hit("release: Ok(true)");
+                        // With a minimum hold still ahead, the key stays until it ends.
+                        self.keys[g.key].holder = match g.hold {
+                            Some((hold_lo, hold_hi)) if w.lo <= hold_hi => Some(Holder {
+                                owner: None,
+                                lease: Lease::Until {
+                                    lo: w.lo.max(hold_lo),
+                                    hi: w.hi.max(hold_hi + (w.hi - w.lo) + Duration::from_millis(1)),
+                                },
+                            }),
+                            _ => None,
+                        };
+                        if self.keys[g.key].holder.is_some() {
+                            self.hit("release: Ok(true), key kept for the minimum hold");
+                        }
+                    }
+                    Ok(false) => {
+                        self.hit("release: Ok(false)");
+                        ensure!(
+                            status != Status::Live,
+                            "release of g{} said it was not ours, but the model has it held by it",
+                            g.id
+                        );
+                        if status == Status::Undecided {
+                            self.keys[g.key].holder = None;
+                        }
+                    }
+                    Err(e) => return Err(format!("release of g{} failed: {e:?}", g.id)),
+                }
+                Ok(format!("g{}: {result:?}", g.id))
+            }
+            Op::Extend { guard, long } => {
+                let Some(slot) = self.pick(guard) else {
+                    return Ok("no guard".into());
+                };
+                let watchdog = self.guards[slot].model.watchdog;
+                let ttl = if long || watchdog { LONG } else { SHORT };
+                let (w, result) = timed(self.guards[slot].real.extend(ttl)).await;
+                let g = &self.guards[slot].model;
+                let id = g.id;
+                let local = g.expect_lost(w).map(|lost| !lost);
+                let store = self.owned(g, w);
+                let valid_through_answer =
+                    g.lost == Lost::No && g.validity.status(Window { lo: w.hi, hi: w.hi }) == Status::Live;
+                let must_fail = local == Some(false) || store == Status::Over;
+                let must_succeed = local == Some(true) && store == Status::Live;
+                self.decided(must_fail || must_succeed);
+                match result {
+                    Ok(()) => {
+                        ensure!(
+                            !must_fail,
+                            "extend of g{id} succeeded, but the model has it lost (locally: {:?}, \
+                             in the store: {store:?})",
+                            local.map(|ok| !ok)
+                        );
+                        let key = self.guards[slot].model.key;
+                        let holder = self.keys[key]
+                            .holder
+                            .as_mut()
+                            .ok_or_else(|| format!("extend of g{id} succeeded on a free key"))?;
+                        let g = &mut self.guards[slot].model;
+                        if watchdog {
+                            holder.lease = Lease::Renewed { max_left: LONG };
+                        } else {
+                            holder.lease = Lease::timed(w, ttl);
+                            g.validity = holder.lease;
+                        }
+                        self.stats
+                            .seen
+                            .entry("extend: Ok")
+                            .and_modify(|n| *n += 1)
+                            .or_insert(1);
+                        g.lost = if valid_through_answer {
+                            Lost::No
+                        } else {
+                            Lost::Unsettled
+                        };
+                    }
+                    Err(LockError::Lost { .. }) => {
+                        ensure!(
+                            !must_succeed,
+                            "extend of g{id} failed with Lost, but the model has it held and valid"
+                        );
+                        self.guards[slot].model.lost = Lost::Yes;
+                        self.hit("extend: Err(Lost)");
+                    }
+                    Err(ref e) => return Err(format!("extend of g{id} failed: {e:?}")),
+                }
+                Ok(format!("g{id} by {ttl:?}: {result:?}"))
+            }
+            Op::Drop { guard } => match self.pick(guard) {
+                Some(slot) => self.drop_guard(slot).await,
+                None => Ok("no guard".into()),
+            },
+            Op::Sleep => {
+                tokio::time::sleep(NAP).await;
+                Ok(format!("slept {NAP:?}"))
+            }
+            Op::IsLocked { client, key } => {
+                let (w, result) = timed(self.clients[client].is_locked(KEYS[key])).await;
+                let held = result.map_err(|e| format!("is_locked failed: {e:?}"))?;
+                self.observe_held(key, w, held, "is_locked")?;
+                self.hit("is_locked");
+                Ok(format!("{held}"))
+            }
+            Op::RemainingTtl { client, key } => {
+                let (w, result) = timed(self.clients[client].remaining_ttl(KEYS[key])).await;
+                let left = result.map_err(|e| format!("remaining_ttl failed: {e:?}"))?;
+                self.observe_held(key, w, left.is_some(), "remaining_ttl")?;
+                if let (Some(left), Some(holder)) = (left, self.keys[key].holder) {
+                    self.hit("remaining_ttl: Some");
+                    match holder.lease {
+                        Lease::Until { lo, hi } => {
+                            let most = hi.saturating_duration_since(w.lo) + MARGIN;
+                            let least = lo.saturating_duration_since(w.hi).saturating_sub(MARGIN);
+                            ensure!(
+                                least <= left && left <= most,
+                                "remaining_ttl of `{}` is {left:?}, the model expects {least:?}..={most:?}",
+                                KEYS[key]
+                            );
+                        }
+                        Lease::Renewed { max_left } => ensure!(
+                            left <= max_left + MARGIN,
+                            "remaining_ttl of the watched `{}` is {left:?}, above its ttl {max_left:?}",
+                            KEYS[key]
+                        ),
+                    }
+                }
+                Ok(format!("{left:?}"))
+            }
+            Op::ForceRelease { client, key } => {
+                let (w, result) = timed(self.clients[client].force_release(KEYS[key])).await;
+                let removed = result.map_err(|e| format!("force_release failed: {e:?}"))?;
+                self.hit(if removed {
+                    "force_release: true"
+                } else {
+                    "force_release: false"
+                });
+                self.observe_held(key, w, removed, "force_release")?;
+                if let Some(Holder {
+                    owner: Some(owner), ..
+                }) = self.keys[key].holder
+                {
+                    if let Some(s) = self.guards.iter_mut().find(|s| s.model.id == owner) {
+                        if s.model.watchdog {
+                            *self
+                                .stats
+                                .seen
+                                .entry("force_release: of a watched lock")
+                                .or_default() += 1;
+                            // Its watchdog finds out at its next renewal, and its validity ends at
+                            // the latest one ttl after the last renewal, sent before this.
+                            s.model.validity = Lease::Until {
+                                lo: w.lo,
+                                hi: w.hi + WATCHDOG,
+                            };
+                        }
+                    }
+                }
+                self.keys[key].holder = None;
+                Ok(format!("{removed}"))
+            }
+        }
+    }
+
+    /// After every step: each key's state, and each guard's `is_lost()`.
+    async fn check(&mut self) -> Result<(), String> {
+        for (key, name) in KEYS.iter().enumerate() {
+            let (w, result) = timed(self.clients[0].is_locked(name)).await;
+            let held = result.map_err(|e| format!("is_locked failed: {e:?}"))?;
+            self.observe_held(key, w, held, "check")?;
+        }
+        let mut outcomes = Vec::new();
+        for s in &mut self.guards {
+            let lo = Instant::now();
+            let lost = s.real.is_lost();
+            let w = Window {
+                lo,
+                hi: Instant::now(),
+            };
+            let expected = s.model.expect_lost(w);
+            outcomes.push(expected.is_some());
+            if let Some(expected) = expected {
+                ensure!(
+                    lost == expected,
+                    "g{}.is_lost() is {lost}, the model expects {expected} (validity {}, lost {:?})",
+                    s.model.id,
+                    s.model.validity.show(),
+                    s.model.lost
+                );
+            }
+            if lost {
+                if s.model.lost != Lost::Yes {
+                    *self
+                        .stats
+                        .seen
+                        .entry(if s.model.watchdog {
+                            "is_lost: a watched guard found out"
+                        } else {
+                            "is_lost: a guard's lease ran out"
+                        })
+                        .or_default() += 1;
+                }
+                s.model.lost = Lost::Yes;
+            } else if s.model.lost == Lost::Unsettled {
+                s.model.lost = Lost::No;
+            }
+        }
+        for decided in outcomes {
+            self.decided(decided);
+        }
+        Ok(())
+    }
+
+    /// At the end: every guard dropped, every key freed in time, nothing waiting or watched.
+    async fn finish(&mut self) -> Result<(), String> {
+        let mut stays = [None; 3];
+        for (key, stay) in stays.iter_mut().enumerate() {
+            if let Some(holder) = self.keys[key].holder {
+                *stay = Some(self.may_stay(&holder));
+            }
+        }
+        self.guards.clear();
+        for (key, stay) in stays.into_iter().enumerate() {
+            match stay {
+                Some(stay) => {
+                    self.settles_free(key, SETTLE + stay, "at the end, every guard dropped")
+                        .await?
+                }
+                None => {
+                    let (w, result) = timed(self.clients[0].is_locked(KEYS[key])).await;
+                    let held = result.map_err(|e| format!("is_locked failed: {e:?}"))?;
+                    self.observe_held(key, w, held, "at the end")?;
+                }
+            }
+        }
+        let deadline = Instant::now() + SETTLE;
+        for c in &self.clients {
+            while c.waiting_channels() != 0 || c.watched_locks() != 0 {
+                ensure!(
+                    Instant::now() < deadline,
+                    "at the end: {} channel(s) waited on, {} lock(s) watched",
+                    c.waiting_channels(),
+                    c.watched_locks()
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        Ok(())
+    }
+
+    async fn run(&mut self, ops: &[Op]) -> Result<(), Failure> {
+        for (i, op) in ops.iter().enumerate() {
+            let picked = match op {
+                Op::Release { guard } | Op::Extend { guard, .. } | Op::Drop { guard } => self
+                    .pick(*guard)
+                    .map(|s| format!(" [g{}]", self.guards[s].model.id))
+                    .unwrap_or_default(),
+                _ => String::new(),
+            };
+            let result = match self.step(*op).await {
+                Ok(outcome) => {
+                    self.note(format!("{i:>3}: {op:?}{picked} -> {outcome}"));
+                    self.check().await
+                }
+                Err(e) => {
+                    self.note(format!("{i:>3}: {op:?}{picked} -> DISAGREES"));
+                    Err(e)
+                }
+            };
+            if let Err(what) = result {
+                return Err(Failure {
+                    step: Some(i),
+                    what,
+                    trace: std::mem::take(&mut self.trace),
+                });
+            }
+        }
+        self.finish().await.map_err(|what| Failure {
+            step: None,
+            what,
+            trace: std::mem::take(&mut self.trace),
+        })
+    }
+}
+
+/// Runs `ops` on a fresh store of `backend`, in a task of its own (a panic is a failure too).
+async fn execute(backend: Backend, ops: Vec<Op>) -> Result<Stats, Failure> {
+    let task = tokio::spawn(async move {
+        let mut run = Run::new(backend).await;
+        run.run(&ops).await?;
+        if std::env::var_os("MODEL_TRACE").is_some() {
+            println!("{}", run.trace.join("\n"));
+        }
+        Ok(run.stats)
+    });
+    match task.await {
+        Ok(result) => result,
+        Err(e) => {
+            let what = match e.try_into_panic() {
+                Ok(panic) => panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                    .unwrap_or_else(|| "a panic".into()),
+                Err(e) => e.to_string(),
+            };
+            Err(Failure {
+                step: None,
+                what: format!("panicked: {what}"),
+                trace: Vec::new(),
+            })
+        }
+    }
+}
+
+/// Makes a failing sequence smaller while it still fails on a fresh store: cut after the
+/// failing step, remove halves, quarters, … single steps, then simplify steps.
+/// Returns the smallest failing sequence found, its failure, and how many candidates were tried
+/// and how many of them failed again.
+async fn shrink(backend: Backend, mut ops: Vec<Op>, mut failure: Failure) -> (Vec<Op>, Failure, u32, u32) {
+    let deadline = Instant::now() + SHRINK_BUDGET;
+    let mut tries = 0u32;
+    let mut shrunk = 0u32;
+    // A disagreement may need a timing to show (an abandoned acquire on Redis is sometimes
+    // answered before the timeout fires): a candidate counts as passing only if it passes
+    // `SHRINK_TRIES` times.
+    let mut attempt = |candidate: Vec<Op>| {
+        tries += 1;
+        async move {
+            for _ in 0..SHRINK_TRIES {
+                if let Err(f) = execute(backend, candidate.clone()).await {
+                    return Some((candidate, f));
+                }
+            }
+            None
+        }
+    };
+    if let Some(step) = failure.step.filter(|&s| s + 1 < ops.len()) {
+        if let Some((c, f)) = attempt(ops[..=step].to_vec()).await {
+            (ops, failure) = (c, f);
+            shrunk += 1;
+        }
+    }
+    let mut chunk = ops.len() / 2;
+    while chunk >= 1 && Instant::now() < deadline {
+        let mut i = 0;
+        while i < ops.len() && Instant::now() < deadline {
+            let mut candidate = ops.clone();
+            candidate.drain(i..(i + chunk).min(ops.len()));
+            if candidate.is_empty() {
+                i += chunk;
+                continue;
+            }
+            match attempt(candidate).await {
+                Some((mut c, f)) => {
+                    if let Some(step) = f.step {
+                        c.truncate(step + 1);
+                    }
+                    println!("  {backend:?}: shrunk to {} steps", c.len());
+                    (ops, failure) = (c, f);
+                    shrunk += 1;
+                }
+                None => i += chunk,
+            }
+        }
+        chunk /= 2;
+    }
+    let mut i = 0;
+    while i < ops.len() && Instant::now() < deadline {
+        let mut simplified = false;
+        for simpler in ops[i].simpler() {
+            let mut candidate = ops.clone();
+            candidate[i] = simpler;
+            if let Some((c, f)) = attempt(candidate).await {
+                (ops, failure) = (c, f);
+                shrunk += 1;
+                simplified = true;
+                break;
+            }
+        }
+        if !simplified {
+            i += 1;
+        }
+    }
+    (ops, failure, tries, shrunk)
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    let value = std::env::var(name).ok()?;
+    let value = value.trim();
+    let parsed = match value.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(&hex.replace('_', ""), 16),
+        None => value.replace('_', "").parse(),
+    };
+    Some(parsed.unwrap_or_else(|e| panic!("{name}={value}: {e}")))
+}
+
+fn seeds() -> Vec<u64> {
+    if let Some(seed) = env_u64("MODEL_SEED") {
+        return vec![seed];
+    }
+    let runs = env_u64("MODEL_RUNS").unwrap_or(RUNS);
+    let clock = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let base = clock ^ u64::from(std::process::id()).rotate_left(32);
+    (0..runs).map(|i| mix(base.wrapping_add(i))).collect()
+}
+
+async fn random_sequences_agree_with_the_model(t: Target) {
+    let backend = if t.server().is_some() {
+        Backend::Redis
+    } else {
+        Backend::Memory
+    };
+    drop(t);
+    let seeds = seeds();
+    let started = Instant::now();
+    let slots = Arc::new(Semaphore::new(PARALLEL));
+    let mut runs = Vec::new();
+    for seed in seeds {
+        let ops = generate(seed);
+        let slots = Arc::clone(&slots);
+        let task = tokio::spawn({
+            let ops = ops.clone();
+            async move {
+                let _slot = slots.acquire_owned().await;
+                let begun = Instant::now();
+                (execute(backend, ops).await, begun.elapsed())
+            }
+        });
+        runs.push((seed, ops, task));
+    }
+    let mut failures = Vec::new();
+    let mut totals = Stats::default();
+    let count = runs.len();
+    for (seed, ops, task) in runs {
+        let (result, took) = task.await.expect("the run's task");
+        match result {
+            Ok(stats) => {
+                totals.add(&stats);
+                println!(
+                    "model {backend:?} seed {seed:#018x}: {} steps agree ({} answers checked, {} \
+                     too close to call) in {took:.2?}",
+                    ops.len(),
+                    stats.decided,
+                    stats.undecided
+                );
+            }
+            Err(f) => {
+                println!(
+                    "model {backend:?} seed {seed:#018x}: DISAGREES at step {:?}: {}",
+                    f.step, f.what
+                );
+                failures.push((seed, ops, f));
+            }
+        }
+    }
+    println!(
+        "model {backend:?}: {count} sequences, {} answers checked, {} too close to call, in {:.2?}",
+        totals.decided,
+        totals.undecided,
+        started.elapsed()
+    );
+    for (what, n) in &totals.seen {
+        println!("  {n:>5} × {what}");
+    }
+    let Some((seed, ops, failure)) = failures.into_iter().next() else {
+        return;
+    };
+    println!(
+        "model {backend:?} seed {seed:#018x}: shrinking {} steps",
+        ops.len()
+    );
+    let first = failure.what.clone();
+    let (ops, failure, tries, shrunk) = shrink(backend, ops, failure).await;
+    let again = if shrunk == 0 {
+        " (no smaller sequence failed again: the disagreement needs a timing to show)"
+    } else {
+        ""
+    };
+    let steps: String = ops
+        .iter()
+        .enumerate()
+        .map(|(i, op)| format!("\n  {i:>3}: {op:?}"))
+        .collect();
+    panic!(
+        "the {backend:?} backend disagrees with the model (seed {seed:#018x}; replay with \
+         MODEL_SEED={seed:#x}).\nFirst disagreement: {first}\nShrunk ({tries} candidates tried, {shrunk} failed again) to {} steps{again}:{steps}\n\
+         Its disagreement, at step {:?}: {}\nIts run:\n{}",
+        ops.len(),
+        failure.step,
+        failure.what,
+        failure.trace.join("\n")
+    );
+}
