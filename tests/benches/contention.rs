@@ -1,5 +1,6 @@
 //! Contention benchmark: `lock-runtime` against the hand-written minimum, `rslock` and
-//! `async-redis-lock`, all on one `redis-server` spawned by the test kit, in one process.
+//! `async-redis-lock`, all on one `redis-server` spawned by the test kit, in one process (but
+//! scenario 7, whose waiters are spread over 4 child processes).
 //!
 //! ```text
 //! cargo bench -p lock-tests --bench contention                    # about 3 minutes
@@ -9,11 +10,14 @@
 //! ```
 //!
 //! The contenders, each with one client (one connection, plus ours' subscriber connection)
-//! shared by every task of a scenario, as within one service; every lock has a 10 s ttl. The
-//! first three connect with redis-rs's default socket settings (no TCP_NODELAY), as
-//! `Client::open(url)`, `LockManager::new` and `Locker::from_redis_url` do; ours sets
-//! TCP_NODELAY. `BENCH_NODELAY=1` gives the three TCP_NODELAY too. Under many concurrent
-//! requests, leaving Nagle on batches writes, which matters in scenario 2.
+//! shared by every task of a scenario, as within one service; every lock has a 10 s ttl. All
+//! four connect with redis-rs's default socket settings (no TCP_NODELAY), as `Client::open(url)`,
+//! `LockManager::new`, `Locker::from_redis_url` and `LockClient::builder().url(url)` do (ours
+//! adds only TCP keepalive). `BENCH_NODELAY=1` turns TCP_NODELAY on for all four: for ours
+//! through `LockClient::builder().redis_client(client)`, with a `redis::Client` made like the
+//! others' (so without that keepalive, which does nothing within these windows), in scenario 7's
+//! child processes too. Under many concurrent requests, leaving Nagle on batches writes, which
+//! matters in scenario 2.
 //! - **hand-written**: `SET key token NX PX ttl`, released by an `EVALSHA` compare-and-delete
 //!   script; a waiter sends the `SET` again every 1 ms until it succeeds (10 s at most).
 //! - **rslock** (`LockManager::acquire`): loops over `lock`, which tries 3 times with a random
@@ -55,14 +59,34 @@
 //!    reuses memory another freed), and locks lost (`is_lost()`) at the end of the window. With
 //!    `BENCH_SCALE` > 1, also 10,000 locks for 30 s. The windows run after the memory pass, one
 //!    library at a time.
+//! 7. fair mode across processes (ours only: the others have no fair mode): the bench re-runs
+//!    its own executable as 4 child processes (worker mode, chosen by an environment variable
+//!    that `main` checks before anything else), each with its own `LockClient` on the same
+//!    server and 8 tasks looping `acquire` with `LockOptions::new(10 s).fair(true).wait(10 s)`,
+//!    hold 1 ms, release, for one window (1.5 s, times `BENCH_SCALE`) started and stopped by the
+//!    parent through the children's stdin. Processes share no monotonic clock, so each child
+//!    stamps when a wait began, when it got the lock and when it let go in wall-clock
+//!    microseconds (`SystemTime`), and prints one line per acquisition at the end. The parent
+//!    reports hand-offs/s, waits p50/p99/max, Jain's index over the 32 tasks, tasks that never
+//!    got the lock, re-taken by the releaser, and whether the order of acquisition is the order
+//!    of arrival: the share of acquisitions that no waiter beginning to wait more than 2 ms
+//!    later (a margin for the stamps' skew between processes) got ahead of, the number that one
+//!    did, the waits cut off by the end of the window that one did, and the largest such gap
+//!    between arrivals. Overlaps are checked from the stamps (a hold that begins before the
+//!    previous one let go). Requests and commands per hand-off come from a second, untimed
+//!    window whose children connect through the counting proxy (below; it is a TCP port, so
+//!    child processes can use it). A fair waiter asks twice when first refused (once more right
+//!    after subscribing) and again at least every 300 ms to keep its place, so a hand-off costs
+//!    about 4 requests (the release, the woken head's ask, the releaser's two refused asks as it
+//!    queues again), plus a re-ask for each 300 ms someone waits.
 //!
 //! Counting: Redis' `INFO commandstats` counts every command, those run inside scripts too (and
 //! `total_commands_processed` counts them as well: the run checks and prints it), so "commands
 //! executed" is the sum of `cmdstat_*` calls (less this program's own `INFO`s). "Requests sent"
 //! counts only top-level commands (a script call is one); they are counted by a loopback proxy
 //! that parses the RESP requests passing through it. Counting happens in one dedicated,
-//! untimed round per library, on clients connected through that proxy (so their hand-offs are a
-//! little slower than in the timed rounds).
+//! untimed round per library (for scenario 7, one untimed window), on clients connected through
+//! that proxy (so their hand-offs are a little slower than in the timed rounds).
 //!
 //! Output: a table (rows = metrics, columns = the libraries), per-command breakdowns of the
 //! counts, then one JSON object with the same numbers. Progress goes to stderr.
@@ -125,7 +149,7 @@ fn new_token() -> String {
 
 /// A `redis::Client` for the hand-written lock, rslock and async-redis-lock: redis-rs's defaults
 /// (what `Client::open(url)`, `LockManager::new` and `Locker::from_redis_url` make), or with
-/// TCP_NODELAY, which ours always sets (`BENCH_NODELAY=1`).
+/// TCP_NODELAY (`BENCH_NODELAY=1`; then ours gets one too, see [`ours_client`]).
 fn redis_client(url: &str, nodelay: bool) -> redis::Client {
     let mut info = redis::IntoConnectionInfo::into_connection_info(url)
         .unwrap_or_else(|e| panic!("bad Redis URL {url}: {e}"));
@@ -133,6 +157,24 @@ fn redis_client(url: &str, nodelay: bool) -> redis::Client {
         info = info.set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
     }
     redis::Client::open(info).unwrap_or_else(|e| panic!("bad Redis URL {url}: {e}"))
+}
+
+/// Ours: by URL, as a service would (redis-rs's default socket settings, which the library
+/// keeps, plus its TCP keepalive); with `nodelay`, through the builder's `redis_client` with a
+/// [`redis_client`] that has TCP_NODELAY on (and no keepalive: its first probe would come after
+/// 15 s idle, never within these windows).
+async fn ours_client(url: &str, nodelay: bool) -> Result<LockClient, lock_runtime::LockError> {
+    let builder = if nodelay {
+        LockClient::builder().redis_client(redis_client(url, true))
+    } else {
+        LockClient::builder().url(url)
+    };
+    builder.build().await
+}
+
+/// `BENCH_NODELAY` set, and neither empty nor `0`.
+fn nodelay_from_env() -> bool {
+    std::env::var("BENCH_NODELAY").is_ok_and(|v| !v.is_empty() && v != "0")
 }
 
 // Boxing the large variants would add an allocation per acquisition to some contenders only.
@@ -181,11 +223,7 @@ impl Lib {
                     .timeout(Some(WAIT)),
             ),
             _ => Lib::Ours(
-                LockClient::builder()
-                    .url(url)
-                    .build()
-                    .await
-                    .unwrap_or_else(|e| failed(&e)),
+                ours_client(url, nodelay).await.unwrap_or_else(|e| failed(&e)),
                 LockOptions::new(TTL).wait(WAIT),
             ),
         }
@@ -1042,11 +1080,353 @@ async fn watchdog(
 }
 
 // ---------------------------------------------------------------------------------------------
+// Scenario 7: fair mode, 4 processes × 8 waiters on one key (ours only).
+
+/// In a child process of scenario 7: its index (0–3). `main` checks it before anything else.
+const WORKER_ENV: &str = "CONTENTION_BENCH_FAIR_WORKER";
+/// The worker's Redis URL (the server's, or the counting proxy's).
+const WORKER_URL_ENV: &str = "CONTENTION_BENCH_FAIR_URL";
+/// The key the workers contend for.
+const WORKER_KEY_ENV: &str = "CONTENTION_BENCH_FAIR_KEY";
+const FAIR_PROCESSES: usize = 4;
+const FAIR_TASKS: usize = 8;
+/// A waiter that began waiting at most this much later than another is not counted as having
+/// arrived after it: the stamps of different processes are a little apart (scheduling between
+/// taking the stamp and sending the request).
+const ARRIVAL_SLACK: Duration = Duration::from_millis(2);
+/// How long the parent waits for its workers to be ready, and then to report.
+const WORKER_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Wall-clock microseconds since the UNIX epoch: the one clock the processes share.
+fn wall_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+fn fair_options() -> LockOptions {
+    LockOptions::new(TTL).fair(true).wait(WAIT)
+}
+
+/// One waiter task's record, in wall-clock microseconds.
+#[derive(Default)]
+struct FairLog {
+    /// (began waiting, got the lock, let go: called release) per acquisition.
+    acquisitions: Vec<(u64, u64, u64)>,
+    /// When the wait that the end of the window cut short began.
+    waiting: Option<u64>,
+    errors: u64,
+}
+
+/// `FAIR_TASKS` tasks looping acquire (fair, waiting), hold [`HOLD`], release, until `stop`.
+/// A waiter is cancelled at the stop; a holder finishes its hold and release.
+async fn fair_waiters(client: &LockClient, key: &str, stop: watch::Receiver<bool>) -> Vec<FairLog> {
+    let handles: Vec<_> = (0..FAIR_TASKS)
+        .map(|_| {
+            let (client, key, mut stop) = (client.clone(), key.to_owned(), stop.clone());
+            tokio::spawn(async move {
+                let options = fair_options();
+                let mut log = FairLog::default();
+                while !*stop.borrow() {
+                    let began = wall_us();
+                    let attempt = tokio::select! {
+                        attempt = client.acquire(&key, &options) => attempt,
+                        _ = stop.changed() => {
+                            log.waiting = Some(began);
+                            break;
+                        }
+                    };
+                    match attempt {
+                        Ok(guard) => {
+                            let got = wall_us();
+                            tokio::time::sleep(HOLD).await;
+                            let let_go = wall_us();
+                            if !matches!(guard.release().await, Ok(true)) {
+                                log.errors += 1;
+                            }
+                            log.acquisitions.push((began, got, let_go));
+                        }
+                        Err(_) => log.errors += 1,
+                    }
+                }
+                log
+            })
+        })
+        .collect();
+    let mut logs = Vec::with_capacity(FAIR_TASKS);
+    for handle in handles {
+        logs.push(
+            handle
+                .await
+                .unwrap_or_else(|e| panic!("a fair waiter task failed: {e}")),
+        );
+    }
+    logs
+}
+
+/// A child process of scenario 7. It connects, warms up (scripts, connections, subscriber) on
+/// a key of its own, prints `ready`, starts its waiters at `go` on stdin and stops them at
+/// `stop` (or end of input), then prints one line per acquisition,
+/// `<began waiting µs> <got it µs> <let go µs> <task>`, one `waiting <began µs> <task>` per
+/// wait cut short, and `errors <n>`.
+fn fair_worker(index: &str) {
+    let index: usize = index
+        .parse()
+        .unwrap_or_else(|e| panic!("{WORKER_ENV}={index:?}: {e}"));
+    let var = |name: &str| std::env::var(name).unwrap_or_else(|e| panic!("worker {index}: {name}: {e}"));
+    let (url, key) = (var(WORKER_URL_ENV), var(WORKER_KEY_ENV));
+    // Read on a thread of its own: a blocked read there does not hold up the runtime's end.
+    let (control_tx, mut control_rx) = watch::channel(0u8);
+    std::thread::spawn(move || {
+        let mut lines = std::io::stdin().lines();
+        while let Some(Ok(line)) = lines.next() {
+            match line.trim() {
+                "go" => {
+                    let _ = control_tx.send(1);
+                }
+                "stop" => break,
+                other => panic!("worker {index}: unexpected input {other:?}"),
+            }
+        }
+        let _ = control_tx.send(2);
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("worker {index}: no runtime: {e}"));
+    let logs = runtime.block_on(async move {
+        let client = ours_client(&url, nodelay_from_env())
+            .await
+            .unwrap_or_else(|e| panic!("worker {index}: cannot connect to {url}: {e}"));
+        let (warm_tx, warm_rx) = watch::channel(false);
+        let warm_key = format!("{key}:warm:{index}");
+        let warm = fair_waiters(&client, &warm_key, warm_rx);
+        let timer = async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let _ = warm_tx.send(true);
+        };
+        let (_, warm_logs) = tokio::join!(timer, warm);
+        if warm_logs.iter().all(|log| log.acquisitions.is_empty()) {
+            panic!("worker {index}: no acquisition in the warm-up");
+        }
+        tokio::time::sleep(SETTLE).await;
+        println!("ready");
+        let _ = control_rx.wait_for(|c| *c >= 1).await;
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let stopper = async {
+            let _ = control_rx.wait_for(|c| *c >= 2).await;
+            let _ = stop_tx.send(true);
+        };
+        let (_, logs) = tokio::join!(stopper, fair_waiters(&client, &key, stop_rx));
+        // Cancelled waiters leave the queue in the background.
+        tokio::time::sleep(SETTLE).await;
+        logs
+    });
+    let mut out = String::new();
+    let mut errors = 0;
+    for (task, log) in logs.iter().enumerate() {
+        let task = index * FAIR_TASKS + task;
+        for (began, got, let_go) in &log.acquisitions {
+            out.push_str(&format!("{began} {got} {let_go} {task}\n"));
+        }
+        if let Some(began) = log.waiting {
+            out.push_str(&format!("waiting {began} {task}\n"));
+        }
+        errors += log.errors;
+    }
+    out.push_str(&format!("errors {errors}\n"));
+    let mut stdout = std::io::stdout().lock();
+    std::io::Write::write_all(&mut stdout, out.as_bytes())
+        .and_then(|()| std::io::Write::flush(&mut stdout))
+        .unwrap_or_else(|e| panic!("worker {index}: cannot write its records: {e}"));
+}
+
+#[derive(Clone)]
+struct Fair {
+    window: Duration,
+    handoffs_per_sec: f64,
+    p50: Duration,
+    p99: Duration,
+    max: Duration,
+    jain: f64,
+    starved: usize,
+    retaken: f64,
+    /// Acquisitions that no waiter arriving more than [`ARRIVAL_SLACK`] later got ahead of, as
+    /// a share of all.
+    in_order: f64,
+    /// Acquisitions that one did.
+    overtaken: u64,
+    /// Waits cut off by the end of the window that one did.
+    overtaken_waiting: u64,
+    /// The largest gap between the arrival of a waiter and that of a later one that got ahead.
+    worst_overtake: Duration,
+    errors: u64,
+    overlaps: u64,
+    counted: Option<Counted>,
+}
+
+/// One window of scenario 7: [`FAIR_PROCESSES`] workers on `key` through `url`; with a probe,
+/// the counts are read at its start and end.
+async fn fair_processes(url: &str, key: &str, window: Duration, probe: Option<&Probe>) -> Fair {
+    use tokio::io::AsyncBufReadExt;
+    let exe = std::env::current_exe().unwrap_or_else(|e| panic!("no path to this executable: {e}"));
+    let mut workers = Vec::with_capacity(FAIR_PROCESSES);
+    for index in 0..FAIR_PROCESSES {
+        let mut child = tokio::process::Command::new(&exe)
+            .env(WORKER_ENV, index.to_string())
+            .env(WORKER_URL_ENV, url)
+            .env(WORKER_KEY_ENV, key)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start worker {index} ({}): {e}", exe.display()));
+        let stdin = child.stdin.take();
+        let stdout = child
+            .stdout
+            .take()
+            .map(|out| tokio::io::BufReader::new(out).lines())
+            .unwrap_or_else(|| panic!("worker {index}: no stdout"));
+        workers.push((child, stdin, stdout));
+    }
+    let ready = async {
+        for (index, (_, _, lines)) in workers.iter_mut().enumerate() {
+            match lines.next_line().await {
+                Ok(Some(line)) if line == "ready" => {}
+                other => panic!("worker {index} is not ready: {other:?}"),
+            }
+        }
+    };
+    tokio::time::timeout(WORKER_TIMEOUT, ready)
+        .await
+        .unwrap_or_else(|_| panic!("the workers were not ready within {WORKER_TIMEOUT:?}"));
+
+    let before = match probe {
+        Some(probe) => Some(probe.snapshot().await),
+        None => None,
+    };
+    let started = Instant::now();
+    let start_us = wall_us();
+    for (_, stdin, _) in &mut workers {
+        if let Some(stdin) = stdin {
+            let _ = stdin.write_all(b"go\n").await;
+        }
+    }
+    tokio::time::sleep_until(started + window).await;
+    let after = match probe {
+        Some(probe) => Some(probe.snapshot().await),
+        None => None,
+    };
+    let stop_us = wall_us();
+    for (_, stdin, _) in &mut workers {
+        if let Some(mut stdin) = stdin.take() {
+            let _ = stdin.write_all(b"stop\n").await;
+        }
+    }
+
+    // (began, got, let go, task) per acquisition, and the waits that were going on at the stop.
+    let mut acquisitions = Vec::new();
+    let mut waiting = Vec::new();
+    let mut errors = 0;
+    let collect = async {
+        for (index, (child, _, lines)) in workers.iter_mut().enumerate() {
+            while let Some(line) = lines
+                .next_line()
+                .await
+                .unwrap_or_else(|e| panic!("worker {index}: cannot read its output: {e}"))
+            {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                let number = |i: usize| -> u64 {
+                    fields
+                        .get(i)
+                        .and_then(|f| f.parse().ok())
+                        .unwrap_or_else(|| panic!("worker {index}: unexpected line {line:?}"))
+                };
+                match fields.first() {
+                    Some(&"waiting") => waiting.push((number(1), number(2) as usize)),
+                    Some(&"errors") => errors += number(1),
+                    _ => acquisitions.push((number(0), number(1), number(2), number(3) as usize)),
+                }
+            }
+            let status = child
+                .wait()
+                .await
+                .unwrap_or_else(|e| panic!("worker {index}: {e}"));
+            if !status.success() {
+                panic!("worker {index} failed: {status}");
+            }
+        }
+    };
+    tokio::time::timeout(WORKER_TIMEOUT, collect)
+        .await
+        .unwrap_or_else(|_| panic!("the workers did not report within {WORKER_TIMEOUT:?}"));
+
+    // An acquisition after the stop was a wait still going on at the end.
+    let (mut done, late): (Vec<_>, Vec<_>) = acquisitions.into_iter().partition(|a| a.1 <= stop_us);
+    waiting.extend(late.iter().map(|&(began, _, _, task)| (began, task)));
+    done.sort_by_key(|a| a.1);
+    let us = Duration::from_micros;
+    let mut waits: Vec<Duration> = done.iter().map(|a| us(a.1.saturating_sub(a.0))).collect();
+    waits.extend(waiting.iter().map(|w| us(stop_us.saturating_sub(w.0))));
+    waits.sort();
+    let mut per_task = vec![0f64; FAIR_PROCESSES * FAIR_TASKS];
+    for a in &done {
+        per_task[a.3] += 1.0;
+    }
+    let sum: f64 = per_task.iter().sum();
+    let squares: f64 = per_task.iter().map(|x| x * x).sum();
+    // In order of acquisition: the latest arrival among those that got the lock before.
+    let slack = ARRIVAL_SLACK.as_micros() as u64;
+    let (mut overtaken, mut worst, mut latest) = (0u64, 0u64, None::<u64>);
+    for a in &done {
+        if let Some(latest) = latest.filter(|&l| l > a.0 + slack) {
+            overtaken += 1;
+            worst = worst.max(latest - a.0);
+        }
+        latest = latest.max(Some(a.0));
+    }
+    let mut overtaken_waiting = 0;
+    for w in &waiting {
+        if let Some(latest) = latest.filter(|&l| l > w.0 + slack) {
+            overtaken_waiting += 1;
+            worst = worst.max(latest - w.0);
+        }
+    }
+    let count = done.len() as u64;
+    Fair {
+        window,
+        handoffs_per_sec: count as f64 / us(stop_us.saturating_sub(start_us)).as_secs_f64(),
+        p50: quantile(&waits, 0.5),
+        p99: quantile(&waits, 0.99),
+        max: quantile(&waits, 1.0),
+        jain: if squares > 0.0 {
+            sum * sum / (per_task.len() as f64 * squares)
+        } else {
+            0.0
+        },
+        starved: per_task.iter().filter(|n| **n == 0.0).count(),
+        retaken: done.windows(2).filter(|w| w[0].3 == w[1].3).count() as f64 / (done.len().max(2) - 1) as f64,
+        in_order: 1.0 - overtaken as f64 / count.max(1) as f64,
+        overtaken,
+        overtaken_waiting,
+        worst_overtake: us(worst),
+        errors,
+        // A hold that began before the previous one let go.
+        overlaps: done.windows(2).filter(|w| w[1].1 < w[0].2).count() as u64,
+        counted: before
+            .zip(after)
+            .map(|(before, after)| Counted::between(&before, &after, count)),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Configuration, the run, and the report.
 
 struct Config {
     scale: f64,
-    /// TCP_NODELAY for the three contenders that use redis-rs's default socket settings.
+    /// TCP_NODELAY for all four (otherwise off, redis-rs's default, for all four).
     nodelay: bool,
     rounds: usize,
     sequential_window: Duration,
@@ -1055,6 +1435,10 @@ struct Config {
     counting_window: Duration,
     counted_pairs: u64,
     watchdog: Vec<(usize, Duration)>,
+    /// Scenario 7's timed window (1.5 s times `BENCH_SCALE`, at least 0.3 s) and its counting
+    /// window.
+    fair_window: Duration,
+    fair_counting_window: Duration,
 }
 
 impl Config {
@@ -1076,7 +1460,7 @@ impl Config {
         }
         Config {
             scale,
-            nodelay: std::env::var("BENCH_NODELAY").is_ok_and(|v| !v.is_empty() && v != "0"),
+            nodelay: nodelay_from_env(),
             rounds: ((5.0 * scale).round() as usize).max(1),
             sequential_window: ms(1000.0),
             many_keys_window: ms(1000.0),
@@ -1084,6 +1468,8 @@ impl Config {
             counting_window: ms(1000.0),
             counted_pairs: 500,
             watchdog,
+            fair_window: Duration::from_secs_f64((1.5 * scale).max(0.3)),
+            fair_counting_window: ms(1000.0),
         }
     }
 }
@@ -1097,14 +1483,30 @@ struct Results {
     /// [8 tasks, 64 tasks, uncontended pairs][library].
     counted: [[Option<Counted>; 4]; 3],
     watchdog: Vec<[Option<Watchdog>; 4]>,
+    /// Scenario 7 (ours only): the timed window, and the counting window (for its counts).
+    fair: Option<Fair>,
+    fair_counting: Option<Fair>,
 }
 
 const CONTENTION_TASKS: [usize; 2] = [8, 64];
 /// Scenarios 1 and 2 run each library's window in this many slices, taking turns.
 const SLICES: usize = 4;
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
+fn main() {
+    // Before anything else: a child process of scenario 7 is a worker and nothing more.
+    if let Ok(index) = std::env::var(WORKER_ENV) {
+        fair_worker(&index);
+        return;
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("no runtime: {e}"))
+        .block_on(bench());
+}
+
+async fn bench() {
     let config = Config::from_env();
     let tick = clock_tick();
     let server = RedisServer::spawn();
@@ -1145,9 +1547,7 @@ async fn main() {
                 .unwrap_or_else(|e| panic!("async-redis-lock: cannot connect: {e}")),
         ),
         Renewing::Ours(
-            LockClient::builder()
-                .url(&url)
-                .build()
+            ours_client(&url, config.nodelay)
                 .await
                 .unwrap_or_else(|e| panic!("ours: cannot connect: {e}")),
         ),
@@ -1221,6 +1621,35 @@ async fn main() {
         }
     }
 
+    eprintln!(
+        "7. ours, fair, {FAIR_PROCESSES} processes × {FAIR_TASKS} waiters: {:?} timed, then {:?} counted",
+        config.fair_window, config.fair_counting_window
+    );
+    let run = fair_processes(&url, "ours:s7", config.fair_window, None).await;
+    eprintln!(
+        "  7. ours {:>8.0} hand-offs/s, wait p50 {:.2?} p99 {:.2?} max {:.2?}, Jain {:.3}, in arrival \
+         order {:.1}% ({} overtaken, {} cut-off waits overtaken)",
+        run.handoffs_per_sec,
+        run.p50,
+        run.p99,
+        run.max,
+        run.jain,
+        run.in_order * 100.0,
+        run.overtaken,
+        run.overtaken_waiting
+    );
+    results.fair = Some(run);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    results.fair_counting = Some(
+        fair_processes(
+            &proxy_url,
+            "ours:count:s7",
+            config.fair_counting_window,
+            Some(&probe),
+        )
+        .await,
+    );
+
     report(&config, &redis_version, inner_counted, tick, &results);
 }
 
@@ -1276,6 +1705,8 @@ enum Unit {
     Millis,
     Index,
     Percent,
+    /// A share, to 0.1%.
+    FinePercent,
     Count,
     Each,
     Micros,
@@ -1313,6 +1744,7 @@ fn format_value(value: Option<f64>, unit: Unit) -> String {
         Unit::Millis => format!("{v:.2} ms"),
         Unit::Index => format!("{v:.3}"),
         Unit::Percent => format!("{:.0}%", v * 100.0),
+        Unit::FinePercent => format!("{:.1}%", v * 100.0),
         Unit::Each => format!("{v:.2}"),
         Unit::Micros => format!("{v:.1} µs"),
     }
@@ -1324,7 +1756,7 @@ fn unit_name(unit: Unit) -> &'static str {
         Unit::Ratio => "ratio",
         Unit::Millis => "ms",
         Unit::Index => "index",
-        Unit::Percent => "fraction",
+        Unit::Percent | Unit::FinePercent => "fraction",
         Unit::Count => "count",
         Unit::Each => "per_unit",
         Unit::Micros => "us",
@@ -1504,6 +1936,75 @@ fn report(config: &Config, redis_version: &str, inner_counted: (bool, u64), tick
         row(&name, "locks lost", Unit::Count, w(|r| r.lost as f64));
     }
 
+    if let Some(fair) = &results.fair {
+        let name = format!(
+            "7. fair: {FAIR_PROCESSES} processes × {FAIR_TASKS} waiters, 1 key, hold 1 ms, {:.1} s",
+            fair.window.as_secs_f64()
+        );
+        let ours = |v: f64| per(&|w| (w == OURS).then_some(v));
+        row(&name, "hand-offs/s", Unit::PerSec, ours(fair.handoffs_per_sec));
+        row(&name, "wait p50", Unit::Millis, ours(millis(fair.p50)));
+        row(&name, "wait p99", Unit::Millis, ours(millis(fair.p99)));
+        row(&name, "wait max", Unit::Millis, ours(millis(fair.max)));
+        row(&name, "Jain's fairness index", Unit::Index, ours(fair.jain));
+        row(
+            &name,
+            "tasks that never got the lock",
+            Unit::Each,
+            ours(fair.starved as f64),
+        );
+        row(
+            &name,
+            "re-taken by the releaser",
+            Unit::Percent,
+            ours(fair.retaken),
+        );
+        row(
+            &name,
+            "acquired in arrival order (2 ms slack)",
+            Unit::FinePercent,
+            ours(fair.in_order),
+        );
+        row(
+            &name,
+            "acquisitions a later arrival got ahead of",
+            Unit::Count,
+            ours(fair.overtaken as f64),
+        );
+        row(
+            &name,
+            "cut-off waits a later arrival got ahead of",
+            Unit::Count,
+            ours(fair.overtaken_waiting as f64),
+        );
+        row(
+            &name,
+            "largest arrival gap of those",
+            Unit::Millis,
+            ours(millis(fair.worst_overtake)),
+        );
+        let counted = results.fair_counting.as_ref().and_then(|f| f.counted.as_ref());
+        row(
+            &name,
+            "requests sent per hand-off",
+            Unit::Each,
+            per(&|w| counted.filter(|_| w == OURS).map(Counted::requests_per_unit)),
+        );
+        row(
+            &name,
+            "commands executed per hand-off",
+            Unit::Each,
+            per(&|w| counted.filter(|_| w == OURS).map(Counted::executed_per_unit)),
+        );
+        let counting = results.fair_counting.as_ref();
+        row(
+            &name,
+            "errors + overlaps (both windows)",
+            Unit::Count,
+            ours((fair.errors + fair.overlaps + counting.map_or(0, |c| c.errors + c.overlaps)) as f64),
+        );
+    }
+
     // The table.
     let metric_width = rows.iter().map(|r| r.metric.chars().count()).max().unwrap_or(0) + 2;
     let column = 18;
@@ -1514,9 +2015,9 @@ fn report(config: &Config, redis_version: &str, inner_counted: (bool, u64), tick
         config.rounds,
         config.scale,
         if config.nodelay {
-            "all four (BENCH_NODELAY)"
+            "on for all four (BENCH_NODELAY)"
         } else {
-            "ours only (the others on redis-rs defaults)"
+            "off for all four (redis-rs default)"
         }
     );
     println!(
@@ -1567,6 +2068,19 @@ fn report(config: &Config, redis_version: &str, inner_counted: (bool, u64), tick
             }
         }
     }
+    if let Some(c) = results.fair_counting.as_ref().and_then(|f| f.counted.as_ref()) {
+        println!("7. fair, {FAIR_PROCESSES} processes × {FAIR_TASKS} waiters, per hand-off:");
+        println!(
+            "  {:<17} requests: {}",
+            NAMES[OURS],
+            Counted::breakdown(&c.requests, c.units)
+        );
+        println!(
+            "  {:<17} executed: {}",
+            "",
+            Counted::breakdown(&c.executed, c.units)
+        );
+    }
     for watchdog in &results.watchdog {
         for (which, w) in watchdog.iter().enumerate() {
             if let Some(w) = w {
@@ -1594,7 +2108,7 @@ fn report(config: &Config, redis_version: &str, inner_counted: (bool, u64), tick
             Value::Object(o)
         })
         .collect();
-    let breakdowns: serde_json::Map<String, Value> = [
+    let mut breakdowns: serde_json::Map<String, Value> = [
         "8_tasks_per_handoff",
         "64_tasks_per_handoff",
         "uncontended_per_pair",
@@ -1620,6 +2134,18 @@ fn report(config: &Config, redis_version: &str, inner_counted: (bool, u64), tick
         ((*label).to_owned(), Value::Object(per_lib))
     })
     .collect();
+    if let Some(c) = results.fair_counting.as_ref().and_then(|f| f.counted.as_ref()) {
+        breakdowns.insert(
+            "fair_4_processes_x_8_per_handoff".to_owned(),
+            json!({
+                JSON_NAMES[OURS]: {
+                    "units": c.units,
+                    "requests": Counted::breakdown_json(&c.requests, c.units),
+                    "executed": Counted::breakdown_json(&c.executed, c.units),
+                }
+            }),
+        );
+    }
     let watchdog_breakdowns: Vec<Value> = results
         .watchdog
         .iter()
@@ -1644,7 +2170,10 @@ fn report(config: &Config, redis_version: &str, inner_counted: (bool, u64), tick
             "many_keys": config.many_keys_window.as_millis() as u64,
             "contention": config.contention_window.as_millis() as u64,
             "counting": config.counting_window.as_millis() as u64,
+            "fair": config.fair_window.as_millis() as u64,
+            "fair_counting": config.fair_counting_window.as_millis() as u64,
         },
+        "fair_arrival_slack_ms": ARRIVAL_SLACK.as_millis() as u64,
         "counted_pairs": config.counted_pairs,
         "clock_ticks_per_second": tick,
         "total_commands_processed_counts_script_commands": inner_counted.0,
