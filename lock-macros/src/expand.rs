@@ -4,7 +4,7 @@
 //! ```text
 //! let key = format!(<template>, <placeholders>);   // before the body owns the arguments
 //! let client = Some(ClientRef::lock_client(&(<client expr>)));   // or None: the default client
-//! let options = LockOptions::new(..)...;
+//! let options = LockOptions::new(..)...;   // or IntoLockOptions::into_lock_options(<options expr>)
 //! match __private::run(client, key, options, async move { <body> }).await {
 //!     Ok(out) => out,                       // the body's own return value, whatever it was
 //!     Err(e) => __private::lock_failed(e),  // Err(E::from(LockError))
@@ -23,7 +23,7 @@ use syn::visit::Visit;
 use syn::{ItemFn, ReturnType, Type};
 
 use crate::parse::RawArgs;
-use crate::validate::{validate, Config, KeyPart, OnLost};
+use crate::validate::{validate, Config, KeyPart, Millis, OnLost};
 
 /// The attribute's entry point. On any error, the item is emitted unchanged next to the errors,
 /// so the rest of the crate still type-checks and IDEs keep working.
@@ -65,18 +65,33 @@ fn expand(config: Config, mut item: ItemFn) -> TokenStream {
         }
         None => quote!(::core::option::Option::None),
     };
-    let Config {
-        ttl_ms,
-        watchdog,
-        wait_ms,
-        fencing,
-        fair,
-        hold_at_least_ms,
-        ..
-    } = config;
-    let on_lost = match config.on_lost {
-        OnLost::Abort => quote!(#private::OnLost::Abort),
-        OnLost::Continue => quote!(#private::OnLost::Continue),
+    let options_expr = match &config.options {
+        // Spanned on the expression, so a wrong type is reported there.
+        Some(expr) => {
+            let into = respan(quote!(#private::IntoLockOptions::into_lock_options), expr.span());
+            quote_spanned!(expr.span()=> #into(#expr))
+        }
+        None => {
+            let (watchdog, fencing, fair) = (config.watchdog, config.fencing, config.fair);
+            let on_lost = match config.on_lost {
+                OnLost::Abort => quote!(#private::OnLost::Abort),
+                OnLost::Continue => quote!(#private::OnLost::Continue),
+            };
+            let (ttl, wait, hold) = (
+                duration(&private, &config.ttl),
+                duration(&private, &config.wait),
+                duration(&private, &config.hold_at_least),
+            );
+            quote! {
+                #private::LockOptions::new(#ttl)
+                    .watchdog(#watchdog)
+                    .wait(#wait)
+                    .fencing(#fencing)
+                    .fair(#fair)
+                    .hold_at_least(#hold)
+                    .on_lost(#on_lost)
+            }
+        }
     };
 
     // A failed lock becomes the fn's error through `E: From<LockError>`; the check is spanned on
@@ -110,13 +125,7 @@ fn expand(config: Config, mut item: ItemFn) -> TokenStream {
     let body = quote! {{
         let #key = ::std::format!(#format #(, #placeholders)*);
         let #client = #client_expr;
-        let #options = #private::LockOptions::new(#private::Duration::from_millis(#ttl_ms))
-            .watchdog(#watchdog)
-            .wait(#private::Duration::from_millis(#wait_ms))
-            .fencing(#fencing)
-            .fair(#fair)
-            .hold_at_least(#private::Duration::from_millis(#hold_at_least_ms))
-            .on_lost(#on_lost);
+        let #options = #options_expr;
         match #private::run(#client, #key, #options, async move { #anchor #(#stmts)* }).await {
             ::core::result::Result::Ok(#out) => #out,
             ::core::result::Result::Err(#err) => #failed,
@@ -124,6 +133,18 @@ fn expand(config: Config, mut item: ItemFn) -> TokenStream {
     }};
     item.block = Box::new(syn::parse_quote!(#body));
     item.into_token_stream()
+}
+
+/// A duration argument as an expression of type `Duration`: a literal as milliseconds, an
+/// expression as written (spanned there, so a type that is not a `Duration` is reported on it).
+fn duration(private: &TokenStream, millis: &Millis) -> TokenStream {
+    match millis {
+        Millis::Literal(ms) => quote!(#private::Duration::from_millis(#ms)),
+        Millis::Expr(expr) => {
+            let check = respan(quote!(#private::duration), expr.span());
+            quote_spanned!(expr.span()=> #check(#expr))
+        }
+    }
 }
 
 /// The `format!` string and arguments that render the key template.

@@ -9,7 +9,22 @@ use syn::{Expr, ExprLit, ItemFn, Lit, LitStr, Member, Pat, Path};
 use crate::key::{parse_template, Piece};
 use crate::parse::{RawArg, RawArgs};
 
-const VALID: &str = "key, ttl_ms, watchdog, wait_ms, fencing, fair, hold_at_least_ms, on_lost, client, crate";
+const VALID: &str =
+    "key, ttl_ms, ttl, watchdog, wait_ms, wait, fencing, fair, hold_at_least_ms, hold_at_least, \
+                     on_lost, options, client, crate";
+/// Every argument that sets one of the lock's options; `options = …` gives all of them at once.
+const OPTION_ARGS: [&str; 10] = [
+    "ttl_ms",
+    "ttl",
+    "watchdog",
+    "wait_ms",
+    "wait",
+    "fencing",
+    "fair",
+    "hold_at_least_ms",
+    "hold_at_least",
+    "on_lost",
+];
 const DEFAULT_TTL_MS: u64 = 30_000;
 // Kept in step with lock_runtime::{MIN_TTL, MIN_WATCHDOG_TTL, MAX_DURATION}.
 const MIN_TTL_MS: u64 = 10;
@@ -32,16 +47,25 @@ pub(crate) enum KeyPart {
     },
 }
 
+/// A duration: an integer literal of milliseconds (`ttl_ms = 30000`), or a `Duration`
+/// expression (`ttl = TTL`), checked by the compiler where it is written.
+pub(crate) enum Millis {
+    Literal(u64),
+    Expr(Expr),
+}
+
 /// Everything expansion needs, checked.
 pub(crate) struct Config {
     pub(crate) key: Vec<KeyPart>,
-    pub(crate) ttl_ms: u64,
+    pub(crate) ttl: Millis,
     pub(crate) watchdog: bool,
-    pub(crate) wait_ms: u64,
+    pub(crate) wait: Millis,
     pub(crate) fencing: bool,
     pub(crate) fair: bool,
-    pub(crate) hold_at_least_ms: u64,
+    pub(crate) hold_at_least: Millis,
     pub(crate) on_lost: OnLost,
+    /// `options = …`: a whole `LockOptions`, instead of the arguments above.
+    pub(crate) options: Option<Expr>,
     pub(crate) client: Option<Expr>,
     pub(crate) krate: Path,
 }
@@ -57,6 +81,12 @@ struct Given {
     fair: Option<bool>,
     hold_at_least_ms: Option<u64>,
     on_lost: Option<OnLost>,
+    ttl: Option<Expr>,
+    wait: Option<Expr>,
+    hold_at_least: Option<Expr>,
+    options: Option<Expr>,
+    /// The first option argument given, for the error when `options` is given too.
+    first_option: Option<Ident>,
     client: Option<Expr>,
     krate: Option<Path>,
 }
@@ -147,9 +177,64 @@ fn string(arg: &RawArg) -> syn::Result<LitStr> {
     }
 }
 
+fn expr(arg: &RawArg, what: &str) -> syn::Result<Expr> {
+    arg.value.clone().ok_or_else(|| {
+        syn::Error::new(
+            arg.name.span(),
+            format!("`{}` needs {what}, as in `{} = …`", arg.name, arg.name),
+        )
+    })
+}
+
+/// `second` cannot be given with `first` (both set the same option).
+fn exclusive(first: &Option<impl Sized>, second: &RawArg, first_name: &str) -> syn::Result<()> {
+    if first.is_some() {
+        return Err(syn::Error::new(
+            second.name.span(),
+            format!(
+                "`{}` and `{first_name}` both set the same option: keep one",
+                second.name
+            ),
+        ));
+    }
+    Ok(())
+}
+
 impl Given {
     fn set(&mut self, arg: &RawArg) -> syn::Result<()> {
-        match arg.name.to_string().as_str() {
+        let name = arg.name.to_string();
+        if OPTION_ARGS.contains(&name.as_str()) {
+            if self.options.is_some() {
+                return Err(options_conflict(&arg.name));
+            }
+            self.first_option.get_or_insert_with(|| arg.name.clone());
+        }
+        match name.as_str() {
+            "ttl" => {
+                exclusive(&self.ttl_ms, arg, "ttl_ms")?;
+                once(&mut self.ttl, arg, expr(arg, "a `Duration`")?)?;
+            }
+            "wait" => {
+                exclusive(&self.wait_ms, arg, "wait_ms")?;
+                once(&mut self.wait, arg, expr(arg, "a `Duration`")?)?;
+            }
+            "hold_at_least" => {
+                exclusive(&self.hold_at_least_ms, arg, "hold_at_least_ms")?;
+                once(&mut self.hold_at_least, arg, expr(arg, "a `Duration`")?)?;
+            }
+            "options" => {
+                if let Some(first) = &self.first_option {
+                    return Err(options_conflict(first));
+                }
+                once(&mut self.options, arg, expr(arg, "a `LockOptions`")?)?;
+            }
+            "ttl_ms" => exclusive(&self.ttl, arg, "ttl")?,
+            "wait_ms" => exclusive(&self.wait, arg, "wait")?,
+            "hold_at_least_ms" => exclusive(&self.hold_at_least, arg, "hold_at_least")?,
+            _ => {}
+        }
+        match name.as_str() {
+            "ttl" | "wait" | "hold_at_least" | "options" => Ok(()),
             "key" => once(&mut self.key, arg, string(arg)?),
             "ttl_ms" => {
                 let (ms, span) = millis(arg)?;
@@ -200,6 +285,13 @@ impl Given {
             )),
         }
     }
+}
+
+fn options_conflict(name: &Ident) -> syn::Error {
+    syn::Error::new(
+        name.span(),
+        format!("`{name}` cannot be given with `options = …`, which gives every option: set it on the `LockOptions` instead"),
+    )
 }
 
 /// The names a fn's parameters bind, including those inside patterns
@@ -259,7 +351,7 @@ pub(crate) fn validate(args: RawArgs, item: &ItemFn) -> syn::Result<Config> {
     }
     let ttl_ms = given.ttl_ms.map_or(DEFAULT_TTL_MS, |(ms, _)| ms);
     let watchdog = given.watchdog.unwrap_or(false);
-    if watchdog && ttl_ms < MIN_WATCHDOG_TTL_MS {
+    if watchdog && given.ttl.is_none() && ttl_ms < MIN_WATCHDOG_TTL_MS {
         let span = given.ttl_ms.map_or_else(Span::call_site, |(_, span)| span);
         push(
             &mut errors,
@@ -296,15 +388,17 @@ pub(crate) fn validate(args: RawArgs, item: &ItemFn) -> syn::Result<Config> {
     let Some(key) = key else {
         return Err(syn::Error::new(Span::call_site(), "missing `key`"));
     };
+    let duration = |expr: Option<Expr>, literal: u64| expr.map_or(Millis::Literal(literal), Millis::Expr);
     Ok(Config {
         key,
-        ttl_ms,
+        ttl: duration(given.ttl, ttl_ms),
         watchdog,
-        wait_ms: given.wait_ms.unwrap_or(0),
+        wait: duration(given.wait, given.wait_ms.unwrap_or(0)),
         fencing: given.fencing.unwrap_or(false),
         fair: given.fair.unwrap_or(false),
-        hold_at_least_ms: given.hold_at_least_ms.unwrap_or(0),
+        hold_at_least: duration(given.hold_at_least, given.hold_at_least_ms.unwrap_or(0)),
         on_lost: given.on_lost.unwrap_or(OnLost::Abort),
+        options: given.options,
         client: given.client,
         krate: given.krate.unwrap_or_else(|| syn::parse_quote!(::lock_runtime)),
     })

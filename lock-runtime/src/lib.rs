@@ -90,13 +90,16 @@ pub use scope::{current, LockInfo};
 /// | `hold_at_least_ms = N` | `0` | Keep the lock at least this long after it was taken, so a fast scheduled job does not run again elsewhere in the same period. |
 /// | `on_lost = "abort" \| "continue"` | `"abort"` | When the lock is lost mid-body: drop the body and return [`LockError::Lost`], or let it finish with a warning. |
 /// | `client = EXPR` | the default client | A [`LockClient`], `&LockClient` or `Arc<LockClient>`, from an expression over the parameters (`client = self.locks`, `client = state.locks`), evaluated once before the lock is taken. Without it, [`default_client()`], or [`LockError::NotConfigured`]. |
+/// | `ttl = EXPR`, `wait = EXPR`, `hold_at_least = EXPR` | — | The same durations from code: any `Duration` expression (a `const`, a configuration value, a parameter), instead of the `_ms` form. Checked at run time ([`LockError::InvalidOptions`]). |
+/// | `options = EXPR` | — | A whole [`LockOptions`] (or a reference to one), e.g. from configuration; no other option argument may be given with it. |
 /// | `crate = "path"` | `::lock_runtime` | Where the runtime is, when it is re-exported under another name. |
 ///
 /// Mistakes are compile errors pointing at the token at fault: a fn that is not `async`, a
 /// missing, unknown (the message lists the valid ones) or repeated argument, `ttl_ms = 0`, a
-/// duration that is not an integer literal, an `on_lost` that is neither value, a placeholder that
-/// names no parameter or is empty or unclosed, and a return type that is not
-/// `Result<T, E: From<LockError>>`.
+/// `_ms` duration that is not an integer literal, a `ttl = …` that is not a `Duration`, two
+/// arguments for one option (`ttl_ms` with `ttl`; `options` with any other), an `on_lost` that
+/// is neither value, a placeholder that names no parameter or is empty or unclosed, and a return
+/// type that is not `Result<T, E: From<LockError>>`.
 ///
 /// # Examples
 ///

@@ -41,6 +41,34 @@ impl<T: ClientRef + ?Sized> ClientRef for std::sync::Arc<T> {
     }
 }
 
+/// What `options = EXPR` may give: a [`LockOptions`], or a reference to one (cloned).
+#[diagnostic::on_unimplemented(
+    message = "`options = …` must give a `LockOptions` or a reference to one, not `{Self}`",
+    label = "not LockOptions"
+)]
+pub trait IntoLockOptions {
+    /// The options, owned.
+    fn into_lock_options(self) -> LockOptions;
+}
+
+impl IntoLockOptions for LockOptions {
+    fn into_lock_options(self) -> LockOptions {
+        self
+    }
+}
+
+impl IntoLockOptions for &LockOptions {
+    fn into_lock_options(self) -> LockOptions {
+        self.clone()
+    }
+}
+
+/// `ttl = EXPR`, `wait = EXPR`, `hold_at_least = EXPR`: a `Duration` (a type error points at the
+/// expression).
+pub const fn duration(d: Duration) -> Duration {
+    d
+}
+
 /// The return types a guarded fn may have: `Result<T, E>` with `E: From<LockError>`.
 #[diagnostic::on_unimplemented(
     message = "a #[distributed_lock] fn must return `Result<T, E>` where `E: From<LockError>`, not `{Self}`",

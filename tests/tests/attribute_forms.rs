@@ -5,8 +5,9 @@
 
 use std::fmt::Display;
 use std::sync::Arc;
+use std::time::Duration;
 
-use lock_runtime::{distributed_lock, LockClient, LockError};
+use lock_runtime::{distributed_lock, LockClient, LockError, LockOptions};
 use lock_tests::Target;
 
 struct Orders {
@@ -135,6 +136,33 @@ async fn fair(locks: &LockClient, n: u8) -> Result<bool, LockError> {
     locks.is_locked(&format!("fair:{n}")).await
 }
 
+/// Durations from code: consts and expressions.
+const TTL: Duration = Duration::from_secs(5);
+const HOLD: Duration = Duration::from_millis(200);
+
+#[distributed_lock(key = "configured", client = locks, ttl = TTL, wait = Duration::from_millis(100), hold_at_least = HOLD, watchdog)]
+async fn configured(locks: &LockClient) -> Result<Option<Duration>, LockError> {
+    locks.remaining_ttl("configured").await
+}
+
+/// A whole `LockOptions` from the caller's configuration, owned or borrowed.
+struct Jobs {
+    locks: LockClient,
+    options: LockOptions,
+}
+
+impl Jobs {
+    #[distributed_lock(key = "job:<name>", client = self.locks, options = &self.options)]
+    async fn run(&self, name: &str) -> Result<bool, LockError> {
+        self.locks.is_locked(&format!("job:{name}")).await
+    }
+
+    #[distributed_lock(key = "job:<name>", client = self.locks, options = self.options.clone().fencing(true))]
+    async fn fenced(&self, name: &str) -> Result<Option<u64>, LockError> {
+        Ok(lock_runtime::current().and_then(|l| l.fencing_token()))
+    }
+}
+
 /// A key with literal braces.
 #[distributed_lock(key = "{odd}:<n>", client = locks)]
 async fn braces(locks: &LockClient, n: u8) -> Result<bool, LockError> {
@@ -170,6 +198,21 @@ async fn every_form_runs_guarded(t: Target) {
     assert_eq!(owned(&locks, "ann".to_owned()).await.unwrap(), "ann");
     assert!(braces(&locks, 1).await.unwrap());
     assert!(fair(&locks, 2).await.unwrap());
+    let left = configured(&locks).await.unwrap().unwrap();
+    assert!(
+        left > Duration::from_secs(4) && left <= TTL,
+        "ttl = TTL: {left:?}"
+    );
+    assert!(
+        locks.is_locked("configured").await.unwrap(),
+        "hold_at_least = HOLD keeps it"
+    );
+    let jobs = Jobs {
+        locks: locks.clone(),
+        options: LockOptions::new(Duration::from_secs(5)),
+    };
+    assert!(jobs.run("a").await.unwrap());
+    assert!(jobs.fenced("b").await.unwrap().is_some());
     for key in [
         "order:1",
         "customer:9:eu:5",
