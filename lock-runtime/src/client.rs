@@ -34,8 +34,10 @@ pub const MAX_WAIT_NAP: Duration = Duration::from_secs(2);
 
 /// Takes, waits for and releases locks. Cheap to clone (the connection is shared), `Send + Sync`.
 ///
-/// One client keeps one reconnecting, multiplexed Redis connection for every lock it takes, and
-/// one more connection, opened at the first wait, on which waiters hear of releases.
+/// One client keeps one multiplexed Redis connection for every lock it takes (opened at
+/// [`build`](LockClientBuilder::build) or at first use, replaced when it breaks or goes silent),
+/// one more, opened at the first wait, on which waiters hear of releases, and one watchdog task
+/// that renews all of its locks in batches.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), lock_runtime::LockError> {

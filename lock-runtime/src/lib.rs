@@ -1,6 +1,6 @@
 //! Distributed locks on Redis for async Rust, correct by default.
 //!
-//! A lock is taken atomically (`SET key token NX PX` inside one script), renewed while it is held
+//! A lock is taken atomically (one `SET key token NX PX`, or one script), renewed while it is held
 //! (the watchdog), tracked against a local monotonic clock so that a holder *knows* when it may no
 //! longer hold it, and released with a token-checked script on every exit path: return, error,
 //! panic and cancellation. Waiters are woken by the release itself (pub/sub), not by a timer.
@@ -23,7 +23,8 @@
 //!
 //! The data model: the lock on key `k` lives at `<prefix>{k}` (default prefix `lock:`) and holds
 //! the holder's 128-bit random token; its fencing counter is `<prefix>{k}:fence`; releases are
-//! announced on `<prefix>{k}:released`. The whole protocol is in the three scripts under
+//! announced on `<prefix>{k}:released`; fair waiters line up in `<prefix>{k}:queue`. The whole
+//! protocol is one `SET NX PX GET` (an uncontended acquire) and the three scripts under
 //! `src/scripts/`.
 
 /// The README's examples, compiled as doc tests so they stay true.
