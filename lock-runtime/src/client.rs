@@ -201,9 +201,6 @@ impl LockClient {
             sleep_first = true;
         }
         loop {
-            if self.held().is_closed() {
-                return Err(LockError::unavailable(ShutDown));
-            }
             if let Some(wakeup) = &wakeup {
                 // Never past the waiter's own deadline, however the subscriber fares.
                 let _ = tokio::time::timeout_at(deadline, backend.listen(wakeup)).await;
@@ -222,6 +219,12 @@ impl LockClient {
                 fair,
                 join: will_wait,
             };
+            // Counted before the check, so shutdown either refuses this attempt or waits for it
+            // (until its lock, if it takes one, is registered).
+            let in_flight = self.held().acquiring();
+            if self.held().is_closed() {
+                return Err(LockError::unavailable(ShutDown));
+            }
             let started = Instant::now();
             let pending = PendingAcquire::new(self, &keys, &token, fair);
             let attempt = match backend.acquire(&keys, &token, &ask).await {
@@ -241,12 +244,9 @@ impl LockClient {
                     }
                     tracing::debug!(key, fence, "lock acquired");
                     let state = LockState::new(key, keys, token, fence, options, started);
-                    return Ok(LockGuard::new(
-                        self.clone(),
-                        state,
-                        options.is_watchdog(),
-                        started,
-                    ));
+                    let guard = LockGuard::new(self.clone(), state, options.is_watchdog(), started);
+                    drop(in_flight); // registered: shutdown will find it
+                    return Ok(guard);
                 }
                 Attempt::Held {
                     pttl_ms: left,
@@ -392,6 +392,16 @@ impl LockClient {
     /// ```
     pub async fn shutdown(&self) {
         self.held().close();
+        let bound = self.backend().response_timeout();
+        // An acquire already on the wire may still take a lock: wait for it to be registered.
+        if tokio::time::timeout(bound, self.held().acquires_settled())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "shutdown: acquires still in flight after {bound:?}; their locks, if taken, will expire"
+            );
+        }
         self.watchdog().stop();
         let locks = self.held().take_all();
         for state in &locks {
@@ -405,7 +415,6 @@ impl LockClient {
                 tracing::warn!(key = %state.key, error = %e, "lock release at shutdown failed; the lock will expire");
             }
         }
-        let bound = self.backend().response_timeout();
         if tokio::time::timeout(bound, self.held().released_all())
             .await
             .is_err()

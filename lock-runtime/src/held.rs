@@ -18,9 +18,49 @@ pub(crate) struct HeldLocks {
     locks: [Mutex<HashMap<u64, Arc<LockState>>>; SHARDS],
     /// Set by shutdown: no new acquires.
     closed: AtomicBool,
+    /// Acquire attempts on the wire, not yet settled into a held (registered) lock or a refusal:
+    /// shutdown waits for them, so a lock taken by one is not missed.
+    acquiring: Arc<InFlight>,
     /// Background releases not finished yet.
-    releasing: AtomicUsize,
-    released_all: Notify,
+    releasing: Arc<InFlight>,
+}
+
+/// A count of operations in flight, and a way to wait until there are none.
+#[derive(Debug, Default)]
+pub(crate) struct InFlight {
+    count: AtomicUsize,
+    none: Notify,
+}
+
+impl InFlight {
+    /// Counts one operation until the returned value is dropped.
+    pub(crate) fn enter(self: &Arc<Self>) -> Pending {
+        self.count.fetch_add(1, Ordering::SeqCst);
+        Pending(Arc::clone(self))
+    }
+
+    /// Completes when nothing is in flight.
+    pub(crate) async fn none(&self) {
+        loop {
+            let notified = self.none.notified();
+            if self.count.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// One operation in flight.
+#[derive(Debug)]
+pub(crate) struct Pending(Arc<InFlight>);
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if self.0.count.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.none.notify_waiters();
+        }
+    }
 }
 
 impl HeldLocks {
@@ -64,32 +104,24 @@ impl HeldLocks {
             .collect()
     }
 
+    /// Counts an acquire attempt until the returned value is dropped (after its lock, if it
+    /// took one, is registered).
+    pub(crate) fn acquiring(&self) -> Pending {
+        self.acquiring.enter()
+    }
+
     /// Counts a background release until the returned value is dropped.
-    pub(crate) fn releasing(self: &Arc<Self>) -> Releasing {
-        self.releasing.fetch_add(1, Ordering::SeqCst);
-        Releasing(Arc::clone(self))
+    pub(crate) fn releasing(&self) -> Pending {
+        self.releasing.enter()
+    }
+
+    /// Completes when no acquire attempt is in flight.
+    pub(crate) async fn acquires_settled(&self) {
+        self.acquiring.none().await;
     }
 
     /// Completes when no background release is in flight.
     pub(crate) async fn released_all(&self) {
-        loop {
-            let notified = self.released_all.notified();
-            if self.releasing.load(Ordering::SeqCst) == 0 {
-                return;
-            }
-            notified.await;
-        }
-    }
-}
-
-/// One background release in flight.
-#[derive(Debug)]
-pub(crate) struct Releasing(Arc<HeldLocks>);
-
-impl Drop for Releasing {
-    fn drop(&mut self) {
-        if self.0.releasing.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.0.released_all.notify_waiters();
-        }
+        self.releasing.none().await;
     }
 }

@@ -501,3 +501,29 @@ async fn a_renewal_applied_after_a_release_with_a_minimum_hold_cannot_extend_it(
     let after: i64 = raw.pttl("lock:{late}").await.unwrap();
     assert!(after <= left, "{after} > {left}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_waits_for_an_acquire_on_the_wire() {
+    // The acquire has reached Redis (the key is set) but its answer is still on its way when
+    // shutdown begins: shutdown must still find that lock and give it back.
+    let server = RedisServer::spawn();
+    let proxy = lock_tests::FaultProxy::start(server.port());
+    let client = connect(&proxy.url()).await;
+    client.run("warm", &ttl(1000), async {}).await.unwrap();
+    proxy.delay(Duration::from_millis(150)); // each way
+    let acquiring = tokio::spawn({
+        let client = client.clone();
+        async move { client.acquire("wire", &ttl(60_000)).await }
+    });
+    let mut raw = server.raw().await;
+    eventually(2 * SECOND, "the acquire reaches Redis", || {
+        let mut raw = raw.clone();
+        async move { raw.exists::<_, bool>("lock:{wire}").await.unwrap() }
+    })
+    .await;
+    client.shutdown().await;
+    let exists: bool = raw.exists("lock:{wire}").await.unwrap();
+    assert!(!exists, "the lock taken by the acquire in flight was given back");
+    let guard = acquiring.await.unwrap().unwrap();
+    assert!(guard.is_lost(), "its holder knows it was given back");
+}
