@@ -303,6 +303,31 @@ fn ping(port: u16) -> bool {
     stream.read_exact(&mut reply).is_ok() && &reply == b"+PONG\r\n"
 }
 
+/// A small seeded generator (xorshift64*), so that a failing random test can be replayed from
+/// the seed it prints.
+#[derive(Debug, Clone)]
+pub struct Dice(u64);
+
+impl Dice {
+    /// A generator from `seed` (any value; zero is made non-zero).
+    pub fn new(seed: u64) -> Dice {
+        Dice(seed | 1)
+    }
+
+    /// A number below `n` (which must not be zero).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+    }
+
+    /// True `percent` times in a hundred.
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
 /// Waits for `condition` to hold, checking every 5 ms, and panics with `what` after `within`.
 pub async fn eventually<F, Fut>(within: Duration, what: &str, mut condition: F)
 where

@@ -332,28 +332,7 @@ async fn waiters_resubscribe_after_a_restart() {
     server.restart();
 
     let held = holding.acquire("resub", &ttl(60_000)).await.unwrap();
-    let waiter = tokio::spawn({
-        let waiting = waiting.clone();
-        async move {
-            let guard = waiting.acquire("resub", &ttl(5000).wait(30 * SECOND)).await;
-            (guard, Instant::now())
-        }
-    });
-    eventually(
-        3 * SECOND,
-        "the waiter subscribes on the restarted server",
-        || async { server.subscribed_channels().await == ["lock:{resub}:released"] },
-    )
-    .await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let released_at = Instant::now();
-    assert!(held.release().await.unwrap());
-    let (guard, acquired_at) = waiter.await.unwrap();
-    assert!(
-        acquired_at - released_at < MAX_WAIT_NAP / 2,
-        "woken by the release, not a timer"
-    );
-    guard.unwrap().release().await.unwrap();
+    woken_by_the_release(&server, &waiting, held, "resub", 3 * SECOND).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -429,20 +408,31 @@ async fn a_silent_subscriber_connection_is_replaced() {
             "the request connection was not replaced"
         );
     }
+    woken_by_the_release(&server, &waiting, held, "sub", 2 * SECOND + 3 * RESPONSE).await;
+}
+
+/// `held` is released while `waiting` waits for `key`: the waiter (subscribed within `within`,
+/// on whatever connection it now has) must be woken by the release, not by a timer.
+async fn woken_by_the_release(
+    server: &RedisServer,
+    waiting: &LockClient,
+    held: lock_runtime::LockGuard,
+    key: &'static str,
+    within: Duration,
+) {
     let waiter = tokio::spawn({
         let waiting = waiting.clone();
         async move {
-            let guard = waiting.acquire("sub", &ttl(5000).wait(30 * SECOND)).await;
+            let guard = waiting.acquire(key, &ttl(5000).wait(30 * SECOND)).await;
             (guard, Instant::now())
         }
     });
-    eventually(
-        2 * SECOND + 3 * RESPONSE,
-        "the waiter subscribes on a new connection",
-        || async { server.subscribed_channels().await == ["lock:{sub}:released"] },
-    )
+    let channel = format!("lock:{{{key}}}:released");
+    eventually(within, "the waiter subscribes", || async {
+        server.subscribed_channels().await == [channel.as_str()]
+    })
     .await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    tokio::time::sleep(Duration::from_millis(100)).await; // its refused attempt, then its nap
     let released_at = Instant::now();
     assert!(held.release().await.unwrap());
     let (guard, acquired_at) = waiter.await.unwrap();

@@ -24,6 +24,21 @@ impl Write for Logs {
 }
 
 impl Logs {
+    /// Captures every event at `level` or above on this thread until the guard drops.
+    fn capture(level: tracing::Level) -> (Logs, tracing::subscriber::DefaultGuard) {
+        let logs = Logs::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(level)
+            .with_ansi(false)
+            .without_time()
+            .with_writer({
+                let logs = logs.clone();
+                move || logs.clone()
+            })
+            .finish();
+        (logs, tracing::subscriber::set_default(subscriber))
+    }
+
     /// Whether a line at `level` contains `message`.
     fn has(&self, level: &str, message: &str) -> bool {
         let text = String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned();
@@ -34,17 +49,7 @@ impl Logs {
 
 #[tokio::test]
 async fn lock_events_are_traced_at_their_levels() {
-    let logs = Logs::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .without_time()
-        .with_writer({
-            let logs = logs.clone();
-            move || logs.clone()
-        })
-        .finish();
-    let _capture = tracing::subscriber::set_default(subscriber);
+    let (logs, _capture) = Logs::capture(tracing::Level::DEBUG);
 
     let mut server = RedisServer::spawn();
     let client = connect(&server.url()).await; // response timeout 500 ms
@@ -78,17 +83,7 @@ async fn lock_events_are_traced_at_their_levels() {
 
 #[tokio::test]
 async fn denied_pub_sub_is_said_once_per_client() {
-    let logs = Logs::default();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::WARN)
-        .with_ansi(false)
-        .without_time()
-        .with_writer({
-            let logs = logs.clone();
-            move || logs.clone()
-        })
-        .finish();
-    let _capture = tracing::subscriber::set_default(subscriber);
+    let (logs, _capture) = Logs::capture(tracing::Level::WARN);
 
     let server = RedisServer::spawn();
     let mut raw = server.raw().await;

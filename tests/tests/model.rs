@@ -37,7 +37,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockError, LockGuard, LockOptions};
-use lock_tests::Target;
+use lock_tests::{Dice, Target};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
@@ -82,22 +82,6 @@ fn drift(ttl: Duration) -> Duration {
 
 // ---------------------------------------------------------------------------------------------
 // Operations and their generator.
-
-/// A small seeded generator (xorshift64*), as in storm.rs.
-struct Dice(u64);
-
-impl Dice {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
-    }
-
-    fn chance(&mut self, percent: u64) -> bool {
-        self.below(100) < percent
-    }
-}
 
 /// splitmix64: spreads consecutive seeds apart.
 fn mix(mut x: u64) -> u64 {
@@ -281,7 +265,7 @@ impl Op {
 }
 
 fn generate(seed: u64) -> Vec<Op> {
-    let mut d = Dice(seed | 1);
+    let mut d = Dice::new(seed);
     let len = MIN_OPS + d.below(MAX_OPS - MIN_OPS + 1);
     (0..len).map(|_| Op::random(&mut d)).collect()
 }

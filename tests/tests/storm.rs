@@ -5,21 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_runtime::LockClient;
-use lock_tests::{eventually, ttl, Target, SECOND};
+use lock_tests::{eventually, ttl, Dice, Target, SECOND};
 
 lock_tests::on_both_backends!(a_cancellation_storm_leaves_nothing_behind);
-
-/// A small seeded generator (xorshift64*), so that a failing storm can be replayed.
-struct Dice(u64);
-
-impl Dice {
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
-    }
-}
 
 const KEYS: [&str; 8] = ["s0", "s1", "s2", "s3", "s4", "s5", "s6", "s7"];
 const CALLS: u64 = 10_000;
@@ -27,7 +15,7 @@ const CALLS: u64 = 10_000;
 async fn a_cancellation_storm_leaves_nothing_behind(t: Target) {
     let seed = 0x5eed_u64 ^ u64::from(std::process::id());
     println!("storm seed {seed:#x}");
-    let mut dice = Dice(seed | 1);
+    let mut dice = Dice::new(seed);
     let clients = Arc::new([t.client(), t.other_client().await]);
     // Warm up: the watchdog and subscriber tasks of both clients exist before the baseline.
     for c in clients.iter() {
