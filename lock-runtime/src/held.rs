@@ -20,7 +20,7 @@ pub(crate) struct HeldLocks {
     closed: AtomicBool,
     /// Acquire attempts on the wire, not yet settled into a held (registered) lock or a refusal:
     /// shutdown waits for them, so a lock taken by one is not missed.
-    acquiring: Arc<InFlight>,
+    acquiring: InFlight,
     /// Background releases not finished yet.
     releasing: Arc<InFlight>,
 }
@@ -51,15 +51,31 @@ impl InFlight {
     }
 }
 
-/// One operation in flight.
+impl InFlight {
+    fn leave(&self) {
+        if self.count.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.none.notify_waiters();
+        }
+    }
+}
+
+/// One operation in flight, for a spawned task.
 #[derive(Debug)]
 pub(crate) struct Pending(Arc<InFlight>);
 
 impl Drop for Pending {
     fn drop(&mut self) {
-        if self.0.count.fetch_sub(1, Ordering::SeqCst) == 1 {
-            self.0.none.notify_waiters();
-        }
+        self.0.leave();
+    }
+}
+
+/// One acquire attempt in flight.
+#[derive(Debug)]
+pub(crate) struct Attempting<'a>(&'a InFlight);
+
+impl Drop for Attempting<'_> {
+    fn drop(&mut self) {
+        self.0.leave();
     }
 }
 
@@ -105,9 +121,10 @@ impl HeldLocks {
     }
 
     /// Counts an acquire attempt until the returned value is dropped (after its lock, if it
-    /// took one, is registered).
-    pub(crate) fn acquiring(&self) -> Pending {
-        self.acquiring.enter()
+    /// took one, is registered). Borrowed, not an `Arc`: it is on every attempt's path.
+    pub(crate) fn acquiring(&self) -> Attempting<'_> {
+        self.acquiring.count.fetch_add(1, Ordering::SeqCst);
+        Attempting(&self.acquiring)
     }
 
     /// Counts a background release until the returned value is dropped.
