@@ -8,9 +8,10 @@ use futures_util::future::join_all;
 use rand::Rng;
 use tokio::time::Instant;
 
-use crate::backend::connection::{client_for_url, Timeouts, TlsMaterial};
+use crate::backend::connection::{client_for_url, Place, Timeouts, TlsMaterial};
 use crate::backend::memory::MemoryBackend;
 use crate::backend::redis::RedisBackend;
+use crate::backend::redis::Replicas;
 use crate::backend::{Ask, Attempt, Backend, LockKeys};
 use crate::error::ShutDown;
 use crate::guard::{release_in_background, release_state, LockGuard, LockState};
@@ -268,6 +269,14 @@ impl LockClient {
                     } else {
                         sleep_first = true;
                     }
+                }
+                Attempt::NotReplicated { acked, wanted } => {
+                    // Given back by the backend already.
+                    return Err(LockError::NotReplicated {
+                        key: key.to_owned(),
+                        acked,
+                        wanted,
+                    });
                 }
             }
         }
@@ -585,6 +594,9 @@ const FAIR_NAP: Duration = Duration::from_millis(300);
 pub struct LockClientBuilder {
     url: Option<String>,
     redis_client: Option<redis::Client>,
+    cluster: Option<Vec<String>>,
+    sentinel: Option<(Vec<String>, String)>,
+    replicas: Option<(usize, Duration)>,
     tls: TlsMaterial,
     prefix: String,
     connect_timeout: Duration,
@@ -596,6 +608,9 @@ impl Default for LockClientBuilder {
         LockClientBuilder {
             url: None,
             redis_client: None,
+            cluster: None,
+            sentinel: None,
+            replicas: None,
             tls: TlsMaterial::default(),
             prefix: DEFAULT_PREFIX.to_owned(),
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
@@ -607,23 +622,40 @@ impl Default for LockClientBuilder {
 impl std::fmt::Debug for LockClientBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // The URL may carry a password: show where it points, not who logs in.
-        let url = self
-            .url
-            .as_deref()
-            .map(|url| match (url.find("://"), url.rfind('@')) {
-                (Some(scheme), Some(at)) if at > scheme => {
-                    format!("{}<credentials>{}", &url[..scheme + 3], &url[at..])
-                }
-                _ => url.to_owned(),
-            });
+        let url = self.url.as_deref().map(hide_credentials);
         f.debug_struct("LockClientBuilder")
             .field("url", &url)
             .field("redis_client", &self.redis_client)
+            .field(
+                "cluster",
+                &self
+                    .cluster
+                    .as_ref()
+                    .map(|urls| urls.iter().map(|u| hide_credentials(u)).collect::<Vec<_>>()),
+            )
+            .field(
+                "sentinel",
+                &self
+                    .sentinel
+                    .as_ref()
+                    .map(|(urls, name)| (urls.iter().map(|u| hide_credentials(u)).collect::<Vec<_>>(), name)),
+            )
+            .field("wait_for_replicas", &self.replicas)
             .field("tls", &self.tls)
             .field("prefix", &self.prefix)
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
             .finish()
+    }
+}
+
+/// `url` with its user and password (if any) replaced by `<credentials>`.
+fn hide_credentials(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            format!("{}<credentials>{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_owned(),
     }
 }
 
@@ -640,6 +672,69 @@ impl LockClientBuilder {
     /// [`url`](Self::url).
     pub fn redis_client(mut self, client: redis::Client) -> Self {
         self.redis_client = Some(client);
+        self
+    }
+
+    /// A Redis Cluster (the `cluster` feature, on by default), given some of its nodes: the
+    /// client learns the rest, sends each request to the primary owning the lock's slot
+    /// (following MOVED/ASK while slots migrate and failovers), and wakes waiters with sharded
+    /// pub/sub on that slot.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
+    /// let locks = lock_runtime::LockClient::builder()
+    ///     .cluster(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"])
+    ///     .wait_for_replicas(1, std::time::Duration::from_millis(100))
+    ///     .build()
+    ///     .await?;
+    /// # let _ = locks; Ok(()) }
+    /// ```
+    #[cfg(feature = "cluster")]
+    pub fn cluster<I, S>(mut self, urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        self.cluster = Some(urls.into_iter().map(|u| u.as_ref().to_owned()).collect());
+        self
+    }
+
+    /// A primary managed by Redis Sentinel (the `sentinel` feature, on by default): `urls` are
+    /// the sentinels', `master_name` the name they monitor it under. Each connection asks the
+    /// sentinels for the primary (and checks its `ROLE`); after a failover (announced by the
+    /// sentinels, or found by a request that reached the demoted node or a dead connection) the
+    /// client reconnects to the new primary. The primary is reached with the first URL's user,
+    /// password, database and TLS mode.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
+    /// let locks = lock_runtime::LockClient::builder()
+    ///     .sentinel(["redis://10.0.0.1:26379", "redis://10.0.0.2:26379"], "locks")
+    ///     .wait_for_replicas(1, std::time::Duration::from_millis(100))
+    ///     .build()
+    ///     .await?;
+    /// # let _ = locks; Ok(()) }
+    /// ```
+    #[cfg(feature = "sentinel")]
+    pub fn sentinel<I, S>(mut self, urls: I, master_name: &str) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        self.sentinel = Some((
+            urls.into_iter().map(|u| u.as_ref().to_owned()).collect(),
+            master_name.to_owned(),
+        ));
+        self
+    }
+
+    /// Every acquire (with its fencing counter) counts only once `replicas` replicas have
+    /// acknowledged it: `WAIT replicas timeout` is sent right behind the acquire, in the same
+    /// round trip. When fewer acknowledge within `timeout`, the lock is given back and the
+    /// acquire fails with [`LockError::NotReplicated`]. A lock acknowledged this way survives a
+    /// failover to one of those replicas. Renewals and releases do not wait.
+    pub fn wait_for_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
+        self.replicas = Some((replicas, timeout));
         self
     }
 
@@ -697,31 +792,76 @@ impl LockClientBuilder {
         if self.connect_timeout.is_zero() || self.response_timeout.is_zero() {
             return Err(LockError::invalid_options("timeouts must be greater than zero"));
         }
-        let client = match (self.url, self.redis_client) {
-            (Some(url), None) => client_for_url(&url, &self.tls)?,
-            (None, Some(client)) if self.tls.root_ca.is_none() && self.tls.client_auth.is_none() => client,
-            (None, Some(_)) => {
-                return Err(LockError::invalid_options(
-                    "TLS certificates go into the redis::Client given to .redis_client(…), not the builder",
-                ))
-            }
-            (Some(_), Some(_)) => {
-                return Err(LockError::invalid_options(
-                    "give the builder either .url(…) or .redis_client(…), not both",
-                ))
-            }
-            (None, None) => {
-                return Err(LockError::invalid_options(
-                    "no Redis server given to the builder (.url(…) or .redis_client(…))",
-                ))
-            }
-        };
         let timeouts = Timeouts {
             connect: self.connect_timeout,
             response: self.response_timeout,
         };
-        let backend = Box::new(RedisBackend::new(client, timeouts));
+        let replicas = match self.replicas {
+            None => None,
+            Some((0, _)) => {
+                return Err(LockError::invalid_options(
+                    "wait_for_replicas needs at least 1 replica (leave it out to not wait)",
+                ))
+            }
+            Some((_, timeout)) if timeout.is_zero() => {
+                // `WAIT n 0` would block until the replicas answer, however long that takes.
+                return Err(LockError::invalid_options(
+                    "the wait_for_replicas timeout must be greater than zero",
+                ));
+            }
+            Some((wanted, timeout)) => Some(Replicas { wanted, timeout }),
+        };
+        let answer_within = timeouts.response + replicas.map_or(Duration::ZERO, |r| 2 * r.timeout);
+        let place = self.place(timeouts, answer_within)?;
+        let backend = Box::new(RedisBackend::new(place, timeouts, replicas));
         Ok(LockClient::from_backend(Backend::Redis(backend), self.prefix))
+    }
+
+    /// Where the locks live: exactly one of the four ways to say it.
+    fn place(&self, timeouts: Timeouts, answer_within: Duration) -> Result<Place, LockError> {
+        let given = [
+            self.url.is_some(),
+            self.redis_client.is_some(),
+            self.cluster.is_some(),
+            self.sentinel.is_some(),
+        ];
+        match given.iter().filter(|&&g| g).count() {
+            0 => {
+                return Err(LockError::invalid_options(
+                    "no Redis given to the builder (.url(…), .redis_client(…), .cluster(…) or .sentinel(…))",
+                ))
+            }
+            1 => {}
+            _ => return Err(LockError::invalid_options(
+                "give the builder one of .url(…), .redis_client(…), .cluster(…) or .sentinel(…), not several",
+            )),
+        }
+        if let Some(url) = &self.url {
+            return Ok(Place::Server(client_for_url(url, &self.tls)?));
+        }
+        if let Some(client) = &self.redis_client {
+            if !self.tls.is_empty() {
+                return Err(LockError::invalid_options(
+                    "TLS certificates go into the redis::Client given to .redis_client(…), not the builder",
+                ));
+            }
+            return Ok(Place::Server(client.clone()));
+        }
+        #[cfg(feature = "cluster")]
+        if let Some(urls) = &self.cluster {
+            let cluster =
+                crate::backend::cluster::ClusterPlace::new(urls, &self.tls, timeouts, answer_within)?;
+            return Ok(Place::Cluster(Arc::new(cluster)));
+        }
+        #[cfg(feature = "sentinel")]
+        if let Some((urls, master_name)) = &self.sentinel {
+            let sentinels = crate::backend::sentinel::Sentinels::new(urls, master_name, &self.tls)?;
+            return Ok(Place::Sentinel(Arc::new(sentinels)));
+        }
+        let _ = timeouts;
+        Err(LockError::invalid_options(
+            "this deployment needs a lock-runtime feature that is off",
+        ))
     }
 }
 

@@ -59,6 +59,19 @@ pub enum LockError {
         #[source]
         source: BoxError,
     },
+    /// The acquire took the lock, but fewer replicas than
+    /// [`wait_for_replicas`](crate::LockClientBuilder::wait_for_replicas) asked for acknowledged
+    /// it within its timeout, so a failover could lose it: the lock was given back. Worth
+    /// retrying once the replicas catch up.
+    #[error("lock `{key}`: {acked} of {wanted} replicas acknowledged the acquire; the lock was given back")]
+    NotReplicated {
+        /// The user's key, without the prefix.
+        key: String,
+        /// How many replicas acknowledged it.
+        acked: usize,
+        /// How many were asked for.
+        wanted: usize,
+    },
     /// No `client = …` was given to the attribute and no default client is set
     /// (see [`set_default_client`](crate::set_default_client)).
     #[error("no lock client configured: call lock_runtime::set_default_client or pass `client = …`")]

@@ -27,6 +27,10 @@
 //! protocol is one `SET NX PX GET` (an uncontended acquire) and the three scripts under
 //! `src/scripts/`.
 
+// rustdoc (1.95) runs out of query depth laying out the futures of the README's `LockClient`
+// example, which builds as an ordinary crate with the default limit: give doc tests more room.
+#![doc(test(attr(recursion_limit = "256")))]
+
 /// The README's examples, compiled as doc tests so they stay true.
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]

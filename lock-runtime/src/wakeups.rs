@@ -27,6 +27,18 @@ struct Channel {
     subscribed: bool,
 }
 
+impl Channel {
+    /// The subscription is gone: every waiter re-checks its lock (a release may have gone
+    /// unheard), and the next one to wait subscribes again.
+    fn lost(&mut self) {
+        if std::mem::replace(&mut self.subscribed, false) {
+            for waiter in &self.queue {
+                waiter.wake.notify_one();
+            }
+        }
+    }
+}
+
 #[derive(Debug)]
 struct Waiter {
     id: u64,
@@ -115,11 +127,16 @@ impl Wakeups {
     /// Channels that were never subscribed lost nothing, and are left asleep.
     pub(crate) fn subscriptions_lost(&self) {
         for entry in self.lock().values_mut() {
-            if std::mem::replace(&mut entry.subscribed, false) {
-                for waiter in &entry.queue {
-                    waiter.wake.notify_one();
-                }
-            }
+            entry.lost();
+        }
+    }
+
+    /// The server dropped this one subscription (a cluster slot moved away): its waiters
+    /// re-check, and the next of them subscribes again.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    pub(crate) fn subscription_lost(&self, channel: &str) {
+        if let Some(entry) = self.lock().get_mut(channel) {
+            entry.lost();
         }
     }
 

@@ -39,7 +39,7 @@ const LOCKING_RIGHTS: &[&str] = &[
     "&lock:*",
     "-@all",
     "+evalsha",
-    "+script|load",
+    "+eval",
     "+get",
     "+set",
     "+incrby",
@@ -53,6 +53,10 @@ const LOCKING_RIGHTS: &[&str] = &[
     "+subscribe",
     "+unsubscribe",
     "+ping",
+    "+spublish",
+    "+ssubscribe",
+    "+sunsubscribe",
+    "+wait",
 ];
 
 fn with_user(server: &RedisServer, user: &str) -> String {

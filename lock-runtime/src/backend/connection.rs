@@ -1,5 +1,6 @@
-//! The request connection to one Redis server: opened on first use, shared by every request of
-//! the client (multiplexed), retried once when it broke, and replaced when it went silent.
+//! The request connection to where the locks live (one server, a Sentinel-managed primary, or a
+//! Redis Cluster): opened on first use, shared by every request of the client (multiplexed),
+//! retried once when it broke (or reached a replica), and replaced when it went silent.
 //!
 //! redis-rs's `ConnectionManager` reconnects in the background after a broken connection, but it
 //! hands the failure of the request that found the break to its caller (the "first request after
@@ -14,7 +15,7 @@ use std::sync::{Mutex, RwLock};
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, RedisError, RedisResult};
+use redis::{AsyncConnectionConfig, Cmd, FromRedisValue, RedisError, RedisFuture, RedisResult, Value};
 use tokio::time::Instant;
 
 use crate::error::TimedOut;
@@ -45,7 +46,7 @@ impl std::fmt::Debug for TlsMaterial {
 }
 
 impl TlsMaterial {
-    fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.root_ca.is_none() && self.client_auth.is_none()
     }
 }
@@ -74,11 +75,7 @@ pub(crate) fn client_for_url(url: &str, tls: &TlsMaterial) -> Result<redis::Clie
     }
     let info = redis::IntoConnectionInfo::into_connection_info(url)
         .map_err(|e| LockError::invalid_options(format!("invalid Redis URL: {e}")))?;
-    let keepalive = redis::io::tcp::socket2::TcpKeepalive::new()
-        .with_time(Duration::from_secs(15))
-        .with_interval(Duration::from_secs(5));
-    let tcp = redis::io::tcp::TcpSettings::default().set_keepalive(keepalive);
-    let info = info.set_tcp_settings(tcp);
+    let info = info.set_tcp_settings(tcp_settings());
     let no_certificate = |pem: &[u8]| !String::from_utf8_lossy(pem).contains("-----BEGIN CERTIFICATE-----");
     if tls.root_ca.as_deref().is_some_and(no_certificate)
         || tls
@@ -95,6 +92,14 @@ pub(crate) fn client_for_url(url: &str, tls: &TlsMaterial) -> Result<redis::Clie
     } else {
         redis::Client::open(info).map_err(|e| LockError::invalid_options(format!("invalid Redis URL: {e}")))
     }
+}
+
+/// TCP keepalive (15 s, then every 5 s), so a peer that vanished is noticed by the kernel too.
+pub(crate) fn tcp_settings() -> redis::io::tcp::TcpSettings {
+    let keepalive = redis::io::tcp::socket2::TcpKeepalive::new()
+        .with_time(Duration::from_secs(15))
+        .with_interval(Duration::from_secs(5));
+    redis::io::tcp::TcpSettings::default().set_keepalive(keepalive)
 }
 
 #[cfg(feature = "tls")]
@@ -131,12 +136,116 @@ fn tls_client(_: redis::ConnectionInfo, _: &TlsMaterial) -> Result<redis::Client
 /// request opens a new one.
 pub(crate) const SILENT_AFTER: u32 = 2;
 
+/// Where requests go.
+#[derive(Debug, Clone)]
+// One per client, kept for its life: not worth a box.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Place {
+    /// One server.
+    Server(redis::Client),
+    /// The primary that the sentinels name, looked up again whenever a connection opens.
+    #[cfg(feature = "sentinel")]
+    Sentinel(std::sync::Arc<super::sentinel::Sentinels>),
+    /// A Redis Cluster: each request reaches the primary owning its key's slot.
+    #[cfg(feature = "cluster")]
+    Cluster(std::sync::Arc<super::cluster::ClusterPlace>),
+}
+
+/// An open request connection: the same commands work on each; only scripts followed by `WAIT`
+/// need to know which it is (see [`Conn::then_wait`]).
+#[derive(Clone)]
+// Cloned for every request: boxing the larger variant would allocate each time.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Conn {
+    Server(MultiplexedConnection),
+    #[cfg(feature = "cluster")]
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Server(c) => c.req_packed_command(cmd),
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Server(c) => c.req_packed_commands(pipeline, offset, count),
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Server(c) => c.get_db(),
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+impl Conn {
+    /// Sends `cmd` and then `WAIT replicas timeout` on the same node (the one owning `key`'s
+    /// slot in a cluster), in one round trip: `cmd`'s answer, and how many replicas
+    /// acknowledged it.
+    pub(crate) async fn then_wait<T: FromRedisValue>(
+        &mut self,
+        cmd: Cmd,
+        key: &[u8],
+        replicas: usize,
+        timeout: Duration,
+    ) -> RedisResult<(T, usize)> {
+        let mut pipe = redis::pipe();
+        pipe.add_command(cmd)
+            .cmd("WAIT")
+            .arg(replicas)
+            .arg(u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX));
+        let answers: Vec<Value> = match self {
+            Conn::Server(c) => {
+                let _ = key;
+                pipe.query_async(c).await?
+            }
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => {
+                use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
+                // WAIT has no key, so a cluster would send it to every primary: pin both to the
+                // primary of the key's slot.
+                let route = SingleNodeRoutingInfo::SpecificNode(Route::with_key(key, SlotAddr::Master));
+                c.route_pipeline(pipe, 0, 2, route).await?
+            }
+        };
+        let mut answers = answers.into_iter();
+        let (Some(answer), Some(acked)) = (answers.next(), answers.next()) else {
+            return Err(RedisError::from((
+                redis::ErrorKind::Parse,
+                "WAIT pipeline answered fewer than two replies",
+            )));
+        };
+        let answer = T::from_redis_value(answer.extract_error()?)?;
+        let acked = i64::from_redis_value(acked.extract_error()?)?;
+        Ok((answer, usize::try_from(acked).unwrap_or(0)))
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Connection {
-    client: redis::Client,
+    place: Place,
     timeouts: Timeouts,
-    /// Read by every request, written only when a connection opens or is dropped.
-    live: RwLock<Option<Live>>,
+    /// Read by every request, written only when a connection opens or is dropped (also by the
+    /// task that follows the sentinels' failover announcements).
+    live: std::sync::Arc<RwLock<Option<Live>>>,
+    /// With Sentinel: the task that drops the connection when the sentinels announce a new
+    /// primary, started with the first connection.
+    follower: Mutex<Option<tokio::task::AbortHandle>>,
     /// Held while a connection is opened, so that one open serves everyone waiting; it keeps the
     /// last failure, which those who waited for that very attempt get instead of a new attempt.
     opening: tokio::sync::Mutex<Option<Failure>>,
@@ -144,10 +253,18 @@ pub(crate) struct Connection {
     unanswered: AtomicU32,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 struct Live {
     generation: u64,
-    conn: MultiplexedConnection,
+    conn: Conn,
+}
+
+impl std::fmt::Debug for Live {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Live")
+            .field("generation", &self.generation)
+            .finish()
+    }
 }
 
 #[derive(Debug)]
@@ -173,11 +290,12 @@ impl From<OpenError> for LockError {
 
 impl Connection {
     /// Connects nothing yet: the first request opens the connection.
-    pub(crate) fn new(client: redis::Client, timeouts: Timeouts) -> Self {
+    pub(crate) fn new(place: Place, timeouts: Timeouts) -> Self {
         Connection {
-            client,
+            place,
             timeouts,
-            live: RwLock::new(None),
+            live: std::sync::Arc::new(RwLock::new(None)),
+            follower: Mutex::new(None),
             opening: tokio::sync::Mutex::new(None),
             unanswered: AtomicU32::new(0),
         }
@@ -190,27 +308,39 @@ impl Connection {
     }
 
     /// Sends one request, bounded by the response timeout. A request that fails because the
-    /// connection broke is sent once more on a fresh connection: every request of the lock
-    /// protocol is idempotent for its token, so a retry never takes a second lock.
+    /// connection broke, or because it reached a replica (`READONLY`: the primary failed over
+    /// and this connection still points at the old one), is sent once more on a fresh
+    /// connection: every request of the lock protocol is idempotent for its token, so a retry
+    /// never takes a second lock.
     pub(crate) async fn request<T, F, Fut>(&self, send: F) -> Result<T, LockError>
     where
-        F: Fn(MultiplexedConnection) -> Fut,
+        F: Fn(Conn) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        self.request_within(self.timeouts.response, send).await
+    }
+
+    /// [`request`](Self::request) with its own bound, for a request that waits on the server
+    /// (`WAIT`) on top of the usual answer time.
+    pub(crate) async fn request_within<T, F, Fut>(&self, within: Duration, send: F) -> Result<T, LockError>
+    where
+        F: Fn(Conn) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
         let mut retried = false;
         loop {
             let live = self.current().await?;
-            match tokio::time::timeout(self.timeouts.response, send(live.conn)).await {
+            match tokio::time::timeout(within, send(live.conn)).await {
                 Ok(Ok(answer)) => {
                     self.unanswered.store(0, Ordering::Relaxed);
                     return Ok(answer);
                 }
-                Ok(Err(e)) if broke(&e) => {
+                Ok(Err(e)) if broke(&e) || reached_replica(&e) => {
                     self.discard(live.generation);
                     if retried {
                         return Err(e.into());
                     }
-                    tracing::debug!(error = %e, "Redis connection broke; retrying on a new one");
+                    tracing::debug!(error = %e, "Redis connection broke or reached a replica; retrying on a new one");
                     retried = true;
                 }
                 Ok(Err(e)) => {
@@ -226,9 +356,7 @@ impl Connection {
                         );
                         self.discard(live.generation);
                     }
-                    return Err(LockError::unavailable(TimedOut {
-                        after: self.timeouts.response,
-                    }));
+                    return Err(LockError::unavailable(TimedOut { after: within }));
                 }
             }
         }
@@ -248,6 +376,7 @@ impl Connection {
         }
         match self.open().await {
             Ok(live) => {
+                self.follow_failovers();
                 *last_failure = None;
                 self.unanswered.store(0, Ordering::Relaxed);
                 *write(&self.live) = Some(live.clone());
@@ -266,16 +395,7 @@ impl Connection {
     async fn open(&self) -> Result<Live, OpenError> {
         static GENERATION: AtomicU64 = AtomicU64::new(0);
         let after = self.timeouts.connect;
-        // Responses are bounded by `request`, which also counts the silent ones.
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(after))
-            .set_response_timeout(None);
-        let conn = match tokio::time::timeout(
-            after,
-            self.client.get_multiplexed_async_connection_with_config(&config),
-        )
-        .await
-        {
+        let conn = match tokio::time::timeout(after, open_place(&self.place, after)).await {
             Ok(Ok(conn)) => conn,
             Ok(Err(e)) => return Err(OpenError::Redis(e)),
             Err(_) => return Err(OpenError::TimedOut(after)),
@@ -286,6 +406,35 @@ impl Connection {
         })
     }
 
+    /// With Sentinel, starts (once) the task that drops the connection as soon as a sentinel
+    /// announces that the primary moved (`+switch-master`), rather than at the next request that
+    /// fails on the old one.
+    fn follow_failovers(&self) {
+        #[cfg(feature = "sentinel")]
+        if let Place::Sentinel(sentinels) = &self.place {
+            let mut follower = lock(&self.follower);
+            if follower.is_some() {
+                return;
+            }
+            let (sentinels, live, connect) = (sentinels.clone(), self.live.clone(), self.timeouts.connect);
+            let task = tokio::spawn(async move {
+                loop {
+                    match sentinels.switched(connect).await {
+                        Ok(()) => {
+                            tracing::info!("Sentinel announced a new primary; reconnecting");
+                            *write(&live) = None;
+                        }
+                        Err(e) => {
+                            tracing::debug!(error = %e, "cannot hear the sentinels; failovers are noticed on the next request");
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                        }
+                    }
+                }
+            });
+            *follower = Some(task.abort_handle());
+        }
+    }
+
     /// Forgets connection `generation` (if it is still the current one): the next request
     /// opens a new one.
     fn discard(&self, generation: u64) {
@@ -294,6 +443,46 @@ impl Connection {
             *live = None;
         }
     }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        if let Some(follower) = lock(&self.follower).take() {
+            follower.abort();
+        }
+    }
+}
+
+/// Opens a request connection to `place`, within `after` per connect.
+async fn open_place(place: &Place, after: Duration) -> RedisResult<Conn> {
+    // Responses are bounded by `request`, which also counts the silent ones.
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(after))
+        .set_response_timeout(None);
+    match place {
+        Place::Server(client) => Ok(Conn::Server(
+            client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await?,
+        )),
+        #[cfg(feature = "sentinel")]
+        Place::Sentinel(sentinels) => {
+            let client = sentinels.primary().await?;
+            Ok(Conn::Server(
+                client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await?,
+            ))
+        }
+        #[cfg(feature = "cluster")]
+        Place::Cluster(cluster) => Ok(Conn::Cluster(cluster.connect(None).await?)),
+    }
+}
+
+/// The server refused a write because it is a replica: this connection points at a node that
+/// was demoted (a failover), so the next one must look the primary up again.
+fn reached_replica(e: &RedisError) -> bool {
+    e.code() == Some("READONLY")
 }
 
 /// The connection itself failed (closed, reset, unparseable), as opposed to Redis answering

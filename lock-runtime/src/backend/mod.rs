@@ -8,9 +8,14 @@ use std::time::Duration;
 use crate::wakeups::{Registration, Wakeups};
 use crate::LockError;
 
+#[cfg(feature = "cluster")]
+pub(crate) mod cluster;
 pub(crate) mod connection;
 pub(crate) mod memory;
 pub(crate) mod redis;
+pub(crate) mod scripts;
+#[cfg(feature = "sentinel")]
+pub(crate) mod sentinel;
 
 /// The names one lock uses in its store: all share the `{key}` hash tag, so Redis Cluster puts
 /// them in one slot. The two every lock uses are kept; the others are made when needed.
@@ -70,6 +75,8 @@ pub(crate) enum Attempt {
     /// `behind`: a fair waiter with others ahead of it in line (the next release names one of
     /// them, not it).
     Held { pttl_ms: Option<u64>, behind: bool },
+    /// Taken, but fewer replicas than asked for acknowledged it, so it was given back.
+    NotReplicated { acked: usize, wanted: usize },
 }
 
 #[derive(Debug)]

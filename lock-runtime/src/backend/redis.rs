@@ -1,53 +1,130 @@
-//! One Redis server: a request connection shared by every lock of the client, the three
-//! scripts, and one shared subscriber connection for wake-ups.
+//! Redis, however deployed (one server, a Sentinel-managed primary, a Cluster): a request
+//! connection shared by every lock of the client, the three scripts, replica acknowledgement,
+//! and one shared subscriber connection for wake-ups (sharded pub/sub on a Cluster).
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::StreamExt;
 use redis::aio::{PubSubSink, PubSubStream};
-use redis::{AsyncCommands, RedisResult, Script};
+use redis::{AsyncCommands, FromRedisValue, RedisResult};
 use tokio::sync::{mpsc, Mutex};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-use super::connection::{lock, Connection, Timeouts};
+use super::connection::{lock, Connection, Place, Timeouts};
+use super::scripts::{Call, ACQUIRE, RELEASE, RENEW};
 use super::{Ask, Attempt, LockKeys};
 use crate::error::TimedOut;
 use crate::options::{ceil_millis, FAIR_PLACE_KEPT};
 use crate::wakeups::{Registration, Wakeups};
 use crate::LockError;
 
-static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../scripts/acquire.lua")));
-static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../scripts/renew.lua")));
-static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../scripts/release.lua")));
-
 /// What the release script answers when it released the lock but Redis refused to let it
 /// announce the release (an ACL without rights on the channel).
 const RELEASED_UNANNOUNCED: i64 = 2;
+
+/// How many replicas must acknowledge an acquire, and how long the primary waits for them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Replicas {
+    pub(crate) wanted: usize,
+    pub(crate) timeout: Duration,
+}
 
 #[derive(Debug)]
 pub(crate) struct RedisBackend {
     conn: Connection,
     subscriber: Arc<Subscriber>,
+    replicas: Option<Replicas>,
+    /// A Cluster: releases announce with `SPUBLISH`, on the lock's shard.
+    sharded: bool,
 }
 
 impl RedisBackend {
     /// A backend that connects on first use.
-    pub(crate) fn new(client: redis::Client, timeouts: Timeouts) -> Self {
+    pub(crate) fn new(place: Place, timeouts: Timeouts, replicas: Option<Replicas>) -> Self {
         let (idle_tx, idle_rx) = mpsc::unbounded_channel();
+        #[cfg(feature = "cluster")]
+        let sharded = matches!(place, Place::Cluster(_));
+        #[cfg(not(feature = "cluster"))]
+        let sharded = false;
         let subscriber = Arc::new(Subscriber::new(
-            client.clone(),
+            place.clone(),
             timeouts,
             Wakeups::new(Some(idle_tx)),
             idle_rx,
         ));
         RedisBackend {
-            conn: Connection::new(client, timeouts),
+            conn: Connection::new(place, timeouts),
             subscriber,
+            replicas,
+            sharded,
         }
+    }
+
+    /// Sends `call`; with replica acknowledgement asked for, followed by `WAIT` in the same
+    /// round trip: the answer and whether enough replicas acknowledged it.
+    async fn run_acknowledged<T: FromRedisValue + Send>(
+        &self,
+        call: impl Fn() -> Call,
+    ) -> Result<(T, Option<usize>), LockError> {
+        let call = &call;
+        match self.replicas {
+            None => {
+                let answer = self
+                    .conn
+                    .request(|mut conn| async move { call().invoke(&mut conn).await })
+                    .await?;
+                Ok((answer, None))
+            }
+            Some(replicas) => {
+                // A script unknown to the node costs a second round, and its own WAIT.
+                let within = self.subscriber.timeouts.response + 2 * replicas.timeout;
+                let (answer, acked) = self
+                    .conn
+                    .request_within(within, |mut conn| async move {
+                        call()
+                            .invoke_then_wait(&mut conn, replicas.wanted, replicas.timeout)
+                            .await
+                    })
+                    .await?;
+                Ok((answer, Some(acked)))
+            }
+        }
+    }
+
+    /// An acquire that took the lock but that too few replicas acknowledged: gives the lock back
+    /// (token-checked, waking the next waiter) and says so.
+    async fn unless_replicated(
+        &self,
+        attempt: Attempt,
+        acked: Option<usize>,
+        keys: &LockKeys,
+        token: &str,
+        fair: bool,
+    ) -> Result<Attempt, LockError> {
+        let (Attempt::Acquired { .. }, Some(acked), Some(replicas)) = (attempt, acked, self.replicas) else {
+            return Ok(attempt);
+        };
+        if acked >= replicas.wanted {
+            return Ok(attempt);
+        }
+        tracing::warn!(
+            lock = %keys.lock,
+            acked,
+            wanted = replicas.wanted,
+            "too few replicas acknowledged the acquire; giving the lock back"
+        );
+        // Boxed: a rare path, kept out of every acquire's future.
+        if let Err(e) = Box::pin(self.release(keys, token, 0, fair)).await {
+            tracing::warn!(lock = %keys.lock, error = %e, "giving back an unreplicated lock failed; it will expire");
+        }
+        Ok(Attempt::NotReplicated {
+            acked,
+            wanted: replicas.wanted,
+        })
     }
 
     /// Opens the request connection now: a server that is down or refuses us fails here.
@@ -69,30 +146,32 @@ impl RedisBackend {
         } else {
             String::new()
         };
-        let place_kept = &place_kept;
-        let answer: Vec<i64> = self
-            .conn
-            .request(|mut conn| async move {
-                ACQUIRE
-                    .key(&keys.lock)
-                    .key(keys.fence())
-                    .key(keys.queue())
-                    .key(keys.kept())
-                    .key(&keys.channel)
-                    .arg(token)
+        let (place_kept, sharded) = (&place_kept, self.sharded);
+        let (answer, acked): (Vec<i64>, _) = self
+            .run_acknowledged(|| {
+                let mut call = ACQUIRE.call();
+                call.key(&keys.lock);
+                if ask.fencing || ask.fair {
+                    call.key(keys.fence());
+                }
+                if ask.fair {
+                    call.key(keys.queue()).key(keys.kept());
+                }
+                call.arg(token)
                     .arg(ask.ttl_ms)
                     .arg(if ask.fencing { "1" } else { "0" })
                     .arg(place_kept)
                     .arg(if ask.join { "1" } else { "0" })
-                    .invoke_async(&mut conn)
-                    .await
+                    .arg(&keys.channel)
+                    .arg(if sharded { "1" } else { "0" });
+                call
             })
             .await?;
         let (taken, n) = (
             answer.first().copied().unwrap_or(0),
             answer.get(1).copied().unwrap_or(-1),
         );
-        Ok(if taken == 1 {
+        let attempt = if taken == 1 {
             Attempt::Acquired {
                 fence: ask.fencing.then_some(n.unsigned_abs()),
             }
@@ -101,49 +180,100 @@ impl RedisBackend {
                 pttl_ms: u64::try_from(n).ok(),
                 behind: answer.get(2).is_some_and(|&ahead| ahead > 0),
             }
-        })
+        };
+        self.unless_replicated(attempt, acked, keys, token, ask.fair)
+            .await
     }
 
     /// The cheapest attempt, one command: `SET NX PX … GET` answers the value it found, so a
     /// retried request recognises its own token, and any other value (or another type, which
     /// `GET` refuses with `WRONGTYPE`) is someone else's. It does not learn the holder's ttl.
     async fn try_set(&self, keys: &LockKeys, token: &str, ttl_ms: u64) -> Result<Attempt, LockError> {
-        let found: Result<Option<Vec<u8>>, LockError> = self
-            .conn
-            .request(|mut conn| async move {
-                redis::cmd("SET")
-                    .arg(&keys.lock)
-                    .arg(token)
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(ttl_ms)
-                    .arg("GET")
-                    .query_async(&mut conn)
-                    .await
-            })
-            .await;
+        let set = || {
+            let mut set = redis::cmd("SET");
+            set.arg(&keys.lock)
+                .arg(token)
+                .arg("NX")
+                .arg("PX")
+                .arg(ttl_ms)
+                .arg("GET");
+            set
+        };
+        let set = &set;
+        let found: Result<(Option<Vec<u8>>, Option<usize>), LockError> = match self.replicas {
+            None => self
+                .conn
+                .request(|mut conn| async move { set().query_async(&mut conn).await })
+                .await
+                .map(|found| (found, None)),
+            Some(replicas) => self
+                .conn
+                .request_within(
+                    self.subscriber.timeouts.response + replicas.timeout,
+                    |mut conn| async move {
+                        conn.then_wait(set(), keys.lock.as_bytes(), replicas.wanted, replicas.timeout)
+                            .await
+                    },
+                )
+                .await
+                .map(|(found, acked)| (found, Some(acked))),
+        };
         let held = Attempt::Held {
             pttl_ms: None,
             behind: false,
         };
-        match found {
-            Ok(None) => Ok(Attempt::Acquired { fence: None }),
-            Ok(Some(value)) if value == token.as_bytes() => Ok(Attempt::Acquired { fence: None }),
-            Ok(Some(_)) => Ok(held),
-            Err(LockError::Unavailable { source }) if is_wrong_type(&source) => Ok(held),
-            Err(e) => Err(e),
-        }
+        let (attempt, acked) = match found {
+            Ok((None, acked)) => (Attempt::Acquired { fence: None }, acked),
+            Ok((Some(value), acked)) if value == token.as_bytes() => {
+                (Attempt::Acquired { fence: None }, acked)
+            }
+            Ok((Some(_), _)) => return Ok(held),
+            Err(LockError::Unavailable { source }) if is_wrong_type(&source) => return Ok(held),
+            Err(e) => return Err(e),
+        };
+        self.unless_replicated(attempt, acked, keys, token, false).await
     }
 
     pub(crate) async fn renew_many(&self, locks: &[(&LockKeys, &str, u64)]) -> Result<Vec<bool>, LockError> {
+        #[cfg(feature = "cluster")]
+        if self.sharded && locks.len() > 1 {
+            return self.renew_by_slot(locks).await;
+        }
+        self.renew_together(locks).await
+    }
+
+    /// On a Cluster one script may only touch keys of one slot: a batch is cut by slot, and the
+    /// parts are sent at once (each to its slot's primary).
+    #[cfg(feature = "cluster")]
+    async fn renew_by_slot(&self, locks: &[(&LockKeys, &str, u64)]) -> Result<Vec<bool>, LockError> {
+        use redis::cluster_routing::Slot;
+        let mut by_slot: std::collections::HashMap<Slot, Vec<usize>> = std::collections::HashMap::new();
+        for (i, (keys, _, _)) in locks.iter().enumerate() {
+            by_slot.entry(Slot::for_key(&keys.lock)).or_default().push(i);
+        }
+        let parts = by_slot.into_values().map(|indices| async move {
+            let part: Vec<_> = indices.iter().map(|&i| locks[i]).collect();
+            self.renew_together(&part).await.map(|renewed| (indices, renewed))
+        });
+        let mut renewed = vec![false; locks.len()];
+        for part in futures_util::future::join_all(parts).await {
+            let (indices, answers) = part?;
+            for (i, answer) in indices.into_iter().zip(answers) {
+                renewed[i] = answer;
+            }
+        }
+        Ok(renewed)
+    }
+
+    async fn renew_together(&self, locks: &[(&LockKeys, &str, u64)]) -> Result<Vec<bool>, LockError> {
         let renewed: Vec<i64> = self
             .conn
             .request(|mut conn| async move {
-                let mut invocation = RENEW.prepare_invoke();
+                let mut call = RENEW.call();
                 for (keys, token, ttl_ms) in locks {
-                    invocation.key(&keys.lock).arg(*token).arg(*ttl_ms);
+                    call.key(&keys.lock).arg(*token).arg(*ttl_ms);
                 }
-                invocation.invoke_async(&mut conn).await
+                call.invoke(&mut conn).await
             })
             .await?;
         Ok(renewed.into_iter().map(|r| r == 1).collect())
@@ -171,17 +301,28 @@ impl RedisBackend {
         fair: bool,
     ) -> Result<bool, LockError> {
         let announcement = &self.subscriber.announcement;
+        let sharded = self.sharded;
         let released: i64 = self
             .conn
             .request(|mut conn| async move {
-                let mut release = RELEASE.prepare_invoke();
-                release.key(&keys.lock).key(&keys.channel);
-                release.arg(token).arg(hold_ms).arg(announcement);
+                let mut release = RELEASE.call();
+                release.key(&keys.lock);
                 if fair {
                     // Only a fair release reads the line.
-                    release.key(keys.queue()).key(keys.kept()).arg("1");
+                    release.key(keys.queue()).key(keys.kept());
                 }
-                release.invoke_async(&mut conn).await
+                release
+                    .arg(token)
+                    .arg(hold_ms)
+                    .arg(announcement)
+                    .arg(&keys.channel);
+                if fair || sharded {
+                    release.arg(if fair { "1" } else { "0" });
+                }
+                if sharded {
+                    release.arg("1");
+                }
+                release.invoke(&mut conn).await
             })
             .await?;
         if released == RELEASED_UNANNOUNCED {
@@ -218,9 +359,16 @@ impl RedisBackend {
         if deleted == 1 {
             // Best effort, as in the release script: a user without channel rights still
             // deletes, and waiters then wake on their timers.
+            let publish = if self.sharded { "SPUBLISH" } else { "PUBLISH" };
             let told: Result<i64, LockError> = self
                 .conn
-                .request(|mut conn| async move { conn.publish(&keys.channel, "released").await })
+                .request(|mut conn| async move {
+                    redis::cmd(publish)
+                        .arg(&keys.channel)
+                        .arg("released")
+                        .query_async(&mut conn)
+                        .await
+                })
                 .await;
             if matches!(told, Err(LockError::Refused { .. })) {
                 self.subscriber.pubsub_denied();
@@ -265,7 +413,103 @@ async fn bounded<T>(after: Duration, request: impl Future<Output = RedisResult<T
 #[derive(Debug)]
 struct Live {
     generation: u64,
-    sink: PubSubSink,
+    sink: Sink,
+}
+
+/// Where subscriptions are sent.
+enum Sink {
+    /// A pub/sub connection to one server (or the primary the sentinels named).
+    Server(PubSubSink),
+    /// A RESP3 cluster connection: `SSUBSCRIBE` reaches the node owning the channel's slot, and
+    /// redis-rs subscribes again after reconnects and slot moves.
+    #[cfg(feature = "cluster")]
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl std::fmt::Debug for Sink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Sink::Server(_) => "Sink::Server",
+            #[cfg(feature = "cluster")]
+            Sink::Cluster(_) => "Sink::Cluster",
+        })
+    }
+}
+
+impl Sink {
+    async fn subscribe(&mut self, channel: &str) -> RedisResult<()> {
+        match self {
+            Sink::Server(sink) => sink.subscribe(channel).await,
+            #[cfg(feature = "cluster")]
+            Sink::Cluster(conn) => conn.ssubscribe(channel).await,
+        }
+    }
+
+    async fn unsubscribe(&mut self, channel: &str) -> RedisResult<()> {
+        match self {
+            Sink::Server(sink) => sink.unsubscribe(channel).await,
+            #[cfg(feature = "cluster")]
+            Sink::Cluster(conn) => conn.sunsubscribe(channel).await,
+        }
+    }
+
+    /// Checks the connection answers. A cluster connection is redis-rs's to keep alive (it
+    /// reconnects and subscribes again by itself).
+    async fn ping(&mut self) -> RedisResult<()> {
+        match self {
+            Sink::Server(sink) => sink.ping::<redis::Value>().await.map(drop),
+            #[cfg(feature = "cluster")]
+            Sink::Cluster(_) => Ok(()),
+        }
+    }
+}
+
+/// What a subscriber connection hears.
+enum Heard {
+    Server(PubSubStream),
+    #[cfg(feature = "cluster")]
+    Cluster(mpsc::UnboundedReceiver<redis::PushInfo>),
+}
+
+/// One thing heard: a message on a channel, or a subscription the server ended by itself.
+enum Event {
+    Message(Vec<u8>, Vec<u8>),
+    #[cfg(feature = "cluster")]
+    Unsubscribed(Vec<u8>),
+    #[cfg(feature = "cluster")]
+    Disconnected,
+}
+
+impl Heard {
+    async fn next(&mut self) -> Option<Event> {
+        match self {
+            Heard::Server(stream) => {
+                let message = stream.next().await?;
+                Some(Event::Message(
+                    message.get_channel_name().as_bytes().to_vec(),
+                    message.get_payload_bytes().to_vec(),
+                ))
+            }
+            #[cfg(feature = "cluster")]
+            Heard::Cluster(pushes) => loop {
+                let push = pushes.recv().await?;
+                let mut data = push.data.into_iter();
+                let mut bytes = || match data.next() {
+                    Some(redis::Value::BulkString(bytes)) => bytes,
+                    _ => Vec::new(),
+                };
+                match push.kind {
+                    redis::PushKind::SMessage | redis::PushKind::Message => {
+                        let channel = bytes();
+                        return Some(Event::Message(channel, bytes()));
+                    }
+                    redis::PushKind::SUnsubscribe => return Some(Event::Unsubscribed(bytes())),
+                    redis::PushKind::Disconnection => return Some(Event::Disconnected),
+                    _ => continue,
+                }
+            },
+        }
+    }
 }
 
 /// After the subscriber connection fails to open or to subscribe, waiters rely on their timers
@@ -284,7 +528,7 @@ struct Subscriber {
     /// How this client announces its releases (`c:` and a random id), so that its own are
     /// skipped when heard back.
     announcement: String,
-    client: redis::Client,
+    place: Place,
     timeouts: Timeouts,
     wakeups: Arc<Wakeups>,
     /// Also serialises SUBSCRIBE against UNSUBSCRIBE of the same channel.
@@ -309,14 +553,14 @@ enum Upkeep {
 
 impl Subscriber {
     fn new(
-        client: redis::Client,
+        place: Place,
         timeouts: Timeouts,
         wakeups: Arc<Wakeups>,
         idle: mpsc::UnboundedReceiver<String>,
     ) -> Self {
         Subscriber {
             announcement: format!("c:{:016x}", rand::random::<u64>()),
-            client,
+            place,
             timeouts,
             wakeups,
             live: Mutex::new(None),
@@ -403,9 +647,24 @@ impl Subscriber {
         tracing::debug!(error = %e, "{what}");
     }
 
+    async fn connect(&self) -> RedisResult<(Sink, Heard)> {
+        let server = match &self.place {
+            Place::Server(client) => client.clone(),
+            #[cfg(feature = "sentinel")]
+            Place::Sentinel(sentinels) => sentinels.primary().await?,
+            #[cfg(feature = "cluster")]
+            Place::Cluster(cluster) => {
+                let (pushes, heard) = mpsc::unbounded_channel();
+                let conn = cluster.connect(Some(pushes)).await?;
+                return Ok((Sink::Cluster(conn), Heard::Cluster(heard)));
+            }
+        };
+        let (sink, stream) = server.get_async_pubsub().await?.split();
+        Ok((Sink::Server(sink), Heard::Server(stream)))
+    }
+
     async fn open(self: &Arc<Self>) -> Result<Live, LockError> {
-        let pubsub = bounded(self.timeouts.connect, self.client.get_async_pubsub()).await?;
-        let (sink, stream) = pubsub.split();
+        let (sink, stream) = bounded(self.timeouts.connect, self.connect()).await?;
         static GENERATION: AtomicU64 = AtomicU64::new(0);
         let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
         let dispatcher = tokio::spawn(Arc::clone(self).dispatch(generation, stream));
@@ -423,14 +682,33 @@ impl Subscriber {
         self.wakeups.subscriptions_lost();
     }
 
-    async fn dispatch(self: Arc<Self>, generation: u64, mut stream: PubSubStream) {
-        while let Some(message) = stream.next().await {
-            let (channel, said) = (message.get_channel_name(), message.get_payload_bytes());
-            if let Some(waiter) = said.strip_prefix(b"w:") {
-                // A fair release names the next waiter; it may be another client's.
-                self.wakeups.notify_waiter(channel, waiter);
-            } else if said != self.announcement.as_bytes() {
-                self.wakeups.notify(channel);
+    async fn dispatch(self: Arc<Self>, generation: u64, mut heard: Heard) {
+        while let Some(event) = heard.next().await {
+            match event {
+                Event::Message(channel, said) => {
+                    let channel = String::from_utf8_lossy(&channel);
+                    if let Some(waiter) = said.strip_prefix(b"w:") {
+                        // A fair release names the next waiter; it may be another client's.
+                        self.wakeups.notify_waiter(&channel, waiter);
+                    } else if said != self.announcement.as_bytes() {
+                        self.wakeups.notify(&channel);
+                    }
+                }
+                #[cfg(feature = "cluster")]
+                Event::Unsubscribed(channel) => {
+                    // Ours go only when nobody waits; one that still has waiters was ended by
+                    // the server (its slot moved): they re-check, and subscribe again.
+                    let channel = String::from_utf8_lossy(&channel);
+                    if self.wakeups.is_wanted(&channel) {
+                        tracing::debug!(%channel, "lock wake-up subscription ended by the server");
+                        self.wakeups.subscription_lost(&channel);
+                    }
+                }
+                #[cfg(feature = "cluster")]
+                Event::Disconnected => {
+                    // redis-rs reconnects and subscribes again; what was said meanwhile is lost.
+                    self.wakeups.subscriptions_lost();
+                }
             }
         }
         tracing::debug!("lock wake-up subscriber connection closed");
@@ -467,9 +745,7 @@ impl Subscriber {
                     }
                     let mut live = self.live.lock().await;
                     if let Some(current) = live.as_mut() {
-                        let answer: Result<redis::Value, _> =
-                            bounded(self.timeouts.response, current.sink.ping()).await;
-                        if let Err(e) = answer {
+                        if let Err(e) = bounded(self.timeouts.response, current.sink.ping()).await {
                             tracing::warn!(error = %e, "lock wake-up connection silent; replacing it");
                             self.discard(&mut live);
                         }

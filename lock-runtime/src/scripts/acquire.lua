@@ -1,11 +1,14 @@
 -- Take a lock if its key is free. Idempotent for one token: a request sent again after its
 -- connection broke finds the lock already its own and takes neither a second lock nor a second
 -- fencing token.
--- KEYS[1] lock key, KEYS[2] fence counter, KEYS[3] fair queue (waiter tokens by arrival),
--- KEYS[4] fair places (waiter tokens by the ms their place lapses), KEYS[5] wake-up channel.
+-- KEYS[1] lock key, KEYS[2] fence counter (given with fencing or fair), KEYS[3] fair queue
+-- (waiter tokens by arrival), KEYS[4] fair places (waiter tokens by the ms their place lapses);
+-- (a key is only given when it is used: while a Redis Cluster slot migrates, a script naming a
+-- key that does not exist is refused with TRYAGAIN until the migration ends).
 -- ARGV[1] token, ARGV[2] ttl in ms, ARGV[3] '1' = fencing, ARGV[4] fair: '' = not fair, else
 -- the ms a waiter's place is kept without a new attempt, ARGV[5] '1' = join the fair queue (the
--- caller will wait).
+-- caller will wait), ARGV[6] the lock's wake-up channel (an argument, not a key, for the same
+-- reason), ARGV[7] '1' = a Redis Cluster: announce with sharded pub/sub (SPUBLISH).
 -- Returns {1, fence} when taken (fence is 0 without fencing), or {0, pttl} when not: pttl is the
 -- holder's remaining ttl, -1 for a key without expiry (a foreign value), -2 when the key is free
 -- but fair waiters come first; a fair refusal adds how many waiters are ahead in line.
@@ -78,7 +81,7 @@ if ARGV[5] == '1' then
 end
 if holder == false and #lapsed > 0 then
   -- The lock is free and the waiters ahead of the new head are gone: its turn has come.
-  redis.pcall('PUBLISH', KEYS[5], 'w:' .. head)
+  redis.pcall(ARGV[7] == '1' and 'SPUBLISH' or 'PUBLISH', ARGV[6], 'w:' .. head)
 end
 -- How many are ahead of the caller in line: a waiter with others ahead will not be named by the
 -- next release, so it need not ask again before it sleeps.

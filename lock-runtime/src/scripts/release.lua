@@ -1,8 +1,10 @@
 -- Give a lock back if it is still ours, and announce it to the waiters.
--- KEYS[1] lock key, KEYS[2] the lock's wake-up channel, KEYS[3] fair queue, KEYS[4] fair places
--- (see acquire.lua). ARGV[1] our token, ARGV[2] ms the lock must still be held (minimum hold), 0
--- to delete now, ARGV[3] the announcement ('c:' and the releasing client's id: that client wakes
--- its own next waiter itself), ARGV[4] '1' = a fair lock: announce whose turn it is instead.
+-- KEYS[1] lock key, KEYS[2] fair queue, KEYS[2] fair places (see acquire.lua; only for a fair
+-- lock). ARGV[1] our token, ARGV[2] ms the lock must still be held (minimum hold), 0 to delete
+-- now, ARGV[3] the announcement ('c:' and the releasing client's id: that client wakes its own
+-- next waiter itself), ARGV[4] the lock's wake-up channel (an argument, not a key: see
+-- acquire.lua), ARGV[5] '1' = a fair lock: announce whose turn it is instead, ARGV[6] '1' = a
+-- Redis Cluster: announce with sharded pub/sub (SPUBLISH, on the lock's shard).
 -- Returns 1 when it was ours, 0 when it had expired or been taken by someone else, and 2 when it
 -- was ours but Redis refused the announcement (an ACL without rights on the channel): the
 -- release itself stands, and waiters elsewhere wake on their timers.
@@ -26,25 +28,25 @@ else
   redis.call('DEL', KEYS[1])
 end
 local message = ARGV[3]
-if ARGV[4] == '1' then
+if ARGV[5] == '1' then
   -- The first waiter whose place has not lapsed; lapsed ones go.
   local time = redis.call('TIME')
   local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
   while true do
-    local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+    local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
     if not head then
       break
     end
-    local kept = tonumber(redis.call('ZSCORE', KEYS[4], head))
+    local kept = tonumber(redis.call('ZSCORE', KEYS[3], head))
     if kept and kept > now then
       message = 'w:' .. head
       break
     end
+    redis.call('ZREM', KEYS[2], head)
     redis.call('ZREM', KEYS[3], head)
-    redis.call('ZREM', KEYS[4], head)
   end
 end
-local told = redis.pcall('PUBLISH', KEYS[2], message)
+local told = redis.pcall(ARGV[6] == '1' and 'SPUBLISH' or 'PUBLISH', ARGV[4], message)
 if type(told) == 'table' and told.err then
   return 2
 end

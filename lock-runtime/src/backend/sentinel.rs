@@ -1,0 +1,120 @@
+//! A primary found through Redis Sentinel, looked up again each time a connection opens: after a
+//! failover (a broken connection, or `READONLY` from the demoted primary, or the sentinels'
+//! `+switch-master`), the next connection goes to the new primary.
+
+use std::time::Duration;
+
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use redis::{IntoConnectionInfo, RedisResult};
+use tokio::sync::Mutex;
+
+use super::connection::{tcp_settings, TlsMaterial};
+use crate::LockError;
+
+/// The sentinels of one monitored primary.
+pub(crate) struct Sentinels {
+    /// redis-rs's client keeps a connection to the sentinel that last answered.
+    client: Mutex<SentinelClient>,
+    master_name: String,
+    /// One client per sentinel, for `+switch-master`.
+    urls: Vec<redis::Client>,
+}
+
+impl std::fmt::Debug for Sentinels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sentinels")
+            .field("master_name", &self.master_name)
+            .field("sentinels", &self.urls.len())
+            .finish()
+    }
+}
+
+impl Sentinels {
+    /// Checks the sentinel URLs without connecting. The primary is reached with the first URL's
+    /// credentials, database and TLS mode (sentinels and data nodes usually share them).
+    pub(crate) fn new(urls: &[String], master_name: &str, tls: &TlsMaterial) -> Result<Self, LockError> {
+        if master_name.is_empty() {
+            return Err(LockError::invalid_options("the Sentinel master name is empty"));
+        }
+        if urls.is_empty() {
+            return Err(LockError::invalid_options(
+                "no Sentinel URL given to .sentinel(…)",
+            ));
+        }
+        if !tls.is_empty() {
+            return Err(LockError::invalid_options(
+                "TLS certificates are not supported with Sentinel yet; use rediss:// with a public CA",
+            ));
+        }
+        let mut infos = Vec::with_capacity(urls.len());
+        let mut clients = Vec::with_capacity(urls.len());
+        for url in urls {
+            let client = super::connection::client_for_url(url, tls)?;
+            infos.push(
+                url.as_str()
+                    .into_connection_info()
+                    .map_err(|e| LockError::invalid_options(format!("invalid Sentinel URL: {e}")))?,
+            );
+            clients.push(client);
+        }
+        let mut node = SentinelNodeConnectionInfo::default()
+            .set_redis_connection_info(infos[0].redis_settings().clone())
+            .set_tcp_settings(tcp_settings());
+        if urls[0].starts_with("rediss://") {
+            node = node.set_tls_mode(redis::TlsMode::Secure);
+        }
+        // redis-rs takes the name as a `String` without its rustls feature and as `impl AsRef<str>`
+        // with it: an owned `String` suits both.
+        let name: String = master_name.to_owned();
+        let client = SentinelClient::build(infos, name, Some(node), SentinelServerType::Master)
+            .map_err(|e| LockError::invalid_options(format!("invalid Sentinel configuration: {e}")))?;
+        Ok(Sentinels {
+            client: Mutex::new(client),
+            master_name: master_name.to_owned(),
+            urls: clients,
+        })
+    }
+
+    /// A client for the current primary: asks the sentinels (the first that answers), and checks
+    /// with `ROLE` that the node they name is a primary.
+    pub(crate) async fn primary(&self) -> RedisResult<redis::Client> {
+        let client = self.client.lock().await.async_get_client().await?;
+        tracing::debug!(master = %self.master_name, "Sentinel named the primary");
+        Ok(client)
+    }
+
+    /// Waits until a sentinel announces a failover of this primary (`+switch-master`), trying
+    /// the sentinels in turn; returns when one is heard. Errors only when no sentinel can be
+    /// subscribed to.
+    pub(crate) async fn switched(&self, connect: Duration) -> Result<(), LockError> {
+        use futures_util::StreamExt;
+        let mut last = None;
+        for sentinel in &self.urls {
+            let pubsub = match tokio::time::timeout(connect, sentinel.get_async_pubsub()).await {
+                Ok(Ok(pubsub)) => pubsub,
+                Ok(Err(e)) => {
+                    last = Some(LockError::from(e));
+                    continue;
+                }
+                Err(_) => {
+                    last = Some(LockError::unavailable(crate::error::TimedOut { after: connect }));
+                    continue;
+                }
+            };
+            let (mut sink, mut stream) = pubsub.split();
+            if let Err(e) = sink.subscribe("+switch-master").await {
+                last = Some(e.into());
+                continue;
+            }
+            while let Some(message) = stream.next().await {
+                // "<master name> <old ip> <old port> <new ip> <new port>"
+                let said = message.get_payload_bytes();
+                if said.split(|&b| b == b' ').next() == Some(self.master_name.as_bytes()) {
+                    return Ok(());
+                }
+            }
+            // This sentinel went away: listen to the next one.
+        }
+        Err(last.unwrap_or_else(|| LockError::invalid_options("no Sentinel URL")))
+    }
+}
