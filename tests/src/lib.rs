@@ -15,10 +15,14 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockClientBuilder, LockOptions};
 
+mod cluster;
 mod proxy;
+mod sentinel;
 mod tls;
 
+pub use cluster::{RedisCluster, SlotMigration};
 pub use proxy::FaultProxy;
+pub use sentinel::SentinelSetup;
 pub use tls::TestCerts;
 
 /// One second, the unit most test deadlines are written in.
@@ -36,6 +40,9 @@ pub struct RedisServer {
     child: Option<Child>,
     port: u16,
     tls_port: Option<u16>,
+    /// Arguments before the common ones (a config file must come first), the same at every
+    /// (re)start.
+    leading_args: Vec<OsString>,
     /// Arguments after the common ones, the same at every (re)start.
     extra_args: Vec<OsString>,
     dir: tempfile::TempDir,
@@ -48,19 +55,54 @@ impl RedisServer {
         RedisServer::spawn_with(|_, _| (None, Vec::new()))
     }
 
+    /// Starts a server on a free port with `args` after the common ones (`--port`, `--bind
+    /// 127.0.0.1`, no persistence, its own temp dir and log file), e.g.
+    /// `["--replicaof", "127.0.0.1", "6379"]`, and waits until it answers PING. The arguments
+    /// stay the same at every [`restart`](Self::restart).
+    pub fn spawn_with_args<I, S>(args: I) -> RedisServer
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<OsString>,
+    {
+        let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+        RedisServer::spawn_with(|_, _| (None, args.clone()))
+    }
+
     /// Starts a server with the extra arguments and TLS port that `configure` returns, given
     /// the server's (new, empty) temp dir and plaintext port; on "Address already in use",
     /// tries again with a new temp dir and new ports.
     fn spawn_with(mut configure: impl FnMut(&Path, u16) -> (Option<u16>, Vec<OsString>)) -> RedisServer {
+        RedisServer::spawn_on(free_port, |dir, port| {
+            let (tls_port, extra_args) = configure(dir, port);
+            Launch {
+                tls_port,
+                extra_args,
+                ..Launch::default()
+            }
+        })
+    }
+
+    /// Starts a server on the port `pick_port` returns, launched as `configure` says given the
+    /// server's (new, empty) temp dir and that port; on "Address already in use", tries again
+    /// with a new temp dir and a new port.
+    fn spawn_on(
+        mut pick_port: impl FnMut() -> u16,
+        mut configure: impl FnMut(&Path, u16) -> Launch,
+    ) -> RedisServer {
         let binary = redis_binary();
         for _ in 0..20 {
             let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("cannot create a temp dir: {e}"));
-            let port = free_port();
-            let (tls_port, extra_args) = configure(dir.path(), port);
+            let port = pick_port();
+            let Launch {
+                tls_port,
+                leading_args,
+                extra_args,
+            } = configure(dir.path(), port);
             let mut server = RedisServer {
                 child: None,
                 port,
                 tls_port,
+                leading_args,
                 extra_args,
                 dir,
                 binary: binary.clone(),
@@ -81,6 +123,7 @@ impl RedisServer {
     /// Starts the process on `self.port`; on failure returns its log.
     fn start(&mut self) -> Result<(), String> {
         let child = Command::new(&self.binary)
+            .args(&self.leading_args)
             .args(["--port", &self.port.to_string()])
             .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
@@ -133,6 +176,22 @@ impl RedisServer {
     /// `redis://127.0.0.1:<port>`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The process id, while the process runs (not after [`kill`](Self::kill)).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Whether the process was started and not killed since (a paused process is running).
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// The server's own temp dir: its working dir (`--dir`) and where its log and any config
+    /// file live.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
     }
 
     /// Kills the process (SIGKILL): clients see connections drop and refused.
@@ -255,6 +314,54 @@ impl Drop for RedisServer {
         }
         self.stop();
     }
+}
+
+/// How [`RedisServer::spawn_on`] launches a server, besides the common arguments.
+#[derive(Debug, Default)]
+struct Launch {
+    /// The TLS port, if it also listens with TLS.
+    tls_port: Option<u16>,
+    /// Arguments before the common ones: a config file must be the first argument.
+    leading_args: Vec<OsString>,
+    /// Arguments after the common ones.
+    extra_args: Vec<OsString>,
+}
+
+/// Starts a detached `sh` that waits for this test process to exit, then kills `servers` and
+/// removes their temp dirs: for fixtures shared by a whole test binary, kept in statics, which
+/// are never dropped.
+pub(crate) fn reap_at_exit(servers: &[RedisServer]) -> Child {
+    reap_at_exit_all(&[servers])
+}
+
+/// [`reap_at_exit`] for servers kept in several lists.
+pub(crate) fn reap_at_exit_all(lists: &[&[RedisServer]]) -> Child {
+    let servers: Vec<&RedisServer> = lists.iter().flat_map(|l| l.iter()).collect();
+    let quote = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
+    let pids: Vec<String> = servers
+        .iter()
+        .filter_map(|s| s.pid())
+        .map(|pid| pid.to_string())
+        .collect();
+    let dirs: Vec<String> = servers
+        .iter()
+        .map(|n| quote(&n.dir().to_string_lossy()))
+        .collect();
+    let script = format!(
+        "trap '' INT HUP TERM; while kill -0 {me} 2>/dev/null; do sleep 0.2; done; \
+         kill -9 {pids} 2>/dev/null; rm -rf {dirs}",
+        me = std::process::id(),
+        pids = pids.join(" "),
+        dirs = dirs.join(" "),
+    );
+    Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start the sh that kills shared servers at exit: {e}"))
 }
 
 fn redis_binary() -> PathBuf {
@@ -393,6 +500,44 @@ impl Target {
         }
     }
 
+    /// A client of the test binary's shared 3-primary Redis Cluster
+    /// ([`RedisCluster::shared`]), with a key prefix of its own so that tests sharing the
+    /// cluster never meet.
+    pub async fn cluster() -> Target {
+        let cluster = RedisCluster::shared();
+        let builder = LockClient::builder()
+            .cluster(cluster.urls())
+            .prefix(&unique_prefix())
+            .connect_timeout(Duration::from_secs(2))
+            .response_timeout(Duration::from_millis(500));
+        Target::shared(builder).await
+    }
+
+    /// A client of the test binary's shared Sentinel setup ([`SentinelSetup::shared`]), with a
+    /// key prefix of its own.
+    pub async fn sentinel() -> Target {
+        let setup = SentinelSetup::shared();
+        let builder = LockClient::builder()
+            .sentinel(setup.sentinel_urls(), setup.master_name())
+            .prefix(&unique_prefix())
+            .connect_timeout(Duration::from_secs(2))
+            .response_timeout(Duration::from_millis(500));
+        Target::shared(builder).await
+    }
+
+    async fn shared(builder: LockClientBuilder) -> Target {
+        let client = builder
+            .clone()
+            .build()
+            .await
+            .unwrap_or_else(|e| panic!("cannot connect to the shared deployment: {e}"));
+        Target {
+            client,
+            server: None,
+            builder: Some(builder),
+        }
+    }
+
     /// A fresh in-memory backend.
     pub fn memory() -> Target {
         Target {
@@ -424,6 +569,13 @@ impl Target {
     pub fn server(&self) -> Option<&RedisServer> {
         self.server.as_ref()
     }
+}
+
+/// A key prefix no other target of this test process uses (`t<n>:lock:`).
+fn unique_prefix() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("t{n}:lock:")
 }
 
 /// A builder for `url` with short timeouts, as the tests want failures fast.
@@ -476,13 +628,17 @@ macro_rules! on_both_backends {
 }
 
 /// Defines each named test on every deployment the suite covers: `redis::name` (plaintext),
-/// `redis_tls::name` (TLS with a private CA and a client certificate) and `memory::name`.
+/// `redis_tls::name` (TLS with a private CA and a client certificate), `cluster::name` (a
+/// 3-primary Redis Cluster shared by the test binary), `sentinel::name` (a Sentinel-managed
+/// primary with a replica, shared too) and `memory::name`.
 #[macro_export]
 macro_rules! on_every_deployment {
     ($($name:ident),* $(,)?) => {
         $crate::on_targets!(
             redis => $crate::Target::redis().await,
             redis_tls => $crate::Target::redis_tls().await,
+            cluster => $crate::Target::cluster().await,
+            sentinel => $crate::Target::sentinel().await,
             memory => $crate::Target::memory();
             [$($name),*]
         );
