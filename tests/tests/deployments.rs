@@ -1,0 +1,535 @@
+//! Past one Redis: a Redis Cluster (every slot owner, sharded wake-ups, a slot migrating under a
+//! held lock and under a waiter, scripts missing on a node, failover), Sentinel (following a
+//! failover) and replica acknowledgement (`wait_for_replicas`: a replica that does not answer,
+//! and a lock that survives a failover, or, without it, a holder that finds out).
+//!
+//! The behaviour suite itself runs on a cluster and a Sentinel setup too (behaviour.rs); these
+//! are the tests only a deployment has. Tests on the shared cluster use keys of their own;
+//! those that kill or migrate nodes' slots under others' feet spawn their own cluster.
+
+use std::time::{Duration, Instant};
+
+use lock_runtime::{LockClient, LockClientBuilder, LockError, MAX_WAIT_NAP};
+use lock_tests::{eventually, ttl, RedisCluster, RedisServer, SentinelSetup, SECOND};
+use redis::AsyncCommands;
+
+/// What the tests give a client for one request (a failover takes longer; clients retry).
+const RESPONSE: Duration = Duration::from_millis(500);
+
+fn cluster_builder(cluster: &RedisCluster) -> LockClientBuilder {
+    LockClient::builder()
+        .cluster(cluster.urls())
+        .connect_timeout(2 * SECOND)
+        .response_timeout(RESPONSE)
+}
+
+async fn cluster_client(cluster: &RedisCluster) -> LockClient {
+    cluster_builder(cluster)
+        .build()
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to the cluster: {e}"))
+}
+
+fn sentinel_builder(setup: &SentinelSetup) -> LockClientBuilder {
+    LockClient::builder()
+        .sentinel(setup.sentinel_urls(), setup.master_name())
+        .connect_timeout(2 * SECOND)
+        .response_timeout(RESPONSE)
+}
+
+/// A plain connection to one node.
+async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
+    server.raw().await
+}
+
+async fn shard_channels(server: &RedisServer) -> Vec<String> {
+    redis::cmd("PUBSUB")
+        .arg("SHARDCHANNELS")
+        .query_async(&mut raw(server).await)
+        .await
+        .unwrap_or_else(|e| panic!("PUBSUB SHARDCHANNELS failed: {e}"))
+}
+
+async fn calls(server: &RedisServer, command: &str) -> u64 {
+    server.command_calls(command).await
+}
+
+/// Keys of this test whose slots are on every primary of `cluster`.
+fn keys_on_every_primary(cluster: &RedisCluster, stem: &str) -> Vec<String> {
+    let mut keys = Vec::new();
+    let mut owners = std::collections::BTreeSet::new();
+    for i in 0..64 {
+        let key = format!("{stem}-{i}");
+        owners.insert(cluster.primary_of_key(&format!("lock:{{{key}}}")));
+        keys.push(key);
+        if owners.len() == cluster.primaries().len() && keys.len() >= 8 {
+            break;
+        }
+    }
+    assert_eq!(
+        owners.len(),
+        cluster.primaries().len(),
+        "keys do not reach every primary"
+    );
+    keys
+}
+
+/// A primary of `cluster` other than `than`.
+fn another_primary(cluster: &RedisCluster, than: usize) -> usize {
+    cluster
+        .primaries()
+        .into_iter()
+        .find(|&p| p != than)
+        .unwrap_or_else(|| panic!("the cluster has one primary only"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_locks_on_every_primary_and_fences_each_key() {
+    let cluster = RedisCluster::shared();
+    let client = cluster_client(cluster).await;
+    let other = cluster_client(cluster).await;
+    for key in keys_on_every_primary(cluster, "spread") {
+        let guard = client.acquire(&key, &ttl(10_000).fencing(true)).await.unwrap();
+        let first = guard.fencing_token().unwrap();
+        assert!(matches!(
+            other.acquire(&key, &ttl(10_000)).await,
+            Err(LockError::Busy { .. })
+        ));
+        assert!(guard.release().await.unwrap());
+        let again = other.acquire(&key, &ttl(10_000).fencing(true)).await.unwrap();
+        assert!(again.fencing_token().unwrap() > first, "{key}");
+        assert!(again.release().await.unwrap());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_wakes_another_clients_waiter_with_sharded_pubsub() {
+    let cluster = RedisCluster::shared();
+    let (holder, waiter) = (cluster_client(cluster).await, cluster_client(cluster).await);
+    let key = "sharded-wake";
+    let owner = cluster.node(cluster.primary_of_key("lock:{sharded-wake}"));
+    let guard = holder.acquire(key, &ttl(60_000)).await.unwrap();
+    let waiting = tokio::spawn(async move {
+        let got = waiter.acquire(key, &ttl(10_000).wait(20 * SECOND)).await;
+        (Instant::now(), got)
+    });
+    let channel = "lock:{sharded-wake}:released".to_owned();
+    eventually(
+        5 * SECOND,
+        "the waiter subscribes on the slot's owner",
+        || async { shard_channels(owner).await.contains(&channel) },
+    )
+    .await;
+    let released_at = Instant::now();
+    assert!(guard.release().await.unwrap());
+    let (acquired_at, got) = waiting.await.unwrap();
+    got.unwrap().release().await.unwrap();
+    assert!(
+        acquired_at - released_at < MAX_WAIT_NAP / 2,
+        "woken by a timer, not the release: {:?}",
+        acquired_at - released_at
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_missing_on_a_node_are_sent_with_their_source_not_loaded_everywhere() {
+    let cluster = RedisCluster::shared();
+    let client = cluster_client(cluster).await;
+    let key = "noscript";
+    let owner = cluster.node(cluster.primary_of_key("lock:{noscript}"));
+    // A node that never saw the scripts (as after a restart or a failover).
+    let () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut raw(owner).await)
+        .await
+        .unwrap();
+    let loads_before = calls(owner, "script|load").await;
+    let evals_before = calls(owner, "eval").await;
+    let guard = client.acquire(key, &ttl(10_000).fencing(true)).await.unwrap();
+    assert!(guard.release().await.unwrap());
+    assert!(
+        calls(owner, "eval").await > evals_before,
+        "the script went with its source"
+    );
+    assert_eq!(calls(owner, "script|load").await, loads_before, "no SCRIPT LOAD");
+}
+
+/// A lock whose slot moves to another primary while it is held: renewed throughout (through
+/// ASK while the slot is half moved, MOVED after), released at its new home, and then free for
+/// another client at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_lock_is_renewed_and_released_while_its_slot_migrates() {
+    let cluster = RedisCluster::spawn(3, 0);
+    let (client, other) = (cluster_client(&cluster).await, cluster_client(&cluster).await);
+    let (key, lock_key) = ("moving", "lock:{moving}");
+    let lease = Duration::from_millis(900);
+    let guard = client
+        .acquire(key, &lock_runtime::LockOptions::new(lease).watchdog(true))
+        .await
+        .unwrap();
+    let from = cluster.primary_of_key(lock_key);
+    let to = another_primary(&cluster, from);
+
+    let migration = cluster.begin_migration(lock_key, to);
+    tokio::time::sleep(2 * lease).await; // the lease runs out unless renewed
+    assert!(!guard.is_lost(), "renewed while the slot is migrating");
+    cluster.migrate_key(&migration, lock_key);
+    tokio::time::sleep(2 * lease).await;
+    assert!(!guard.is_lost(), "renewed through ASK once the key moved");
+    assert!(matches!(
+        other.acquire(key, &ttl(10_000)).await,
+        Err(LockError::Busy { .. })
+    ));
+    cluster.finish_migration(migration);
+    tokio::time::sleep(2 * lease).await;
+    assert!(!guard.is_lost(), "renewed through MOVED at the new owner");
+    let exists: bool = raw(cluster.node(to)).await.exists(lock_key).await.unwrap();
+    assert!(exists, "the lock lives on its new owner");
+
+    assert!(guard.release().await.unwrap());
+    other
+        .acquire(key, &ttl(10_000))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
+/// The server ends a waiter's sharded subscription when its slot moves: the waiter subscribes
+/// again at the new owner and is woken there by the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_is_still_woken_by_the_release_after_its_slot_moves() {
+    let cluster = RedisCluster::spawn(3, 0);
+    let (holder, waiter) = (cluster_client(&cluster).await, cluster_client(&cluster).await);
+    let (key, lock_key) = ("moving-waiter", "lock:{moving-waiter}");
+    let channel = "lock:{moving-waiter}:released".to_owned();
+    let guard = holder.acquire(key, &ttl(60_000)).await.unwrap();
+    let waiting = tokio::spawn(async move {
+        let got = waiter.acquire(key, &ttl(10_000).wait(30 * SECOND)).await;
+        (Instant::now(), got)
+    });
+    let from = cluster.primary_of_key(lock_key);
+    eventually(
+        5 * SECOND,
+        "the waiter subscribes on the slot's owner",
+        || async { shard_channels(cluster.node(from)).await.contains(&channel) },
+    )
+    .await;
+    let to = another_primary(&cluster, from);
+    cluster.migrate_slot_of(lock_key, to);
+    eventually(
+        10 * SECOND,
+        "the waiter subscribes again at the new owner",
+        || async { shard_channels(cluster.node(to)).await.contains(&channel) },
+    )
+    .await;
+    let released_at = Instant::now();
+    assert!(guard.release().await.unwrap());
+    let (acquired_at, got) = waiting.await.unwrap();
+    got.unwrap().release().await.unwrap();
+    assert!(
+        acquired_at - released_at < MAX_WAIT_NAP / 2,
+        "woken by a timer, not the release: {:?}",
+        acquired_at - released_at
+    );
+}
+
+/// The headline of replica acknowledgement, on a Cluster: a lock taken with `wait_for_replicas(1)`
+/// is on the replica before the acquire returns, so when its primary is killed and the replica
+/// promoted, the lock is still held: another client is refused, and the holder's renewals go on
+/// at the new primary. And the client goes on working for other keys in that slot range.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_with_replica_acknowledgement_keeps_a_lock_across_a_failover() {
+    let mut cluster = RedisCluster::spawn(3, 1);
+    let replicated = |c: &RedisCluster| cluster_builder(c).wait_for_replicas(1, SECOND);
+    let holder = replicated(&cluster).build().await.unwrap();
+    let other = replicated(&cluster).build().await.unwrap();
+    let (key, lock_key) = ("failover", "lock:{failover}");
+    let lease = Duration::from_secs(6);
+    let guard = holder
+        .acquire(
+            key,
+            &lock_runtime::LockOptions::new(lease).watchdog(true).fencing(true),
+        )
+        .await
+        .unwrap();
+    let fence = guard.fencing_token().unwrap();
+
+    let killed_at = Instant::now();
+    let primary = cluster.primary_of_key(lock_key);
+    let promoted = cluster.fail_over_by_killing(primary);
+    let failover = killed_at.elapsed();
+    eprintln!("cluster failover took {failover:?}");
+
+    // Another client: refused, within a bound (its requests may first meet the dead primary).
+    let mut busy = None;
+    let deadline = Instant::now() + 10 * SECOND;
+    while Instant::now() < deadline {
+        match other.acquire(key, &ttl(10_000)).await {
+            Err(LockError::Busy { .. }) => {
+                busy = Some(Instant::now());
+                break;
+            }
+            Err(LockError::Unavailable { source }) => {
+                eprintln!("{:?} unavailable: {source}", killed_at.elapsed());
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            out => panic!("the lock must survive the failover: {out:?}"),
+        }
+    }
+    assert!(
+        busy.is_some(),
+        "the client did not reach the new primary within 10 s"
+    );
+    // The holder keeps it past its lease: renewed at the new primary.
+    tokio::time::sleep(lease + SECOND).await;
+    assert!(!guard.is_lost(), "the holder's renewals go on after the failover");
+    let pttl: i64 = raw(cluster.node(promoted)).await.pttl(lock_key).await.unwrap();
+    assert!(pttl > 0, "the lock lives on the promoted replica: {pttl}");
+    assert!(guard.release().await.unwrap());
+    // The promoted replica has no replica of its own: acquires that wait for one fail now, so
+    // the next holder does without.
+    let out = other.acquire(key, &ttl(10_000)).await;
+    assert!(
+        matches!(out, Err(LockError::NotReplicated { acked: 0, .. })),
+        "{out:?}"
+    );
+    let unreplicated = cluster_client(&cluster).await;
+    let next = unreplicated
+        .acquire(key, &ttl(10_000).fencing(true))
+        .await
+        .unwrap();
+    assert!(
+        next.fencing_token().unwrap() > fence,
+        "fencing survives the failover"
+    );
+    next.release().await.unwrap();
+}
+
+/// A primary with one replica: an acquire that the paused replica cannot acknowledge fails
+/// with `NotReplicated` and leaves no lock; once the replica is back, acquires work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unacknowledged_acquire_fails_with_not_replicated_and_leaves_nothing() {
+    let primary = RedisServer::spawn();
+    let replica = RedisServer::spawn_with_args(["--replicaof", "127.0.0.1", &primary.port().to_string()]);
+    let mut conn = raw(&primary).await;
+    eventually(10 * SECOND, "the replica is in sync", || {
+        let mut conn = conn.clone();
+        async move {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            info.contains("connected_slaves:1") && info.contains("state=online")
+        }
+    })
+    .await;
+    let client = LockClient::builder()
+        .url(&primary.url())
+        .response_timeout(RESPONSE)
+        .wait_for_replicas(1, Duration::from_millis(200))
+        .build()
+        .await
+        .unwrap();
+    // Both ways an acquire is sent: the one-command attempt and the script (fencing).
+    for options in [ttl(10_000), ttl(10_000).fencing(true)] {
+        client
+            .acquire("acked", &options)
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+
+    replica.pause();
+    for options in [ttl(10_000), ttl(10_000).fencing(true), ttl(10_000).wait(SECOND)] {
+        let out = client.acquire("acked", &options).await;
+        assert!(
+            matches!(&out, Err(LockError::NotReplicated { key, acked: 0, wanted: 1 }) if key == "acked"),
+            "{out:?}"
+        );
+        let exists: bool = conn.exists("lock:{acked}").await.unwrap();
+        assert!(!exists, "the unacknowledged lock was given back");
+    }
+    let shown = LockError::NotReplicated {
+        key: "acked".into(),
+        acked: 0,
+        wanted: 1,
+    }
+    .to_string();
+    assert!(shown.contains("0 of 1 replicas"), "{shown}");
+
+    replica.resume();
+    eventually(10 * SECOND, "acquires work once the replica is back", || async {
+        match client.acquire("acked", &ttl(10_000)).await {
+            Ok(guard) => guard.release().await.unwrap(),
+            Err(LockError::NotReplicated { .. }) => false,
+            Err(e) => panic!("{e}"),
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn bad_deployment_options_are_refused_before_connecting() {
+    let refused = |b: LockClientBuilder| match b.build_lazy() {
+        Err(LockError::InvalidOptions { reason }) => reason,
+        out => panic!("expected InvalidOptions: {out:?}"),
+    };
+    let reason = refused(LockClient::builder().url("redis://a:1").cluster(["redis://b:1"]));
+    assert!(reason.contains("not several"), "{reason}");
+    let reason = refused(LockClient::builder().cluster(Vec::<String>::new()));
+    assert!(reason.contains(".cluster"), "{reason}");
+    let reason = refused(LockClient::builder().cluster(["b:1"]));
+    assert!(reason.contains("scheme"), "{reason}");
+    let reason = refused(LockClient::builder().sentinel(["redis://s:26379"], ""));
+    assert!(reason.contains("master name"), "{reason}");
+    let reason = refused(
+        LockClient::builder()
+            .url("redis://a:1")
+            .wait_for_replicas(0, SECOND),
+    );
+    assert!(reason.contains("at least 1"), "{reason}");
+    let reason = refused(
+        LockClient::builder()
+            .url("redis://a:1")
+            .wait_for_replicas(1, Duration::ZERO),
+    );
+    assert!(reason.contains("greater than zero"), "{reason}");
+}
+
+/// Sentinel: after `SENTINEL FAILOVER`, the client's next operations go to the new primary
+/// (the old one, demoted, answers writes with READONLY; the sentinels announce the switch).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_client_follows_a_failover() {
+    let mut setup = SentinelSetup::spawn(1, 1);
+    let client = sentinel_builder(&setup).build().await.unwrap();
+    client
+        .acquire("before", &ttl(60_000))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let switched_at = Instant::now();
+    let new_port = setup.failover();
+    let mut on_new = redis::Client::open(format!("redis://127.0.0.1:{new_port}"))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    // The old primary takes writes until the sentinels demote it, seconds later: until the
+    // client has heard of the switch, its acquires may still land there (what
+    // `wait_for_replicas` refuses: the old primary has no replica left). Within a bound, they
+    // reach the new one.
+    let deadline = Instant::now() + 10 * SECOND;
+    let took = loop {
+        match client.acquire("after", &ttl(60_000).fencing(true)).await {
+            Ok(guard) => {
+                let there: bool = on_new.exists("lock:{after}").await.unwrap();
+                assert!(guard.release().await.unwrap());
+                if there {
+                    break switched_at.elapsed();
+                }
+            }
+            Err(LockError::Unavailable { .. }) => {}
+            Err(e) => panic!("{e}"),
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no acquire on the new primary within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    eprintln!("sentinel failover to first acquire on the new primary: {took:?}");
+}
+
+/// Sentinel with replica acknowledgement: the primary is killed, the replica promoted, and the
+/// lock is still held there: another client is refused, and the holder's renewals go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_with_replica_acknowledgement_keeps_a_lock_across_a_failover() {
+    let mut setup = SentinelSetup::spawn(1, 1);
+    let builder = sentinel_builder(&setup).wait_for_replicas(1, SECOND);
+    let (holder, other) = (
+        builder.clone().build().await.unwrap(),
+        builder.build().await.unwrap(),
+    );
+    let lease = Duration::from_secs(6);
+    let guard = holder
+        .acquire("kept", &lock_runtime::LockOptions::new(lease).watchdog(true))
+        .await
+        .unwrap();
+    setup.kill_primary_and_wait_failover();
+    let deadline = Instant::now() + 10 * SECOND;
+    loop {
+        match other.acquire("kept", &ttl(10_000)).await {
+            Err(LockError::Busy { .. }) => break,
+            Err(LockError::Unavailable { .. }) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            out => panic!("the lock must survive the failover: {out:?}"),
+        }
+    }
+    tokio::time::sleep(lease + SECOND).await;
+    assert!(!guard.is_lost(), "the holder's renewals go on at the new primary");
+    assert!(guard.release().await.unwrap());
+}
+
+/// Without replica acknowledgement, a failover to a replica that missed the acquire loses the
+/// lock: what matters is that the holder finds out (`Lost`) instead of running on past it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_replica_acknowledgement_a_failover_can_lose_the_lock_and_the_holder_finds_out() {
+    let mut setup = SentinelSetup::spawn(1, 1);
+    let holder = sentinel_builder(&setup).build().await.unwrap();
+    let other = sentinel_builder(&setup).build().await.unwrap();
+    // The replica misses the acquire: paused and cut off from the primary (its replication
+    // connection closed, so nothing waits for it in a socket buffer) while the lock is taken,
+    // and the primary dies before the replica can reconnect and catch up.
+    let replica = setup.replica_indices()[0];
+    setup.nodes()[replica].pause();
+    let _: u64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("replica")
+        .query_async(&mut raw(setup.primary()).await)
+        .await
+        .unwrap();
+    let guard = holder
+        .acquire(
+            "unreplicated",
+            &lock_runtime::LockOptions::new(Duration::from_secs(6)).watchdog(true),
+        )
+        .await
+        .unwrap();
+    setup.primary_mut().kill();
+    setup.nodes()[replica].resume();
+    let promoted_port = {
+        // The sentinel promotes the replica (the only one left).
+        let deadline = Instant::now() + 30 * SECOND;
+        loop {
+            let port = setup.current_primary_port();
+            if port == setup.nodes()[replica].port() {
+                break port;
+            }
+            assert!(Instant::now() < deadline, "no failover within 30 s");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    eprintln!("promoted the replica on port {promoted_port}");
+    tokio::time::timeout(10 * SECOND, guard.lost())
+        .await
+        .expect("the holder learns that the lock is gone");
+    // And the lock is free for another holder: the two never overlap in valid time, as the
+    // holder was told first.
+    eventually(10 * SECOND, "another client takes the lost lock", || async {
+        match other.acquire("unreplicated", &ttl(10_000)).await {
+            Ok(g) => g.release().await.unwrap(),
+            Err(LockError::Unavailable { .. }) => false,
+            Err(e) => panic!("{e}"),
+        }
+    })
+    .await;
+}
