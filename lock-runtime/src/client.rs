@@ -12,6 +12,7 @@ use crate::backend::connection::{client_for_url, Place, Timeouts, TlsMaterial};
 use crate::backend::memory::MemoryBackend;
 use crate::backend::redis::RedisBackend;
 use crate::backend::redis::Replicas;
+use crate::backend::redlock::RedlockBackend;
 use crate::backend::{Ask, Attempt, Backend, LockKeys};
 use crate::error::ShutDown;
 use crate::guard::{release_in_background, release_state, LockGuard, LockState};
@@ -64,6 +65,7 @@ impl std::fmt::Debug for LockClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let backend = match self.backend() {
             Backend::Redis(_) => "redis",
+            Backend::Redlock(_) => "redlock",
             Backend::Memory(_) => "in-memory",
         };
         f.debug_struct("LockClient")
@@ -184,6 +186,11 @@ impl LockClient {
         options: &LockOptions,
     ) -> Result<LockGuard, LockError> {
         let backend = self.backend();
+        if matches!(backend, Backend::Redlock(_)) && (options.is_fencing() || options.is_fair()) {
+            return Err(LockError::invalid_options(
+                "a RedLock client offers neither fencing (no single counter) nor fair mode (no single line)",
+            ));
+        }
         let deadline = Instant::now() + options.wait_time();
         let will_wait = !options.wait_time().is_zero();
         let fair = options.is_fair();
@@ -596,6 +603,7 @@ pub struct LockClientBuilder {
     redis_client: Option<redis::Client>,
     cluster: Option<Vec<String>>,
     sentinel: Option<(Vec<String>, String)>,
+    redlock: Option<Vec<String>>,
     replicas: Option<(usize, Duration)>,
     tls: TlsMaterial,
     prefix: String,
@@ -610,6 +618,7 @@ impl Default for LockClientBuilder {
             redis_client: None,
             cluster: None,
             sentinel: None,
+            redlock: None,
             replicas: None,
             tls: TlsMaterial::default(),
             prefix: DEFAULT_PREFIX.to_owned(),
@@ -639,6 +648,13 @@ impl std::fmt::Debug for LockClientBuilder {
                     .sentinel
                     .as_ref()
                     .map(|(urls, name)| (urls.iter().map(|u| hide_credentials(u)).collect::<Vec<_>>(), name)),
+            )
+            .field(
+                "redlock",
+                &self
+                    .redlock
+                    .as_ref()
+                    .map(|urls| urls.iter().map(|u| hide_credentials(u)).collect::<Vec<_>>()),
             )
             .field("wait_for_replicas", &self.replicas)
             .field("tls", &self.tls)
@@ -728,6 +744,36 @@ impl LockClientBuilder {
         self
     }
 
+    /// A quorum of independent Redis masters (RedLock; at least 3, usually 5): a lock is held
+    /// while a majority of them hold it. An acquire is sent to all at once and holds once a
+    /// majority said yes with validity to spare; renewals count on a majority; a release goes to
+    /// all, and waiters hear releases from any. Fencing and fair mode are refused
+    /// ([`LockError::InvalidOptions`]): there is no single counter or line. See the README's
+    /// "RedLock" section for when to choose it, and when not.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
+    /// let locks = lock_runtime::LockClient::builder()
+    ///     .redlock([
+    ///         "redis://10.0.1.1:6379",
+    ///         "redis://10.0.2.1:6379",
+    ///         "redis://10.0.3.1:6379",
+    ///         "redis://10.0.4.1:6379",
+    ///         "redis://10.0.5.1:6379",
+    ///     ])
+    ///     .build()
+    ///     .await?;
+    /// # let _ = locks; Ok(()) }
+    /// ```
+    pub fn redlock<I, S>(mut self, urls: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        self.redlock = Some(urls.into_iter().map(|u| u.as_ref().to_owned()).collect());
+        self
+    }
+
     /// Every acquire (with its fencing counter) counts only once `replicas` replicas have
     /// acknowledged it: `WAIT replicas timeout` is sent right behind the acquire, in the same
     /// round trip. When fewer acknowledge within `timeout`, the lock is given back and the
@@ -779,8 +825,10 @@ impl LockClientBuilder {
     /// timeout.
     pub async fn build(self) -> Result<LockClient, LockError> {
         let client = self.build_lazy()?;
-        if let Backend::Redis(backend) = client.backend() {
-            backend.connect().await?;
+        match client.backend() {
+            Backend::Redis(backend) => backend.connect().await?,
+            Backend::Redlock(backend) => backend.connect().await?,
+            Backend::Memory(_) => {}
         }
         Ok(client)
     }
@@ -811,31 +859,66 @@ impl LockClientBuilder {
             }
             Some((wanted, timeout)) => Some(Replicas { wanted, timeout }),
         };
+        if let Some(urls) = &self.redlock {
+            return self.build_redlock(urls, timeouts, replicas.is_some());
+        }
         let answer_within = timeouts.response + replicas.map_or(Duration::ZERO, |r| 2 * r.timeout);
         let place = self.place(timeouts, answer_within)?;
         let backend = Box::new(RedisBackend::new(place, timeouts, replicas));
         Ok(LockClient::from_backend(Backend::Redis(backend), self.prefix))
     }
 
-    /// Where the locks live: exactly one of the four ways to say it.
-    fn place(&self, timeouts: Timeouts, answer_within: Duration) -> Result<Place, LockError> {
+    fn build_redlock(
+        &self,
+        urls: &[String],
+        timeouts: Timeouts,
+        replicas: bool,
+    ) -> Result<LockClient, LockError> {
+        self.one_place()?;
+        if replicas {
+            return Err(LockError::invalid_options(
+                "wait_for_replicas does not apply to RedLock: its masters are independent",
+            ));
+        }
+        if urls.len() < 3 {
+            return Err(LockError::invalid_options(
+                "RedLock needs at least 3 independent masters (5 is usual)",
+            ));
+        }
+        let clients = urls
+            .iter()
+            .map(|url| client_for_url(url, &self.tls))
+            .collect::<Result<Vec<_>, _>>()?;
+        let backend = Box::new(RedlockBackend::new(clients, timeouts));
+        Ok(LockClient::from_backend(
+            Backend::Redlock(backend),
+            self.prefix.clone(),
+        ))
+    }
+
+    /// Checks that exactly one of the ways to say where the locks live was given.
+    fn one_place(&self) -> Result<(), LockError> {
         let given = [
             self.url.is_some(),
             self.redis_client.is_some(),
             self.cluster.is_some(),
             self.sentinel.is_some(),
+            self.redlock.is_some(),
         ];
         match given.iter().filter(|&&g| g).count() {
-            0 => {
-                return Err(LockError::invalid_options(
-                    "no Redis given to the builder (.url(…), .redis_client(…), .cluster(…) or .sentinel(…))",
-                ))
-            }
-            1 => {}
-            _ => return Err(LockError::invalid_options(
-                "give the builder one of .url(…), .redis_client(…), .cluster(…) or .sentinel(…), not several",
+            0 => Err(LockError::invalid_options(
+                "no Redis given to the builder (.url(…), .redis_client(…), .cluster(…), .sentinel(…) or .redlock(…))",
+            )),
+            1 => Ok(()),
+            _ => Err(LockError::invalid_options(
+                "give the builder one of .url(…), .redis_client(…), .cluster(…), .sentinel(…) or .redlock(…), not several",
             )),
         }
+    }
+
+    /// Where the locks live, for every deployment but RedLock.
+    fn place(&self, timeouts: Timeouts, answer_within: Duration) -> Result<Place, LockError> {
+        self.one_place()?;
         if let Some(url) = &self.url {
             return Ok(Place::Server(client_for_url(url, &self.tls)?));
         }

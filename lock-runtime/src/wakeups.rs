@@ -23,20 +23,28 @@ use tokio::sync::{mpsc, Notify};
 struct Channel {
     /// This client's waiters, in the order they began waiting; the head is woken next.
     queue: VecDeque<Arc<Waiter>>,
-    /// The backend confirmed the subscription (always true in memory).
-    subscribed: bool,
+    /// Which listeners confirmed the subscription, one bit each (a RedLock client listens on
+    /// every master; other backends have listener 0; in memory all bits are set).
+    subscribed: u64,
 }
 
 impl Channel {
-    /// The subscription is gone: every waiter re-checks its lock (a release may have gone
-    /// unheard), and the next one to wait subscribes again.
-    fn lost(&mut self) {
-        if std::mem::replace(&mut self.subscribed, false) {
+    /// Listener `who`'s subscription is gone: every waiter re-checks its lock (a release may
+    /// have gone unheard), and the next one to wait subscribes again.
+    fn lost(&mut self, who: usize) {
+        let bit = listener_bit(who);
+        if self.subscribed & bit != 0 {
+            self.subscribed &= !bit;
             for waiter in &self.queue {
                 waiter.wake.notify_one();
             }
         }
     }
+}
+
+fn listener_bit(who: usize) -> u64 {
+    1u64.checked_shl(u32::try_from(who).unwrap_or(u32::MAX))
+        .unwrap_or(0)
 }
 
 #[derive(Debug)]
@@ -53,12 +61,15 @@ pub(crate) struct Wakeups {
     channels: Mutex<HashMap<String, Channel>>,
     /// How many waiters are registered: a release with nobody waiting skips the lock.
     waiters: AtomicUsize,
-    /// Told the name of a channel nobody waits on any more (Redis: to unsubscribe it).
-    on_idle: Option<mpsc::UnboundedSender<String>>,
+    /// Told the name of a channel nobody waits on any more (Redis: each listener, to
+    /// unsubscribe it).
+    on_idle: Vec<mpsc::UnboundedSender<String>>,
 }
 
 impl Wakeups {
-    pub(crate) fn new(on_idle: Option<mpsc::UnboundedSender<String>>) -> Arc<Self> {
+    /// Wake-ups heard by one listener per `on_idle` sender (none: in memory, nothing to
+    /// subscribe).
+    pub(crate) fn new(on_idle: Vec<mpsc::UnboundedSender<String>>) -> Arc<Self> {
         Arc::new(Wakeups {
             channels: Mutex::default(),
             waiters: AtomicUsize::new(0),
@@ -82,7 +93,7 @@ impl Wakeups {
         let mut channels = self.lock();
         let entry = channels.entry(channel.to_owned()).or_insert_with(|| Channel {
             queue: VecDeque::new(),
-            subscribed: self.on_idle.is_none(),
+            subscribed: if self.on_idle.is_empty() { u64::MAX } else { 0 },
         });
         entry.queue.push_back(Arc::clone(&waiter));
         self.waiters.fetch_add(1, Ordering::SeqCst);
@@ -125,28 +136,30 @@ impl Wakeups {
     /// The subscriber connection was lost: every subscribed channel needs subscribing again,
     /// and its waiters re-check their lock at once, since a release may have gone unheard.
     /// Channels that were never subscribed lost nothing, and are left asleep.
-    pub(crate) fn subscriptions_lost(&self) {
+    pub(crate) fn subscriptions_lost(&self, who: usize) {
         for entry in self.lock().values_mut() {
-            entry.lost();
+            entry.lost(who);
         }
     }
 
     /// The server dropped this one subscription (a cluster slot moved away): its waiters
     /// re-check, and the next of them subscribes again.
     #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
-    pub(crate) fn subscription_lost(&self, channel: &str) {
+    pub(crate) fn subscription_lost(&self, channel: &str, who: usize) {
         if let Some(entry) = self.lock().get_mut(channel) {
-            entry.lost();
+            entry.lost(who);
         }
     }
 
-    pub(crate) fn is_subscribed(&self, channel: &str) -> bool {
-        self.lock().get(channel).is_some_and(|c| c.subscribed)
+    pub(crate) fn is_subscribed(&self, channel: &str, who: usize) -> bool {
+        self.lock()
+            .get(channel)
+            .is_some_and(|c| c.subscribed & listener_bit(who) != 0)
     }
 
-    pub(crate) fn set_subscribed(&self, channel: &str) {
+    pub(crate) fn set_subscribed(&self, channel: &str, who: usize) {
         if let Some(entry) = self.lock().get_mut(channel) {
-            entry.subscribed = true;
+            entry.subscribed |= listener_bit(who);
         }
     }
 
@@ -170,7 +183,7 @@ impl Wakeups {
         if entry.queue.is_empty() {
             channels.remove(channel);
             drop(channels);
-            if let Some(tx) = &self.on_idle {
+            for tx in &self.on_idle {
                 // The receiver only goes away with the client; nothing to do then.
                 let _ = tx.send(channel.to_owned());
             }
@@ -233,7 +246,7 @@ mod tests {
     #[tokio::test]
     async fn a_release_wakes_the_head_only_and_idle_channels_go() {
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let wakeups = Wakeups::new(Some(tx));
+        let wakeups = Wakeups::new(vec![tx]);
         let a = wakeups.register("c", None);
         let b = wakeups.register("c", None);
         wakeups.notify("c");
@@ -251,7 +264,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_head_that_leaves_without_the_lock_passes_its_turn_on() {
-        let wakeups = Wakeups::new(None);
+        let wakeups = Wakeups::new(Vec::new());
         let a = wakeups.register("c", None);
         let b = wakeups.register("c", None);
         let c = wakeups.register("c", None);

@@ -159,16 +159,20 @@ impl Watchdog {
                 continue; // released meanwhile
             };
             match &answer {
-                Ok(renewed) if renewed.get(i).copied().unwrap_or(false) => {
+                Ok(renewed) if renewed.get(i).copied().flatten() == Some(true) => {
                     state.renewed(sent, state.ttl);
                     watched.due = sent + interval(state.ttl);
                     tracing::trace!(key = %state.key, "lock renewed");
                 }
-                Ok(_) => {
+                Ok(renewed) if renewed.get(i).copied().flatten() == Some(false) => {
                     if state.mark_lost() {
                         tracing::warn!(key = %state.key, "lock lost: its key is gone or holds another token");
                     }
                     gone.push(*id);
+                }
+                Ok(_) => {
+                    tracing::warn!(key = %state.key, "lock renewal undecided (too few RedLock masters answered); retrying while the lock is valid");
+                    watched.due = Instant::now() + retry(state.ttl);
                 }
                 Err(e) => {
                     tracing::warn!(key = %state.key, error = %e, "lock renewal failed; retrying while the lock is valid");

@@ -525,6 +525,17 @@ impl Target {
         Target::shared(builder).await
     }
 
+    /// A RedLock client over the test binary's five shared independent masters
+    /// ([`shared_masters`]), with a key prefix of its own.
+    pub async fn redlock() -> Target {
+        let builder = LockClient::builder()
+            .redlock(shared_masters().iter().map(RedisServer::url))
+            .prefix(&unique_prefix())
+            .connect_timeout(Duration::from_secs(2))
+            .response_timeout(Duration::from_millis(500));
+        Target::shared(builder).await
+    }
+
     async fn shared(builder: LockClientBuilder) -> Target {
         let client = builder
             .clone()
@@ -569,6 +580,19 @@ impl Target {
     pub fn server(&self) -> Option<&RedisServer> {
         self.server.as_ref()
     }
+}
+
+/// Five independent `redis-server`s (RedLock masters), started at the first call and shared by
+/// every test of the test binary, for tests isolated by key that do not kill, pause or restart
+/// them; killed when the test process exits.
+pub fn shared_masters() -> &'static [RedisServer] {
+    static SHARED: std::sync::OnceLock<(Vec<RedisServer>, Child)> = std::sync::OnceLock::new();
+    let (masters, _reaper) = SHARED.get_or_init(|| {
+        let masters: Vec<RedisServer> = (0..5).map(|_| RedisServer::spawn()).collect();
+        let reaper = reap_at_exit(&masters);
+        (masters, reaper)
+    });
+    masters
 }
 
 /// A key prefix no other target of this test process uses (`t<n>:lock:`).
@@ -627,10 +651,27 @@ macro_rules! on_both_backends {
     };
 }
 
+/// [`on_every_deployment!`] but RedLock: for fencing and fair mode, which need one counter and
+/// one line.
+#[macro_export]
+macro_rules! on_every_deployment_with_one_counter {
+    ($($name:ident),* $(,)?) => {
+        $crate::on_targets!(
+            redis => $crate::Target::redis().await,
+            redis_tls => $crate::Target::redis_tls().await,
+            cluster => $crate::Target::cluster().await,
+            sentinel => $crate::Target::sentinel().await,
+            memory => $crate::Target::memory();
+            [$($name),*]
+        );
+    };
+}
+
 /// Defines each named test on every deployment the suite covers: `redis::name` (plaintext),
 /// `redis_tls::name` (TLS with a private CA and a client certificate), `cluster::name` (a
 /// 3-primary Redis Cluster shared by the test binary), `sentinel::name` (a Sentinel-managed
-/// primary with a replica, shared too) and `memory::name`.
+/// primary with a replica, shared too), `redlock::name` (a quorum of five shared masters) and
+/// `memory::name`.
 #[macro_export]
 macro_rules! on_every_deployment {
     ($($name:ident),* $(,)?) => {
@@ -639,6 +680,7 @@ macro_rules! on_every_deployment {
             redis_tls => $crate::Target::redis_tls().await,
             cluster => $crate::Target::cluster().await,
             sentinel => $crate::Target::sentinel().await,
+            redlock => $crate::Target::redlock().await,
             memory => $crate::Target::memory();
             [$($name),*]
         );

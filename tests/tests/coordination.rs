@@ -1,5 +1,5 @@
-//! Waiting woken by the release, fencing tokens, reentrancy, minimum hold and `current()`, on a
-//! spawned redis-server (plaintext and TLS) and in memory alike.
+//! Waiting woken by the release, fencing tokens, reentrancy, minimum hold and `current()`, on
+//! every deployment (fencing and fair mode: all but RedLock, which offers neither).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -15,22 +15,30 @@ lock_tests::on_every_deployment!(
     wait_timeout_is_honoured,
     expiry_without_release_still_ends_the_wait,
     handoff_under_contention,
-    fencing_tokens_strictly_increase_across_clients,
-    stale_holder_write_is_rejected_by_fencing,
     nested_calls_on_the_same_key_are_reentrant,
     reentrancy_is_per_call_chain_not_per_client,
     minimum_hold_keeps_the_lock_after_a_fast_body,
-    current_is_the_innermost_lock,
     waiting_leaves_no_subscriptions_behind,
     nested_fencing_without_an_outer_token_is_invalid,
     a_release_wakes_local_waiters_one_at_a_time_in_arrival_order,
     a_cancelled_waiter_does_not_take_the_next_wake_up_with_it,
-    fair_waiters_of_several_clients_get_the_lock_in_arrival_order,
-    a_fair_waiter_that_gives_up_leaves_the_line_at_once,
     a_nested_call_keeps_its_own_lost_policy,
     a_nested_minimum_hold_extends_the_outer_one,
     nested_calls_joined_in_one_body_take_turns,
 );
+
+/// Fencing and fair mode need one counter and one line: every deployment but RedLock.
+mod one_counter {
+    use super::*;
+
+    lock_tests::on_every_deployment_with_one_counter!(
+        fencing_tokens_strictly_increase_across_clients,
+        stale_holder_write_is_rejected_by_fencing,
+        current_is_the_innermost_lock,
+        fair_waiters_of_several_clients_get_the_lock_in_arrival_order,
+        a_fair_waiter_that_gives_up_leaves_the_line_at_once,
+    );
+}
 
 async fn zero_wait_is_one_attempt(t: Target) {
     let c = t.client();

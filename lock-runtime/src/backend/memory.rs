@@ -84,7 +84,7 @@ impl MemoryBackend {
     pub(crate) fn new() -> Self {
         MemoryBackend {
             store: Mutex::default(),
-            wakeups: Wakeups::new(None),
+            wakeups: Wakeups::new(Vec::new()),
         }
     }
 

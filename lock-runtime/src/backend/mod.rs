@@ -13,6 +13,7 @@ pub(crate) mod cluster;
 pub(crate) mod connection;
 pub(crate) mod memory;
 pub(crate) mod redis;
+pub(crate) mod redlock;
 pub(crate) mod scripts;
 #[cfg(feature = "sentinel")]
 pub(crate) mod sentinel;
@@ -79,9 +80,16 @@ pub(crate) enum Attempt {
     NotReplicated { acked: usize, wanted: usize },
 }
 
+/// A renewal that neither a majority renewed nor a majority found gone.
+#[derive(Debug, thiserror::Error)]
+#[error("too few RedLock masters answered the renewal either way")]
+pub(crate) struct Undecided;
+
 #[derive(Debug)]
 pub(crate) enum Backend {
     Redis(Box<redis::RedisBackend>),
+    /// A quorum over independent masters.
+    Redlock(Box<redlock::RedlockBackend>),
     Memory(memory::MemoryBackend),
 }
 
@@ -95,6 +103,7 @@ impl Backend {
     ) -> Result<Attempt, LockError> {
         match self {
             Backend::Redis(b) => b.acquire(keys, token, ask).await,
+            Backend::Redlock(b) => b.acquire(keys, token, ask).await,
             Backend::Memory(b) => Ok(b.acquire(keys, token, ask)),
         }
     }
@@ -103,6 +112,8 @@ impl Backend {
     pub(crate) async fn leave_queue(&self, keys: &LockKeys, token: &str) -> Result<(), LockError> {
         match self {
             Backend::Redis(b) => b.leave_queue(keys, token).await,
+            // Fair mode is refused on RedLock: there is no line to leave.
+            Backend::Redlock(_) => Ok(()),
             Backend::Memory(b) => {
                 b.leave_queue(keys, token);
                 Ok(())
@@ -113,16 +124,25 @@ impl Backend {
     /// Sets the lock's ttl to `ttl_ms` if it still holds `token`; `false` if it does not.
     pub(crate) async fn renew(&self, keys: &LockKeys, token: &str, ttl_ms: u64) -> Result<bool, LockError> {
         let renewed = self.renew_many(&[(keys, token, ttl_ms)]).await?;
-        Ok(renewed.first().copied().unwrap_or(false))
+        match renewed.first().copied().flatten() {
+            Some(ours) => Ok(ours),
+            None => Err(LockError::unavailable(Undecided)),
+        }
     }
 
-    /// [`renew`](Self::renew) for many locks in one request: whether each was still ours.
-    pub(crate) async fn renew_many(&self, locks: &[(&LockKeys, &str, u64)]) -> Result<Vec<bool>, LockError> {
+    /// [`renew`](Self::renew) for many locks in one request: whether each was still ours
+    /// (`None`: undecided, as when a RedLock majority neither renewed it nor found it gone; try
+    /// again while the lock is valid).
+    pub(crate) async fn renew_many(
+        &self,
+        locks: &[(&LockKeys, &str, u64)],
+    ) -> Result<Vec<Option<bool>>, LockError> {
         match self {
-            Backend::Redis(b) => b.renew_many(locks).await,
+            Backend::Redis(b) => Ok(b.renew_many(locks).await?.into_iter().map(Some).collect()),
+            Backend::Redlock(b) => b.renew_many(locks).await,
             Backend::Memory(b) => Ok(locks
                 .iter()
-                .map(|(keys, token, ttl_ms)| b.renew(keys, token, *ttl_ms))
+                .map(|(keys, token, ttl_ms)| Some(b.renew(keys, token, *ttl_ms)))
                 .collect()),
         }
     }
@@ -139,6 +159,7 @@ impl Backend {
     ) -> Result<bool, LockError> {
         match self {
             Backend::Redis(b) => b.release(keys, token, hold_ms, fair).await,
+            Backend::Redlock(b) => b.release(keys, token, hold_ms).await,
             Backend::Memory(b) => Ok(b.release(keys, token, hold_ms, fair)),
         }
     }
@@ -146,6 +167,7 @@ impl Backend {
     pub(crate) async fn is_locked(&self, keys: &LockKeys) -> Result<bool, LockError> {
         match self {
             Backend::Redis(b) => b.is_locked(keys).await,
+            Backend::Redlock(b) => b.is_locked(keys).await,
             Backend::Memory(b) => Ok(b.is_locked(keys)),
         }
     }
@@ -154,6 +176,7 @@ impl Backend {
     pub(crate) async fn remaining_ttl(&self, keys: &LockKeys) -> Result<Option<Duration>, LockError> {
         match self {
             Backend::Redis(b) => b.remaining_ttl(keys).await,
+            Backend::Redlock(b) => b.remaining_ttl(keys).await,
             Backend::Memory(b) => Ok(b.remaining_ttl(keys)),
         }
     }
@@ -161,6 +184,7 @@ impl Backend {
     pub(crate) async fn force_release(&self, keys: &LockKeys) -> Result<bool, LockError> {
         match self {
             Backend::Redis(b) => b.force_release(keys).await,
+            Backend::Redlock(b) => b.force_release(keys).await,
             Backend::Memory(b) => Ok(b.force_release(keys)),
         }
     }
@@ -169,6 +193,7 @@ impl Backend {
     pub(crate) fn response_timeout(&self) -> Duration {
         match self {
             Backend::Redis(b) => b.response_timeout(),
+            Backend::Redlock(b) => b.response_timeout(),
             Backend::Memory(_) => crate::DEFAULT_RESPONSE_TIMEOUT,
         }
     }
@@ -176,6 +201,7 @@ impl Backend {
     pub(crate) fn wakeups(&self) -> &Arc<Wakeups> {
         match self {
             Backend::Redis(b) => b.wakeups(),
+            Backend::Redlock(b) => b.wakeups(),
             Backend::Memory(b) => b.wakeups(),
         }
     }
@@ -183,8 +209,10 @@ impl Backend {
     /// Makes sure releases of the registration's lock reach it (Redis: the channel is
     /// subscribed). Best effort: on failure the waiter still wakes at the holder's expiry.
     pub(crate) async fn listen(&self, registration: &Registration) {
-        if let Backend::Redis(b) = self {
-            b.listen(registration).await;
+        match self {
+            Backend::Redis(b) => b.listen(registration).await,
+            Backend::Redlock(b) => b.listen(registration).await,
+            Backend::Memory(_) => {}
         }
     }
 }

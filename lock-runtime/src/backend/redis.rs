@@ -46,16 +46,28 @@ impl RedisBackend {
     /// A backend that connects on first use.
     pub(crate) fn new(place: Place, timeouts: Timeouts, replicas: Option<Replicas>) -> Self {
         let (idle_tx, idle_rx) = mpsc::unbounded_channel();
+        RedisBackend::listening(
+            place,
+            timeouts,
+            replicas,
+            (Wakeups::new(vec![idle_tx]), 0, idle_rx),
+        )
+    }
+
+    /// A backend whose waiters are `wakeups`' (shared with other backends: a RedLock client's
+    /// masters), where this backend's subscriber is listener `listener` and hears about idle
+    /// channels on `idle`.
+    pub(crate) fn listening(
+        place: Place,
+        timeouts: Timeouts,
+        replicas: Option<Replicas>,
+        (wakeups, listener, idle): (Arc<Wakeups>, usize, mpsc::UnboundedReceiver<String>),
+    ) -> Self {
         #[cfg(feature = "cluster")]
         let sharded = matches!(place, Place::Cluster(_));
         #[cfg(not(feature = "cluster"))]
         let sharded = false;
-        let subscriber = Arc::new(Subscriber::new(
-            place.clone(),
-            timeouts,
-            Wakeups::new(Some(idle_tx)),
-            idle_rx,
-        ));
+        let subscriber = Arc::new(Subscriber::new(place.clone(), timeouts, wakeups, listener, idle));
         RedisBackend {
             conn: Connection::new(place, timeouts),
             subscriber,
@@ -300,6 +312,25 @@ impl RedisBackend {
         hold_ms: u64,
         fair: bool,
     ) -> Result<bool, LockError> {
+        let released = self.release_quietly(keys, token, hold_ms, fair).await?;
+        if released && !fair {
+            // This client's own next waiter need not hear it from Redis (its subscriber skips
+            // the announcement, which carries this client's id). A fair release names the next
+            // waiter instead, wherever it is.
+            self.subscriber.wakeups.notify(&keys.channel);
+        }
+        Ok(released)
+    }
+
+    /// [`release`](Self::release) without waking this client's own next waiter (a RedLock
+    /// client releases on every master and wakes it once).
+    pub(crate) async fn release_quietly(
+        &self,
+        keys: &LockKeys,
+        token: &str,
+        hold_ms: u64,
+        fair: bool,
+    ) -> Result<bool, LockError> {
         let announcement = &self.subscriber.announcement;
         let sharded = self.sharded;
         let released: i64 = self
@@ -327,12 +358,6 @@ impl RedisBackend {
             .await?;
         if released == RELEASED_UNANNOUNCED {
             self.subscriber.pubsub_denied();
-        }
-        if released != 0 && !fair {
-            // This client's own next waiter need not hear it from Redis (its subscriber skips
-            // the announcement, which carries this client's id). A fair release names the next
-            // waiter instead, wherever it is.
-            self.subscriber.wakeups.notify(&keys.channel);
         }
         Ok(released != 0)
     }
@@ -530,6 +555,8 @@ struct Subscriber {
     announcement: String,
     place: Place,
     timeouts: Timeouts,
+    /// Which listener of `wakeups` this subscriber is.
+    listener: usize,
     wakeups: Arc<Wakeups>,
     /// Also serialises SUBSCRIBE against UNSUBSCRIBE of the same channel.
     live: Mutex<Option<Live>>,
@@ -556,11 +583,13 @@ impl Subscriber {
         place: Place,
         timeouts: Timeouts,
         wakeups: Arc<Wakeups>,
+        listener: usize,
         idle: mpsc::UnboundedReceiver<String>,
     ) -> Self {
         Subscriber {
             announcement: format!("c:{:016x}", rand::random::<u64>()),
             place,
+            listener,
             timeouts,
             wakeups,
             live: Mutex::new(None),
@@ -613,11 +642,11 @@ impl Subscriber {
     /// the holder's expiry or its nap's end instead.
     async fn listen(self: &Arc<Self>, channel: &str) {
         self.start_upkeep();
-        if self.wakeups.is_subscribed(channel) || self.cooling_down() {
+        if self.wakeups.is_subscribed(channel, self.listener) || self.cooling_down() {
             return;
         }
         let mut live = self.live.lock().await;
-        if self.wakeups.is_subscribed(channel) || self.cooling_down() {
+        if self.wakeups.is_subscribed(channel, self.listener) || self.cooling_down() {
             return;
         }
         if live.is_none() {
@@ -632,7 +661,7 @@ impl Subscriber {
         }
         let Some(current) = live.as_mut() else { return };
         match bounded(self.timeouts.response, current.sink.subscribe(channel)).await {
-            Ok(()) => self.wakeups.set_subscribed(channel),
+            Ok(()) => self.wakeups.set_subscribed(channel, self.listener),
             Err(e) => {
                 self.failed(&e, "lock wake-up subscription failed; waiting on timers");
                 self.discard(&mut live);
@@ -679,7 +708,7 @@ impl Subscriber {
         live.take();
         self.stop_dispatcher();
         *lock(&self.retry_after) = Some(Instant::now() + SUBSCRIBER_RETRY);
-        self.wakeups.subscriptions_lost();
+        self.wakeups.subscriptions_lost(self.listener);
     }
 
     async fn dispatch(self: Arc<Self>, generation: u64, mut heard: Heard) {
@@ -701,13 +730,13 @@ impl Subscriber {
                     let channel = String::from_utf8_lossy(&channel);
                     if self.wakeups.is_wanted(&channel) {
                         tracing::debug!(%channel, "lock wake-up subscription ended by the server");
-                        self.wakeups.subscription_lost(&channel);
+                        self.wakeups.subscription_lost(&channel, self.listener);
                     }
                 }
                 #[cfg(feature = "cluster")]
                 Event::Disconnected => {
                     // redis-rs reconnects and subscribes again; what was said meanwhile is lost.
-                    self.wakeups.subscriptions_lost();
+                    self.wakeups.subscriptions_lost(self.listener);
                 }
             }
         }
@@ -715,7 +744,7 @@ impl Subscriber {
         let mut live = self.live.lock().await;
         if live.as_ref().is_some_and(|l| l.generation == generation) {
             live.take();
-            self.wakeups.subscriptions_lost();
+            self.wakeups.subscriptions_lost(self.listener);
         }
     }
 

@@ -1,0 +1,347 @@
+//! RedLock: one lock over N independent Redis masters, held while a majority holds it.
+//!
+//! Each master is an ordinary [`RedisBackend`] (its own connection, the same scripts); this
+//! backend only says how many must agree. An acquire is sent to every master at once and is
+//! decided as soon as a majority said yes (or can no longer say yes): the latency is the slowest
+//! of the fastest majority. Renewals count when a majority renewed, and a lock is lost when a
+//! majority says it is gone; nothing is ever deleted because a renewal failed. Releases go to
+//! every master. Waiters listen on every master (one shared registry, one listener per master),
+//! so a release heard from any of them wakes the next waiter.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::connection::{Place, Timeouts};
+use super::redis::RedisBackend;
+use super::{Ask, Attempt, LockKeys};
+use crate::error::TimedOut;
+use crate::wakeups::{Registration, Wakeups};
+use crate::LockError;
+
+#[derive(Debug)]
+pub(crate) struct RedlockBackend {
+    masters: Vec<RedisBackend>,
+    wakeups: Arc<Wakeups>,
+    quorum: usize,
+    timeouts: Timeouts,
+}
+
+/// Too few masters answered for a majority either way.
+#[derive(Debug, thiserror::Error)]
+#[error("only {answered} of {masters} RedLock masters answered; {quorum} must agree (last error: {last})")]
+pub(crate) struct NoQuorum {
+    answered: usize,
+    masters: usize,
+    quorum: usize,
+    last: String,
+}
+
+impl RedlockBackend {
+    /// Connects nothing yet.
+    pub(crate) fn new(clients: Vec<redis::Client>, timeouts: Timeouts) -> Self {
+        let (senders, receivers): (Vec<_>, Vec<_>) =
+            clients.iter().map(|_| mpsc::unbounded_channel()).unzip();
+        let wakeups = Wakeups::new(senders);
+        let masters = clients
+            .into_iter()
+            .zip(receivers)
+            .enumerate()
+            .map(|(listener, (client, idle))| {
+                RedisBackend::listening(
+                    Place::Server(client),
+                    timeouts,
+                    None,
+                    (Arc::clone(&wakeups), listener, idle),
+                )
+            })
+            .collect::<Vec<_>>();
+        RedlockBackend {
+            quorum: masters.len() / 2 + 1,
+            masters,
+            wakeups,
+            timeouts,
+        }
+    }
+
+    /// Connects to every master; fails unless a majority is reachable.
+    pub(crate) async fn connect(&self) -> Result<(), LockError> {
+        let answers = futures_util::future::join_all(self.masters.iter().map(RedisBackend::connect)).await;
+        let reached = answers.iter().filter(|a| a.is_ok()).count();
+        if reached >= self.quorum {
+            return Ok(());
+        }
+        // A refusal (credentials, ACL) says more than a timeout.
+        let mut errors: Vec<LockError> = answers.into_iter().filter_map(Result::err).collect();
+        if let Some(i) = errors.iter().position(|e| matches!(e, LockError::Refused { .. })) {
+            return Err(errors.swap_remove(i));
+        }
+        Err(self.no_quorum(reached, errors.pop()))
+    }
+
+    fn no_quorum(&self, answered: usize, last: Option<LockError>) -> LockError {
+        LockError::unavailable(NoQuorum {
+            answered,
+            masters: self.masters.len(),
+            quorum: self.quorum,
+            last: last.map_or_else(|| "none".to_owned(), |e| e.to_string()),
+        })
+    }
+
+    /// How long one master is given to answer an acquire: much less than the ttl, so that a
+    /// slow master cannot eat the lock's validity.
+    fn per_master(&self, ttl_ms: u64) -> Duration {
+        (Duration::from_millis(ttl_ms) / 10)
+            .max(Duration::from_millis(50))
+            .min(self.timeouts.response)
+    }
+
+    pub(crate) async fn acquire(
+        &self,
+        keys: &LockKeys,
+        token: &str,
+        ask: &Ask,
+    ) -> Result<Attempt, LockError> {
+        let started = Instant::now();
+        let bound = self.per_master(ask.ttl_ms);
+        let mut answers: FuturesUnordered<_> = self
+            .masters
+            .iter()
+            .map(|master| tokio::time::timeout(bound, master.acquire(keys, token, ask)))
+            .collect();
+        let (mut yes, mut held, mut failed) = (0, 0, 0);
+        let mut soonest_free: Option<u64> = None;
+        let mut last_error = None;
+        let most_refusals = self.masters.len() - self.quorum;
+        while let Some(answer) = answers.next().await {
+            match answer {
+                Ok(Ok(Attempt::Acquired { .. })) => yes += 1,
+                Ok(Ok(Attempt::Held { pttl_ms, .. })) => {
+                    held += 1;
+                    if let Some(pttl) = pttl_ms {
+                        soonest_free = Some(soonest_free.map_or(pttl, |s: u64| s.min(pttl)));
+                    }
+                }
+                Ok(Ok(Attempt::NotReplicated { .. })) => failed += 1,
+                Ok(Err(e)) => {
+                    failed += 1;
+                    last_error = Some(e);
+                }
+                Err(_) => {
+                    failed += 1;
+                    last_error = Some(LockError::unavailable(TimedOut { after: bound }));
+                }
+            }
+            // Stop once the outcome is known: taken; or not takeable and known to be held by
+            // others (a majority answered); or too few can still answer.
+            let untakeable = held + failed > most_refusals;
+            if yes >= self.quorum || (untakeable && yes + held >= self.quorum) || failed > most_refusals {
+                break;
+            }
+        }
+        if yes >= self.quorum {
+            // Decided: the stragglers get as long again as the majority took to answer, so that
+            // normally every master holds the lock (and losing a minority later costs nothing);
+            // one still slower is dropped (its request may yet set the key: it is ours, renewed
+            // and released with the rest).
+            let _ = tokio::time::timeout(started.elapsed(), async {
+                while answers.next().await.is_some() {}
+            })
+            .await;
+        }
+        drop(answers);
+        let ttl = Duration::from_millis(ask.ttl_ms);
+        let drift = ttl / 100 + Duration::from_millis(2);
+        if yes >= self.quorum && started.elapsed() + drift < ttl {
+            return Ok(Attempt::Acquired { fence: None });
+        }
+        // Not held: give back what was taken, on every master (also those that did not answer:
+        // their request may still arrive).
+        self.release_everywhere(keys, token).await;
+        if yes >= self.quorum {
+            // Taken, but too slowly to be of use: try again at once, within the wait.
+            return Ok(Attempt::Held {
+                pttl_ms: Some(0),
+                behind: false,
+            });
+        }
+        if yes + held >= self.quorum {
+            // Enough masters answered, and others hold it on too many: try again within the
+            // wait (the caller's `Busy` when it runs out).
+            return Ok(Attempt::Held {
+                pttl_ms: soonest_free,
+                behind: false,
+            });
+        }
+        Err(self.no_quorum(yes + held, last_error))
+    }
+
+    /// Token-checked release on every master, errors ignored (a master that is down keeps the
+    /// key until its ttl): how a failed acquire cleans up.
+    async fn release_everywhere(&self, keys: &LockKeys, token: &str) {
+        let bound = self.timeouts.response;
+        let releases = self
+            .masters
+            .iter()
+            .map(|m| tokio::time::timeout(bound, m.release_quietly(keys, token, 0, false)));
+        futures_util::future::join_all(releases).await;
+    }
+
+    /// Per lock: `Some(true)` renewed on a majority, `Some(false)` gone on a majority, `None`
+    /// undecided (too few answers): retried while the lock is valid.
+    pub(crate) async fn renew_many(
+        &self,
+        locks: &[(&LockKeys, &str, u64)],
+    ) -> Result<Vec<Option<bool>>, LockError> {
+        // A slow master (paused, or reconnecting) must not hold up the renewal on the others
+        // past the locks' validity: it is given what an acquire is.
+        let shortest = locks.iter().map(|(_, _, ttl_ms)| *ttl_ms).min().unwrap_or(0);
+        let bound = self.per_master(shortest);
+        let answers = futures_util::future::join_all(self.masters.iter().map(|m| async move {
+            match tokio::time::timeout(bound, m.renew_many(locks)).await {
+                Ok(answer) => answer,
+                Err(_) => Err(LockError::unavailable(TimedOut { after: bound })),
+            }
+        }))
+        .await;
+        let mut renewed = vec![0usize; locks.len()];
+        let mut gone = vec![0usize; locks.len()];
+        let mut answered = 0;
+        let mut last_error = None;
+        for answer in answers {
+            match answer {
+                Ok(per_lock) => {
+                    answered += 1;
+                    for (i, ours) in per_lock.into_iter().enumerate().take(locks.len()) {
+                        if ours {
+                            renewed[i] += 1;
+                        } else {
+                            gone[i] += 1;
+                        }
+                    }
+                }
+                Err(e) => last_error = Some(e),
+            }
+        }
+        if answered < self.quorum {
+            return Err(self.no_quorum(answered, last_error));
+        }
+        Ok(renewed
+            .into_iter()
+            .zip(gone)
+            .map(|(renewed, gone)| {
+                if renewed >= self.quorum {
+                    Some(true)
+                } else if gone >= self.quorum {
+                    Some(false)
+                } else {
+                    None
+                }
+            })
+            .collect())
+    }
+
+    /// On every master; `true` when a majority still held it.
+    pub(crate) async fn release(
+        &self,
+        keys: &LockKeys,
+        token: &str,
+        hold_ms: u64,
+    ) -> Result<bool, LockError> {
+        let answers = futures_util::future::join_all(
+            self.masters
+                .iter()
+                .map(|m| m.release_quietly(keys, token, hold_ms, false)),
+        )
+        .await;
+        let released = answers.iter().filter(|a| matches!(a, Ok(true))).count();
+        let answered = answers.iter().filter(|a| a.is_ok()).count();
+        if released > 0 {
+            self.wakeups.notify(&keys.channel);
+        }
+        if released >= self.quorum {
+            return Ok(true);
+        }
+        if answered < self.quorum {
+            let last = answers.into_iter().filter_map(Result::err).last();
+            return Err(self.no_quorum(answered, last));
+        }
+        Ok(false)
+    }
+
+    /// Held when a majority of masters hold the key.
+    pub(crate) async fn is_locked(&self, keys: &LockKeys) -> Result<bool, LockError> {
+        let answers = futures_util::future::join_all(self.masters.iter().map(|m| m.is_locked(keys))).await;
+        self.majority(answers, |locked| *locked)
+            .map(|(yes, _)| yes >= self.quorum)
+    }
+
+    /// How long a majority still holds the key: the quorum-th longest remaining life.
+    pub(crate) async fn remaining_ttl(&self, keys: &LockKeys) -> Result<Option<Duration>, LockError> {
+        let answers =
+            futures_util::future::join_all(self.masters.iter().map(|m| m.remaining_ttl(keys))).await;
+        let mut lives: Vec<Duration> = Vec::new();
+        let mut answered = 0;
+        let mut last = None;
+        for answer in answers {
+            match answer {
+                Ok(life) => {
+                    answered += 1;
+                    lives.extend(life);
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        if answered < self.quorum {
+            return Err(self.no_quorum(answered, last));
+        }
+        lives.sort_unstable_by(|a, b| b.cmp(a));
+        Ok(lives.get(self.quorum - 1).copied())
+    }
+
+    /// Deletes the key on every master; `true` when a majority had it.
+    pub(crate) async fn force_release(&self, keys: &LockKeys) -> Result<bool, LockError> {
+        let answers =
+            futures_util::future::join_all(self.masters.iter().map(|m| m.force_release(keys))).await;
+        self.majority(answers, |deleted| *deleted)
+            .map(|(yes, _)| yes >= self.quorum)
+    }
+
+    /// Counts the answers for which `yes` holds, failing unless a majority answered.
+    fn majority<T>(
+        &self,
+        answers: Vec<Result<T, LockError>>,
+        yes: impl Fn(&T) -> bool,
+    ) -> Result<(usize, usize), LockError> {
+        let (mut count, mut answered, mut last) = (0, 0, None);
+        for answer in answers {
+            match answer {
+                Ok(value) => {
+                    answered += 1;
+                    count += usize::from(yes(&value));
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        if answered < self.quorum {
+            return Err(self.no_quorum(answered, last));
+        }
+        Ok((count, answered))
+    }
+
+    pub(crate) fn wakeups(&self) -> &Arc<Wakeups> {
+        &self.wakeups
+    }
+
+    pub(crate) fn response_timeout(&self) -> Duration {
+        self.timeouts.response
+    }
+
+    /// Subscribes the lock's channel on every master at once.
+    pub(crate) async fn listen(&self, registration: &Registration) {
+        futures_util::future::join_all(self.masters.iter().map(|m| m.listen(registration))).await;
+    }
+}
