@@ -880,6 +880,12 @@ impl LockClientBuilder {
                 "wait_for_replicas does not apply to RedLock: its masters are independent",
             ));
         }
+        if urls.len() > crate::backend::redlock::MAX_MASTERS {
+            return Err(LockError::invalid_options(format!(
+                "RedLock takes at most {} masters",
+                crate::backend::redlock::MAX_MASTERS
+            )));
+        }
         if urls.len() < 3 {
             return Err(LockError::invalid_options(
                 "RedLock needs at least 3 independent masters (5 is usual)",

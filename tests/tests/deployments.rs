@@ -346,6 +346,15 @@ async fn an_unacknowledged_acquire_fails_with_not_replicated_and_leaves_nothing(
             .unwrap();
     }
 
+    // A lock held meanwhile, with a lease shorter than one replica wait: its renewals must not
+    // queue behind the acquires' WAITs.
+    let kept = client
+        .acquire(
+            "kept-while-waiting",
+            &lock_runtime::LockOptions::new(Duration::from_millis(300)).watchdog(true),
+        )
+        .await
+        .unwrap();
     replica.pause();
     for options in [ttl(10_000), ttl(10_000).fencing(true), ttl(10_000).wait(SECOND)] {
         let out = client.acquire("acked", &options).await;
@@ -363,6 +372,11 @@ async fn an_unacknowledged_acquire_fails_with_not_replicated_and_leaves_nothing(
     }
     .to_string();
     assert!(shown.contains("0 of 1 replicas"), "{shown}");
+    assert!(
+        !kept.is_lost(),
+        "renewals went on while acquires waited for the replica"
+    );
+    assert!(kept.release().await.unwrap());
 
     replica.resume();
     eventually(10 * SECOND, "acquires work once the replica is back", || async {

@@ -36,6 +36,11 @@ pub(crate) struct Replicas {
 #[derive(Debug)]
 pub(crate) struct RedisBackend {
     conn: Connection,
+    /// With replica acknowledgement: the connection acquires (each followed by `WAIT`, which
+    /// holds up everything behind it on its connection) and releases (which must follow an
+    /// acquire they may undo) go on, so that renewals, which keep locks valid, never wait for
+    /// replicas.
+    acked: Option<Connection>,
     subscriber: Arc<Subscriber>,
     replicas: Option<Replicas>,
     /// A Cluster: releases announce with `SPUBLISH`, on the lock's shard.
@@ -69,10 +74,23 @@ impl RedisBackend {
         let sharded = false;
         let subscriber = Arc::new(Subscriber::new(place.clone(), timeouts, wakeups, listener, idle));
         RedisBackend {
+            acked: replicas.map(|_| Connection::new(place.clone(), timeouts)),
             conn: Connection::new(place, timeouts),
             subscriber,
             replicas,
             sharded,
+        }
+    }
+
+    /// The connection for acquires and releases, and how long a request on it may take (with
+    /// replica acknowledgement, a `WAIT` may be queued ahead; a script unknown to the node costs
+    /// a second round with its own `WAIT`).
+    fn ordered(&self) -> (&Connection, Duration) {
+        match (&self.acked, self.replicas) {
+            (Some(acked), Some(replicas)) => {
+                (acked, self.subscriber.timeouts.response + 2 * replicas.timeout)
+            }
+            _ => (&self.conn, self.subscriber.timeouts.response),
         }
     }
 
@@ -83,19 +101,16 @@ impl RedisBackend {
         call: impl Fn() -> Call,
     ) -> Result<(T, Option<usize>), LockError> {
         let call = &call;
+        let (connection, within) = self.ordered();
         match self.replicas {
             None => {
-                let answer = self
-                    .conn
-                    .request(|mut conn| async move { call().invoke(&mut conn).await })
+                let answer = connection
+                    .request_within(within, |mut conn| async move { call().invoke(&mut conn).await })
                     .await?;
                 Ok((answer, None))
             }
             Some(replicas) => {
-                // A script unknown to the node costs a second round, and its own WAIT.
-                let within = self.subscriber.timeouts.response + 2 * replicas.timeout;
-                let (answer, acked) = self
-                    .conn
+                let (answer, acked) = connection
                     .request_within(within, |mut conn| async move {
                         call()
                             .invoke_then_wait(&mut conn, replicas.wanted, replicas.timeout)
@@ -141,7 +156,11 @@ impl RedisBackend {
 
     /// Opens the request connection now: a server that is down or refuses us fails here.
     pub(crate) async fn connect(&self) -> Result<(), LockError> {
-        self.conn.ensure_open().await
+        self.conn.ensure_open().await?;
+        if let Some(acked) = &self.acked {
+            acked.ensure_open().await?;
+        }
+        Ok(())
     }
 
     pub(crate) async fn acquire(
@@ -212,21 +231,20 @@ impl RedisBackend {
             set
         };
         let set = &set;
+        let (connection, within) = self.ordered();
         let found: Result<(Option<Vec<u8>>, Option<usize>), LockError> = match self.replicas {
-            None => self
-                .conn
-                .request(|mut conn| async move { set().query_async(&mut conn).await })
+            None => connection
+                .request_within(
+                    within,
+                    |mut conn| async move { set().query_async(&mut conn).await },
+                )
                 .await
                 .map(|found| (found, None)),
-            Some(replicas) => self
-                .conn
-                .request_within(
-                    self.subscriber.timeouts.response + replicas.timeout,
-                    |mut conn| async move {
-                        conn.then_wait(set(), keys.lock.as_bytes(), replicas.wanted, replicas.timeout)
-                            .await
-                    },
-                )
+            Some(replicas) => connection
+                .request_within(within, |mut conn| async move {
+                    conn.then_wait(set(), keys.lock.as_bytes(), replicas.wanted, replicas.timeout)
+                        .await
+                })
                 .await
                 .map(|(found, acked)| (found, Some(acked))),
         };
@@ -236,14 +254,39 @@ impl RedisBackend {
         };
         let (attempt, acked) = match found {
             Ok((None, acked)) => (Attempt::Acquired { fence: None }, acked),
-            Ok((Some(value), acked)) if value == token.as_bytes() => {
-                (Attempt::Acquired { fence: None }, acked)
+            Ok((Some(value), _)) if value == token.as_bytes() => {
+                // Already ours: sent again after a broken connection, or left by an earlier
+                // attempt of this call on a RedLock master. Its expiry must count from this
+                // attempt, and a `WAIT` must have a write of this connection to wait for.
+                let renewed = self.renew_acknowledged(keys, token, ttl_ms).await?;
+                match renewed {
+                    (true, acked) => (Attempt::Acquired { fence: None }, acked),
+                    (false, _) => return Ok(held),
+                }
             }
             Ok((Some(_), _)) => return Ok(held),
             Err(LockError::Unavailable { source }) if is_wrong_type(&source) => return Ok(held),
             Err(e) => return Err(e),
         };
         self.unless_replicated(attempt, acked, keys, token, false).await
+    }
+
+    /// Renews one lock on the acquire connection, acknowledged by replicas when they are asked
+    /// for: whether it was still ours, and how many acknowledged.
+    async fn renew_acknowledged(
+        &self,
+        keys: &LockKeys,
+        token: &str,
+        ttl_ms: u64,
+    ) -> Result<(bool, Option<usize>), LockError> {
+        let (renewed, acked): (Vec<i64>, _) = self
+            .run_acknowledged(|| {
+                let mut call = RENEW.call();
+                call.key(&keys.lock).arg(token).arg(ttl_ms);
+                call
+            })
+            .await?;
+        Ok((renewed.first() == Some(&1), acked))
     }
 
     pub(crate) async fn renew_many(&self, locks: &[(&LockKeys, &str, u64)]) -> Result<Vec<bool>, LockError> {
@@ -333,9 +376,11 @@ impl RedisBackend {
     ) -> Result<bool, LockError> {
         let announcement = &self.subscriber.announcement;
         let sharded = self.sharded;
-        let released: i64 = self
-            .conn
-            .request(|mut conn| async move {
+        // On the acquire connection: a release sent after an acquire whose answer never came
+        // (cancelled, timed out) must reach Redis after it.
+        let (connection, within) = self.ordered();
+        let released: i64 = connection
+            .request_within(within, |mut conn| async move {
                 let mut release = RELEASE.call();
                 release.key(&keys.lock);
                 if fair {
@@ -412,6 +457,13 @@ impl RedisBackend {
 
     pub(crate) async fn listen(&self, registration: &Registration) {
         self.subscriber.listen(registration.channel()).await;
+    }
+
+    /// [`listen`](Self::listen) as a task of its own, which goes on if the caller stops waiting
+    /// for it (a RedLock master slow to subscribe must not hold up the others).
+    pub(crate) fn listen_detached(&self, channel: &str) -> tokio::task::JoinHandle<()> {
+        let (subscriber, channel) = (Arc::clone(&self.subscriber), channel.to_owned());
+        tokio::spawn(async move { subscriber.listen(&channel).await })
     }
 }
 

@@ -22,6 +22,12 @@ use crate::error::TimedOut;
 use crate::wakeups::{Registration, Wakeups};
 use crate::LockError;
 
+/// The most masters a client takes (one wake-up listener bit each).
+pub(crate) const MAX_MASTERS: usize = 64;
+
+/// How long a waiter waits for its subscriptions before its next attempt.
+const LISTEN_WAIT: Duration = Duration::from_millis(250);
+
 #[derive(Debug)]
 pub(crate) struct RedlockBackend {
     masters: Vec<RedisBackend>,
@@ -244,32 +250,37 @@ impl RedlockBackend {
             .collect())
     }
 
-    /// On every master; `true` when a majority still held it.
+    /// On every master (each given the response timeout: one that is down or reconnecting does
+    /// not hold up the answer longer); `true` when a majority still held it, `false` when a
+    /// majority no longer did.
     pub(crate) async fn release(
         &self,
         keys: &LockKeys,
         token: &str,
         hold_ms: u64,
     ) -> Result<bool, LockError> {
-        let answers = futures_util::future::join_all(
-            self.masters
-                .iter()
-                .map(|m| m.release_quietly(keys, token, hold_ms, false)),
-        )
+        let bound = self.timeouts.response;
+        let answers = futures_util::future::join_all(self.masters.iter().map(|m| async move {
+            match tokio::time::timeout(bound, m.release_quietly(keys, token, hold_ms, false)).await {
+                Ok(answer) => answer,
+                Err(_) => Err(LockError::unavailable(TimedOut { after: bound })),
+            }
+        }))
         .await;
         let released = answers.iter().filter(|a| matches!(a, Ok(true))).count();
-        let answered = answers.iter().filter(|a| a.is_ok()).count();
+        let not_held = answers.iter().filter(|a| matches!(a, Ok(false))).count();
         if released > 0 {
             self.wakeups.notify(&keys.channel);
         }
         if released >= self.quorum {
             return Ok(true);
         }
-        if answered < self.quorum {
-            let last = answers.into_iter().filter_map(Result::err).last();
-            return Err(self.no_quorum(answered, last));
+        if not_held >= self.quorum {
+            return Ok(false);
         }
-        Ok(false)
+        // Undecided: the masters that did not answer may hold it (until its ttl).
+        let last = answers.into_iter().filter_map(Result::err).last();
+        Err(self.no_quorum(released + not_held, last))
     }
 
     /// Held when a majority of masters hold the key.
@@ -340,8 +351,17 @@ impl RedlockBackend {
         self.timeouts.response
     }
 
-    /// Subscribes the lock's channel on every master at once.
+    /// Subscribes the lock's channel on every master at once, waiting a short while for the
+    /// subscriptions (a release between them and the next attempt is then heard); a master that
+    /// takes longer (down, reconnecting) subscribes in the background, and meanwhile the others,
+    /// or the waiter's timer, wake it.
     pub(crate) async fn listen(&self, registration: &Registration) {
-        futures_util::future::join_all(self.masters.iter().map(|m| m.listen(registration))).await;
+        let subscribing: Vec<_> = self
+            .masters
+            .iter()
+            .map(|m| m.listen_detached(registration.channel()))
+            .collect();
+        let all = futures_util::future::join_all(subscribing);
+        let _ = tokio::time::timeout(LISTEN_WAIT.min(self.timeouts.response), all).await;
     }
 }

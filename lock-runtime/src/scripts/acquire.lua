@@ -1,10 +1,11 @@
 -- Take a lock if its key is free. Idempotent for one token: a request sent again after its
 -- connection broke finds the lock already its own and takes neither a second lock nor a second
 -- fencing token.
--- KEYS[1] lock key, KEYS[2] fence counter (given with fencing or fair), KEYS[3] fair queue
--- (waiter tokens by arrival), KEYS[4] fair places (waiter tokens by the ms their place lapses);
--- (a key is only given when it is used: while a Redis Cluster slot migrates, a script naming a
--- key that does not exist is refused with TRYAGAIN until the migration ends).
+-- KEYS[1] lock key, KEYS[2] fence counter (given with fencing, and in its place with fair, where
+-- it is only read with fencing), KEYS[3] fair queue (waiter tokens by arrival), KEYS[4] fair
+-- places (waiter tokens by the ms their place lapses); a non-fair acquire names only the keys it
+-- uses (while a Redis Cluster slot migrates, a script naming a key that does not exist is
+-- refused with TRYAGAIN until the migration ends).
 -- ARGV[1] token, ARGV[2] ttl in ms, ARGV[3] '1' = fencing, ARGV[4] fair: '' = not fair, else
 -- the ms a waiter's place is kept without a new attempt, ARGV[5] '1' = join the fair queue (the
 -- caller will wait), ARGV[6] the lock's wake-up channel (an argument, not a key, for the same
@@ -48,6 +49,9 @@ if not place then
   end
   -- A foreign value of another type answers GET with an error: not ours either.
   if redis.pcall('GET', KEYS[1]) == ARGV[1] then
+    -- Already ours (a request sent again): its expiry counts from this attempt, and the write
+    -- gives a WAIT behind it something to wait for (the original write on a dead connection).
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return {1, tonumber(counter) or 0}
   end
   return {0, redis.call('PTTL', KEYS[1])}
@@ -64,6 +68,7 @@ for _, waiter in ipairs(lapsed) do
 end
 local holder = redis.pcall('GET', KEYS[1])
 if holder == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, tonumber(counter) or 0}
 end
 local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]

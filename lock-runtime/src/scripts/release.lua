@@ -1,6 +1,6 @@
 -- Give a lock back if it is still ours, and announce it to the waiters.
--- KEYS[1] lock key, KEYS[2] fair queue, KEYS[2] fair places (see acquire.lua; only for a fair
--- lock). ARGV[1] our token, ARGV[2] ms the lock must still be held (minimum hold), 0 to delete
+-- KEYS[1] lock key; for a fair lock only, KEYS[2] fair queue and KEYS[3] fair places (see
+-- acquire.lua). ARGV[1] our token, ARGV[2] ms the lock must still be held (minimum hold), 0 to delete
 -- now, ARGV[3] the announcement ('c:' and the releasing client's id: that client wakes its own
 -- next waiter itself), ARGV[4] the lock's wake-up channel (an argument, not a key: see
 -- acquire.lua), ARGV[5] '1' = a fair lock: announce whose turn it is instead, ARGV[6] '1' = a
