@@ -1,8 +1,8 @@
 //! Deployments benchmark: what an uncontended acquire + release costs on a Redis Cluster and with
-//! replica acknowledgement, all on loopback, in one run.
+//! replica acknowledgement, and with RedLock over 5 masters, all on loopback, in one run.
 //!
 //! ```text
-//! cargo bench -p lock-tests --bench deployments                  # about 30 s once built
+//! cargo bench -p lock-tests --bench deployments                  # about 45 s once built
 //! BENCH_SCALE=0.1 cargo bench -p lock-tests --bench deployments  # smoke run
 //! ```
 //!
@@ -38,6 +38,14 @@
 //! 3. **The same on a Redis Cluster of 3 primaries with a replica each**
 //!    (`RedisCluster::spawn(3, 1)`): ours plain against ours with `wait_for_replicas(1, 1 s)`,
 //!    latency and commands executed per pair on the primaries.
+//! 4. **RedLock over 5 independent masters** (five `RedisServer::spawn()`, quorum 3;
+//!    `LockClient::builder().redlock(urls)`) against one master alone (master 0,
+//!    `LockClient::builder().url(url)`), both on the same 16 keys: a `PING` to master 0 for the
+//!    scale, then, as in part 1, latency median/p99 and pairs/s of one task and pairs/s of 16
+//!    tasks, in 5 interleaved rounds; the ratio RedLock / one master (the project's goal: a
+//!    median latency at most 1.2 times one master's); and, untimed, per master, the requests
+//!    sent (`SET`, `EVALSHA`, `EVAL`) and the commands executed (those inside the release
+//!    script included) per pair.
 //!
 //! Every client uses redis-rs's default socket settings (no TCP_NODELAY; ours adds only TCP
 //! keepalive). Output: the tables, then one JSON line with the same numbers. Progress goes to
@@ -72,6 +80,10 @@ const SLICES: usize = 4;
 const REPLICA_TIMEOUT: Duration = Duration::from_secs(1);
 /// What the delaying proxy adds to each direction when counting round trips.
 const PROXY_DELAY: Duration = Duration::from_millis(5);
+/// How many independent masters the RedLock client holds its locks on.
+const MASTERS: usize = 5;
+/// The project's goal for RedLock: its median pair latency at most this many times one master's.
+const GOAL_LATENCY_RATIO: f64 = 1.2;
 /// The commands counted one by one (lower case, as `INFO commandstats` names them).
 /// `replconf` is the replica's `REPLCONF ACK`, which a `WAIT` asks for (`REPLCONF GETACK`).
 const NAMED: [&str; 9] = [
@@ -1007,6 +1019,205 @@ async fn cluster_replica_wait(config: &Config) -> Value {
     })
 }
 
+/// Commands executed on each of `servers`, separately, per sequential pair of `contender`, over
+/// `n` pairs (`overheads` one per server, from [`snapshot_overhead`] on that server alone).
+async fn count_each(
+    contender: &Contender,
+    servers: &[&RedisServer],
+    overheads: &[Executed],
+    n: usize,
+) -> Vec<PerPair> {
+    let mut before = Vec::with_capacity(servers.len());
+    for server in servers {
+        before.push(Executed::now(&[server]).await);
+    }
+    for i in 0..n {
+        contender.pair(i).await;
+    }
+    let mut per = Vec::with_capacity(servers.len());
+    for ((server, before), overhead) in servers.iter().zip(&before).zip(overheads) {
+        per.push(Executed::now(&[server]).await.per(before, overhead, n));
+    }
+    per
+}
+
+/// The requests a client sent per pair: its top-level `SET`, `EVALSHA` and `EVAL`.
+fn requests(c: &PerPair) -> f64 {
+    ["set", "evalsha", "eval"].iter().map(|n| c.named(n)).sum()
+}
+
+/// Part 4: RedLock over `MASTERS` independent masters against one master alone (master 0).
+async fn redlock_vs_one(config: &Config) -> Value {
+    eprintln!("4. spawning {MASTERS} independent masters");
+    let masters: Vec<RedisServer> = (0..MASTERS).map(|_| RedisServer::spawn()).collect();
+    let urls: Vec<String> = masters.iter().map(RedisServer::url).collect();
+    // Keys of its own on master 0: a RedLock release answers once a majority released, and
+    // master 0 may drop the RedLock key a moment later.
+    let one = LockClient::builder()
+        .url(&urls[0])
+        .prefix("one:lock:")
+        .build()
+        .await
+        .unwrap_or_else(|e| panic!("one master: cannot connect to {}: {e}", urls[0]));
+    let redlock = LockClient::builder()
+        .redlock(&urls)
+        .build()
+        .await
+        .unwrap_or_else(|e| panic!("RedLock: cannot connect to {urls:?}: {e}"));
+    let contenders = [
+        Contender::Ping(masters[0].raw().await),
+        Contender::Ours("one master", one),
+        Contender::Ours("RedLock", redlock),
+    ];
+    eprintln!("4. warming up");
+    warm_up(&contenders, true).await;
+    eprintln!("4. timed rounds");
+    let series = interleaved(&contenders, config, Some(config.window)).await;
+    let (ping, one, red) = (&series[0], &series[1], &series[2]);
+
+    eprintln!("4. counting commands");
+    let servers: Vec<&RedisServer> = masters.iter().collect();
+    let mut overheads = Vec::with_capacity(servers.len());
+    for server in &servers {
+        overheads.push(snapshot_overhead(&[server]).await);
+    }
+    let one_count = count_each(
+        &contenders[1],
+        &servers[..1],
+        &overheads[..1],
+        config.counted_pairs,
+    )
+    .await
+    .remove(0);
+    let red_counts = count_each(&contenders[2], &servers, &overheads, config.counted_pairs).await;
+    let mean = |f: &dyn Fn(&PerPair) -> f64| red_counts.iter().map(f).sum::<f64>() / MASTERS as f64;
+    let red_executed = mean(&|c| c.total);
+    let red_requests = mean(&requests);
+    let red_executed_all: f64 = red_counts.iter().map(|c| c.total).sum();
+    let red_requests_all: f64 = red_counts.iter().map(requests).sum();
+    let spread = |f: &dyn Fn(&PerPair) -> f64| {
+        red_counts
+            .iter()
+            .map(|c| format!("{:.2}", f(c)))
+            .collect::<Vec<_>>()
+            .join("/")
+    };
+
+    let latency_ratio = |q: f64| red.at(q).as_secs_f64() / one.at(q).as_secs_f64();
+    let median_ratio = latency_ratio(0.5);
+    let goal_met = median_ratio <= GOAL_LATENCY_RATIO;
+    let mut table = Table::new(
+        format!(
+            "4. RedLock over {MASTERS} independent masters (quorum {}) against one master alone \
+             (master 0); {ROUNDS} interleaved rounds of {} sequential pairs and a {:?} window of \
+             {KEYS} tasks",
+            MASTERS / 2 + 1,
+            config.per_round,
+            config.window
+        ),
+        &["PING (m0)", "one master", "RedLock", "RedLock / one"],
+    );
+    let lat = |q: f64| {
+        vec![
+            us(ping.at(q)),
+            us(one.at(q)),
+            us(red.at(q)),
+            format!("{:.2}", latency_ratio(q)),
+        ]
+    };
+    table.row("1 task: latency median", lat(0.5));
+    table.row("1 task: latency p99", lat(0.99));
+    table.row(
+        "1 task: pairs/s (median of rounds)",
+        vec![
+            format!("{:.0}", median(&ping.sequential)),
+            format!("{:.0}", median(&one.sequential)),
+            format!("{:.0}", median(&red.sequential)),
+            format!("{:.3}", ratio(&red.sequential, &one.sequential)),
+        ],
+    );
+    table.row(
+        "16 tasks: pairs/s (median of rounds)",
+        vec![
+            String::new(),
+            format!("{:.0}", median(&one.concurrent)),
+            format!("{:.0}", median(&red.concurrent)),
+            format!("{:.3}", ratio(&red.concurrent, &one.concurrent)),
+        ],
+    );
+    table.row(
+        "requests sent per pair, per master",
+        vec![
+            String::new(),
+            format!("{:.2}", requests(&one_count)),
+            format!("{red_requests:.2}"),
+            String::new(),
+        ],
+    );
+    table.row(
+        "commands executed per pair, per master",
+        vec![
+            String::new(),
+            format!("{:.2}", one_count.total),
+            format!("{red_executed:.2}"),
+            String::new(),
+        ],
+    );
+    table.row(
+        "commands executed per pair, all masters",
+        vec![
+            String::new(),
+            format!("{:.2}", one_count.total),
+            format!("{red_executed_all:.2}"),
+            format!("{:.2}", red_executed_all / one_count.total),
+        ],
+    );
+    table.print();
+    println!(
+        "  goal: RedLock median latency <= {GOAL_LATENCY_RATIO:.1}x one master's: {median_ratio:.2}x, {}",
+        if goal_met { "met" } else { "NOT met" }
+    );
+    println!(
+        "  per master: RedLock's mean over the {MASTERS} masters; requests = the top-level SET + \
+         EVALSHA + EVAL executed; over {} pairs",
+        config.counted_pairs
+    );
+    println!(
+        "  RedLock per master m0/…/m{}: requests {}, executed {}",
+        MASTERS - 1,
+        spread(&requests),
+        spread(&|c| c.total)
+    );
+    println!("  executed per pair, one master (m0): {}", one_count.breakdown());
+    for (m, c) in red_counts.iter().enumerate() {
+        println!("  executed per pair, RedLock on m{m}:    {}", c.breakdown());
+    }
+
+    json!({
+        "masters": MASTERS,
+        "quorum": MASTERS / 2 + 1,
+        "ping": ping.json(),
+        "one_master": one.json(),
+        "redlock": red.json(),
+        "ratio_redlock_to_one_median_latency": median_ratio,
+        "ratio_redlock_to_one_p99_latency": latency_ratio(0.99),
+        "ratio_redlock_to_one_sequential_pairs_per_s": ratio(&red.sequential, &one.sequential),
+        "ratio_redlock_to_one_concurrent_pairs_per_s": ratio(&red.concurrent, &one.concurrent),
+        "goal_median_latency_ratio_max": GOAL_LATENCY_RATIO,
+        "goal_met": goal_met,
+        "requests_per_pair_per_master": {
+            "one_master": requests(&one_count),
+            "redlock": red_counts.iter().map(requests).collect::<Vec<_>>(),
+            "redlock_all_masters": red_requests_all,
+        },
+        "executed_per_pair": {
+            "one_master": one_count.json(),
+            "redlock_per_master": red_counts.iter().map(PerPair::json).collect::<Vec<_>>(),
+            "redlock_all_masters": red_executed_all,
+        },
+    })
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let config = Config::from_env();
@@ -1036,6 +1247,7 @@ async fn main() {
     let cluster = cluster_vs_hand(&config).await;
     let replica = replica_wait(&config).await;
     let cluster_replica = cluster_replica_wait(&config).await;
+    let redlock = redlock_vs_one(&config).await;
     let output = json!({
         "redis_version": version,
         "bench_scale": config.scale,
@@ -1047,6 +1259,7 @@ async fn main() {
         "cluster_vs_hand_written": cluster,
         "replica_wait": replica,
         "cluster_replica_wait": cluster_replica,
+        "redlock_vs_one_master": redlock,
         "elapsed_s": started.elapsed().as_secs_f64(),
     });
     println!();

@@ -299,3 +299,21 @@ async fn what_redlock_cannot_offer_is_refused() {
         .build_lazy();
     assert!(matches!(out, Err(LockError::InvalidOptions { .. })), "{out:?}");
 }
+
+/// A release answers once a majority released; the other masters' releases follow their own
+/// acquires (never overtake them), so no master is left holding the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quick_pairs_leave_no_key_on_any_master() {
+    let masters = spawn_masters();
+    let client = client(&masters).await;
+    for _ in 0..300 {
+        let guard = client.acquire("quick", &ttl(60_000)).await.unwrap();
+        assert!(guard.release().await.unwrap());
+    }
+    eventually(
+        2 * SECOND,
+        "every master's release follows its acquire",
+        || async { holders(&masters, "lock:{quick}").await == 0 },
+    )
+    .await;
+}

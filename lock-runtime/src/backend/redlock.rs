@@ -8,14 +8,15 @@
 //! every master. Waiters listen on every master (one shared registry, one listener per master),
 //! so a release heard from any of them wakes the next waiter.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::connection::{Place, Timeouts};
+use super::connection::{lock, Place, Timeouts};
 use super::redis::RedisBackend;
 use super::{Ask, Attempt, LockKeys};
 use crate::error::TimedOut;
@@ -30,8 +31,14 @@ const LISTEN_WAIT: Duration = Duration::from_millis(250);
 
 #[derive(Debug)]
 pub(crate) struct RedlockBackend {
-    masters: Vec<RedisBackend>,
+    /// Shared with the tasks that carry each master's part of an acquire or release, which
+    /// finish on their own after the outcome is decided.
+    masters: Vec<Arc<RedisBackend>>,
     wakeups: Arc<Wakeups>,
+    /// Per token of a held lock, the acquire tasks (one per master, by index) that had not
+    /// finished when the lock was taken: a release on a master waits for that master's acquire,
+    /// so that it cannot overtake it and leave the key behind.
+    stragglers: std::sync::Mutex<HashMap<String, Vec<JoinHandle<()>>>>,
     quorum: usize,
     timeouts: Timeouts,
 }
@@ -57,25 +64,26 @@ impl RedlockBackend {
             .zip(receivers)
             .enumerate()
             .map(|(listener, (client, idle))| {
-                RedisBackend::listening(
+                Arc::new(RedisBackend::listening(
                     Place::Server(client),
                     timeouts,
                     None,
                     (Arc::clone(&wakeups), listener, idle),
-                )
+                ))
             })
             .collect::<Vec<_>>();
         RedlockBackend {
             quorum: masters.len() / 2 + 1,
             masters,
             wakeups,
+            stragglers: std::sync::Mutex::default(),
             timeouts,
         }
     }
 
     /// Connects to every master; fails unless a majority is reachable.
     pub(crate) async fn connect(&self) -> Result<(), LockError> {
-        let answers = futures_util::future::join_all(self.masters.iter().map(RedisBackend::connect)).await;
+        let answers = futures_util::future::join_all(self.masters.iter().map(|m| m.connect())).await;
         let reached = answers.iter().filter(|a| a.is_ok()).count();
         if reached >= self.quorum {
             return Ok(());
@@ -113,16 +121,29 @@ impl RedlockBackend {
     ) -> Result<Attempt, LockError> {
         let started = Instant::now();
         let bound = self.per_master(ask.ttl_ms);
-        let mut answers: FuturesUnordered<_> = self
-            .masters
-            .iter()
-            .map(|master| tokio::time::timeout(bound, master.acquire(keys, token, ask)))
-            .collect();
+        // Each master's attempt is a task of its own: the outcome is decided by the first
+        // majority to answer, and the stragglers go on to set the key (it is ours, renewed and
+        // released with the rest) without holding up the caller.
+        let (tx, mut answers) = mpsc::unbounded_channel();
+        let mut stragglers = Vec::with_capacity(self.masters.len());
+        for master in &self.masters {
+            let (master, keys, token, ask, tx) = (
+                Arc::clone(master),
+                keys.clone(),
+                token.to_owned(),
+                *ask,
+                tx.clone(),
+            );
+            stragglers.push(tokio::spawn(async move {
+                let _ = tx.send(tokio::time::timeout(bound, master.acquire(&keys, &token, &ask)).await);
+            }));
+        }
+        drop(tx);
         let (mut yes, mut held, mut failed) = (0, 0, 0);
         let mut soonest_free: Option<u64> = None;
         let mut last_error = None;
         let most_refusals = self.masters.len() - self.quorum;
-        while let Some(answer) = answers.next().await {
+        while let Some(answer) = answers.recv().await {
             match answer {
                 Ok(Ok(Attempt::Acquired { .. })) => yes += 1,
                 Ok(Ok(Attempt::Held { pttl_ms, .. })) => {
@@ -148,24 +169,21 @@ impl RedlockBackend {
                 break;
             }
         }
-        if yes >= self.quorum {
-            // Decided: the stragglers get as long again as the majority took to answer, so that
-            // normally every master holds the lock (and losing a minority later costs nothing);
-            // one still slower is dropped (its request may yet set the key: it is ours, renewed
-            // and released with the rest).
-            let _ = tokio::time::timeout(started.elapsed(), async {
-                while answers.next().await.is_some() {}
-            })
-            .await;
-        }
-        drop(answers);
         let ttl = Duration::from_millis(ask.ttl_ms);
         let drift = ttl / 100 + Duration::from_millis(2);
         if yes >= self.quorum && started.elapsed() + drift < ttl {
+            if stragglers.iter().any(|s| !s.is_finished()) {
+                let mut waiting = lock(&self.stragglers);
+                // Locks released by now (or never to be, their guard dropped without a runtime)
+                // leave only finished tasks behind.
+                waiting.retain(|_, tasks| tasks.iter().any(|t| !t.is_finished()));
+                waiting.insert(token.to_owned(), stragglers);
+            }
             return Ok(Attempt::Acquired { fence: None });
         }
-        // Not held: give back what was taken, on every master (also those that did not answer:
-        // their request may still arrive).
+        // Not held: give back what was taken, on every master, after every attempt has ended
+        // (each is bounded), so that no release overtakes the acquire it must undo.
+        futures_util::future::join_all(stragglers).await;
         self.release_everywhere(keys, token).await;
         if yes >= self.quorum {
             // Taken, but too slowly to be of use: try again at once, within the wait.
@@ -260,15 +278,46 @@ impl RedlockBackend {
         hold_ms: u64,
     ) -> Result<bool, LockError> {
         let bound = self.timeouts.response;
-        let answers = futures_util::future::join_all(self.masters.iter().map(|m| async move {
-            match tokio::time::timeout(bound, m.release_quietly(keys, token, hold_ms, false)).await {
-                Ok(answer) => answer,
-                Err(_) => Err(LockError::unavailable(TimedOut { after: bound })),
+        // As for an acquire: one task per master, decided by the first majority to answer.
+        let (tx, mut answers) = mpsc::unbounded_channel();
+        let mut acquiring = lock(&self.stragglers)
+            .remove(token)
+            .unwrap_or_default()
+            .into_iter();
+        for master in &self.masters {
+            let (master, keys, token, tx) = (Arc::clone(master), keys.clone(), token.to_owned(), tx.clone());
+            let acquire = acquiring.next();
+            tokio::spawn(async move {
+                if let Some(acquire) = acquire {
+                    // Bounded: the acquire gives up after its own timeout.
+                    let _ = acquire.await;
+                }
+                let answer =
+                    match tokio::time::timeout(bound, master.release_quietly(&keys, &token, hold_ms, false))
+                        .await
+                    {
+                        Ok(answer) => answer,
+                        Err(_) => Err(LockError::unavailable(TimedOut { after: bound })),
+                    };
+                let _ = tx.send(answer);
+            });
+        }
+        drop(tx);
+        let (mut released, mut not_held, mut failed, mut last) = (0, 0, 0, None);
+        let most_failures = self.masters.len() - self.quorum;
+        while let Some(answer) = answers.recv().await {
+            match answer {
+                Ok(true) => released += 1,
+                Ok(false) => not_held += 1,
+                Err(e) => {
+                    failed += 1;
+                    last = Some(e);
+                }
             }
-        }))
-        .await;
-        let released = answers.iter().filter(|a| matches!(a, Ok(true))).count();
-        let not_held = answers.iter().filter(|a| matches!(a, Ok(false))).count();
+            if released >= self.quorum || not_held >= self.quorum || failed > most_failures {
+                break;
+            }
+        }
         if released > 0 {
             self.wakeups.notify(&keys.channel);
         }
@@ -279,7 +328,6 @@ impl RedlockBackend {
             return Ok(false);
         }
         // Undecided: the masters that did not answer may hold it (until its ttl).
-        let last = answers.into_iter().filter_map(Result::err).last();
         Err(self.no_quorum(released + not_held, last))
     }
 
