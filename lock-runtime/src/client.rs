@@ -947,7 +947,7 @@ impl LockClientBuilder {
             let sentinels = crate::backend::sentinel::Sentinels::new(urls, master_name, &self.tls)?;
             return Ok(Place::Sentinel(Arc::new(sentinels)));
         }
-        let _ = timeouts;
+        let _ = (timeouts, answer_within);
         Err(LockError::invalid_options(
             "this deployment needs a lock-runtime feature that is off",
         ))

@@ -410,6 +410,16 @@ fn ping(port: u16) -> bool {
     stream.read_exact(&mut reply).is_ok() && &reply == b"+PONG\r\n"
 }
 
+/// Asserts that a waiter got the lock `handoff` after the holder's release because of that
+/// release: without the wake-up it sleeps until its nap ends, at least 85% of `MAX_WAIT_NAP`
+/// when the holder's key had long to live.
+pub fn assert_woken_by_the_release(handoff: Duration) {
+    assert!(
+        handoff < lock_runtime::MAX_WAIT_NAP / 2,
+        "woken by a timer, not the release: {handoff:?}"
+    );
+}
+
 /// A small seeded generator (xorshift64*), so that a failing random test can be replayed from
 /// the seed it prints.
 #[derive(Debug, Clone)]

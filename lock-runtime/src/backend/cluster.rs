@@ -89,16 +89,7 @@ fn with_tls(builder: ClusterClientBuilder, tls: &TlsMaterial) -> ClusterClientBu
     if tls.is_empty() {
         return builder;
     }
-    builder.certs(redis::TlsCertificates {
-        client_tls: tls
-            .client_auth
-            .as_ref()
-            .map(|(cert, key)| redis::ClientTlsConfig {
-                client_cert: cert.clone(),
-                client_key: key.clone(),
-            }),
-        root_cert: tls.root_ca.clone(),
-    })
+    builder.certs(tls.certificates())
 }
 
 #[cfg(not(feature = "tls"))]

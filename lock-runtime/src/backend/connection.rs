@@ -46,6 +46,21 @@ impl std::fmt::Debug for TlsMaterial {
 }
 
 impl TlsMaterial {
+    /// The material as redis-rs takes it.
+    #[cfg(feature = "tls")]
+    pub(crate) fn certificates(&self) -> redis::TlsCertificates {
+        redis::TlsCertificates {
+            client_tls: self
+                .client_auth
+                .as_ref()
+                .map(|(cert, key)| redis::ClientTlsConfig {
+                    client_cert: cert.clone(),
+                    client_key: key.clone(),
+                }),
+            root_cert: self.root_ca.clone(),
+        }
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.root_ca.is_none() && self.client_auth.is_none()
     }
@@ -111,17 +126,7 @@ fn tls_client(info: redis::ConnectionInfo, tls: &TlsMaterial) -> Result<redis::C
         return redis::Client::open(info)
             .map_err(|e| LockError::invalid_options(format!("invalid Redis URL: {e}")));
     }
-    let certificates = redis::TlsCertificates {
-        client_tls: tls
-            .client_auth
-            .as_ref()
-            .map(|(cert, key)| redis::ClientTlsConfig {
-                client_cert: cert.clone(),
-                client_key: key.clone(),
-            }),
-        root_cert: tls.root_ca.clone(),
-    };
-    redis::Client::build_with_tls(info, certificates)
+    redis::Client::build_with_tls(info, tls.certificates())
         .map_err(|e| LockError::invalid_options(format!("invalid TLS material: {e}")))
 }
 
