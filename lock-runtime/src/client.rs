@@ -5,7 +5,6 @@ use std::sync::{Arc, RwLock, Weak};
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use rand::Rng;
 use tokio::time::Instant;
 
 use crate::backend::connection::{client_for_url, Place, Timeouts, TlsMaterial};
@@ -17,6 +16,7 @@ use crate::backend::{Ask, Attempt, Backend, LockKeys};
 use crate::error::ShutDown;
 use crate::guard::{release_in_background, release_state, LockGuard, LockState};
 use crate::held::HeldLocks;
+use crate::holder::Holder;
 use crate::wakeups::Registration;
 use crate::watchdog::Watchdog;
 use crate::{scope, LockError, LockOptions};
@@ -79,6 +79,8 @@ impl std::fmt::Debug for LockClient {
 pub(crate) struct Inner {
     backend: Backend,
     prefix: String,
+    /// Stored with every lock this client takes (see [`LockClient::holder`]).
+    owner: String,
     watchdog: Arc<Watchdog>,
     held: Arc<HeldLocks>,
 }
@@ -100,7 +102,11 @@ impl LockClient {
     /// on tokio's clock: for tests of code that takes locks, and demos without Redis. It locks
     /// nothing across processes.
     pub fn in_memory() -> LockClient {
-        LockClient::from_backend(Backend::Memory(MemoryBackend::new()), DEFAULT_PREFIX.to_owned())
+        LockClient::from_backend(
+            Backend::Memory(MemoryBackend::new()),
+            DEFAULT_PREFIX.to_owned(),
+            crate::holder::default_owner(),
+        )
     }
 
     /// A builder for a client with a custom prefix or timeouts.
@@ -108,11 +114,12 @@ impl LockClient {
         LockClientBuilder::default()
     }
 
-    fn from_backend(backend: Backend, prefix: String) -> LockClient {
+    fn from_backend(backend: Backend, prefix: String, owner: String) -> LockClient {
         LockClient {
             inner: Arc::new(Inner {
                 backend,
                 prefix,
+                owner,
                 watchdog: Arc::default(),
                 held: Arc::default(),
             }),
@@ -195,7 +202,7 @@ impl LockClient {
         let will_wait = !options.wait_time().is_zero();
         let fair = options.is_fair();
         // One token for every attempt of this call: it is also a fair waiter's place in line.
-        let token = new_token();
+        let token = crate::holder::new_value(&self.inner.owner);
         let place = (fair && will_wait).then(|| QueuePlace::new(self, &keys, &token));
         let mut wakeup: Option<Registration> = None;
         // Until refused once, no holder's expiry is known.
@@ -369,6 +376,23 @@ impl LockClient {
     pub async fn remaining_ttl(&self, key: &str) -> Result<Option<Duration>, LockError> {
         let keys = self.keys(key)?;
         self.backend().remaining_ttl(&keys).await
+    }
+
+    /// Who holds the lock on `key`, and for how long yet; `None` when nobody does. For operators
+    /// (who is blocking this job?), not for deciding whether to proceed: the answer may be out
+    /// of date by the time it arrives.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: lock_runtime::LockClient) -> Result<(), lock_runtime::LockError> {
+    /// if let Some(holder) = locks.holder("order:42").await? {
+    ///     println!("held by {:?} for {:?} more", holder.owner(), holder.remaining());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn holder(&self, key: &str) -> Result<Option<Holder>, LockError> {
+        let keys = self.keys(key)?;
+        let found = self.backend().holder(&keys).await?;
+        Ok(found.map(|(value, remaining)| Holder::from_value(&value, remaining)))
     }
 
     /// Deletes the lock on `key` whoever holds it, and wakes its waiters; `true` if there was
@@ -545,13 +569,6 @@ impl Drop for QueuePlace {
     }
 }
 
-/// A fresh token: 128 random bits, as 32 hex digits, from rand's thread-local generator (a
-/// CSPRNG seeded, and periodically reseeded, from the OS): a system call per token cost more
-/// than the rest of an acquire's client work.
-fn new_token() -> String {
-    format!("{:032x}", rand::rng().random::<u128>())
-}
-
 /// How long a waiter sleeps before trying again, unless a release wakes it first: until the
 /// holder's key expires (never past [`MAX_WAIT_NAP`]; a fair waiter, never past [`FAIR_NAP`],
 /// which keeps its place in line), less up to 15% of jitter so that waiters on one lock do not
@@ -605,6 +622,7 @@ pub struct LockClientBuilder {
     sentinel: Option<(Vec<String>, String)>,
     redlock: Option<Vec<String>>,
     replicas: Option<(usize, Duration)>,
+    owner: Option<String>,
     tls: TlsMaterial,
     prefix: String,
     connect_timeout: Duration,
@@ -620,6 +638,7 @@ impl Default for LockClientBuilder {
             sentinel: None,
             redlock: None,
             replicas: None,
+            owner: None,
             tls: TlsMaterial::default(),
             prefix: DEFAULT_PREFIX.to_owned(),
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
@@ -657,6 +676,7 @@ impl std::fmt::Debug for LockClientBuilder {
                     .map(|urls| urls.iter().map(|u| hide_credentials(u)).collect::<Vec<_>>()),
             )
             .field("wait_for_replicas", &self.replicas)
+            .field("owner", &self.owner)
             .field("tls", &self.tls)
             .field("prefix", &self.prefix)
             .field("connect_timeout", &self.connect_timeout)
@@ -798,6 +818,14 @@ impl LockClientBuilder {
         self
     }
 
+    /// A label stored with every lock this client takes (default `<hostname>:<pid>`), shown by
+    /// [`LockClient::holder`]: name the service instance, so an operator can see who holds a
+    /// lock. 1 to 256 bytes without control characters.
+    pub fn owner(mut self, owner: &str) -> Self {
+        self.owner = Some(owner.to_owned());
+        self
+    }
+
     /// Put before every key (default [`DEFAULT_PREFIX`], `"lock:"`).
     pub fn prefix(mut self, prefix: &str) -> Self {
         prefix.clone_into(&mut self.prefix);
@@ -865,7 +893,12 @@ impl LockClientBuilder {
         let answer_within = timeouts.response + replicas.map_or(Duration::ZERO, |r| 2 * r.timeout);
         let place = self.place(timeouts, answer_within)?;
         let backend = Box::new(RedisBackend::new(place, timeouts, replicas));
-        Ok(LockClient::from_backend(Backend::Redis(backend), self.prefix))
+        let owner = self.owner_label()?;
+        Ok(LockClient::from_backend(
+            Backend::Redis(backend),
+            self.prefix,
+            owner,
+        ))
     }
 
     fn build_redlock(
@@ -899,7 +932,19 @@ impl LockClientBuilder {
         Ok(LockClient::from_backend(
             Backend::Redlock(backend),
             self.prefix.clone(),
+            self.owner_label()?,
         ))
+    }
+
+    /// The owner label: the one given (checked), else `<hostname>:<pid>`.
+    fn owner_label(&self) -> Result<String, LockError> {
+        match &self.owner {
+            Some(owner) => {
+                crate::holder::check_owner(owner)?;
+                Ok(owner.clone())
+            }
+            None => Ok(crate::holder::default_owner()),
+        }
     }
 
     /// Checks that exactly one of the ways to say where the locks live was given.
@@ -971,14 +1016,6 @@ pub fn default_client() -> Option<LockClient> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn tokens_are_fresh_128_bit_hex() {
-        let (a, b) = (new_token(), new_token());
-        assert_eq!(a.len(), 32);
-        assert!(a.chars().all(|c| c.is_ascii_hexdigit()));
-        assert_ne!(a, b);
-    }
 
     #[test]
     fn builder_debug_hides_credentials() {

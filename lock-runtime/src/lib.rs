@@ -22,7 +22,7 @@
 //! ```
 //!
 //! The data model: the lock on key `k` lives at `<prefix>{k}` (default prefix `lock:`) and holds
-//! the holder's 128-bit random token; its fencing counter is `<prefix>{k}:fence`; releases are
+//! the holder's value (a fresh UUID v4 and the client's owner label, see [`Holder`]); its fencing counter is `<prefix>{k}:fence`; releases are
 //! announced on `<prefix>{k}:released`; fair waiters line up in `<prefix>{k}:queue`. The whole
 //! protocol is one `SET NX PX GET` (an uncontended acquire) and the three scripts under
 //! `src/scripts/`.
@@ -41,6 +41,7 @@ mod client;
 mod error;
 mod guard;
 mod held;
+mod holder;
 mod options;
 mod scope;
 mod wakeups;
@@ -52,6 +53,7 @@ pub use client::{
 };
 pub use error::{BoxError, LockError, ShutDown, TimedOut};
 pub use guard::LockGuard;
+pub use holder::Holder;
 pub use options::{LockOptions, OnLost, FAIR_PLACE_KEPT, MAX_DURATION, MIN_TTL, MIN_WATCHDOG_TTL};
 pub use scope::{current, LockInfo};
 

@@ -31,6 +31,7 @@ lock_tests::on_every_deployment!(
     a_body_that_is_always_ready_is_stopped_at_its_lease,
     one_watchdog_renews_many_locks_and_loses_only_the_one_gone,
     shutdown_gives_back_every_lock_and_refuses_new_ones,
+    holder_names_the_owner_and_what_is_left,
 );
 
 async fn lock_unlock_twice(t: Target) {
@@ -475,4 +476,33 @@ async fn shutdown_gives_back_every_lock_and_refuses_new_ones(t: Target) {
     assert_eq!(plain.release().await.ok(), Some(false));
     drop(renewed);
     drop(held_on);
+}
+
+async fn holder_names_the_owner_and_what_is_left(t: Target) {
+    let c = t.client();
+    assert_eq!(c.holder("owned").await.unwrap(), None);
+    let guard = c
+        .acquire("owned", &ttl(5000).hold_at_least(Duration::from_secs(2)))
+        .await
+        .unwrap();
+    let holder = c.holder("owned").await.unwrap().expect("held");
+    let owner = holder.owner().expect("written by this library");
+    assert!(
+        owner.ends_with(&format!(":{}", std::process::id())),
+        "the default owner is <hostname>:<pid>: {owner}"
+    );
+    let left = holder.remaining().expect("a lock has an expiry");
+    assert!(
+        left <= Duration::from_millis(5000) && left > Duration::from_millis(3000),
+        "{left:?}"
+    );
+    assert!(!holder.is_released());
+    assert!(guard.release().await.unwrap());
+    let kept = c
+        .holder("owned")
+        .await
+        .unwrap()
+        .expect("kept for its minimum hold");
+    assert!(kept.is_released() && kept.owner() == Some(owner));
+    assert!(matches!(c.holder("").await, Err(LockError::InvalidKey { .. })));
 }

@@ -531,3 +531,35 @@ async fn a_redis_client_built_by_the_user_is_taken_as_is() {
         .build_lazy();
     assert!(matches!(both, Err(LockError::InvalidOptions { .. })), "{both:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_owner_label_is_shown_and_foreign_values_have_none() {
+    let server = RedisServer::spawn();
+    let client = builder(&server.url())
+        .owner("billing-worker-7")
+        .build()
+        .await
+        .unwrap();
+    let guard = client.acquire("labelled", &ttl(60_000)).await.unwrap();
+    let holder = client.holder("labelled").await.unwrap().unwrap();
+    assert_eq!(holder.owner(), Some("billing-worker-7"));
+    let value: String = server.raw().await.get("lock:{labelled}").await.unwrap();
+    let (id, owner) = value.split_once(' ').unwrap();
+    assert!(
+        id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()),
+        "a UUID v4: {value}"
+    );
+    assert_eq!(owner, "billing-worker-7");
+    assert!(guard.release().await.unwrap());
+
+    let _: () = server
+        .raw()
+        .await
+        .set("lock:{foreign}", "not ours")
+        .await
+        .unwrap();
+    let foreign = client.holder("foreign").await.unwrap().unwrap();
+    assert_eq!((foreign.owner(), foreign.remaining()), (None, None));
+    let out = builder(&server.url()).owner("").build_lazy();
+    assert!(matches!(out, Err(LockError::InvalidOptions { .. })), "{out:?}");
+}

@@ -227,6 +227,17 @@ impl MemoryBackend {
             .map(|h| h.expires_at.saturating_duration_since(now))
     }
 
+    /// The lock's value and remaining life, if it is held.
+    pub(crate) fn holder(&self, keys: &LockKeys) -> Option<(Vec<u8>, Option<Duration>)> {
+        let now = Instant::now();
+        self.store().live(&keys.lock, now).map(|h| {
+            (
+                h.token.clone().into_bytes(),
+                Some(h.expires_at.saturating_duration_since(now)),
+            )
+        })
+    }
+
     pub(crate) fn force_release(&self, keys: &LockKeys) -> bool {
         let removed = {
             let mut store = self.store();

@@ -181,6 +181,18 @@ impl Backend {
         }
     }
 
+    /// The lock's stored value and remaining life, if it is held.
+    pub(crate) async fn holder(
+        &self,
+        keys: &LockKeys,
+    ) -> Result<Option<(Vec<u8>, Option<Duration>)>, LockError> {
+        match self {
+            Backend::Redis(b) => b.holder(keys).await,
+            Backend::Redlock(b) => b.holder(keys).await,
+            Backend::Memory(b) => Ok(b.holder(keys)),
+        }
+    }
+
     pub(crate) async fn force_release(&self, keys: &LockKeys) -> Result<bool, LockError> {
         match self {
             Backend::Redis(b) => b.force_release(keys).await,

@@ -421,6 +421,43 @@ impl RedisBackend {
         Ok(u64::try_from(pttl).ok().map(Duration::from_millis))
     }
 
+    /// The lock's value and remaining life, if the key exists (a value of another type reads as
+    /// empty: not a lock of ours).
+    pub(crate) async fn holder(
+        &self,
+        keys: &LockKeys,
+    ) -> Result<Option<(Vec<u8>, Option<Duration>)>, LockError> {
+        let (value, pttl): (Result<Option<Vec<u8>>, ()>, i64) = self
+            .conn
+            .request(|mut conn| async move {
+                let answers: Vec<redis::Value> = redis::pipe()
+                    .cmd("GET")
+                    .arg(&keys.lock)
+                    .cmd("PTTL")
+                    .arg(&keys.lock)
+                    .ignore_errors()
+                    .query_async(&mut conn)
+                    .await?;
+                let mut answers = answers.into_iter();
+                let value = answers
+                    .next()
+                    .and_then(|v| v.extract_error().ok())
+                    .map_or(Err(()), |v| Option::<Vec<u8>>::from_redis_value(v).map_err(drop));
+                let pttl = answers.next().map_or(Ok(-2), |v| {
+                    i64::from_redis_value(v.extract_error()?).map_err(redis::RedisError::from)
+                })?;
+                Ok((value, pttl))
+            })
+            .await?;
+        let life = u64::try_from(pttl).ok().map(Duration::from_millis);
+        Ok(match value {
+            Ok(Some(value)) => Some((value, life)),
+            Ok(None) => None,
+            Err(()) if pttl != -2 => Some((Vec::new(), life)),
+            Err(()) => None,
+        })
+    }
+
     pub(crate) async fn force_release(&self, keys: &LockKeys) -> Result<bool, LockError> {
         let deleted: i64 = self
             .conn

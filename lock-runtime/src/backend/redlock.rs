@@ -361,6 +361,45 @@ impl RedlockBackend {
         Ok(lives.get(self.quorum - 1).copied())
     }
 
+    /// The value a majority of masters hold, and how long a majority still holds it.
+    pub(crate) async fn holder(
+        &self,
+        keys: &LockKeys,
+    ) -> Result<Option<(Vec<u8>, Option<Duration>)>, LockError> {
+        let answers = futures_util::future::join_all(self.masters.iter().map(|m| m.holder(keys))).await;
+        let mut seen: Vec<(Vec<u8>, Vec<Duration>)> = Vec::new();
+        let mut answered = 0;
+        let mut last = None;
+        for answer in answers {
+            match answer {
+                Ok(Some((value, life))) => {
+                    answered += 1;
+                    let life = life.unwrap_or(Duration::MAX);
+                    match seen.iter_mut().find(|(v, _)| *v == value) {
+                        Some((_, lives)) => lives.push(life),
+                        None => seen.push((value, vec![life])),
+                    }
+                }
+                Ok(None) => answered += 1,
+                Err(e) => last = Some(e),
+            }
+        }
+        if answered < self.quorum {
+            return Err(self.no_quorum(answered, last));
+        }
+        Ok(seen
+            .into_iter()
+            .find(|(_, lives)| lives.len() >= self.quorum)
+            .map(|(value, mut lives)| {
+                lives.sort_unstable_by(|a, b| b.cmp(a));
+                let life = lives
+                    .get(self.quorum - 1)
+                    .copied()
+                    .filter(|l| *l != Duration::MAX);
+                (value, life)
+            }))
+    }
+
     /// Deletes the key on every master; `true` when a majority had it.
     pub(crate) async fn force_release(&self, keys: &LockKeys) -> Result<bool, LockError> {
         let answers =
