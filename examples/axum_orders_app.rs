@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
@@ -25,32 +24,22 @@ pub struct AppState {
 /// A handler's failure, as an HTTP response.
 #[derive(Debug)]
 pub enum ApiError {
-    /// Another request holds the order's lock: `409 Conflict`.
-    Busy,
-    /// Redis is down or the lock was lost: `503 Service Unavailable`.
-    Unavailable(String),
+    /// The lock said no: its own response (the `axum` feature of lock-runtime): `409 Conflict`
+    /// while another request holds the order's lock, `503` when Redis is down or the lock was
+    /// lost.
+    Lock(LockError),
 }
 
 impl From<LockError> for ApiError {
     fn from(e: LockError) -> Self {
-        match e {
-            LockError::Busy { .. } => ApiError::Busy,
-            other => ApiError::Unavailable(other.to_string()),
-        }
+        ApiError::Lock(e)
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         match self {
-            ApiError::Busy => (
-                StatusCode::CONFLICT,
-                "this order is being paid by another request\n",
-            )
-                .into_response(),
-            ApiError::Unavailable(why) => {
-                (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response()
-            }
+            ApiError::Lock(e) => e.into_response(),
         }
     }
 }

@@ -164,3 +164,61 @@ pub struct TimedOut {
 #[derive(Debug, thiserror::Error)]
 #[error("the lock client was shut down")]
 pub struct ShutDown;
+
+#[cfg(feature = "axum")]
+impl LockError {
+    /// The HTTP status a handler that failed with this error answers (the `axum` feature).
+    pub fn status(&self) -> http::StatusCode {
+        use http::StatusCode;
+        match self {
+            LockError::Busy { .. } => StatusCode::CONFLICT,
+            LockError::Lost { .. } | LockError::Unavailable { .. } | LockError::NotReplicated { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            LockError::InvalidKey { .. } => StatusCode::BAD_REQUEST,
+            LockError::Refused { .. } | LockError::NotConfigured | LockError::InvalidOptions { .. } => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
+        }
+    }
+}
+
+/// With the `axum` feature, a handler can return `Result<T, LockError>` (or convert into it):
+/// `409 Conflict` for `Busy`, `503 Service Unavailable` for what is worth retrying (`Lost`,
+/// `Unavailable`, `NotReplicated`), `400 Bad Request` for a key made from bad input, and `500`
+/// for a misconfiguration, whose details go to the log (as a `tracing` error), not to the caller.
+#[cfg(feature = "axum")]
+impl axum_core::response::IntoResponse for LockError {
+    fn into_response(self) -> axum_core::response::Response {
+        let status = self.status();
+        let body = if status.is_server_error() && status != http::StatusCode::SERVICE_UNAVAILABLE {
+            tracing::error!(error = %self, "lock misconfigured");
+            "internal error\n".to_owned()
+        } else {
+            format!("{self}\n")
+        };
+        (status, body).into_response()
+    }
+}
+
+#[cfg(all(test, feature = "axum"))]
+mod tests {
+    use super::*;
+    use axum_core::response::IntoResponse;
+
+    #[test]
+    fn http_statuses_say_whose_problem_it_is() {
+        let busy = LockError::Busy { key: "k".into() };
+        assert_eq!(busy.into_response().status(), 409);
+        let down = LockError::unavailable(TimedOut {
+            after: std::time::Duration::from_secs(1),
+        });
+        assert_eq!(down.into_response().status(), 503);
+        let bad = LockError::InvalidKey {
+            key: String::new(),
+            reason: "the key is empty",
+        };
+        assert_eq!(bad.into_response().status(), 400);
+        assert_eq!(LockError::NotConfigured.into_response().status(), 500);
+    }
+}

@@ -10,13 +10,46 @@ use std::sync::Arc;
 use crate::guard::LockState;
 
 /// The lock held around the current code: see [`current`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct LockInfo {
     key: String,
     fencing_token: Option<u64>,
+    state: Arc<LockState>,
 }
 
+impl std::fmt::Debug for LockInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LockInfo")
+            .field("key", &self.key)
+            .field("fencing_token", &self.fencing_token)
+            .field("lost", &self.is_lost())
+            .finish()
+    }
+}
+
+impl PartialEq for LockInfo {
+    /// The same lock, taken once: the same key and state.
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.state, &other.state)
+    }
+}
+
+impl Eq for LockInfo {}
+
 impl LockInfo {
+    /// Whether the lock is lost: its key expired, was deleted or taken, or its validity ran
+    /// out. A body run with `on_lost = "continue"` checks this before each write that the lock
+    /// must cover (with `"abort"`, the body is simply stopped).
+    pub fn is_lost(&self) -> bool {
+        self.state.is_lost()
+    }
+
+    /// Resolves when the lock is lost (never, if it is not): to race work against it, as
+    /// `tokio::select!` does with a guard's [`lost`](crate::LockGuard::lost).
+    pub async fn lost(&self) {
+        self.state.lost().await;
+    }
+
     /// The key as the caller gave it, without the prefix.
     pub fn key(&self) -> &str {
         &self.key
@@ -96,6 +129,7 @@ pub(crate) fn enter<F: Future>(
         info: LockInfo {
             key: state.key.clone(),
             fencing_token: state.fence,
+            state: Arc::clone(&state),
         },
         state,
         turns: tokio::sync::Mutex::new(()),

@@ -25,6 +25,7 @@ lock_tests::on_every_deployment!(
     a_nested_call_keeps_its_own_lost_policy,
     a_nested_minimum_hold_extends_the_outer_one,
     nested_calls_joined_in_one_body_take_turns,
+    a_continuing_body_can_see_its_lock_lost,
 );
 
 /// Fencing and fair mode need one counter and one line: every deployment but RedLock.
@@ -769,4 +770,24 @@ async fn nested_guarded_futures_hold_their_body_once() {
         c.run("x", &o, async { c.run("x", &o, async {}).await }).await
     }));
     assert!(three <= 4 * one, "one level: {one} bytes, three: {three} bytes");
+}
+
+/// With `on_lost = "continue"`, the body asks `current()` whether its lock is lost, and can wait
+/// for it.
+async fn a_continuing_body_can_see_its_lock_lost(t: Target) {
+    let c = t.client();
+    let options = ttl(200).on_lost(lock_runtime::OnLost::Continue);
+    let out = c
+        .run("seen-lost", &options, async {
+            let lock = lock_runtime::current().expect("inside a guarded body");
+            assert!(!lock.is_lost());
+            tokio::time::timeout(5 * SECOND, lock.lost())
+                .await
+                .expect("a lease without a watchdog is lost at its end");
+            assert!(lock.is_lost());
+            assert!(lock_runtime::current().is_some_and(|l| l.is_lost() && l == lock));
+            "finished"
+        })
+        .await;
+    assert_eq!(out.ok(), Some("finished"));
 }
