@@ -541,3 +541,46 @@ async fn without_replica_acknowledgement_a_failover_can_lose_the_lock_and_the_ho
     })
     .await;
 }
+
+/// A waiter's subscription follows a Sentinel failover to the new primary (the sentinels'
+/// announcement moves it), where the holder's release then wakes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_follows_a_sentinel_failover() {
+    let mut setup = SentinelSetup::spawn(1, 1);
+    let holder = sentinel_builder(&setup).build().await.unwrap();
+    let waiter = sentinel_builder(&setup).build().await.unwrap();
+    let guard = holder.acquire("followed", &ttl(60_000)).await.unwrap();
+    let replica = setup.replica_indices()[0];
+    let on_replica = raw(&setup.nodes()[replica]).await;
+    eventually(5 * SECOND, "the lock reaches the replica", || {
+        let mut conn = on_replica.clone();
+        async move { conn.exists("lock:{followed}").await.unwrap_or(false) }
+    })
+    .await;
+    let waiting = tokio::spawn(async move {
+        let got = waiter.acquire("followed", &ttl(10_000).wait(30 * SECOND)).await;
+        (Instant::now(), got)
+    });
+    let channel = "lock:{followed}:released".to_owned();
+    eventually(5 * SECOND, "the waiter subscribes on the primary", || async {
+        setup.primary().subscribed_channels().await.contains(&channel)
+    })
+    .await;
+    let new_port = setup.failover();
+    let new_primary = setup
+        .nodes()
+        .iter()
+        .find(|n| n.port() == new_port)
+        .expect("the new primary is a node of the setup");
+    eventually(
+        10 * SECOND,
+        "the waiter subscribes on the new primary",
+        || async { new_primary.subscribed_channels().await.contains(&channel) },
+    )
+    .await;
+    let released_at = Instant::now();
+    assert!(guard.release().await.unwrap(), "the lock survived the failover");
+    let (acquired_at, got) = waiting.await.unwrap();
+    got.unwrap().release().await.unwrap();
+    lock_tests::assert_woken_by_the_release(acquired_at - released_at);
+}

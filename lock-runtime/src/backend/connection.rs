@@ -251,6 +251,8 @@ pub(crate) struct Connection {
     /// With Sentinel: the task that drops the connection when the sentinels announce a new
     /// primary, started with the first connection.
     follower: Mutex<Option<tokio::task::AbortHandle>>,
+    /// Told when a sentinel announced a new primary (the subscriber connection follows too).
+    switched: std::sync::Arc<tokio::sync::Notify>,
     /// Held while a connection is opened, so that one open serves everyone waiting; it keeps the
     /// last failure, which those who waited for that very attempt get instead of a new attempt.
     opening: tokio::sync::Mutex<Option<Failure>>,
@@ -301,6 +303,7 @@ impl Connection {
             timeouts,
             live: std::sync::Arc::new(RwLock::new(None)),
             follower: Mutex::new(None),
+            switched: std::sync::Arc::default(),
             opening: tokio::sync::Mutex::new(None),
             unanswered: AtomicU32::new(0),
         }
@@ -411,6 +414,11 @@ impl Connection {
         })
     }
 
+    /// Notified each time a sentinel announces that the primary moved.
+    pub(crate) fn switched(&self) -> std::sync::Arc<tokio::sync::Notify> {
+        std::sync::Arc::clone(&self.switched)
+    }
+
     /// With Sentinel, starts (once) the task that drops the connection as soon as a sentinel
     /// announces that the primary moved (`+switch-master`), rather than at the next request that
     /// fails on the old one.
@@ -422,12 +430,14 @@ impl Connection {
                 return;
             }
             let (sentinels, live, connect) = (sentinels.clone(), self.live.clone(), self.timeouts.connect);
+            let switched = std::sync::Arc::clone(&self.switched);
             let task = tokio::spawn(async move {
                 loop {
                     match sentinels.switched(connect).await {
                         Ok(()) => {
                             tracing::info!("Sentinel announced a new primary; reconnecting");
                             *write(&live) = None;
+                            switched.notify_waiters();
                         }
                         Err(e) => {
                             tracing::debug!(error = %e, "cannot hear the sentinels; failovers are noticed on the next request");

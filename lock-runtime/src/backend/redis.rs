@@ -72,10 +72,17 @@ impl RedisBackend {
         let sharded = matches!(place, Place::Cluster(_));
         #[cfg(not(feature = "cluster"))]
         let sharded = false;
-        let subscriber = Arc::new(Subscriber::new(place.clone(), timeouts, wakeups, listener, idle));
+        let conn = Connection::new(place.clone(), timeouts);
+        let subscriber = Arc::new(Subscriber::new(
+            place.clone(),
+            timeouts,
+            wakeups,
+            listener,
+            (idle, conn.switched()),
+        ));
         RedisBackend {
-            acked: replicas.map(|_| Connection::new(place.clone(), timeouts)),
-            conn: Connection::new(place, timeouts),
+            acked: replicas.map(|_| Connection::new(place, timeouts)),
+            conn,
             subscriber,
             replicas,
             sharded,
@@ -646,6 +653,8 @@ struct Subscriber {
     timeouts: Timeouts,
     /// Which listener of `wakeups` this subscriber is.
     listener: usize,
+    /// Told when a sentinel announced a new primary: the subscriber leaves the old one too.
+    switched: Arc<tokio::sync::Notify>,
     wakeups: Arc<Wakeups>,
     /// Also serialises SUBSCRIBE against UNSUBSCRIBE of the same channel.
     live: Mutex<Option<Live>>,
@@ -673,12 +682,13 @@ impl Subscriber {
         timeouts: Timeouts,
         wakeups: Arc<Wakeups>,
         listener: usize,
-        idle: mpsc::UnboundedReceiver<String>,
+        (idle, switched): (mpsc::UnboundedReceiver<String>, Arc<tokio::sync::Notify>),
     ) -> Self {
         Subscriber {
             announcement: format!("c:{:016x}", rand::random::<u64>()),
             place,
             listener,
+            switched,
             timeouts,
             wakeups,
             live: Mutex::new(None),
@@ -844,6 +854,14 @@ impl Subscriber {
         ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
+                () = self.switched.notified() => {
+                    // No cool-down: the new primary is there to subscribe to at once.
+                    let mut live = self.live.lock().await;
+                    if live.take().is_some() {
+                        self.stop_dispatcher();
+                        self.wakeups.subscriptions_lost(self.listener);
+                    }
+                }
                 channel = idle.recv() => {
                     let Some(channel) = channel else { return };
                     let mut live = self.live.lock().await;
