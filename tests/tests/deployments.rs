@@ -438,8 +438,11 @@ async fn a_sentinel_client_follows_a_failover() {
         match client.acquire("after", &ttl(60_000).fencing(true)).await {
             Ok(guard) => {
                 let there: bool = on_new.exists("lock:{after}").await.unwrap();
-                assert!(guard.release().await.unwrap());
+                // Taken on the old primary, its release may reach the new one (the client
+                // switched in between) and find nothing there: `false`, and the old key expires.
+                let released = guard.release().await;
                 if there {
+                    assert!(released.unwrap(), "taken and released on the new primary");
                     break switched_at.elapsed();
                 }
             }
