@@ -126,7 +126,16 @@ async fn data_model_is_as_documented() {
         .await
         .unwrap();
     let token: String = raw.get("lock:{order:42}").await.unwrap();
-    assert_eq!(token.len(), 32, "128 random bits as hex: {token}");
+    let (id, owner) = token.split_once(' ').expect("<uuid> <owner>");
+    assert!(
+        id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()),
+        "a UUID v4 as 32 hex digits: {token}"
+    );
+    assert_eq!(
+        owner,
+        format!("{}:{}", owner.rsplit_once(':').unwrap().0, std::process::id()),
+        "<hostname>:<pid>"
+    );
     let fence: u64 = raw.get("lock:{order:42}:fence").await.unwrap();
     assert_eq!(Some(fence), guard.fencing_token());
     let pttl: i64 = raw.pttl("lock:{order:42}").await.unwrap();
