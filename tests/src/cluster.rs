@@ -23,8 +23,8 @@ const SLOTS: usize = 16384;
 /// The cluster bus port is the client port plus this.
 const BUS_OFFSET: u16 = 10000;
 
-/// How long the cluster is given to settle after anything this module does to it.
-const SETTLE: Duration = Duration::from_secs(30);
+/// How long a fixture is given to settle after anything the test kit does to it.
+pub(crate) const SETTLE: Duration = Duration::from_secs(30);
 
 /// How often a wait asks again.
 const POLL: Duration = Duration::from_millis(20);
@@ -401,20 +401,9 @@ impl RedisCluster {
         replica
     }
 
-    /// Calls `check` every few milliseconds until it is `Ok`, and panics with `what` and the
-    /// last reason after 30 s.
+    /// Calls `check` every few milliseconds until it is `Ok` (see [`settle`]).
     fn wait_for<T>(&self, what: &str, mut check: impl FnMut(&Self, &mut Probe) -> Result<T, String>) -> T {
-        let mut probe = Probe::default();
-        let deadline = Instant::now() + SETTLE;
-        loop {
-            match check(self, &mut probe) {
-                Ok(value) => return value,
-                Err(reason) if Instant::now() > deadline => {
-                    panic!("cluster: no {what} within {SETTLE:?}; last: {reason}")
-                }
-                Err(_) => std::thread::sleep(POLL),
-            }
-        }
+        settle("cluster", what, |probe| check(self, probe))
     }
 
     /// The node with `id`.
@@ -593,6 +582,26 @@ fn cluster_port() -> u16 {
         }
     }
     panic!("no free port p in {first}..{end} with p + {BUS_OFFSET} free too, after 1000 tries");
+}
+
+/// Calls `check` every [`POLL`] until it is `Ok`, and after [`SETTLE`] panics with what
+/// `fixture` waited for and the last reason: the wait of every fixture of the test kit.
+pub(crate) fn settle<T>(
+    fixture: &str,
+    what: &str,
+    mut check: impl FnMut(&mut Probe) -> Result<T, String>,
+) -> T {
+    let mut probe = Probe::default();
+    let deadline = Instant::now() + SETTLE;
+    loop {
+        match check(&mut probe) {
+            Ok(value) => return value,
+            Err(reason) if Instant::now() > deadline => {
+                panic!("{fixture}: no {what} within {SETTLE:?}; last: {reason}")
+            }
+            Err(_) => std::thread::sleep(POLL),
+        }
+    }
 }
 
 /// Connections kept open across the polls of a wait, one per port.

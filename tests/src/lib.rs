@@ -410,6 +410,19 @@ fn ping(port: u16) -> bool {
     stream.read_exact(&mut reply).is_ok() && &reply == b"+PONG\r\n"
 }
 
+/// Starts a task that waits up to `wait` for the lock on `key` (ttl 10 s) through `client`, and
+/// answers when the wait ended and how.
+pub fn spawn_waiter(
+    client: LockClient,
+    key: &'static str,
+    wait: Duration,
+) -> tokio::task::JoinHandle<(Instant, Result<lock_runtime::LockGuard, lock_runtime::LockError>)> {
+    tokio::spawn(async move {
+        let got = client.acquire(key, &ttl(10_000).wait(wait)).await;
+        (Instant::now(), got)
+    })
+}
+
 /// Asserts that a waiter got the lock `handoff` after the holder's release because of that
 /// release: without the wake-up it sleeps until its nap ends, at least 85% of `MAX_WAIT_NAP`
 /// when the holder's key had long to live.
@@ -685,14 +698,7 @@ macro_rules! on_every_deployment_with_one_counter {
 #[macro_export]
 macro_rules! on_every_deployment {
     ($($name:ident),* $(,)?) => {
-        $crate::on_targets!(
-            redis => $crate::Target::redis().await,
-            redis_tls => $crate::Target::redis_tls().await,
-            cluster => $crate::Target::cluster().await,
-            sentinel => $crate::Target::sentinel().await,
-            redlock => $crate::Target::redlock().await,
-            memory => $crate::Target::memory();
-            [$($name),*]
-        );
+        $crate::on_every_deployment_with_one_counter!($($name),*);
+        $crate::on_targets!(redlock => $crate::Target::redlock().await; [$($name),*]);
     };
 }

@@ -7,17 +7,11 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crate::cluster::{info_field, Probe};
+use crate::cluster::{info_field, settle, Probe, SETTLE};
 use crate::{free_port, Launch, RedisServer};
 
 /// The name the sentinels monitor the primary under.
 const MASTER_NAME: &str = "mymaster";
-
-/// How long the setup is given to get ready or to fail over.
-const SETTLE: Duration = Duration::from_secs(30);
-
-/// How often a wait asks again.
-const POLL: Duration = Duration::from_millis(20);
 
 /// The key [`SentinelSetup::failover`] writes (and deletes) to see that a new primary is
 /// writable.
@@ -297,20 +291,9 @@ impl SentinelSetup {
         )
     }
 
-    /// Calls `check` every few milliseconds until it is `Ok`, and panics with `what` and the
-    /// last reason after 30 s.
+    /// Calls `check` every few milliseconds until it is `Ok` (see [`settle`]).
     fn wait_for<T>(&self, what: &str, mut check: impl FnMut(&Self, &mut Probe) -> Result<T, String>) -> T {
-        let mut probe = Probe::default();
-        let deadline = Instant::now() + SETTLE;
-        loop {
-            match check(self, &mut probe) {
-                Ok(value) => return value,
-                Err(reason) if Instant::now() > deadline => {
-                    panic!("sentinel setup: no {what} within {SETTLE:?}; last: {reason}")
-                }
-                Err(_) => std::thread::sleep(POLL),
-            }
-        }
+        settle("sentinel setup", what, |probe| check(self, probe))
     }
 }
 

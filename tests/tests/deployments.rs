@@ -74,6 +74,22 @@ fn keys_on_every_primary(cluster: &RedisCluster, stem: &str) -> Vec<String> {
     keys
 }
 
+/// Tries `key` through `client` until it is refused as held (`Busy`): the lock survived a
+/// failover. `Unavailable` is ridden out while the client finds the new primary (10 s at most);
+/// anything else fails the test.
+async fn refused_as_held(client: &LockClient, key: &str) {
+    let deadline = Instant::now() + 10 * SECOND;
+    loop {
+        match client.acquire(key, &ttl(10_000)).await {
+            Err(LockError::Busy { .. }) => return,
+            Err(LockError::Unavailable { .. }) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            out => panic!("the lock must survive the failover, and be refused within 10 s: {out:?}"),
+        }
+    }
+}
+
 /// A primary of `cluster` other than `than`.
 fn another_primary(cluster: &RedisCluster, than: usize) -> usize {
     cluster
@@ -109,10 +125,7 @@ async fn cluster_wakes_another_clients_waiter_with_sharded_pubsub() {
     let key = "sharded-wake";
     let owner = cluster.node(cluster.primary_of_key("lock:{sharded-wake}"));
     let guard = holder.acquire(key, &ttl(60_000)).await.unwrap();
-    let waiting = tokio::spawn(async move {
-        let got = waiter.acquire(key, &ttl(10_000).wait(20 * SECOND)).await;
-        (Instant::now(), got)
-    });
+    let waiting = lock_tests::spawn_waiter(waiter, key, 20 * SECOND);
     let channel = "lock:{sharded-wake}:released".to_owned();
     eventually(
         5 * SECOND,
@@ -201,10 +214,7 @@ async fn a_waiter_is_still_woken_by_the_release_after_its_slot_moves() {
     let (key, lock_key) = ("moving-waiter", "lock:{moving-waiter}");
     let channel = "lock:{moving-waiter}:released".to_owned();
     let guard = holder.acquire(key, &ttl(60_000)).await.unwrap();
-    let waiting = tokio::spawn(async move {
-        let got = waiter.acquire(key, &ttl(10_000).wait(30 * SECOND)).await;
-        (Instant::now(), got)
-    });
+    let waiting = lock_tests::spawn_waiter(waiter, key, 30 * SECOND);
     let from = cluster.primary_of_key(lock_key);
     eventually(
         5 * SECOND,
@@ -255,25 +265,7 @@ async fn cluster_with_replica_acknowledgement_keeps_a_lock_across_a_failover() {
     eprintln!("cluster failover took {failover:?}");
 
     // Another client: refused, within a bound (its requests may first meet the dead primary).
-    let mut busy = None;
-    let deadline = Instant::now() + 10 * SECOND;
-    while Instant::now() < deadline {
-        match other.acquire(key, &ttl(10_000)).await {
-            Err(LockError::Busy { .. }) => {
-                busy = Some(Instant::now());
-                break;
-            }
-            Err(LockError::Unavailable { source }) => {
-                eprintln!("{:?} unavailable: {source}", killed_at.elapsed());
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            out => panic!("the lock must survive the failover: {out:?}"),
-        }
-    }
-    assert!(
-        busy.is_some(),
-        "the client did not reach the new primary within 10 s"
-    );
+    refused_as_held(&other, key).await;
     // The holder keeps it past its lease: renewed at the new primary.
     tokio::time::sleep(lease + SECOND).await;
     assert!(!guard.is_lost(), "the holder's renewals go on after the failover");
@@ -474,16 +466,7 @@ async fn sentinel_with_replica_acknowledgement_keeps_a_lock_across_a_failover() 
         .await
         .unwrap();
     setup.kill_primary_and_wait_failover();
-    let deadline = Instant::now() + 10 * SECOND;
-    loop {
-        match other.acquire("kept", &ttl(10_000)).await {
-            Err(LockError::Busy { .. }) => break,
-            Err(LockError::Unavailable { .. }) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            out => panic!("the lock must survive the failover: {out:?}"),
-        }
-    }
+    refused_as_held(&other, "kept").await;
     tokio::time::sleep(lease + SECOND).await;
     assert!(!guard.is_lost(), "the holder's renewals go on at the new primary");
     assert!(guard.release().await.unwrap());
@@ -560,10 +543,7 @@ async fn a_waiter_follows_a_sentinel_failover() {
         async move { conn.exists("lock:{followed}").await.unwrap_or(false) }
     })
     .await;
-    let waiting = tokio::spawn(async move {
-        let got = waiter.acquire("followed", &ttl(10_000).wait(30 * SECOND)).await;
-        (Instant::now(), got)
-    });
+    let waiting = lock_tests::spawn_waiter(waiter, "followed", 30 * SECOND);
     let channel = "lock:{followed}:released".to_owned();
     eventually(5 * SECOND, "the waiter subscribes on the primary", || async {
         setup.primary().subscribed_channels().await.contains(&channel)

@@ -251,10 +251,7 @@ async fn a_release_wakes_another_clients_waiter() {
     let masters = spawn_masters();
     let (holder, waiter) = (client(&masters).await, client(&masters).await);
     let guard = holder.acquire("woken", &ttl(60_000)).await.unwrap();
-    let waiting = tokio::spawn(async move {
-        let got = waiter.acquire("woken", &ttl(10_000).wait(20 * SECOND)).await;
-        (Instant::now(), got)
-    });
+    let waiting = lock_tests::spawn_waiter(waiter, "woken", 20 * SECOND);
     eventually(5 * SECOND, "the waiter subscribes on every master", || async {
         let mut subscribed = 0;
         for master in &masters {
