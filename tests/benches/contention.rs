@@ -93,7 +93,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lock_runtime::{LockClient, LockOptions};
@@ -125,24 +125,6 @@ const POLL: Duration = Duration::from_millis(1);
 const WATCHDOG_TTL: Duration = Duration::from_secs(3);
 /// A pause between runs, for background releases and unsubscriptions of the last one to land.
 const SETTLE: Duration = Duration::from_millis(50);
-
-static RELEASE: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(
-        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
-    )
-});
-
-/// A unique token per acquisition of the hand-written lock: 32 hex digits.
-fn new_token() -> String {
-    static SEED: LazyLock<u64> = LazyLock::new(|| {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0)
-    });
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    format!("{:016x}{:016x}", *SEED, NEXT.fetch_add(1, Ordering::Relaxed))
-}
 
 // ---------------------------------------------------------------------------------------------
 // The four contenders behind one interface.
@@ -234,7 +216,7 @@ impl Lib {
         match self {
             Lib::Hand(conn) => {
                 let mut conn = conn.clone();
-                let token = new_token();
+                let token = lock_tests::hand_written::token();
                 let deadline = Instant::now() + WAIT;
                 loop {
                     let set: Option<String> = redis::cmd("SET")
@@ -283,7 +265,7 @@ impl Held {
     async fn release(self) -> Result<bool, String> {
         match self {
             Held::Hand { mut conn, key, token } => {
-                let deleted: i64 = RELEASE
+                let deleted: i64 = lock_tests::hand_written::release_script()
                     .key(&key)
                     .arg(&token)
                     .invoke_async(&mut conn)

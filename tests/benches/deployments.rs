@@ -52,9 +52,8 @@
 //! stderr.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::LazyLock;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use lock_runtime::{LockClient, LockOptions};
 use lock_tests::{RedisCluster, RedisServer};
@@ -96,23 +95,6 @@ static OURS_KEYS: LazyLock<Vec<String>> = LazyLock::new(|| (0..KEYS).map(|i| for
 static REDIS_KEYS: LazyLock<Vec<String>> =
     LazyLock::new(|| (0..KEYS).map(|i| format!("lock:{{bench-{i}}}")).collect());
 static OPTIONS: LazyLock<LockOptions> = LazyLock::new(|| LockOptions::new(TTL));
-static RELEASE: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(
-        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
-    )
-});
-
-/// A unique token per acquisition of the hand-written lock: 32 hex digits.
-fn new_token() -> String {
-    static SEED: LazyLock<u64> = LazyLock::new(|| {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0)
-    });
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    format!("{:016x}{:016x}", *SEED, NEXT.fetch_add(1, Ordering::Relaxed))
-}
 
 // ---------------------------------------------------------------------------------------------
 // Configuration.
@@ -178,7 +160,7 @@ impl Contender {
             Contender::Hand(conn) => {
                 let mut conn = conn.clone();
                 let key = &REDIS_KEYS[i];
-                let token = new_token();
+                let token = lock_tests::hand_written::token();
                 let set: Option<String> = redis::cmd("SET")
                     .arg(key)
                     .arg(&token)
@@ -191,7 +173,7 @@ impl Contender {
                 if set.is_none() {
                     panic!("hand-written: {key} was held by someone else");
                 }
-                let deleted: i64 = RELEASE
+                let deleted: i64 = lock_tests::hand_written::release_script()
                     .key(key)
                     .arg(&token)
                     .invoke_async(&mut conn)
@@ -534,6 +516,35 @@ impl Table {
     }
 }
 
+/// The rows parts 2 and 3 share: latency and pairs/s of PING, ours and ours with
+/// `wait_for_replicas`, and what the wait adds.
+fn wait_table(title: String, [ping, plain, waiting]: [&Series; 3]) -> Table {
+    let mut table = Table::new(title, &["PING", "ours", "ours + wait", "wait - plain"]);
+    let lat = |q: f64| {
+        vec![
+            us(ping.at(q)),
+            us(plain.at(q)),
+            us(waiting.at(q)),
+            format!(
+                "{:+.1} µs",
+                (waiting.at(q).as_secs_f64() - plain.at(q).as_secs_f64()) * 1e6
+            ),
+        ]
+    };
+    table.row("latency median", lat(0.5));
+    table.row("latency p99", lat(0.99));
+    table.row(
+        "pairs/s (median of rounds)",
+        vec![
+            format!("{:.0}", median(&ping.sequential)),
+            format!("{:.0}", median(&plain.sequential)),
+            format!("{:.0}", median(&waiting.sequential)),
+            format!("x{:.3}", ratio(&waiting.sequential, &plain.sequential)),
+        ],
+    );
+    table
+}
+
 /// The rows of a plain-against-waiting table about counts: commands executed per pair, the
 /// `WAIT`s and the replica's `REPLCONF ACK`s among them, and the requests the client sent (its
 /// top-level commands: `SET`, `EVALSHA`, `EVAL` if a script was unknown, `WAIT`).
@@ -874,35 +885,13 @@ async fn replica_wait(config: &Config) -> Value {
     let proxied_ping = delayed_median(0);
     let round_trips = |k: usize| delayed_median(k).as_secs_f64() / proxied_ping.as_secs_f64();
 
-    let mut table = Table::new(
+    let mut table = wait_table(
         format!(
             "2. One primary + 1 replica (online), wait_for_replicas(1, {REPLICA_TIMEOUT:?}); {ROUNDS} \
              interleaved rounds of {} sequential pairs",
             config.per_round
         ),
-        &["PING", "ours", "ours + wait", "wait - plain"],
-    );
-    let lat = |q: f64| {
-        vec![
-            us(ping.at(q)),
-            us(plain.at(q)),
-            us(waiting.at(q)),
-            format!(
-                "{:+.1} µs",
-                (waiting.at(q).as_secs_f64() - plain.at(q).as_secs_f64()) * 1e6
-            ),
-        ]
-    };
-    table.row("latency median", lat(0.5));
-    table.row("latency p99", lat(0.99));
-    table.row(
-        "pairs/s (median of rounds)",
-        vec![
-            format!("{:.0}", median(&ping.sequential)),
-            format!("{:.0}", median(&plain.sequential)),
-            format!("{:.0}", median(&waiting.sequential)),
-            format!("x{:.3}", ratio(&waiting.sequential, &plain.sequential)),
-        ],
+        [ping, plain, waiting],
     );
     count_rows(&mut table, "", &plain_count, &waiting_count);
     table.row(
@@ -974,35 +963,13 @@ async fn cluster_replica_wait(config: &Config) -> Value {
     let plain_count = count(&contenders[1], &servers, &overhead, config.counted_pairs).await;
     let waiting_count = count(&contenders[2], &servers, &overhead, config.counted_pairs).await;
 
-    let mut table = Table::new(
+    let mut table = wait_table(
         format!(
             "3. Redis Cluster, 3 primaries + 1 replica each, wait_for_replicas(1, \
              {REPLICA_TIMEOUT:?}); {ROUNDS} interleaved rounds of {} sequential pairs",
             config.per_round
         ),
-        &["PING", "ours", "ours + wait", "wait - plain"],
-    );
-    let lat = |q: f64| {
-        vec![
-            us(ping.at(q)),
-            us(plain.at(q)),
-            us(waiting.at(q)),
-            format!(
-                "{:+.1} µs",
-                (waiting.at(q).as_secs_f64() - plain.at(q).as_secs_f64()) * 1e6
-            ),
-        ]
-    };
-    table.row("latency median", lat(0.5));
-    table.row("latency p99", lat(0.99));
-    table.row(
-        "pairs/s (median of rounds)",
-        vec![
-            format!("{:.0}", median(&ping.sequential)),
-            format!("{:.0}", median(&plain.sequential)),
-            format!("{:.0}", median(&waiting.sequential)),
-            format!("x{:.3}", ratio(&waiting.sequential, &plain.sequential)),
-        ],
+        [ping, plain, waiting],
     );
     count_rows(&mut table, " (primaries)", &plain_count, &waiting_count);
     table.print();

@@ -54,9 +54,7 @@ async fn main() {
         ping.push(t.elapsed());
     }
 
-    let release = redis::Script::new(
-        "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0",
-    );
+    let release = lock_tests::hand_written::release_script();
     let mut minimum = Vec::with_capacity(n);
     for i in 0..n {
         let token = format!("{i:032x}");

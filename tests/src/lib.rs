@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use lock_runtime::{LockClient, LockClientBuilder, LockOptions};
 
 mod cluster;
+pub mod hand_written;
 mod proxy;
 mod sentinel;
 mod tls;
