@@ -30,10 +30,15 @@
 // rustdoc (1.95) runs out of query depth laying out the futures of the README's `LockClient`
 // example, which builds as an ordinary crate with the default limit: give doc tests more room.
 #![doc(test(attr(recursion_limit = "256")))]
+// docs.rs documents with `--cfg docsrs` on nightly (see `[package.metadata.docs.rs]`); there
+// `doc_cfg` labels every feature-gated item with the feature it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
-/// The README's examples, compiled as doc tests so they stay true.
+/// This crate's README (the page crates.io shows), compiled as doc tests so it stays true. Only
+/// files inside the package can be included here (`cargo package` builds the crate alone): the
+/// workspace README's examples are compiled by the unpublished `lock-tests` package instead.
 #[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
+#[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
 mod backend;
