@@ -1,7 +1,8 @@
-//! What the examples share: finding a lock backend, the command-line flags they take, and the
-//! axum app of `axum_orders` (here so that a test can serve it on a loopback port).
+//! What the examples share: finding a lock backend, a key prefix of their own per run (and the
+//! clean-up of what they left under it), the command-line flags they take, and the axum app of
+//! `axum_orders` (here so that a test can serve it on a loopback port).
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lock_runtime::LockClient;
 
@@ -29,6 +30,60 @@ pub async fn try_redis(url: &str, prefix: &str) -> Option<LockClient> {
             None
         }
     }
+}
+
+/// A lock prefix for one run of an example, `<name>:<pid>:<unix ms>:`, which no other run shares:
+/// the run can then delete everything under it when it ends ([`delete_keys_under`]) without
+/// touching another run's locks.
+pub fn run_prefix(name: &str) -> String {
+    let ms = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    format!("{name}:{}:{ms}:", std::process::id())
+}
+
+/// Deletes every key under `prefix` from Redis at `url` (`SCAN MATCH`, then `DEL`) and returns
+/// how many there were: what a run left behind, such as fencing counters (which never expire) and
+/// locks still inside their `hold_at_least`. Only for a prefix no one else uses, such as
+/// [`run_prefix`]'s: a service keeps the fencing counters of the locks it shares, since the
+/// counter is what keeps its tokens above those its storage has already accepted.
+pub async fn delete_keys_under(url: &str, prefix: &str) -> redis::RedisResult<u64> {
+    let mut conn = redis::Client::open(url)?
+        .get_multiplexed_async_connection()
+        .await?;
+    let pattern = format!("{}*", glob_escape(prefix));
+    let mut cursor = 0u64;
+    let mut deleted = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut conn)
+            .await?;
+        if !keys.is_empty() {
+            let n: u64 = redis::cmd("DEL").arg(&keys).query_async(&mut conn).await?;
+            deleted += n;
+        }
+        if next == 0 {
+            return Ok(deleted);
+        }
+        cursor = next;
+    }
+}
+
+/// `text` as a `SCAN MATCH` pattern that matches only itself.
+fn glob_escape(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    escaped
 }
 
 /// Reads `--name value` flags into `u64`s, for the examples' few numeric options.

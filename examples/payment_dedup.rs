@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
-use lock_examples::{redis_url, try_redis, Flags};
+use lock_examples::{delete_keys_under, redis_url, try_redis, Flags};
 use lock_runtime::{distributed_lock, LockClient, LockError};
 use redis::AsyncCommands;
 use tokio::time::Instant;
@@ -282,17 +282,10 @@ impl Store {
         })
     }
 
-    async fn clean_up(&self, load: Load) -> anyhow::Result<()> {
-        if let Store::Redis { conn, ns } = self {
-            let mut keys: Vec<String> = ["paid", "charges", "stats"]
-                .iter()
-                .map(|k| format!("{ns}:{k}"))
-                .collect();
-            for order in 0..load.orders {
-                keys.push(format!("{ns}:lock:{{order:{order}}}:fence"));
-                keys.push(format!("{ns}:naive:order:{order}"));
-            }
-            let _: i64 = conn.clone().del(keys).await?;
+    /// Deletes this run's keys: ledger, stats, the naive locks and the fencing counters.
+    async fn clean_up(&self, url: &str) -> anyhow::Result<()> {
+        if let Store::Redis { ns, .. } = self {
+            delete_keys_under(url, &format!("{ns}:")).await?;
         }
         Ok(())
     }
@@ -496,16 +489,20 @@ async fn run_mode(mode: Mode, load: Load, url: &str, redis: bool) -> anyhow::Res
         Mode::Locked => "#[distributed_lock]   ",
         Mode::Naive => "naive SET NX / DEL    ",
     };
-    let mut ticker = tokio::time::interval(Duration::from_millis(500));
-    while !work.is_finished() {
-        ticker.tick().await;
-        let handled = store.handled().await?;
-        println!("  {label} {handled:>4}/{total} requests handled");
+    let report = async {
+        let mut ticker = tokio::time::interval(Duration::from_millis(500));
+        while !work.is_finished() {
+            ticker.tick().await;
+            let handled = store.handled().await?;
+            println!("  {label} {handled:>4}/{total} requests handled");
+        }
+        work.await??;
+        store.report().await
     }
-    work.await??;
-    let report = store.report().await?;
-    store.clean_up(load).await?;
-    Ok(report)
+    .await;
+    // Also when the run failed: the keys are this run's alone.
+    store.clean_up(url).await?;
+    report
 }
 
 #[tokio::main]

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lock_examples::{redis_url, try_redis, Flags};
+use lock_examples::{delete_keys_under, redis_url, run_prefix, try_redis, Flags};
 use lock_runtime::{distributed_lock, LockClient, LockError};
 use tokio::time::Instant;
 
@@ -84,16 +84,19 @@ async fn main() -> anyhow::Result<()> {
     let flags = Flags::from_env(USAGE);
     let instances = flags.number("instances", 3).max(1);
     let ticks = flags.number("ticks", 4).max(1);
-    let prefix = format!("scheduled-job-example:{}:", std::process::id());
+    // This run's own lock keys: deleted at the end, with the lock the last tick still holds.
+    let prefix = run_prefix("scheduled-job-example");
     let url = redis_url();
     // One client per instance, as separate services would have (in memory: one shared store).
     let mut clients = Vec::new();
+    let mut on_redis = true;
     for _ in 0..instances {
         match try_redis(&url, &prefix).await {
             Some(client) => clients.push(client),
             None => {
                 let shared = LockClient::in_memory();
                 clients = vec![shared; instances as usize];
+                on_redis = false;
                 break;
             }
         }
@@ -135,9 +138,19 @@ async fn main() -> anyhow::Result<()> {
             names(&held.in_tick(printed))
         );
     }
+    // Every instance is waited for before the clean-up, also after one failed.
+    let mut outcome: anyhow::Result<()> = Ok(());
     for task in tasks {
-        task.await??;
+        let finished = match task.await {
+            Ok(result) => result.map_err(anyhow::Error::from),
+            Err(e) => Err(e.into()),
+        };
+        outcome = outcome.and(finished);
     }
+    if on_redis {
+        delete_keys_under(&url, &prefix).await?;
+    }
+    outcome?;
 
     let once_per_tick =
         (1..=ticks).all(|tick| held.in_tick(tick).len() == 1) && held.total() == ticks as usize;

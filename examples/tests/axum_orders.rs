@@ -44,4 +44,11 @@ async fn concurrent_duplicates_get_one_200_and_409s() {
     let ok = statuses.iter().filter(|s| **s == 200).count();
     let conflict = statuses.iter().filter(|s| **s == 409).count();
     assert_eq!((ok, conflict), (1, DUPLICATES - 1), "{statuses:?}");
+    // The lock was released before the 200 was sent: nothing is left in Redis.
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut server.raw().await)
+        .await
+        .unwrap();
+    assert!(keys.is_empty(), "keys left in Redis: {keys:?}");
 }
