@@ -14,12 +14,13 @@ use crate::backend::redis::Replicas;
 use crate::backend::redlock::RedlockBackend;
 use crate::backend::{Ask, Attempt, Backend, LockKeys};
 use crate::error::ShutDown;
-use crate::guard::{release_in_background, release_state, LockGuard, LockState};
+use crate::guard::{release_in_background, release_state, Abandoned, LockGuard, LockState};
 use crate::held::HeldLocks;
 use crate::holder::Holder;
+use crate::telemetry::{self, Labels};
 use crate::wakeups::Registration;
 use crate::watchdog::Watchdog;
-use crate::{scope, LockError, LockOptions};
+use crate::{scope, LockError, LockMode, LockOptions};
 
 /// The longest key accepted, in bytes, before the prefix is added.
 pub const MAX_KEY_LEN: usize = 1024;
@@ -81,6 +82,8 @@ pub(crate) struct Inner {
     prefix: String,
     /// Stored with every lock this client takes (see [`LockClient::holder`]).
     owner: String,
+    /// Metrics carry the key's class (see [`LockClientBuilder::metrics_key_class`]).
+    metrics_key_class: bool,
     watchdog: Arc<Watchdog>,
     held: Arc<HeldLocks>,
 }
@@ -103,9 +106,10 @@ impl LockClient {
     /// nothing across processes.
     pub fn in_memory() -> LockClient {
         LockClient::from_backend(
-            Backend::Memory(MemoryBackend::new()),
+            Backend::Memory(Box::new(MemoryBackend::new())),
             DEFAULT_PREFIX.to_owned(),
             crate::holder::default_owner(),
+            false,
         )
     }
 
@@ -114,12 +118,13 @@ impl LockClient {
         LockClientBuilder::default()
     }
 
-    fn from_backend(backend: Backend, prefix: String, owner: String) -> LockClient {
+    fn from_backend(backend: Backend, prefix: String, owner: String, metrics_key_class: bool) -> LockClient {
         LockClient {
             inner: Arc::new(Inner {
                 backend,
                 prefix,
                 owner,
+                metrics_key_class,
                 watchdog: Arc::default(),
                 held: Arc::default(),
             }),
@@ -186,24 +191,51 @@ impl LockClient {
         self.acquire_keys(key, keys, options).await
     }
 
+    /// Attempts until the lock is taken or the wait runs out. Every way out goes through
+    /// `outcome`, which records it (a plain fn: a wrapping `async fn` would nest this future one
+    /// level deeper in every caller's, and deep futures overflow rustc's layout query limit).
     async fn acquire_keys(
         &self,
         key: &str,
         keys: LockKeys,
         options: &LockOptions,
     ) -> Result<LockGuard, LockError> {
+        let called = Instant::now();
+        let shared = options.get_mode() == LockMode::Shared;
+        // How long the attempt that decided the call took.
+        let mut deciding = Duration::ZERO;
+        let outcome = |result: Result<LockGuard, LockError>, deciding: Duration| {
+            let labels = Labels::new(shared, key, self.inner.metrics_key_class);
+            telemetry::acquire(&labels, telemetry::outcome(&result), deciding, called.elapsed());
+            result
+        };
         let backend = self.backend();
         if matches!(backend, Backend::Redlock(_)) && (options.is_fencing() || options.is_fair()) {
-            return Err(LockError::invalid_options(
+            return outcome(
+                Err(LockError::invalid_options(
                 "a RedLock client offers neither fencing (no single counter) nor fair mode (no single line)",
-            ));
+                )),
+                deciding,
+            );
         }
-        let deadline = Instant::now() + options.wait_time();
-        let will_wait = !options.wait_time().is_zero();
+        if matches!(backend, Backend::Redlock(_)) && shared {
+            return outcome(
+                Err(LockError::invalid_options(
+                    "a RedLock client offers no read-write locks (shares on a majority of masters \
+                 could not keep writers out across a master's restart)",
+                )),
+                deciding,
+            );
+        }
+        let deadline = Instant::now() + options.get_wait();
+        let will_wait = !options.get_wait().is_zero();
         let fair = options.is_fair();
         // One token for every attempt of this call: it is also a fair waiter's place in line.
         let token = crate::holder::new_value(&self.inner.owner);
-        let place = (fair && will_wait).then(|| QueuePlace::new(self, &keys, &token));
+        // A fair waiter's place in line, or a waiting writer's claim on a read-write lock: given
+        // up if the call ends without the lock.
+        let mut place = (fair && will_wait).then(|| QueuePlace::new(self, &keys, &token));
+        let mut claimed = false;
         let mut wakeup: Option<Registration> = None;
         // Until refused once, no holder's expiry is known.
         let mut pttl_ms = None;
@@ -220,7 +252,9 @@ impl LockClient {
                 // Never past the waiter's own deadline, however the subscriber fares.
                 let _ = tokio::time::timeout_at(deadline, backend.listen(wakeup)).await;
                 if std::mem::take(&mut sleep_first) {
-                    let nap = nap(pttl_ms, fair).min(deadline.saturating_duration_since(Instant::now()));
+                    // A fair waiter or a claiming writer must ask again before its place lapses.
+                    let nap =
+                        nap(pttl_ms, fair || claimed).min(deadline.saturating_duration_since(Instant::now()));
                     tokio::select! {
                         () = wakeup.woken() => {}
                         () = tokio::time::sleep(nap) => {}
@@ -233,43 +267,56 @@ impl LockClient {
                 waiting: wakeup.is_some(),
                 fair,
                 join: will_wait,
+                shared,
+                claimed,
             };
             // Counted before the check, so shutdown either refuses this attempt or waits for it
             // (until its lock, if it takes one, is registered).
             let in_flight = self.held().acquiring();
             if self.held().is_closed() {
-                return Err(LockError::unavailable(ShutDown));
+                return outcome(Err(LockError::unavailable(ShutDown)), deciding);
             }
             let started = Instant::now();
-            let pending = PendingAcquire::new(self, &keys, &token, fair);
-            let attempt = match backend.acquire(&keys, &token, &ask).await {
+            let pending = PendingAcquire::new(self, (key, &keys), &token, &ask);
+            let answer = backend.acquire(&keys, &token, &ask).await;
+            deciding = started.elapsed();
+            let attempt = match answer {
                 Ok(answer) => {
                     pending.settled();
                     answer
                 }
-                Err(e) => return Err(e), // `pending` releases in the background as it drops
+                Err(e) => return outcome(Err(e), deciding), // `pending` releases in the background as it drops
             };
             match attempt {
                 Attempt::Acquired { fence } => {
-                    if let Some(wakeup) = wakeup {
-                        wakeup.acquired();
+                    match wakeup {
+                        // A reader passes the wake-up on: the next waiter may be a reader too.
+                        Some(wakeup) if shared => drop(wakeup),
+                        Some(wakeup) => wakeup.acquired(),
+                        None => {}
                     }
                     if let Some(place) = place {
                         place.taken();
                     }
                     tracing::debug!(key, fence, "lock acquired");
-                    let state = LockState::new(key, keys, token, fence, options, started);
+                    let mut state = LockState::new(key, keys, token, fence, options, started);
+                    state.by_key_class = self.inner.metrics_key_class;
                     let guard = LockGuard::new(self.clone(), state, options.is_watchdog(), started);
                     drop(in_flight); // registered: shutdown will find it
-                    return Ok(guard);
+                    return outcome(Ok(guard), deciding);
                 }
                 Attempt::Held {
                     pttl_ms: left,
                     behind,
+                    claimed: claim,
                 } => {
+                    if claim && !claimed {
+                        claimed = true;
+                        place.get_or_insert_with(|| QueuePlace::new(self, &keys, &token));
+                    }
                     if Instant::now() >= deadline {
                         tracing::debug!(key, "lock busy");
-                        return Err(LockError::Busy { key: key.to_owned() });
+                        return outcome(Err(LockError::Busy { key: key.to_owned() }), deciding);
                     }
                     pttl_ms = left;
                     if wakeup.is_none() {
@@ -286,11 +333,12 @@ impl LockClient {
                 }
                 Attempt::NotReplicated { acked, wanted } => {
                     // Given back by the backend already.
-                    return Err(LockError::NotReplicated {
+                    let refused = LockError::NotReplicated {
                         key: key.to_owned(),
                         acked,
                         wanted,
-                    });
+                    };
+                    return outcome(Err(refused), deciding);
                 }
             }
         }
@@ -330,7 +378,7 @@ impl LockClient {
         let outcome = scope::enter(
             self.id(),
             Arc::clone(&state),
-            state.run_body(options.lost_policy(), body),
+            state.run_body(options.get_on_lost(), body),
         )
         .await;
         if let Err(e) = Box::pin(guard.release()).await {
@@ -350,6 +398,13 @@ impl LockClient {
         body: F,
     ) -> Result<F::Output, LockError> {
         let state = &outer.state;
+        if state.shared && options.get_mode() == LockMode::Exclusive {
+            return Err(LockError::invalid_options(format!(
+                "an exclusive call on `{key}` inside a shared (read) call on it would wait for \
+                 itself: take the outermost call exclusive (a shared call inside an exclusive \
+                 one runs)"
+            )));
+        }
         if options.is_fencing() && state.fence.is_none() {
             return Err(LockError::invalid_options(format!(
                 "a nested call on `{key}` asks for a fencing token, but the enclosing call \
@@ -360,8 +415,8 @@ impl LockClient {
         if state.is_lost() {
             return Err(LockError::Lost { key: key.to_owned() });
         }
-        state.hold_at_least_until(Instant::now() + options.min_hold());
-        let body = state.run_body(options.lost_policy(), body);
+        state.hold_at_least_until(Instant::now() + options.get_hold_at_least());
+        let body = state.run_body(options.get_on_lost(), body);
         scope::enter(self.id(), Arc::clone(state), body).await
     }
 
@@ -392,7 +447,7 @@ impl LockClient {
     pub async fn holder(&self, key: &str) -> Result<Option<Holder>, LockError> {
         let keys = self.keys(key)?;
         let found = self.backend().holder(&keys).await?;
-        Ok(found.map(|(value, remaining)| Holder::from_value(&value, remaining)))
+        Ok(found.map(|(stored, remaining)| Holder::from_stored(&stored, remaining)))
     }
 
     /// Deletes the lock on `key` whoever holds it, and wakes its waiters; `true` if there was
@@ -445,7 +500,7 @@ impl LockClient {
         self.watchdog().stop();
         let locks = self.held().take_all();
         for state in &locks {
-            if state.mark_lost() {
+            if state.give_up() {
                 tracing::debug!(key = %state.key, "lock given back by shutdown");
             }
         }
@@ -481,22 +536,27 @@ impl LockClient {
 /// cancelled, or the answer timed out), the script may still have taken the lock on the server,
 /// with nobody to release it for a whole ttl: so the token-checked release is sent in the
 /// background. It follows the acquire on the same connection, and is harmless if the lock was
-/// never taken.
+/// never taken. An attempt that may have claimed the writers' turn of a read-write lock gives
+/// the claim up too, so that it does not hold readers back until it lapses.
 struct PendingAcquire<'a> {
     client: &'a LockClient,
+    key: &'a str,
     keys: &'a LockKeys,
     token: &'a str,
     fair: bool,
+    may_claim: bool,
     settled: bool,
 }
 
 impl<'a> PendingAcquire<'a> {
-    fn new(client: &'a LockClient, keys: &'a LockKeys, token: &'a str, fair: bool) -> Self {
+    fn new(client: &'a LockClient, (key, keys): (&'a str, &'a LockKeys), token: &'a str, ask: &Ask) -> Self {
         PendingAcquire {
             client,
+            key,
             keys,
             token,
-            fair,
+            fair: ask.fair,
+            may_claim: ask.join && !ask.fair && !ask.shared,
             settled: false,
         }
     }
@@ -513,16 +573,22 @@ impl Drop for PendingAcquire<'_> {
         if !self.settled {
             release_in_background(
                 self.client.clone(),
-                self.keys.clone(),
-                self.token.to_owned(),
-                Instant::now(),
-                self.fair,
+                Abandoned::InFlight {
+                    key: self.key.to_owned(),
+                    keys: self.keys.clone(),
+                    token: self.token.to_owned(),
+                    fair: self.fair,
+                },
             );
+            if self.may_claim {
+                drop(QueuePlace::new(self.client, self.keys, self.token));
+            }
         }
     }
 }
 
-/// A fair waiter's place in the store's queue. Unless the lock was taken with it, it is given up
+/// A fair waiter's place in the store's queue, or a waiting writer's claim on a read-write lock
+/// (see [`Attempt::Held`]). Unless the lock was taken with it, it is given up
 /// in the background when the waiter stops (its wait ran out, an error, a cancelled caller), so
 /// the waiters behind it do not wait for the place to lapse.
 struct QueuePlace {
@@ -563,7 +629,7 @@ impl Drop for QueuePlace {
         );
         runtime.spawn(async move {
             if let Err(e) = client.backend().leave_queue(&keys, &token).await {
-                tracing::debug!(lock = %keys.lock, error = %e, "could not leave the fair queue; the place lapses");
+                tracing::debug!(redis_key = %keys.lock, error = %e, "could not leave the fair queue; the place lapses");
             }
         });
     }
@@ -623,6 +689,7 @@ pub struct LockClientBuilder {
     redlock: Option<Vec<String>>,
     replicas: Option<(usize, Duration)>,
     owner: Option<String>,
+    metrics_key_class: bool,
     tls: TlsMaterial,
     prefix: String,
     connect_timeout: Duration,
@@ -639,6 +706,7 @@ impl Default for LockClientBuilder {
             redlock: None,
             replicas: None,
             owner: None,
+            metrics_key_class: false,
             tls: TlsMaterial::default(),
             prefix: DEFAULT_PREFIX.to_owned(),
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
@@ -826,6 +894,14 @@ impl LockClientBuilder {
         self
     }
 
+    /// Labels every metric (feature `metrics`) with `key_class`, the key's text before its first
+    /// `:` (`order:42` → `order`), to tell lock families apart without a series per key. Off by
+    /// default; keys whose text before the first `:` is unbounded would make as many series.
+    pub fn metrics_key_class(mut self, on: bool) -> Self {
+        self.metrics_key_class = on;
+        self
+    }
+
     /// Put before every key (default [`DEFAULT_PREFIX`], `"lock:"`).
     pub fn prefix(mut self, prefix: &str) -> Self {
         prefix.clone_into(&mut self.prefix);
@@ -898,6 +974,7 @@ impl LockClientBuilder {
             Backend::Redis(backend),
             self.prefix,
             owner,
+            self.metrics_key_class,
         ))
     }
 
@@ -933,6 +1010,7 @@ impl LockClientBuilder {
             Backend::Redlock(backend),
             self.prefix.clone(),
             self.owner_label()?,
+            self.metrics_key_class,
         ))
     }
 

@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use crate::backend::LockKeys;
 use crate::options::{ceil_millis, drift, MIN_TTL};
+use crate::telemetry::{self, Labels};
 use crate::{LockClient, LockError, LockOptions, OnLost};
 
 #[derive(Debug, Clone, Copy)]
@@ -35,6 +36,12 @@ pub(crate) struct LockState {
     pub(crate) ttl: Duration,
     /// Taken as a fair lock: its release names the next waiter in line.
     pub(crate) fair: bool,
+    /// A share of a read-write lock.
+    pub(crate) shared: bool,
+    /// When the acquire that took it was sent (for the hold time on release).
+    pub(crate) taken_at: Instant,
+    /// Metrics are labelled with the key's class.
+    pub(crate) by_key_class: bool,
     /// Small on purpose (a `Mutex` and one `Notify`, not a `watch` channel): a client may hold
     /// many thousands of locks.
     status: std::sync::Mutex<Status>,
@@ -61,8 +68,11 @@ impl LockState {
             fence,
             ttl,
             fair: options.is_fair(),
+            shared: options.get_mode() == crate::LockMode::Shared,
+            taken_at: started,
+            by_key_class: false,
             status: std::sync::Mutex::new(Status {
-                hold_until: started + options.min_hold(),
+                hold_until: started + options.get_hold_at_least(),
                 valid_until: started + ttl.saturating_sub(drift(ttl)),
                 sent: started,
                 lost: false,
@@ -94,9 +104,26 @@ impl LockState {
         status.lost || Instant::now() >= status.valid_until
     }
 
-    /// Marks the lock lost; returns whether it was not already.
+    /// Marks the lock lost (and counts it); returns whether it was not already.
     pub(crate) fn mark_lost(&self) -> bool {
+        self.update(|s| {
+            let newly = !std::mem::replace(&mut s.lost, true);
+            if newly {
+                // Counted before anyone waiting for the loss is told of it.
+                telemetry::lost(&self.labels());
+            }
+            newly
+        })
+    }
+
+    /// Marks the lock lost because this process gives it back (shutdown): not counted as lost.
+    pub(crate) fn give_up(&self) -> bool {
         self.update(|s| !std::mem::replace(&mut s.lost, true))
+    }
+
+    /// The labels of this lock's metrics.
+    pub(crate) fn labels(&self) -> Labels<'_> {
+        Labels::new(self.shared, &self.key, self.by_key_class)
     }
 
     /// Records a successful renewal sent at `sent` for `ttl`, unless the lock was already lost
@@ -270,11 +297,13 @@ impl LockGuard {
         }
         let sent = Instant::now();
         let backend = self.client.backend();
-        if backend
+        let renewed = backend
             .renew(&self.state.keys, &self.state.token, ceil_millis(ttl))
-            .await?
-        {
+            .await
+            .inspect_err(|_| telemetry::renewal_failed())?;
+        if renewed {
             self.state.renewed(sent, ttl);
+            telemetry::renewed(1);
             Ok(())
         } else {
             if self.state.mark_lost() {
@@ -314,48 +343,90 @@ impl LockGuard {
 
 /// The token-checked release of a held lock (its minimum hold honoured).
 pub(crate) async fn release_state(client: &LockClient, state: &LockState) -> Result<bool, LockError> {
-    release_lock(client, &state.keys, &state.token, state.hold_until(), state.fair).await
+    let released = release_lock(
+        client,
+        &state.key,
+        &state.keys,
+        &state.token,
+        state.hold_until(),
+        state.fair,
+    )
+    .await;
+    if let Ok(true) = released {
+        let held = state.taken_at.elapsed();
+        telemetry::released(&state.labels(), held);
+        tracing::debug!(key = %state.key, held_ms = ceil_millis(held), "lock released");
+    }
+    released
 }
 
 /// The token-checked release; with a minimum hold left, the lock is kept until `hold_until`.
 async fn release_lock(
     client: &LockClient,
+    key: &str,
     keys: &LockKeys,
     token: &str,
     hold_until: Instant,
     fair: bool,
 ) -> Result<bool, LockError> {
     let hold_ms = ceil_millis(hold_until.saturating_duration_since(Instant::now()));
-    let released = client.backend().release(keys, token, hold_ms, fair).await?;
-    if released {
-        tracing::debug!(lock = %keys.lock, hold_ms, "lock released");
-    } else {
-        tracing::debug!(lock = %keys.lock, "lock had expired or been taken before its release");
+    let released = client
+        .backend()
+        .release(keys, token, hold_ms, fair)
+        .await
+        .inspect_err(|_| telemetry::release_failed())?;
+    if !released {
+        tracing::debug!(key, "lock had expired or been taken before its release");
+    } else if hold_ms > 0 {
+        tracing::debug!(key, hold_ms, "lock kept for its minimum hold");
     }
     Ok(released)
 }
 
-/// Releases from a spawned task: for a dropped guard, and for an acquire abandoned in flight.
-/// Outside a tokio runtime there is nothing to send it from, and the lock is left to expire at
-/// its ttl.
-pub(crate) fn release_in_background(
-    client: LockClient,
-    keys: LockKeys,
-    token: String,
-    hold_until: Instant,
-    fair: bool,
-) {
+/// Releases from a spawned task: for a dropped guard (`state`), and for an acquire abandoned in
+/// flight (`key`, `keys`, `token`). Outside a tokio runtime there is nothing to send it from, and
+/// the lock is left to expire at its ttl.
+pub(crate) fn release_in_background(client: LockClient, lock: Abandoned) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        tracing::debug!(lock = %keys.lock, "no tokio runtime to release from; the lock is left to expire");
+        tracing::debug!(key = %lock.key(), "no tokio runtime to release from; the lock is left to expire");
         return;
     };
     let releasing = client.held().releasing();
     runtime.spawn(async move {
         let _releasing = releasing;
-        if let Err(e) = release_lock(&client, &keys, &token, hold_until, fair).await {
-            tracing::warn!(lock = %keys.lock, error = %e, "background lock release failed; the lock will expire");
+        let released = match &lock {
+            Abandoned::Held(state) => release_state(&client, state).await,
+            Abandoned::InFlight { key, keys, token, fair } => {
+                release_lock(&client, key, keys, token, Instant::now(), *fair).await
+            }
+        };
+        if let Err(e) = released {
+            tracing::warn!(key = %lock.key(), error = %e, "background lock release failed; the lock will expire");
         }
     });
+}
+
+/// A lock to release in the background.
+#[derive(Debug)]
+pub(crate) enum Abandoned {
+    /// A held lock whose guard was dropped.
+    Held(Arc<LockState>),
+    /// An acquire whose answer never came: it may have taken the lock.
+    InFlight {
+        key: String,
+        keys: LockKeys,
+        token: String,
+        fair: bool,
+    },
+}
+
+impl Abandoned {
+    fn key(&self) -> &str {
+        match self {
+            Abandoned::Held(state) => &state.key,
+            Abandoned::InFlight { key, .. } => key,
+        }
+    }
 }
 
 impl Drop for LockGuard {
@@ -364,13 +435,7 @@ impl Drop for LockGuard {
             return;
         }
         self.unwatch();
-        release_in_background(
-            self.client.clone(),
-            self.state.keys.clone(),
-            self.state.token.clone(),
-            self.state.hold_until(),
-            self.state.fair,
-        );
+        release_in_background(self.client.clone(), Abandoned::Held(Arc::clone(&self.state)));
     }
 }
 

@@ -7,15 +7,35 @@
 
 use std::time::Duration;
 
+use crate::backend::Stored;
+
 /// What [`LockClient::holder`](crate::LockClient::holder) found at a held lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Holder {
     owner: Option<String>,
     remaining: Option<Duration>,
     released: bool,
+    /// The owner labels of a read-write lock's shared holders (empty for an exclusive holder).
+    readers: Vec<String>,
 }
 
 impl Holder {
+    /// Reads what a backend found at the lock key.
+    pub(crate) fn from_stored(stored: &Stored, remaining: Option<Duration>) -> Holder {
+        match stored {
+            Stored::One(value) => Holder::from_value(value, remaining),
+            Stored::Shares(values) => Holder {
+                owner: None,
+                remaining,
+                released: false,
+                readers: values
+                    .iter()
+                    .map(|v| Holder::from_value(v, None).owner.unwrap_or_default())
+                    .collect(),
+            },
+        }
+    }
+
     /// Reads a stored value; `None` for an owner means a value this library did not write.
     pub(crate) fn from_value(value: &[u8], remaining: Option<Duration>) -> Holder {
         let value = String::from_utf8_lossy(value);
@@ -31,6 +51,7 @@ impl Holder {
             owner,
             remaining,
             released,
+            readers: Vec::new(),
         }
     }
 
@@ -44,6 +65,19 @@ impl Holder {
     /// How long the lock has left, `None` when the key has no expiry (not a lock of ours).
     pub fn remaining(&self) -> Option<Duration> {
         self.remaining
+    }
+
+    /// Held by shared holders ([`LockMode::Shared`](crate::LockMode::Shared)): see
+    /// [`readers`](Self::readers). [`owner`](Self::owner) is then `None`, and
+    /// [`remaining`](Self::remaining) is how long the last share has left.
+    pub fn is_shared(&self) -> bool {
+        !self.readers.is_empty()
+    }
+
+    /// The owner labels of the shared holders, one per share (a client holding two shares
+    /// appears twice); empty when the lock is held exclusively.
+    pub fn readers(&self) -> &[String] {
+        &self.readers
     }
 
     /// Its holder released it, and it is kept until its minimum hold (`hold_at_least`) ends.

@@ -23,9 +23,10 @@
 //!
 //! The data model: the lock on key `k` lives at `<prefix>{k}` (default prefix `lock:`) and holds
 //! the holder's value (a fresh UUID v4 and the client's owner label, see [`Holder`]); its fencing counter is `<prefix>{k}:fence`; releases are
-//! announced on `<prefix>{k}:released`; fair waiters line up in `<prefix>{k}:queue`. The whole
-//! protocol is one `SET NX PX GET` (an uncontended acquire) and the three scripts under
-//! `src/scripts/`.
+//! announced on `<prefix>{k}:released`; fair waiters line up in `<prefix>{k}:queue`. Readers of a
+//! read-write lock ([`LockMode::Shared`]) share the lock key as a hash of their values, and writers
+//! waiting for them claim their turn in `<prefix>{k}:writers`. The whole protocol is one
+//! `SET NX PX GET` (an uncontended acquire) and the four scripts under `src/scripts/`.
 
 // rustdoc (1.95) runs out of query depth laying out the futures of the README's `LockClient`
 // example, which builds as an ordinary crate with the default limit: give doc tests more room.
@@ -49,6 +50,7 @@ mod held;
 mod holder;
 mod options;
 mod scope;
+mod telemetry;
 mod wakeups;
 mod watchdog;
 
@@ -59,7 +61,7 @@ pub use client::{
 pub use error::{BoxError, LockError, ShutDown, TimedOut};
 pub use guard::LockGuard;
 pub use holder::Holder;
-pub use options::{LockOptions, OnLost, FAIR_PLACE_KEPT, MAX_DURATION, MIN_TTL, MIN_WATCHDOG_TTL};
+pub use options::{LockMode, LockOptions, OnLost, FAIR_PLACE_KEPT, MAX_DURATION, MIN_TTL, MIN_WATCHDOG_TTL};
 pub use scope::{current, LockInfo};
 
 /// Turns an async fn into a critical section guarded by a distributed lock.

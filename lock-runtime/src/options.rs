@@ -29,6 +29,31 @@ pub enum OnLost {
     Continue,
 }
 
+/// Whether a lock is held by one caller or shared by readers.
+///
+/// ```
+/// use std::time::Duration;
+/// use lock_runtime::{LockMode, LockOptions};
+///
+/// // Any number of readers of `prices:eu` at once, or one writer:
+/// let read = LockOptions::new(Duration::from_secs(10)).mode(LockMode::Shared);
+/// let write = LockOptions::new(Duration::from_secs(10)); // Exclusive, the default
+/// assert_eq!(read.get_mode(), LockMode::Shared);
+/// assert_eq!(write.get_mode(), LockMode::Exclusive);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LockMode {
+    /// One holder at a time (the default): a plain lock, or the write side of a read-write lock.
+    #[default]
+    Exclusive,
+    /// Any number of shared holders at once, and no exclusive holder meanwhile: the read side of
+    /// a read-write lock. Each shared holder has its own token and lease (a crashed reader's
+    /// share expires on its own), is renewed by the watchdog like a lock, and gives its share
+    /// back with a token-checked release. Once an exclusive caller waits, new shared holders
+    /// wait behind it (writers are not starved by a stream of readers).
+    Shared,
+}
+
 /// How to take and hold one lock. Built from [`LockOptions::new`] and by-value setters.
 ///
 /// ```
@@ -51,6 +76,7 @@ pub struct LockOptions {
     hold_at_least: Duration,
     on_lost: OnLost,
     fair: bool,
+    mode: LockMode,
 }
 
 impl LockOptions {
@@ -65,6 +91,7 @@ impl LockOptions {
             hold_at_least: Duration::ZERO,
             on_lost: OnLost::Abort,
             fair: false,
+            mode: LockMode::Exclusive,
         }
     }
 
@@ -114,6 +141,18 @@ impl LockOptions {
         self
     }
 
+    /// Exclusive (the default: one holder) or shared (a read lock: many holders at once, none
+    /// while an exclusive holder has the key). See [`LockMode`].
+    pub fn mode(mut self, mode: LockMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// The lock mode (see [`mode`](Self::mode)).
+    pub fn get_mode(&self) -> LockMode {
+        self.mode
+    }
+
     /// Whether waiters queue in the order they arrived.
     pub fn is_fair(&self) -> bool {
         self.fair
@@ -129,7 +168,13 @@ impl LockOptions {
         self.watchdog
     }
 
+    /// How long an acquire keeps trying (see [`wait`](Self::wait)).
+    pub fn get_wait(&self) -> Duration {
+        self.wait
+    }
+
     /// How long an acquire keeps trying.
+    #[deprecated(since = "0.1.0", note = "renamed to `get_wait`, after its setter")]
     pub fn wait_time(&self) -> Duration {
         self.wait
     }
@@ -139,12 +184,24 @@ impl LockOptions {
         self.fencing
     }
 
+    /// The minimum hold (see [`hold_at_least`](Self::hold_at_least)).
+    pub fn get_hold_at_least(&self) -> Duration {
+        self.hold_at_least
+    }
+
     /// The minimum hold.
+    #[deprecated(since = "0.1.0", note = "renamed to `get_hold_at_least`, after its setter")]
     pub fn min_hold(&self) -> Duration {
         self.hold_at_least
     }
 
+    /// The lost-lock policy (see [`on_lost`](Self::on_lost)).
+    pub fn get_on_lost(&self) -> OnLost {
+        self.on_lost
+    }
+
     /// The lost-lock policy.
+    #[deprecated(since = "0.1.0", note = "renamed to `get_on_lost`, after its setter")]
     pub fn lost_policy(&self) -> OnLost {
         self.on_lost
     }
@@ -170,6 +227,18 @@ impl LockOptions {
                 "ttl {:?} is too short for the watchdog (renews every ttl/3); use at least {MIN_WATCHDOG_TTL:?}",
                 self.ttl
             )));
+        }
+        if self.mode == LockMode::Shared {
+            if self.fair {
+                return Err(LockError::invalid_options(
+                    "a shared (read) lock cannot be fair: waiting writers are preferred over new readers instead",
+                ));
+            }
+            if !self.hold_at_least.is_zero() {
+                return Err(LockError::invalid_options(
+                    "a shared (read) lock takes no minimum hold: a hold keeps others out, and readers do not exclude each other",
+                ));
+            }
         }
         for (name, value) in [
             ("ttl", self.ttl),
@@ -211,6 +280,10 @@ mod tests {
             LockOptions::new(MAX_DURATION + Duration::from_secs(1)),
             ok.clone().wait(Duration::MAX),
             ok.clone().hold_at_least(Duration::MAX),
+            ok.clone().mode(LockMode::Shared).fair(true),
+            ok.clone()
+                .mode(LockMode::Shared)
+                .hold_at_least(Duration::from_secs(1)),
         ] {
             assert!(
                 matches!(bad.validate(), Err(LockError::InvalidOptions { .. })),

@@ -20,6 +20,7 @@ use tokio::time::Instant;
 
 use crate::guard::LockState;
 use crate::options::ceil_millis;
+use crate::telemetry;
 use crate::LockClient;
 
 /// The most locks one renew script extends.
@@ -152,6 +153,10 @@ impl Watchdog {
             .map(|(_, s)| (&s.keys, s.token.as_str(), ceil_millis(s.ttl)))
             .collect();
         let answer = client.backend().renew_many(&locks).await;
+        match &answer {
+            Ok(renewed) => telemetry::renewed(renewed.iter().filter(|r| **r == Some(true)).count() as u64),
+            Err(_) => telemetry::renewal_failed(),
+        }
         let mut held = self.held();
         let mut gone = Vec::new();
         for (i, (id, state)) in batch.iter().enumerate() {

@@ -28,7 +28,8 @@ lock_tests::on_every_deployment!(
     a_continuing_body_can_see_its_lock_lost,
 );
 
-/// Fencing and fair mode need one counter and one line: every deployment but RedLock.
+/// Fencing, fair mode and read-write locks need one counter and one line: every deployment
+/// but RedLock.
 mod one_counter {
     use super::*;
 

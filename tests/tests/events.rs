@@ -41,9 +41,18 @@ impl Logs {
 
     /// Whether a line at `level` contains `message`.
     fn has(&self, level: &str, message: &str) -> bool {
-        let text = String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned();
-        text.lines()
-            .any(|line| line.contains(level) && line.contains(message))
+        self.has_all(&[level, message])
+    }
+
+    /// Whether one line contains every one of `parts`.
+    fn has_all(&self, parts: &[&str]) -> bool {
+        self.text()
+            .lines()
+            .any(|line| parts.iter().all(|part| line.contains(part)))
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
     }
 }
 
@@ -53,6 +62,20 @@ async fn lock_events_are_traced_at_their_levels() {
 
     let mut server = RedisServer::spawn();
     let client = connect(&server.url()).await; // response timeout 500 ms
+                                               // Every event names the lock by the user's key, in a field called `key`; a release says
+                                               // how long the lock was held.
+    let quick = client.acquire("fields", &ttl(3000)).await.unwrap();
+    assert!(quick.release().await.unwrap());
+    assert!(
+        logs.has_all(&["DEBUG", "lock acquired", "key=\"fields\""]),
+        "{}",
+        logs.text()
+    );
+    assert!(
+        logs.has_all(&["DEBUG", "lock released", "key=fields", "held_ms="]),
+        "{}",
+        logs.text()
+    );
     let guard = client.acquire("events", &ttl(3000).watchdog(true)).await.unwrap();
     assert!(logs.has("DEBUG", "lock acquired"));
     assert!(matches!(
@@ -79,6 +102,11 @@ async fn lock_events_are_traced_at_their_levels() {
         "a failed release never replaces the body's result: {out:?}"
     );
     assert!(logs.has("WARN", "lock release failed"));
+    assert!(
+        !logs.text().contains(" lock="),
+        "an event names the lock differently:\n{}",
+        logs.text()
+    );
 }
 
 #[tokio::test]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Ask, Attempt, LockKeys};
+use super::{Ask, Attempt, LockKeys, Stored};
 use crate::options::{ceil_millis, FAIR_PLACE_KEPT};
 use crate::wakeups::Wakeups;
 
@@ -17,9 +17,27 @@ struct Held {
     expires_at: Instant,
 }
 
+/// The shared holders of a read-write lock: each reader's token and when its share expires.
+#[derive(Debug, Default)]
+struct Shares {
+    readers: HashMap<String, Instant>,
+}
+
+impl Shares {
+    /// When the last share ends.
+    fn last(&self) -> Option<Instant> {
+        self.readers.values().max().copied()
+    }
+}
+
 #[derive(Debug, Default)]
 struct Store {
     locks: HashMap<String, Held>,
+    /// Read-write locks held by readers, by lock key (a key is in `locks` or here, never both).
+    shares: HashMap<String, Shares>,
+    /// Writers waiting for readers to leave, by lock key: each one's token and when its claim
+    /// lapses. No new reader enters while one stands.
+    claims: HashMap<String, HashMap<String, Instant>>,
     fences: HashMap<String, u64>,
     /// Fair queues, by queue key.
     queues: HashMap<String, Queue>,
@@ -72,6 +90,36 @@ impl Store {
     fn ours(&mut self, key: &str, token: &str, now: Instant) -> Option<&mut Held> {
         self.live(key, now).filter(|h| h.token == token)
     }
+
+    /// The live readers of `key`; expired shares go on the way, and the entry with the last.
+    fn readers(&mut self, key: &str, now: Instant) -> Option<&mut Shares> {
+        if let Some(shares) = self.shares.get_mut(key) {
+            shares.readers.retain(|_, expires_at| *expires_at > now);
+            if shares.readers.is_empty() {
+                self.shares.remove(key);
+            }
+        }
+        self.shares.get_mut(key)
+    }
+
+    /// When the latest standing claim of a waiting writer on `key` lapses, if one stands.
+    fn claimed_until(&mut self, key: &str, now: Instant) -> Option<Instant> {
+        let claims = self.claims.get_mut(key)?;
+        claims.retain(|_, lapses| *lapses > now);
+        let last = claims.values().max().copied();
+        if last.is_none() {
+            self.claims.remove(key);
+        }
+        last
+    }
+
+    fn fence(&self, keys: &LockKeys) -> u64 {
+        self.fences.get(&keys.fence()).copied().unwrap_or(0)
+    }
+}
+
+fn ms_until(at: Instant, now: Instant) -> u64 {
+    ceil_millis(at.saturating_duration_since(now))
 }
 
 #[derive(Debug)]
@@ -98,16 +146,30 @@ impl MemoryBackend {
     }
 
     pub(crate) fn acquire(&self, keys: &LockKeys, token: &str, ask: &Ask) -> Attempt {
+        if ask.shared {
+            return self.share(keys, token, ask);
+        }
         let now = Instant::now();
         let mut store = self.store();
-        let holder = store
+        let mut holder = store
             .live(&keys.lock, now)
             .map(|h| (h.token == token, h.expires_at));
         if let Some((true, _)) = holder {
-            let fence = ask
-                .fencing
-                .then(|| store.fences.get(&keys.fence()).copied().unwrap_or(0));
+            let fence = ask.fencing.then(|| store.fence(keys));
             return Attempt::Acquired { fence };
+        }
+        // Readers share it: a writer that will wait claims its turn, so no new reader enters.
+        let mut claimed = false;
+        if let Some(last) = store.readers(&keys.lock, now).and_then(|shares| shares.last()) {
+            if ask.join {
+                store
+                    .claims
+                    .entry(keys.lock.clone())
+                    .or_default()
+                    .insert(token.to_owned(), now + FAIR_PLACE_KEPT);
+                claimed = true;
+            }
+            holder = Some((false, last));
         }
         if ask.fair {
             let store = &mut *store;
@@ -132,19 +194,28 @@ impl MemoryBackend {
                         self.wakeups.notify_waiter(&keys.channel, head.as_bytes());
                     }
                 }
-                let pttl_ms =
-                    holder.map(|(_, expires_at)| ceil_millis(expires_at.saturating_duration_since(now)));
+                let pttl_ms = holder.map(|(_, expires_at)| ms_until(expires_at, now));
                 let behind = queue.order.values().next().is_some_and(|first| first != token)
                     && queue.places.contains_key(token);
-                return Attempt::Held { pttl_ms, behind };
+                return Attempt::Held {
+                    pttl_ms,
+                    behind,
+                    claimed,
+                };
             }
             queue.leave(token);
         }
         if let Some((_, expires_at)) = holder {
             return Attempt::Held {
-                pttl_ms: Some(ceil_millis(expires_at.saturating_duration_since(now))),
+                pttl_ms: Some(ms_until(expires_at, now)),
                 behind: false,
+                claimed,
             };
+        }
+        if ask.claimed {
+            if let Some(claims) = store.claims.get_mut(&keys.lock) {
+                claims.remove(token);
+            }
         }
         let fence = ask.fencing.then(|| {
             let counter = store.fences.entry(keys.fence()).or_insert(0);
@@ -161,17 +232,60 @@ impl MemoryBackend {
         Attempt::Acquired { fence }
     }
 
+    /// A share of a read-write lock, as share.lua takes it.
+    fn share(&self, keys: &LockKeys, token: &str, ask: &Ask) -> Attempt {
+        let now = Instant::now();
+        let mut store = self.store();
+        let refused = |pttl_ms| Attempt::Held {
+            pttl_ms: Some(pttl_ms),
+            behind: false,
+            claimed: false,
+        };
+        if let Some(writer) = store.live(&keys.lock, now) {
+            return refused(ms_until(writer.expires_at, now));
+        }
+        let ours = store
+            .readers(&keys.lock, now)
+            .is_some_and(|shares| shares.readers.contains_key(token));
+        if !ours {
+            if let Some(lapses) = store.claimed_until(&keys.lock, now) {
+                return refused(ms_until(lapses, now));
+            }
+        }
+        let fence = ask.fencing.then(|| store.fence(keys));
+        store
+            .shares
+            .entry(keys.lock.clone())
+            .or_default()
+            .readers
+            .insert(token.to_owned(), now + Duration::from_millis(ask.ttl_ms));
+        Attempt::Acquired { fence }
+    }
+
     pub(crate) fn leave_queue(&self, keys: &LockKeys, token: &str) {
-        if let Some(queue) = self.store().queues.get_mut(&keys.queue()) {
+        let mut store = self.store();
+        if let Some(queue) = store.queues.get_mut(&keys.queue()) {
             queue.leave(token);
+        }
+        if let Some(claims) = store.claims.get_mut(&keys.lock) {
+            claims.remove(token);
         }
     }
 
     pub(crate) fn renew(&self, keys: &LockKeys, token: &str, ttl_ms: u64) -> bool {
         let now = Instant::now();
-        match self.store().ours(&keys.lock, token, now) {
-            Some(held) => {
-                held.expires_at = now + Duration::from_millis(ttl_ms);
+        let expires_at = now + Duration::from_millis(ttl_ms);
+        let mut store = self.store();
+        if let Some(held) = store.ours(&keys.lock, token, now) {
+            held.expires_at = expires_at;
+            return true;
+        }
+        match store
+            .readers(&keys.lock, now)
+            .and_then(|shares| shares.readers.get_mut(token))
+        {
+            Some(share) => {
+                *share = expires_at;
                 true
             }
             None => false,
@@ -197,7 +311,19 @@ impl MemoryBackend {
                 Some(_) => {
                     store.locks.remove(&keys.lock);
                 }
-                None => return false,
+                None => {
+                    // A share of a read-write lock: the last one to go wakes a waiter.
+                    let Some(shares) = store.readers(&keys.lock, now) else {
+                        return false;
+                    };
+                    if shares.readers.remove(token).is_none() {
+                        return false;
+                    }
+                    if !shares.readers.is_empty() {
+                        return true;
+                    }
+                    store.shares.remove(&keys.lock);
+                }
             }
             let queue = if fair {
                 store.queues.get_mut(&keys.queue())
@@ -217,31 +343,43 @@ impl MemoryBackend {
     }
 
     pub(crate) fn is_locked(&self, keys: &LockKeys) -> bool {
-        self.store().live(&keys.lock, Instant::now()).is_some()
+        self.remaining_ttl(keys).is_some()
     }
 
+    /// Until the holder's lease ends, or the last reader's.
     pub(crate) fn remaining_ttl(&self, keys: &LockKeys) -> Option<Duration> {
         let now = Instant::now();
-        self.store()
-            .live(&keys.lock, now)
-            .map(|h| h.expires_at.saturating_duration_since(now))
+        let mut store = self.store();
+        let until = match store.live(&keys.lock, now) {
+            Some(held) => Some(held.expires_at),
+            None => store.readers(&keys.lock, now).and_then(|shares| shares.last()),
+        };
+        until.map(|at| at.saturating_duration_since(now))
     }
 
     /// The lock's value and remaining life, if it is held.
-    pub(crate) fn holder(&self, keys: &LockKeys) -> Option<(Vec<u8>, Option<Duration>)> {
+    pub(crate) fn holder(&self, keys: &LockKeys) -> Option<(Stored, Option<Duration>)> {
         let now = Instant::now();
-        self.store().live(&keys.lock, now).map(|h| {
-            (
-                h.token.clone().into_bytes(),
-                Some(h.expires_at.saturating_duration_since(now)),
-            )
-        })
+        let mut store = self.store();
+        if let Some(held) = store.live(&keys.lock, now) {
+            let left = held.expires_at.saturating_duration_since(now);
+            return Some((Stored::One(held.token.clone().into_bytes()), Some(left)));
+        }
+        let shares = store.readers(&keys.lock, now)?;
+        let left = shares.last().map(|at| at.saturating_duration_since(now));
+        let mut readers: Vec<Vec<u8>> = shares.readers.keys().map(|t| t.clone().into_bytes()).collect();
+        readers.sort_unstable();
+        Some((Stored::Shares(readers), left))
     }
 
     pub(crate) fn force_release(&self, keys: &LockKeys) -> bool {
         let removed = {
+            let now = Instant::now();
             let mut store = self.store();
-            store.live(&keys.lock, Instant::now()).is_some() && store.locks.remove(&keys.lock).is_some()
+            let writer = store.live(&keys.lock, now).is_some() && store.locks.remove(&keys.lock).is_some();
+            let readers =
+                store.readers(&keys.lock, now).is_some() && store.shares.remove(&keys.lock).is_some();
+            writer || readers
         };
         if removed {
             self.wakeups.notify(&keys.channel);

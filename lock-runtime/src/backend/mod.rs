@@ -51,6 +51,12 @@ impl LockKeys {
     pub(crate) fn kept(&self) -> String {
         format!("{}:queue:kept", self.lock)
     }
+
+    /// `<prefix>{<key>}:writers`: the tokens of writers waiting for a read-write lock's readers
+    /// to leave, by when their claims lapse; no new reader enters while one stands.
+    pub(crate) fn writers(&self) -> String {
+        format!("{}:writers", self.lock)
+    }
 }
 
 /// What one acquire attempt asks for.
@@ -63,8 +69,13 @@ pub(crate) struct Ask {
     pub(crate) waiting: bool,
     /// Waiters queue in the store, and the head of the queue comes first.
     pub(crate) fair: bool,
-    /// With `fair`: take a place in the queue when refused (the caller will wait).
+    /// With `fair`: take a place in the queue when refused (the caller will wait). Without:
+    /// the caller will wait, so it claims the writers' turn when readers refuse it.
     pub(crate) join: bool,
+    /// A share of a read-write lock ([`LockMode::Shared`](crate::LockMode::Shared)).
+    pub(crate) shared: bool,
+    /// An earlier attempt of this call claimed the writers' turn: taking the lock ends the claim.
+    pub(crate) claimed: bool,
 }
 
 /// The result of one acquire attempt.
@@ -74,10 +85,24 @@ pub(crate) enum Attempt {
     Acquired { fence: Option<u64> },
     /// Held by someone (or something) else; `pttl_ms` is its remaining life when it has one.
     /// `behind`: a fair waiter with others ahead of it in line (the next release names one of
-    /// them, not it).
-    Held { pttl_ms: Option<u64>, behind: bool },
+    /// them, not it). `claimed`: refused by readers, the caller claimed the writers' turn, which
+    /// lapses unless it asks again within [`FAIR_PLACE_KEPT`](crate::FAIR_PLACE_KEPT).
+    Held {
+        pttl_ms: Option<u64>,
+        behind: bool,
+        claimed: bool,
+    },
     /// Taken, but fewer replicas than asked for acknowledged it, so it was given back.
     NotReplicated { acked: usize, wanted: usize },
+}
+
+/// What a lock key holds, as read for [`LockClient::holder`](crate::LockClient::holder).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Stored {
+    /// One holder's value (or a value this library did not write).
+    One(Vec<u8>),
+    /// A read-write lock's shared holders: each reader's value, sorted.
+    Shares(Vec<Vec<u8>>),
 }
 
 /// A renewal that neither a majority renewed nor a majority found gone.
@@ -90,7 +115,7 @@ pub(crate) enum Backend {
     Redis(Box<redis::RedisBackend>),
     /// A quorum over independent masters.
     Redlock(Box<redlock::RedlockBackend>),
-    Memory(memory::MemoryBackend),
+    Memory(Box<memory::MemoryBackend>),
 }
 
 impl Backend {
@@ -108,7 +133,8 @@ impl Backend {
         }
     }
 
-    /// Gives up `token`'s place in the fair queue (a waiter that stops waiting).
+    /// Gives up `token`'s place in the fair queue and its claim as a waiting writer (a waiter
+    /// that stops waiting).
     pub(crate) async fn leave_queue(&self, keys: &LockKeys, token: &str) -> Result<(), LockError> {
         match self {
             Backend::Redis(b) => b.leave_queue(keys, token).await,
@@ -149,7 +175,8 @@ impl Backend {
 
     /// Deletes the lock (or, with `hold_ms > 0`, lets it expire in `hold_ms`) if it still holds
     /// `token`, and wakes a waiter (`fair`: the head of the queue); `false` if it was no longer
-    /// ours.
+    /// ours. A share of a read-write lock is recognised by its token: it goes, and the last
+    /// share to go wakes a waiter.
     pub(crate) async fn release(
         &self,
         keys: &LockKeys,
@@ -181,11 +208,11 @@ impl Backend {
         }
     }
 
-    /// The lock's stored value and remaining life, if it is held.
+    /// The lock's stored value(s) and remaining life, if it is held.
     pub(crate) async fn holder(
         &self,
         keys: &LockKeys,
-    ) -> Result<Option<(Vec<u8>, Option<Duration>)>, LockError> {
+    ) -> Result<Option<(Stored, Option<Duration>)>, LockError> {
         match self {
             Backend::Redis(b) => b.holder(keys).await,
             Backend::Redlock(b) => b.holder(keys).await,

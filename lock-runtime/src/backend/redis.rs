@@ -15,8 +15,8 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use super::connection::{lock, Connection, Place, Timeouts};
-use super::scripts::{Call, ACQUIRE, RELEASE, RENEW};
-use super::{Ask, Attempt, LockKeys};
+use super::scripts::{Call, ACQUIRE, RELEASE, RENEW, SHARE};
+use super::{Ask, Attempt, LockKeys, Stored};
 use crate::error::TimedOut;
 use crate::options::{ceil_millis, FAIR_PLACE_KEPT};
 use crate::wakeups::{Registration, Wakeups};
@@ -25,6 +25,9 @@ use crate::LockError;
 /// What the release script answers when it released the lock but Redis refused to let it
 /// announce the release (an ACL without rights on the channel).
 const RELEASED_UNANNOUNCED: i64 = 2;
+/// What the release script answers when it gave back a share of a read-write lock that other
+/// readers still share: nothing was announced, since nobody can enter because of it.
+const SHARE_LEFT: i64 = 3;
 
 /// How many replicas must acknowledge an acquire, and how long the primary waits for them.
 #[derive(Debug, Clone, Copy)]
@@ -146,14 +149,14 @@ impl RedisBackend {
             return Ok(attempt);
         }
         tracing::warn!(
-            lock = %keys.lock,
+            redis_key = %keys.lock,
             acked,
             wanted = replicas.wanted,
             "too few replicas acknowledged the acquire; giving the lock back"
         );
         // Boxed: a rare path, kept out of every acquire's future.
         if let Err(e) = Box::pin(self.release(keys, token, 0, fair)).await {
-            tracing::warn!(lock = %keys.lock, error = %e, "giving back an unreplicated lock failed; it will expire");
+            tracing::warn!(redis_key = %keys.lock, error = %e, "giving back an unreplicated lock failed; it will expire");
         }
         Ok(Attempt::NotReplicated {
             acked,
@@ -176,6 +179,9 @@ impl RedisBackend {
         token: &str,
         ask: &Ask,
     ) -> Result<Attempt, LockError> {
+        if ask.shared {
+            return self.share(keys, token, ask).await;
+        }
         if !ask.fencing && !ask.waiting && !ask.fair {
             return self.try_set(keys, token, ask.ttl_ms).await;
         }
@@ -195,6 +201,13 @@ impl RedisBackend {
                 if ask.fair {
                     call.key(keys.queue()).key(keys.kept());
                 }
+                // A caller that will wait may claim the writers' turn of a read-write lock.
+                let writers = if ask.join {
+                    call.key(keys.writers());
+                    call.key_count().to_string()
+                } else {
+                    String::new()
+                };
                 call.arg(token)
                     .arg(ask.ttl_ms)
                     .arg(if ask.fencing { "1" } else { "0" })
@@ -202,6 +215,11 @@ impl RedisBackend {
                     .arg(if ask.join { "1" } else { "0" })
                     .arg(&keys.channel)
                     .arg(if sharded { "1" } else { "0" });
+                if ask.join {
+                    call.arg(writers)
+                        .arg(ceil_millis(FAIR_PLACE_KEPT))
+                        .arg(if ask.claimed { "1" } else { "0" });
+                }
                 call
             })
             .await?;
@@ -217,10 +235,39 @@ impl RedisBackend {
             Attempt::Held {
                 pttl_ms: u64::try_from(n).ok(),
                 behind: answer.get(2).is_some_and(|&ahead| ahead > 0),
+                claimed: answer.get(3) == Some(&1),
             }
         };
         self.unless_replicated(attempt, acked, keys, token, ask.fair)
             .await
+    }
+
+    /// One attempt at a share of a read-write lock (share.lua).
+    async fn share(&self, keys: &LockKeys, token: &str, ask: &Ask) -> Result<Attempt, LockError> {
+        let (answer, acked): (Vec<i64>, _) = self
+            .run_acknowledged(|| {
+                let mut call = SHARE.call();
+                call.key(&keys.lock).key(keys.writers());
+                if ask.fencing {
+                    call.key(keys.fence());
+                }
+                call.arg(token).arg(ask.ttl_ms);
+                call
+            })
+            .await?;
+        let n = answer.get(1).copied().unwrap_or(-1);
+        let attempt = if answer.first() == Some(&1) {
+            Attempt::Acquired {
+                fence: ask.fencing.then_some(n.unsigned_abs()),
+            }
+        } else {
+            Attempt::Held {
+                pttl_ms: u64::try_from(n).ok(),
+                behind: false,
+                claimed: false,
+            }
+        };
+        self.unless_replicated(attempt, acked, keys, token, false).await
     }
 
     /// The cheapest attempt, one command: `SET NX PX … GET` answers the value it found, so a
@@ -258,6 +305,7 @@ impl RedisBackend {
         let held = Attempt::Held {
             pttl_ms: None,
             behind: false,
+            claimed: false,
         };
         let (attempt, acked) = match found {
             Ok((None, acked)) => (Attempt::Acquired { fence: None }, acked),
@@ -349,6 +397,8 @@ impl RedisBackend {
                     .ignore()
                     .zrem(keys.kept(), token)
                     .ignore()
+                    .zrem(keys.writers(), token)
+                    .ignore()
                     .query_async::<()>(&mut conn)
                     .await
             })
@@ -362,7 +412,12 @@ impl RedisBackend {
         hold_ms: u64,
         fair: bool,
     ) -> Result<bool, LockError> {
-        let released = self.release_quietly(keys, token, hold_ms, fair).await?;
+        let released = self.give_back(keys, token, hold_ms, fair).await?;
+        if released == SHARE_LEFT {
+            // Other readers still share the lock: nobody can enter because this one left.
+            return Ok(true);
+        }
+        let released = released != 0;
         if released && !fair {
             // This client's own next waiter need not hear it from Redis (its subscriber skips
             // the announcement, which carries this client's id). A fair release names the next
@@ -381,6 +436,18 @@ impl RedisBackend {
         hold_ms: u64,
         fair: bool,
     ) -> Result<bool, LockError> {
+        Ok(self.give_back(keys, token, hold_ms, fair).await? != 0)
+    }
+
+    /// The release script's answer: 0 not ours, [`SHARE_LEFT`] a share given back while others
+    /// remain, else released (and announced if Redis let us).
+    async fn give_back(
+        &self,
+        keys: &LockKeys,
+        token: &str,
+        hold_ms: u64,
+        fair: bool,
+    ) -> Result<i64, LockError> {
         let announcement = &self.subscriber.announcement;
         let sharded = self.sharded;
         // On the acquire connection: a release sent after an acquire whose answer never came
@@ -411,7 +478,7 @@ impl RedisBackend {
         if released == RELEASED_UNANNOUNCED {
             self.subscriber.pubsub_denied();
         }
-        Ok(released != 0)
+        Ok(released)
     }
 
     pub(crate) async fn is_locked(&self, keys: &LockKeys) -> Result<bool, LockError> {
@@ -433,7 +500,7 @@ impl RedisBackend {
     pub(crate) async fn holder(
         &self,
         keys: &LockKeys,
-    ) -> Result<Option<(Vec<u8>, Option<Duration>)>, LockError> {
+    ) -> Result<Option<(Stored, Option<Duration>)>, LockError> {
         let (value, pttl): (Result<Option<Vec<u8>>, ()>, i64) = self
             .conn
             .request(|mut conn| async move {
@@ -458,11 +525,48 @@ impl RedisBackend {
             .await?;
         let life = u64::try_from(pttl).ok().map(Duration::from_millis);
         Ok(match value {
-            Ok(Some(value)) => Some((value, life)),
+            Ok(Some(value)) => Some((Stored::One(value), life)),
             Ok(None) => None,
-            Err(()) if pttl != -2 => Some((Vec::new(), life)),
+            Err(()) if pttl != -2 => Some((self.shares(keys).await?, life)),
             Err(()) => None,
         })
+    }
+
+    /// A key that is not a string: a read-write lock's readers (their live shares), or a value
+    /// this library did not write (read as empty).
+    async fn shares(&self, keys: &LockKeys) -> Result<Stored, LockError> {
+        let (fields, time): (redis::Value, (u64, u64)) = self
+            .conn
+            .request(|mut conn| async move {
+                redis::pipe()
+                    .cmd("HGETALL")
+                    .arg(&keys.lock)
+                    .cmd("TIME")
+                    .ignore_errors()
+                    .query_async(&mut conn)
+                    .await
+            })
+            .await?;
+        let now_ms = time.0 * 1000 + time.1 / 1000;
+        let Ok(fields) = Vec::<(Vec<u8>, Vec<u8>)>::from_redis_value(fields) else {
+            return Ok(Stored::One(Vec::new()));
+        };
+        if !fields.iter().any(|(f, v)| f == b"mode" && v == b"read") {
+            return Ok(Stored::One(Vec::new()));
+        }
+        let mut readers: Vec<Vec<u8>> = fields
+            .into_iter()
+            .filter(|(field, expiry)| {
+                field != b"mode"
+                    && std::str::from_utf8(expiry)
+                        .ok()
+                        .and_then(|e| e.parse::<u64>().ok())
+                        .is_some_and(|e| e > now_ms)
+            })
+            .map(|(field, _)| field)
+            .collect();
+        readers.sort_unstable();
+        Ok(Stored::Shares(readers))
     }
 
     pub(crate) async fn force_release(&self, keys: &LockKeys) -> Result<bool, LockError> {

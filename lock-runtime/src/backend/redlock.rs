@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use super::connection::{lock, Place, Timeouts};
 use super::redis::RedisBackend;
-use super::{Ask, Attempt, LockKeys};
+use super::{Ask, Attempt, LockKeys, Stored};
 use crate::error::TimedOut;
 use crate::wakeups::{Registration, Wakeups};
 use crate::LockError;
@@ -190,6 +190,7 @@ impl RedlockBackend {
             return Ok(Attempt::Held {
                 pttl_ms: Some(0),
                 behind: false,
+                claimed: false,
             });
         }
         if yes + held >= self.quorum {
@@ -198,6 +199,7 @@ impl RedlockBackend {
             return Ok(Attempt::Held {
                 pttl_ms: soonest_free,
                 behind: false,
+                claimed: false,
             });
         }
         Err(self.no_quorum(yes + held, last_error))
@@ -365,9 +367,9 @@ impl RedlockBackend {
     pub(crate) async fn holder(
         &self,
         keys: &LockKeys,
-    ) -> Result<Option<(Vec<u8>, Option<Duration>)>, LockError> {
+    ) -> Result<Option<(Stored, Option<Duration>)>, LockError> {
         let answers = futures_util::future::join_all(self.masters.iter().map(|m| m.holder(keys))).await;
-        let mut seen: Vec<(Vec<u8>, Vec<Duration>)> = Vec::new();
+        let mut seen: Vec<(Stored, Vec<Duration>)> = Vec::new();
         let mut answered = 0;
         let mut last = None;
         for answer in answers {

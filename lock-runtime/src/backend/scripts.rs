@@ -1,4 +1,4 @@
-//! The three Lua scripts of the protocol, and how they are sent: by hash (`EVALSHA`), and on
+//! The four Lua scripts of the protocol, and how they are sent: by hash (`EVALSHA`), and on
 //! `NOSCRIPT` (a restarted server, a new primary after a failover, a node added to a cluster)
 //! once more with their source (`EVAL`), to the same node as any keyed command. redis-rs's own
 //! `Script` would answer `NOSCRIPT` with `SCRIPT LOAD`, which a cluster sends to every node: one
@@ -13,6 +13,7 @@ use super::connection::Conn;
 
 pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../scripts/acquire.lua")));
 pub(crate) static RENEW: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../scripts/renew.lua")));
+pub(crate) static SHARE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../scripts/share.lua")));
 pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../scripts/release.lua")));
 
 /// A script's source and its SHA1.
@@ -52,6 +53,11 @@ impl Call {
     pub(crate) fn key(&mut self, key: impl ToRedisArgs) -> &mut Self {
         self.keys.extend(key.to_redis_args());
         self
+    }
+
+    /// How many keys the call names so far.
+    pub(crate) fn key_count(&self) -> usize {
+        self.keys.len()
     }
 
     pub(crate) fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {

@@ -9,10 +9,18 @@
 -- ARGV[1] token, ARGV[2] ttl in ms, ARGV[3] '1' = fencing, ARGV[4] fair: '' = not fair, else
 -- the ms a waiter's place is kept without a new attempt, ARGV[5] '1' = join the fair queue (the
 -- caller will wait), ARGV[6] the lock's wake-up channel (an argument, not a key, for the same
--- reason), ARGV[7] '1' = a Redis Cluster: announce with sharded pub/sub (SPUBLISH).
+-- reason), ARGV[7] '1' = a Redis Cluster: announce with sharded pub/sub (SPUBLISH), ARGV[8] where
+-- in KEYS the waiting writers of a read-write lock are ('' = not given: the caller will not wait),
+-- ARGV[9] the ms a waiting writer's claim is kept without a new attempt, ARGV[10] '1' = the
+-- caller claimed before (its claim goes when it takes the lock).
+-- Read-write locks: readers share the lock key as a hash (share.lua). A waiting writer refused by
+-- readers claims its turn in the waiting writers (tokens by the ms their claim lapses): no new
+-- reader enters while a claim stands, so the readers drain and the writer gets in. A writer
+-- that died or gave up holds readers back for at most its claim's life.
 -- Returns {1, fence} when taken (fence is 0 without fencing), or {0, pttl} when not: pttl is the
 -- holder's remaining ttl, -1 for a key without expiry (a foreign value), -2 when the key is free
--- but fair waiters come first; a fair refusal adds how many waiters are ahead in line.
+-- but fair waiters come first; a fair refusal adds how many waiters are ahead in line; a
+-- refusal by readers that claimed the writers' turn adds a fourth element, 1.
 -- Every check comes before the first write: a counter of another type (WRONGTYPE), or one that is
 -- not a non-negative integer, fails the script with nothing changed.
 local fencing = ARGV[3] == '1'
@@ -42,17 +50,48 @@ local function taken()
   return {1, redis.call('INCRBY', KEYS[2], step)}
 end
 
+local writers = KEYS[tonumber(ARGV[8]) or 0]
+
+-- Taking the lock ends the caller's claim as a waiting writer.
+local function unclaim()
+  if writers and ARGV[10] == '1' then
+    redis.call('ZREM', writers, ARGV[1])
+  end
+end
+
+-- Refused while readers share the lock: a waiting writer claims its turn. `held` is what GET
+-- answered: readers' hash answers it with an error.
+local function claimed(held)
+  if not writers or ARGV[5] ~= '1' or type(held) ~= 'table' then
+    return false
+  end
+  if redis.call('TYPE', KEYS[1]).ok ~= 'hash' or redis.call('HGET', KEYS[1], 'mode') ~= 'read' then
+    return false
+  end
+  local time = redis.call('TIME')
+  local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  local kept = tonumber(ARGV[9])
+  redis.call('ZADD', writers, now + kept, ARGV[1])
+  redis.call('PEXPIRE', writers, kept)
+  return true
+end
+
 local place = tonumber(ARGV[4])
 if not place then
   if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    unclaim()
     return taken()
   end
   -- A foreign value of another type answers GET with an error: not ours either.
-  if redis.pcall('GET', KEYS[1]) == ARGV[1] then
+  local held = redis.pcall('GET', KEYS[1])
+  if held == ARGV[1] then
     -- Already ours (a request sent again): its expiry counts from this attempt, and the write
     -- gives a WAIT behind it something to wait for (the original write on a dead connection).
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return {1, tonumber(counter) or 0}
+  end
+  if claimed(held) then
+    return {0, redis.call('PTTL', KEYS[1]), 0, 1}
   end
   return {0, redis.call('PTTL', KEYS[1])}
 end
@@ -78,6 +117,7 @@ if holder == false and (head == nil or head == ARGV[1]) then
     redis.call('ZREM', KEYS[4], ARGV[1])
   end
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  unclaim()
   return taken()
 end
 if ARGV[5] == '1' then
@@ -90,4 +130,8 @@ if holder == false and #lapsed > 0 then
 end
 -- How many are ahead of the caller in line: a waiter with others ahead will not be named by the
 -- next release, so it need not ask again before it sleeps.
-return {0, redis.call('PTTL', KEYS[1]), redis.call('ZRANK', KEYS[3], ARGV[1]) or 0}
+local ahead = redis.call('ZRANK', KEYS[3], ARGV[1]) or 0
+if claimed(holder) then
+  return {0, redis.call('PTTL', KEYS[1]), ahead, 1}
+end
+return {0, redis.call('PTTL', KEYS[1]), ahead}

@@ -5,7 +5,7 @@
 -- next waiter itself), ARGV[4] the lock's wake-up channel (an argument, not a key: see
 -- acquire.lua), ARGV[5] '1' = a fair lock: announce whose turn it is instead, ARGV[6] '1' = a
 -- Redis Cluster: announce with sharded pub/sub (SPUBLISH, on the lock's shard).
--- Returns 1 when it was ours, 0 when it had expired or been taken by someone else, and 2 when it
+-- Returns 1 when it was ours, 0 when it had expired or been taken by someone else, 2 when it
 -- was ours but Redis refused the announcement (an ACL without rights on the channel): the
 -- release itself stands, and waiters elsewhere wake on their timers.
 -- With a minimum hold left, the key is kept (marked released) and expires then; waiters are told
@@ -13,19 +13,64 @@
 -- A lock kept for its minimum hold is marked released (its value gets a ':released' suffix), so
 -- that a renewal sent before the release but applied after it, which compares the bare token,
 -- cannot extend it past the hold; a release sent again finds it marked and stands.
--- A key of another type answers GET with an error: not ours, and left alone.
+-- A key of another type answers GET with an error: not ours, and left alone, unless it is the
+-- readers' hash of a read-write lock (share.lua) with a share of ours: the share goes, and the
+-- hash with the last one, which is then announced (a writer may be waiting). Returns 3 when
+-- other shares remain: nothing to announce, since no one can enter because a reader left.
 local held = redis.pcall('GET', KEYS[1])
-local kept = ARGV[1] .. ':released'
-if held ~= ARGV[1] and held ~= kept then
-  return 0
-end
-if tonumber(ARGV[2]) > 0 then
-  if held == kept then
-    return 1
+if type(held) == 'table' and held.err then
+  local fields = redis.pcall('HGETALL', KEYS[1])
+  if fields.err then
+    return 0
   end
-  redis.call('SET', KEYS[1], kept, 'PX', ARGV[2])
-else
+  local time = redis.call('TIME')
+  local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  local mode, mine, others, last, gone = nil, nil, 0, 0, {ARGV[1]}
+  for i = 1, #fields, 2 do
+    local field, value = fields[i], fields[i + 1]
+    if field == 'mode' then
+      mode = value
+    elseif field == ARGV[1] then
+      mine = tonumber(value)
+    else
+      local expiry = tonumber(value)
+      if expiry and expiry > now then
+        others = others + 1
+        last = math.max(last, expiry)
+      else
+        -- A reader that stopped renewing (crashed) without giving its share back.
+        gone[#gone + 1] = field
+      end
+    end
+  end
+  if mode ~= 'read' or not mine then
+    return 0
+  end
+  if others > 0 then
+    redis.call('HDEL', KEYS[1], unpack(gone))
+    redis.call('PEXPIRE', KEYS[1], last - now)
+    if mine > now then
+      return 3
+    end
+    return 0
+  end
   redis.call('DEL', KEYS[1])
+  if mine <= now then
+    return 0
+  end
+else
+  local kept = ARGV[1] .. ':released'
+  if held ~= ARGV[1] and held ~= kept then
+    return 0
+  end
+  if tonumber(ARGV[2]) > 0 then
+    if held == kept then
+      return 1
+    end
+    redis.call('SET', KEYS[1], kept, 'PX', ARGV[2])
+  else
+    redis.call('DEL', KEYS[1])
+  end
 end
 local message = ARGV[3]
 if ARGV[5] == '1' then

@@ -1,14 +1,34 @@
 -- Extend locks we still hold, one or many (the watchdog renews a whole batch in one call).
 -- Never re-creates a missing key.
 -- KEYS[i] the i-th lock key; ARGV[2i-1] its token, ARGV[2i] its new ttl in ms.
+-- A lock is ours when its key holds our token, or when it is a read-write lock's readers' hash
+-- (share.lua) holding an unexpired share of ours: that share gets the new ttl, and the hash's
+-- own expiry is moved out to cover it.
 -- Returns, per lock, 1 when renewed, 0 when the key is gone or holds something else (a key of
 -- another type answers GET with an error: not ours either).
 local renewed = {}
+local now
 for i, key in ipairs(KEYS) do
-  if redis.pcall('GET', key) == ARGV[2 * i - 1] then
-    renewed[i] = redis.call('PEXPIRE', key, ARGV[2 * i])
-  else
-    renewed[i] = 0
+  local token, ttl = ARGV[2 * i - 1], tonumber(ARGV[2 * i])
+  local held = redis.pcall('GET', key)
+  renewed[i] = 0
+  if held == token then
+    renewed[i] = redis.call('PEXPIRE', key, ttl)
+  elseif type(held) == 'table' and held.err then
+    local share = redis.pcall('HGET', key, token)
+    if type(share) == 'string' then
+      if not now then
+        local time = redis.call('TIME')
+        now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+      end
+      if (tonumber(share) or 0) > now and redis.call('HGET', key, 'mode') == 'read' then
+        redis.call('HSET', key, token, now + ttl)
+        if redis.call('PTTL', key) < ttl then
+          redis.call('PEXPIRE', key, ttl)
+        end
+        renewed[i] = 1
+      end
+    end
   end
 end
 return renewed

@@ -1,0 +1,44 @@
+-- Take a share of a read-write lock: any number of shared holders (readers) at once, none while
+-- an exclusive holder (a writer) has the key, and no new one while a writer waits for the
+-- readers to leave (writers are not starved by a stream of readers). Idempotent for one token.
+-- The readers' hash at the lock key: field 'mode' = 'read', and one field per reader, its token,
+-- valued with the server time in ms at which its share expires; the key's own expiry is the
+-- latest of them, so the hash goes when its last share does. A writer holds the key as a string
+-- (acquire.lua), so the two exclude each other on one key.
+-- KEYS[1] lock key, KEYS[2] waiting writers (tokens by the ms their claim lapses: acquire.lua),
+-- KEYS[3] fence counter (with fencing only: a reader reads the last writer's token).
+-- ARGV[1] token, ARGV[2] ttl in ms.
+-- Returns {1, fence} when shared (fence 0 without fencing), or {0, ms}: how long to wait before
+-- asking again unless woken (the writer's remaining ttl, or until the waiting writers' claim
+-- lapses), -1 for a foreign value without expiry.
+local fence = 0
+if KEYS[3] then
+  local counter = redis.call('GET', KEYS[3])
+  if counter and not string.match(counter, '^%d+$') then
+    return redis.error_reply('fence counter ' .. KEYS[3] .. ' does not hold a non-negative integer')
+  end
+  fence = tonumber(counter) or 0
+end
+local ttl = tonumber(ARGV[2])
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+
+local kind = redis.call('TYPE', KEYS[1]).ok
+local readers = kind == 'hash' and redis.call('HGET', KEYS[1], 'mode') == 'read'
+if kind ~= 'none' and not readers then
+  -- A writer, or a value this library did not write.
+  return {0, redis.call('PTTL', KEYS[1])}
+end
+local mine = readers and tonumber(redis.call('HGET', KEYS[1], ARGV[1]))
+if not (mine and mine > now) then
+  -- A new share: not while a writer waits.
+  local claim = redis.call('ZRANGE', KEYS[2], '+inf', now, 'BYSCORE', 'REV', 'LIMIT', 0, 1, 'WITHSCORES')[2]
+  if claim then
+    return {0, tonumber(claim) - now}
+  end
+end
+redis.call('HSET', KEYS[1], 'mode', 'read', ARGV[1], now + ttl)
+if redis.call('PTTL', KEYS[1]) < ttl then
+  redis.call('PEXPIRE', KEYS[1], ttl)
+end
+return {1, fence}

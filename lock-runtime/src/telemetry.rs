@@ -1,0 +1,111 @@
+//! Metrics through the [`metrics`](https://docs.rs/metrics) facade (feature `metrics`): whatever
+//! recorder the application installed (Prometheus, StatsD, …) receives them; without the feature
+//! every function here is empty and compiles away.
+//!
+//! | name | kind | labels | what |
+//! |---|---|---|---|
+//! | `lock_acquires_total` | counter | `outcome`, `mode` | acquire calls, by how they ended: `acquired`, `busy`, `not_replicated`, `unavailable`, `refused`, `invalid`, `lost`, `not_configured` |
+//! | `lock_acquire_seconds` | histogram | `outcome`, `mode` | the attempt that decided the call, one round trip |
+//! | `lock_wait_seconds` | histogram | `outcome`, `mode` | the whole call, waiting included |
+//! | `lock_held_seconds` | histogram | `mode` | from acquisition to release |
+//! | `lock_lost_total` | counter | `mode` | locks lost while held (gone, taken, or validity ran out) |
+//! | `lock_renewals_total` | counter | | locks renewed by the watchdog or `extend` |
+//! | `lock_renewal_failures_total` | counter | | renewal requests that failed (the lock is retried while valid) |
+//! | `lock_release_failures_total` | counter | | releases that failed (the lock expires at its ttl) |
+//!
+//! Labels never carry the key (unbounded cardinality); with
+//! [`LockClientBuilder::metrics_key_class`](crate::LockClientBuilder::metrics_key_class) every
+//! series also gets `key_class`, the key's text before its first `:` (`order:42` → `order`).
+
+use std::time::Duration;
+
+use crate::LockError;
+
+/// What an acquire call's outcome is called in the `outcome` label.
+pub(crate) fn outcome<T>(result: &Result<T, LockError>) -> &'static str {
+    match result {
+        Ok(_) => "acquired",
+        Err(LockError::Busy { .. }) => "busy",
+        Err(LockError::NotReplicated { .. }) => "not_replicated",
+        Err(LockError::Unavailable { .. }) => "unavailable",
+        Err(LockError::Refused { .. }) => "refused",
+        Err(LockError::Lost { .. }) => "lost",
+        Err(LockError::NotConfigured) => "not_configured",
+        Err(_) => "invalid",
+    }
+}
+
+/// The labels every series of one lock carries.
+#[derive(Debug, Clone, Copy)]
+#[cfg_attr(not(feature = "metrics"), allow(dead_code))] // read only by the recorder calls
+pub(crate) struct Labels<'a> {
+    pub(crate) mode: &'static str,
+    /// The key's class, when the client was asked to label by it.
+    pub(crate) key_class: Option<&'a str>,
+}
+
+impl<'a> Labels<'a> {
+    pub(crate) fn new(shared: bool, key: &'a str, by_class: bool) -> Self {
+        Labels {
+            mode: if shared { "shared" } else { "exclusive" },
+            key_class: by_class.then(|| key.split(':').next().unwrap_or(key)),
+        }
+    }
+}
+
+#[cfg(feature = "metrics")]
+mod on {
+    use super::*;
+
+    fn labels(labels: &Labels<'_>, outcome: Option<&'static str>) -> Vec<metrics::Label> {
+        let mut all = vec![metrics::Label::new("mode", labels.mode)];
+        if let Some(outcome) = outcome {
+            all.push(metrics::Label::new("outcome", outcome));
+        }
+        if let Some(class) = labels.key_class {
+            all.push(metrics::Label::new("key_class", class.to_owned()));
+        }
+        all
+    }
+
+    pub(crate) fn acquire(l: &Labels<'_>, outcome: &'static str, attempt: Duration, call: Duration) {
+        let labels = labels(l, Some(outcome));
+        metrics::counter!("lock_acquires_total", labels.iter()).increment(1);
+        metrics::histogram!("lock_acquire_seconds", labels.iter()).record(attempt.as_secs_f64());
+        metrics::histogram!("lock_wait_seconds", labels.iter()).record(call.as_secs_f64());
+    }
+
+    pub(crate) fn released(l: &Labels<'_>, held: Duration) {
+        metrics::histogram!("lock_held_seconds", labels(l, None).iter()).record(held.as_secs_f64());
+    }
+
+    pub(crate) fn lost(l: &Labels<'_>) {
+        metrics::counter!("lock_lost_total", labels(l, None).iter()).increment(1);
+    }
+
+    pub(crate) fn renewed(locks: u64) {
+        metrics::counter!("lock_renewals_total").increment(locks);
+    }
+
+    pub(crate) fn renewal_failed() {
+        metrics::counter!("lock_renewal_failures_total").increment(1);
+    }
+
+    pub(crate) fn release_failed() {
+        metrics::counter!("lock_release_failures_total").increment(1);
+    }
+}
+
+#[cfg(not(feature = "metrics"))]
+mod on {
+    use super::*;
+
+    pub(crate) fn acquire(_: &Labels<'_>, _: &'static str, _: Duration, _: Duration) {}
+    pub(crate) fn released(_: &Labels<'_>, _: Duration) {}
+    pub(crate) fn lost(_: &Labels<'_>) {}
+    pub(crate) fn renewed(_: u64) {}
+    pub(crate) fn renewal_failed() {}
+    pub(crate) fn release_failed() {}
+}
+
+pub(crate) use on::{acquire, lost, release_failed, released, renewal_failed, renewed};

@@ -1,0 +1,150 @@
+//! The metrics a client records (feature `metrics`), read back through a debugging recorder:
+//! acquires by outcome and mode, waits, hold times, renewals, losses and failures, and the
+//! optional key-class label (never the key itself).
+
+use std::sync::Mutex;
+
+use lock_runtime::{LockError, LockMode};
+use lock_tests::{eventually, test_builder, ttl, RedisServer, SECOND};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use metrics_util::{CompositeKey, MetricKind};
+
+/// Everything recorded so far: a snapshot drains the recorder (counters reset, histogram
+/// samples taken), so each one is added to what was seen before.
+struct Seen {
+    snapshotter: Snapshotter,
+    /// Per series: a counter's increments, or a histogram's sample count.
+    series: Mutex<Vec<(CompositeKey, u64)>>,
+}
+
+impl Seen {
+    fn series(&self) -> Vec<(CompositeKey, u64)> {
+        let mut seen = self.series.lock().unwrap();
+        for (key, _, _, value) in self.snapshotter.snapshot().into_vec() {
+            let value = match value {
+                DebugValue::Counter(n) => n,
+                DebugValue::Histogram(samples) => samples.len() as u64,
+                DebugValue::Gauge(_) => 0,
+            };
+            seen.push((key, value));
+        }
+        seen.clone()
+    }
+
+    /// The sum of `kind` `name` over the series whose labels include every one of `labels`.
+    fn total(&self, kind: MetricKind, name: &str, labels: &[(&str, &str)]) -> u64 {
+        self.series()
+            .into_iter()
+            .filter(|(key, _)| key.kind() == kind && matches(key, name, labels))
+            .map(|(_, value)| value)
+            .sum()
+    }
+
+    fn counter(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
+        self.total(MetricKind::Counter, name, labels)
+    }
+
+    /// How many samples histogram `name` got, over the series matching `labels`.
+    fn samples(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
+        self.total(MetricKind::Histogram, name, labels)
+    }
+}
+
+fn matches(key: &CompositeKey, name: &str, labels: &[(&str, &str)]) -> bool {
+    let key = key.key();
+    key.name() == name
+        && labels
+            .iter()
+            .all(|(k, v)| key.labels().any(|l| l.key() == *k && l.value() == *v))
+}
+
+/// One test, because the recorder is global to the process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_records_what_its_locks_do() {
+    let recorder = DebuggingRecorder::new();
+    let seen = Seen {
+        snapshotter: recorder.snapshotter(),
+        series: Mutex::default(),
+    };
+    recorder.install().expect("the only recorder of this test binary");
+
+    let server = RedisServer::spawn();
+    let client = test_builder(&server.url())
+        .metrics_key_class(true)
+        .build()
+        .await
+        .unwrap();
+    let exclusive = [("mode", "exclusive")];
+
+    // Acquired, busy, and a release with its hold time.
+    let guard = client.acquire("order:1", &ttl(10_000)).await.unwrap();
+    assert!(matches!(
+        client.acquire("order:1", &ttl(10_000)).await,
+        Err(LockError::Busy { .. })
+    ));
+    guard.release().await.unwrap();
+    assert_eq!(
+        seen.counter(
+            "lock_acquires_total",
+            &[("outcome", "acquired"), ("mode", "exclusive")]
+        ),
+        1
+    );
+    assert_eq!(seen.counter("lock_acquires_total", &[("outcome", "busy")]), 1);
+    assert_eq!(
+        seen.samples("lock_acquire_seconds", &[("outcome", "acquired")]),
+        1
+    );
+    assert_eq!(seen.samples("lock_wait_seconds", &[("outcome", "busy")]), 1);
+    assert_eq!(seen.samples("lock_held_seconds", &exclusive), 1);
+    // Labelled by the key's class, never by the key.
+    assert_eq!(seen.counter("lock_acquires_total", &[("key_class", "order")]), 2);
+    assert!(
+        seen.series()
+            .iter()
+            .all(|(key, _)| key.key().labels().all(|l| !l.value().contains("order:1"))),
+        "a label carries the whole key"
+    );
+
+    // A share is counted apart.
+    let share = client
+        .acquire("prices:eu", &ttl(10_000).mode(LockMode::Shared))
+        .await
+        .unwrap();
+    share.release().await.unwrap();
+    assert_eq!(
+        seen.counter(
+            "lock_acquires_total",
+            &[("mode", "shared"), ("outcome", "acquired")]
+        ),
+        1
+    );
+
+    // Renewals, and a lock lost under its holder.
+    let watched = client
+        .acquire("job:nightly", &ttl(150).watchdog(true))
+        .await
+        .unwrap();
+    eventually(2 * SECOND, "the watchdog renews", || async {
+        seen.counter("lock_renewals_total", &[]) >= 2
+    })
+    .await;
+    assert!(client.force_release("job:nightly").await.unwrap());
+    tokio::time::timeout(2 * SECOND, watched.lost()).await.unwrap();
+    assert_eq!(seen.counter("lock_lost_total", &[("key_class", "job")]), 1);
+    drop(watched);
+
+    // Failures: a renewal and a release while Redis is frozen.
+    let frozen = client
+        .acquire("report:1", &ttl(3000).watchdog(true))
+        .await
+        .unwrap();
+    server.pause();
+    eventually(3 * SECOND, "a renewal fails", || async {
+        seen.counter("lock_renewal_failures_total", &[]) >= 1
+    })
+    .await;
+    assert!(frozen.release().await.is_err());
+    assert!(seen.counter("lock_release_failures_total", &[]) >= 1);
+    server.resume();
+}
