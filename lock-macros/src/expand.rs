@@ -15,15 +15,19 @@
 //! comes back through `run`, which releases the lock before the fn returns; a panic or a dropped
 //! future releases through the guard's `Drop`. Generated names use `Span::mixed_site()`, so user
 //! code can neither see nor shadow them.
+//!
+//! A method of an `#[async_trait]` impl arrives already rewritten (see [`crate::boxed`]): there the
+//! same guarded block replaces the method's body inside async_trait's `Box::pin(async move { … })`.
 
 use proc_macro2::{Ident, Span, TokenStream, TokenTree};
 use quote::{quote, quote_spanned, ToTokens};
 use syn::spanned::Spanned;
 use syn::visit::Visit;
-use syn::{ItemFn, ReturnType, Type};
+use syn::{GenericArgument, ItemFn, PathArguments, ReturnType, Type};
 
+use crate::boxed;
 use crate::parse::RawArgs;
-use crate::validate::{validate, Config, KeyPart, Millis, OnLost};
+use crate::validate::{validate, Config, Form, KeyPart, Millis, Mode, OnLost};
 
 /// The attribute's entry point. On any error, the item is emitted unchanged next to the errors,
 /// so the rest of the crate still type-checks and IDEs keep working.
@@ -31,7 +35,7 @@ pub(crate) fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStr
     let parsed = syn::parse2::<ItemFn>(item.clone()).and_then(|item_fn| {
         let args = syn::parse2::<RawArgs>(args)?;
         let config = validate(args, &item_fn)?;
-        Ok(expand(config, item_fn))
+        expand(config, item_fn)
     });
     match parsed {
         Ok(tokens) => tokens,
@@ -46,7 +50,44 @@ fn hidden(name: &str) -> Ident {
     Ident::new(name, Span::mixed_site())
 }
 
-fn expand(config: Config, mut item: ItemFn) -> TokenStream {
+fn expand(mut config: Config, mut item: ItemFn) -> syn::Result<TokenStream> {
+    // The block to guard, and the type its value has (the fn's callers get it).
+    let (target, output) = match &config.form {
+        Form::Async => {
+            let output = match &item.sig.output {
+                ReturnType::Type(_, ty) => Some(&**ty),
+                ReturnType::Default => None,
+            };
+            (&mut *item.block, output)
+        }
+        Form::Boxed { output } => {
+            let Some(body) = boxed::body_mut(&mut item.block) else {
+                return Err(syn::Error::new(
+                    item.sig.fn_token.span,
+                    "#[distributed_lock] lost track of this boxed future's body",
+                ));
+            };
+            if body.self_renamed {
+                // The body names `self` as `__self` from where it runs; so must the attribute.
+                let exprs = [&mut config.client, &mut config.options];
+                exprs.into_iter().flatten().for_each(boxed::rename_self);
+                for millis in [&mut config.ttl, &mut config.wait, &mut config.hold_at_least] {
+                    if let Millis::Expr(expr) = millis {
+                        boxed::rename_self(expr);
+                    }
+                }
+                for part in &mut config.key {
+                    if let KeyPart::Value { root, .. } = part {
+                        if *root == "self" {
+                            *root = Ident::new("__self", root.span());
+                        }
+                    }
+                }
+            }
+            (body.block, Some(&**output))
+        }
+    };
+
     let krate = &config.krate;
     let private = quote!(#krate::__private);
     let (format, placeholders) = key_format(&config);
@@ -82,6 +123,12 @@ fn expand(config: Config, mut item: ItemFn) -> TokenStream {
                 duration(&private, &config.wait),
                 duration(&private, &config.hold_at_least),
             );
+            // Only when asked: without `read`/`write`, the runtime's default (exclusive).
+            let mode = match config.mode {
+                Some(Mode::Shared) => quote!(.mode(#private::LockMode::Shared)),
+                Some(Mode::Exclusive) => quote!(.mode(#private::LockMode::Exclusive)),
+                None => quote!(),
+            };
             quote! {
                 #private::LockOptions::new(#ttl)
                     .watchdog(#watchdog)
@@ -90,23 +137,25 @@ fn expand(config: Config, mut item: ItemFn) -> TokenStream {
                     .fair(#fair)
                     .hold_at_least(#hold)
                     .on_lost(#on_lost)
+                    #mode
             }
         }
     };
 
-    // A failed lock becomes the fn's error through `E: From<LockError>`; the check is spanned on
-    // the return type so a wrong one is reported there.
-    let ret_span = match &item.sig.output {
-        ReturnType::Type(_, ty) => ty.span(),
-        ReturnType::Default => item.sig.ident.span(),
+    // A failed lock becomes the fn's error through `E: From<LockError>`. The check is spanned on
+    // `E` when the return type spells it (`Result<T, E>`), else on the whole return type, so a
+    // wrong one is reported there, with the message of `__private::FromLockError`.
+    let ret_span = match output {
+        Some(ty) => error_type(ty).unwrap_or(ty).span(),
+        None => item.sig.ident.span(),
     };
     let lock_failed = respan(quote!(#private::lock_failed), ret_span);
     let failed = quote_spanned!(ret_span=> #lock_failed(#err));
 
     // Fixes the inner block's type to the fn's return type up front, so `?` and `return` in the
     // body infer as they would without the attribute (the trick tracing-attributes uses).
-    let anchor = match &item.sig.output {
-        ReturnType::Type(_, ty) if !has_impl_trait(ty) => {
+    let anchor = match output {
+        Some(ty) if !has_impl_trait(ty) => {
             let ret = hidden("__lock_ret");
             quote! {
                 #[allow(unreachable_code, clippy::diverging_sub_expression, clippy::empty_loop)]
@@ -121,7 +170,7 @@ fn expand(config: Config, mut item: ItemFn) -> TokenStream {
 
     // The body's statements, not its block: pasted with its braces as the tail of another block,
     // a one-line body would trip `unused_braces` in the user's crate.
-    let stmts = &item.block.stmts;
+    let stmts = &target.stmts;
     let body = quote! {{
         let #key = ::std::format!(#format #(, #placeholders)*);
         let #client = #client_expr;
@@ -131,8 +180,27 @@ fn expand(config: Config, mut item: ItemFn) -> TokenStream {
             ::core::result::Result::Err(#err) => #failed,
         }
     }};
-    item.block = Box::new(syn::parse_quote!(#body));
-    item.into_token_stream()
+    *target = syn::parse2(body)?;
+    Ok(item.into_token_stream())
+}
+
+/// `E` of a return type written `Result<T, E>` (any path whose last segment has two type
+/// arguments); `None` for aliases such as `anyhow::Result<T>`.
+fn error_type(ty: &Type) -> Option<&Type> {
+    let Type::Path(path) = ty else {
+        return None;
+    };
+    let PathArguments::AngleBracketed(args) = &path.path.segments.last()?.arguments else {
+        return None;
+    };
+    let mut types = args.args.iter().filter_map(|arg| match arg {
+        GenericArgument::Type(ty) => Some(ty),
+        _ => None,
+    });
+    match (types.next(), types.next(), types.next()) {
+        (Some(_), Some(error), None) => Some(error),
+        _ => None,
+    }
 }
 
 /// A duration argument as an expression of type `Duration`: a literal as milliseconds, an
@@ -188,4 +256,60 @@ fn has_impl_trait(ty: &Type) -> bool {
     let mut finder = Finder(false);
     finder.visit_type(ty);
     finder.0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn expanded(args: TokenStream, item: TokenStream) -> String {
+        distributed_lock(args, item).to_string()
+    }
+
+    #[test]
+    fn read_and_write_set_the_mode() {
+        let item = quote!(
+            async fn f(id: u8) -> Result<(), E> {
+                Ok(())
+            }
+        );
+        let read = expanded(quote!(key = "k:<id>", read), item.clone());
+        assert!(
+            read.contains(". mode (:: lock_runtime :: __private :: LockMode :: Shared)"),
+            "{read}"
+        );
+        let write = expanded(quote!(key = "k:<id>", write), item.clone());
+        assert!(
+            write.contains(". mode (:: lock_runtime :: __private :: LockMode :: Exclusive)"),
+            "{write}"
+        );
+        let neither = expanded(quote!(key = "k:<id>"), item);
+        assert!(!neither.contains("mode"), "{neither}");
+    }
+
+    #[test]
+    fn a_boxed_future_is_guarded_inside_its_async_block() {
+        let item = quote!(
+            fn pay<'life0, 'async_trait>(
+                self: Arc<Self>,
+                id: u64,
+            ) -> Pin<Box<dyn Future<Output = Result<String, Status>> + Send + 'async_trait>> {
+                Box::pin(async move {
+                    let __self = self;
+                    let id = id;
+                    let __ret: Result<String, Status> = { Ok(__self.name(id)) };
+                    __ret
+                })
+            }
+        );
+        let out = expanded(quote!(key = "o:<self.shop>:<id>", client = self.locks), item);
+        // The signature is kept; `self` of the attribute is async_trait's `__self`; the body runs
+        // inside `run`, where `__ret` gets its value.
+        assert!(out.starts_with("fn pay"), "{out}");
+        assert!(out.contains("__self . shop , id"), "{out}");
+        assert!(out.contains("lock_client (& (__self . locks))"), "{out}");
+        let ret = out.find("let __ret").unwrap_or(usize::MAX);
+        let run = out.find(":: run (").unwrap_or(0);
+        assert!(ret < run, "{out}");
+    }
 }

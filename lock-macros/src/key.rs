@@ -54,6 +54,42 @@ pub(crate) fn parse_template(template: &str) -> Result<Vec<Piece>, String> {
     Ok(pieces)
 }
 
+/// A `{…}` group in a template's literal text that reads like a `format!` placeholder: what it
+/// would name (`id`, `order.id`, `self.id`), without any format spec (`{id:?}`). Braces around
+/// anything else (`{"a":1}`, `{}`, `{0}`) are not listed: they stay literal text.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Braced {
+    /// As written between the braces, e.g. `id:?`.
+    pub(crate) written: String,
+    /// The path it names, e.g. `["order", "id"]`.
+    pub(crate) path: Vec<String>,
+}
+
+/// The `{name}` groups in a piece of literal text (see [`Braced`]).
+pub(crate) fn braced(text: &str) -> Vec<Braced> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(open) = rest.find('{') {
+        let after = &rest[open + 1..];
+        let Some(close) = after.find('}') else {
+            break;
+        };
+        // The innermost group: `{{id}}` reads as `{id}`.
+        let written = after[..close].rsplit('{').next().unwrap_or_default();
+        let named = written.split(':').next().unwrap_or_default().trim();
+        let path: Vec<String> = named.split('.').map(|s| s.trim().to_owned()).collect();
+        let starts_with_name = path[0].chars().next().is_some_and(|c| !c.is_ascii_digit());
+        if starts_with_name && path.iter().all(|s| is_segment(s)) {
+            out.push(Braced {
+                written: written.to_owned(),
+                path,
+            });
+        }
+        rest = &after[close + 1..];
+    }
+    out
+}
+
 fn is_segment(s: &str) -> bool {
     let mut chars = s.chars();
     match chars.next() {
@@ -88,6 +124,22 @@ mod tests {
             parse_template("plain {braces} >"),
             Ok(vec![text("plain {braces} >")])
         );
+    }
+
+    #[test]
+    fn finds_format_style_braces() {
+        let found = |text: &str| -> Vec<Vec<String>> { braced(text).into_iter().map(|b| b.path).collect() };
+        let path = |p: &[&str]| p.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+        assert_eq!(found("order:{id}"), vec![path(&["id"])]);
+        assert_eq!(
+            found("{ order.id }-{n:?}"),
+            vec![path(&["order", "id"]), path(&["n"])]
+        );
+        assert_eq!(found("{{self.id}}"), vec![path(&["self", "id"])]);
+        assert_eq!(braced("x{n:>4}")[0].written, "n:>4");
+        for literal in ["{}", "{0}", r#"{"a":1}"#, "{a b}", "{a-b}", "{ ", "}{", "{:x}"] {
+            assert_eq!(found(literal), Vec::<Vec<String>>::new(), "{literal}");
+        }
     }
 
     #[test]

@@ -6,9 +6,11 @@
 
 use proc_macro::TokenStream;
 
+mod boxed;
 mod expand;
 mod key;
 mod parse;
+mod suggest;
 mod validate;
 
 /// Guards an async fn with a distributed lock: see `lock_runtime::distributed_lock` for the

@@ -4,16 +4,16 @@
 
 use proc_macro2::{Ident, Span};
 use syn::spanned::Spanned;
-use syn::{Expr, ExprLit, ItemFn, Lit, LitStr, Member, Pat, Path};
+use syn::{Expr, ExprLit, ItemFn, Lit, LitStr, Member, Pat, Path, Type};
 
-use crate::key::{parse_template, Piece};
+use crate::boxed;
+use crate::key::{braced, parse_template, Braced, Piece};
 use crate::parse::{RawArg, RawArgs};
+use crate::suggest::closest;
 
-const VALID: &str =
-    "key, ttl_ms, ttl, watchdog, wait_ms, wait, fencing, fair, hold_at_least_ms, hold_at_least, \
-                     on_lost, options, client, crate";
-/// Every argument that sets one of the lock's options; `options = …` gives all of them at once.
-const OPTION_ARGS: [&str; 10] = [
+/// Every argument, in the order the reference lists them.
+const ARGS: [&str; 16] = [
+    "key",
     "ttl_ms",
     "ttl",
     "watchdog",
@@ -24,6 +24,26 @@ const OPTION_ARGS: [&str; 10] = [
     "hold_at_least_ms",
     "hold_at_least",
     "on_lost",
+    "read",
+    "write",
+    "options",
+    "client",
+    "crate",
+];
+/// Every argument that sets one of the lock's options; `options = …` gives all of them at once.
+const OPTION_ARGS: [&str; 12] = [
+    "ttl_ms",
+    "ttl",
+    "watchdog",
+    "wait_ms",
+    "wait",
+    "fencing",
+    "fair",
+    "hold_at_least_ms",
+    "hold_at_least",
+    "on_lost",
+    "read",
+    "write",
 ];
 const DEFAULT_TTL_MS: u64 = 30_000;
 // Kept in step with lock_runtime::{MIN_TTL, MIN_WATCHDOG_TTL, MAX_DURATION}.
@@ -37,10 +57,29 @@ pub(crate) enum OnLost {
     Continue,
 }
 
+/// `read` (a shared lock) or `write` (an exclusive one, as without either).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Shared,
+    Exclusive,
+}
+
+/// What kind of fn is guarded.
+pub(crate) enum Form {
+    /// An `async fn`: its body is guarded.
+    Async,
+    /// A fn returning `Pin<Box<dyn Future<Output = R>>>` whose body is `Box::pin(async move {…})`,
+    /// as `#[async_trait]` writes a method before this attribute sees it (see [`boxed`]).
+    Boxed {
+        /// `R`, the future's output: what the fn gives its callers.
+        output: Box<Type>,
+    },
+}
+
 /// One part of a checked key template.
 pub(crate) enum KeyPart {
     Text(String),
-    /// `<root.a.0>`: the parameter's own ident (so it resolves to it), then fields or indexes.
+    /// `<root.a.0>`: the parameter's name, then fields or indexes, all spanned on the key.
     Value {
         root: Ident,
         fields: Vec<Member>,
@@ -64,10 +103,13 @@ pub(crate) struct Config {
     pub(crate) fair: bool,
     pub(crate) hold_at_least: Millis,
     pub(crate) on_lost: OnLost,
+    /// `read` or `write`; neither leaves the runtime's default (exclusive).
+    pub(crate) mode: Option<Mode>,
     /// `options = …`: a whole `LockOptions`, instead of the arguments above.
     pub(crate) options: Option<Expr>,
     pub(crate) client: Option<Expr>,
     pub(crate) krate: Path,
+    pub(crate) form: Form,
 }
 
 /// Arguments as given, each at most once.
@@ -81,6 +123,8 @@ struct Given {
     fair: Option<bool>,
     hold_at_least_ms: Option<u64>,
     on_lost: Option<OnLost>,
+    /// The mode and the argument that set it (`read` or `write`).
+    mode: Option<(Mode, Ident)>,
     ttl: Option<Expr>,
     wait: Option<Expr>,
     hold_at_least: Option<Expr>,
@@ -101,10 +145,7 @@ fn push(errors: &mut Option<syn::Error>, e: syn::Error) {
 
 fn once<T>(slot: &mut Option<T>, arg: &RawArg, value: T) -> syn::Result<()> {
     if slot.is_some() {
-        return Err(syn::Error::new(
-            arg.name.span(),
-            format!("duplicate argument `{}`", arg.name),
-        ));
+        return Err(duplicate(&arg.name));
     }
     *slot = Some(value);
     Ok(())
@@ -220,6 +261,7 @@ impl Given {
             }
             "hold_at_least" => {
                 exclusive(&self.hold_at_least_ms, arg, "hold_at_least_ms")?;
+                self.not_with_read(arg)?;
                 once(&mut self.hold_at_least, arg, expr(arg, "a `Duration`")?)?;
             }
             "options" => {
@@ -230,7 +272,10 @@ impl Given {
             }
             "ttl_ms" => exclusive(&self.ttl, arg, "ttl")?,
             "wait_ms" => exclusive(&self.wait, arg, "wait")?,
-            "hold_at_least_ms" => exclusive(&self.hold_at_least, arg, "hold_at_least")?,
+            "hold_at_least_ms" => {
+                exclusive(&self.hold_at_least, arg, "hold_at_least")?;
+                self.not_with_read(arg)?;
+            }
             _ => {}
         }
         match name.as_str() {
@@ -253,7 +298,14 @@ impl Given {
             "hold_at_least_ms" => once(&mut self.hold_at_least_ms, arg, millis(arg)?.0),
             "watchdog" => once(&mut self.watchdog, arg, flag(arg)?),
             "fencing" => once(&mut self.fencing, arg, flag(arg)?),
-            "fair" => once(&mut self.fair, arg, flag(arg)?),
+            "fair" => {
+                let fair = flag(arg)?;
+                if fair {
+                    self.not_with_read(arg)?;
+                }
+                once(&mut self.fair, arg, fair)
+            }
+            "read" | "write" => self.set_mode(arg),
             "on_lost" => {
                 let s = string(arg)?;
                 let policy = match s.value().as_str() {
@@ -279,12 +331,93 @@ impl Given {
                 let s = string(arg)?;
                 once(&mut self.krate, arg, s.parse::<Path>()?)
             }
-            other => Err(syn::Error::new(
-                arg.name.span(),
-                format!("unknown argument `{other}`; valid arguments are: {VALID}"),
-            )),
+            other => Err(unknown(&arg.name, other)),
         }
     }
+
+    fn is_read(&self) -> bool {
+        matches!(self.mode, Some((Mode::Shared, _)))
+    }
+
+    /// `read` or `write`. Pointed at the second of two conflicting arguments.
+    fn set_mode(&mut self, arg: &RawArg) -> syn::Result<()> {
+        let mode = match (arg.name == "read", flag(arg)?) {
+            (true, true) => Mode::Shared,
+            (true, false) | (false, true) => Mode::Exclusive,
+            (false, false) => {
+                return Err(syn::Error::new(
+                    arg.value.span(),
+                    "`write = false` would be a read lock: write `read` instead",
+                ))
+            }
+        };
+        if let Some((_, first)) = &self.mode {
+            if *first == arg.name {
+                return Err(duplicate(&arg.name));
+            }
+            return Err(syn::Error::new(
+                arg.name.span(),
+                format!(
+                    "`{}` and `{first}` both set the lock's mode: keep one (`read` for a shared lock; \
+                     `write`, or neither, for an exclusive one)",
+                    arg.name
+                ),
+            ));
+        }
+        if mode == Mode::Shared {
+            if self.fair == Some(true) {
+                return Err(read_conflict(&arg.name, "fair"));
+            }
+            if self.hold_at_least_ms.is_some() {
+                return Err(read_conflict(&arg.name, "hold_at_least_ms"));
+            }
+            if self.hold_at_least.is_some() {
+                return Err(read_conflict(&arg.name, "hold_at_least"));
+            }
+        }
+        self.mode = Some((mode, arg.name.clone()));
+        Ok(())
+    }
+
+    /// Refuses `arg` (`fair`, a minimum hold) after `read`.
+    fn not_with_read(&self, arg: &RawArg) -> syn::Result<()> {
+        if self.is_read() {
+            return Err(read_conflict(&arg.name, &arg.name.to_string()));
+        }
+        Ok(())
+    }
+}
+
+/// `read` together with `other`, reported at `at` (whichever of the two came second).
+fn read_conflict(at: &Ident, other: &str) -> syn::Error {
+    let why = if other == "fair" {
+        "a read lock cannot be fair yet: waiting writers are preferred over new readers, so \
+         `read` and `fair` cannot be given together"
+            .to_owned()
+    } else {
+        format!(
+            "`read` and `{other}` cannot be given together: a minimum hold keeps others out, and \
+             readers do not exclude each other"
+        )
+    };
+    syn::Error::new(at.span(), why)
+}
+
+fn duplicate(name: &Ident) -> syn::Error {
+    syn::Error::new(name.span(), format!("duplicate argument `{name}`"))
+}
+
+/// An argument that does not exist: the valid ones, and the closest of them when it looks like
+/// a misspelling.
+fn unknown(name: &Ident, written: &str) -> syn::Error {
+    let valid = ARGS.join(", ");
+    let message = match closest(written, &ARGS) {
+        Some(meant) => {
+            format!("unknown argument `{written}`: did you mean `{meant}`? (valid arguments are: {valid})")
+        }
+        None => format!("unknown argument `{written}`; valid arguments are: {valid}"),
+    };
+    syn::Error::new(name.span(), message)
 }
 
 fn options_conflict(name: &Ident) -> syn::Error {
@@ -295,34 +428,44 @@ fn options_conflict(name: &Ident) -> syn::Error {
 }
 
 /// The names a fn's parameters bind, including those inside patterns
-/// (`Path(order_id): Path<u64>`, `(a, b): (u8, u8)`, `Order { id, .. }: Order`), and `self`.
+/// (`Path(order_id): Path<u64>`, `(a, b): (u8, u8)`, `Order { id, .. }: Order`), and `self`; for
+/// a boxed-future fn, also those async_trait binds before the body.
 pub(crate) fn bindings(item: &ItemFn) -> Vec<Ident> {
-    fn walk(pat: &Pat, out: &mut Vec<Ident>) {
-        match pat {
-            Pat::Ident(p) => {
-                out.push(p.ident.clone());
-                if let Some((_, sub)) = &p.subpat {
-                    walk(sub, out);
-                }
-            }
-            Pat::Struct(p) => p.fields.iter().for_each(|f| walk(&f.pat, out)),
-            Pat::TupleStruct(p) => p.elems.iter().for_each(|e| walk(e, out)),
-            Pat::Tuple(p) => p.elems.iter().for_each(|e| walk(e, out)),
-            Pat::Slice(p) => p.elems.iter().for_each(|e| walk(e, out)),
-            Pat::Reference(p) => walk(&p.pat, out),
-            Pat::Type(p) => walk(&p.pat, out),
-            Pat::Paren(p) => walk(&p.pat, out),
-            _ => {}
-        }
-    }
     let mut out = Vec::new();
     for input in &item.sig.inputs {
         match input {
             syn::FnArg::Receiver(r) => out.push(Ident::new("self", r.self_token.span)),
-            syn::FnArg::Typed(t) => walk(&t.pat, &mut out),
+            syn::FnArg::Typed(t) => pattern_names(&t.pat, &mut out),
+        }
+    }
+    if item.sig.asyncness.is_none() {
+        if let Some(body) = boxed::body_mut(&mut item.block.clone()) {
+            body.rebound.iter().for_each(|pat| pattern_names(pat, &mut out));
         }
     }
     out
+}
+
+/// The names `pat` binds.
+fn pattern_names(pat: &Pat, out: &mut Vec<Ident>) {
+    match pat {
+        Pat::Ident(p) => {
+            if !out.contains(&p.ident) {
+                out.push(p.ident.clone());
+            }
+            if let Some((_, sub)) = &p.subpat {
+                pattern_names(sub, out);
+            }
+        }
+        Pat::Struct(p) => p.fields.iter().for_each(|f| pattern_names(&f.pat, out)),
+        Pat::TupleStruct(p) => p.elems.iter().for_each(|e| pattern_names(e, out)),
+        Pat::Tuple(p) => p.elems.iter().for_each(|e| pattern_names(e, out)),
+        Pat::Slice(p) => p.elems.iter().for_each(|e| pattern_names(e, out)),
+        Pat::Reference(p) => pattern_names(&p.pat, out),
+        Pat::Type(p) => pattern_names(&p.pat, out),
+        Pat::Paren(p) => pattern_names(&p.pat, out),
+        _ => {}
+    }
 }
 
 /// Checks the arguments and the fn; `Err` holds every problem found.
@@ -334,15 +477,13 @@ pub(crate) fn validate(args: RawArgs, item: &ItemFn) -> syn::Result<Config> {
             syn::Error::new(constness.span, "#[distributed_lock] cannot guard a `const fn`"),
         );
     }
-    if item.sig.asyncness.is_none() {
-        push(
-            &mut errors,
-            syn::Error::new(
-                item.sig.fn_token.span,
-                "#[distributed_lock] needs an `async fn`: the lock is taken and released around an await",
-            ),
-        );
-    }
+    let form = match form(item) {
+        Ok(form) => Some(form),
+        Err(e) => {
+            push(&mut errors, e);
+            None
+        }
+    };
     let mut given = Given::default();
     for arg in &args.0 {
         if let Err(e) = given.set(arg) {
@@ -385,7 +526,7 @@ pub(crate) fn validate(args: RawArgs, item: &ItemFn) -> syn::Result<Config> {
     if let Some(e) = errors {
         return Err(e);
     }
-    let Some(key) = key else {
+    let (Some(key), Some(form)) = (key, form) else {
         return Err(syn::Error::new(Span::call_site(), "missing `key`"));
     };
     let duration = |expr: Option<Expr>, literal: u64| expr.map_or(Millis::Literal(literal), Millis::Expr);
@@ -398,9 +539,35 @@ pub(crate) fn validate(args: RawArgs, item: &ItemFn) -> syn::Result<Config> {
         fair: given.fair.unwrap_or(false),
         hold_at_least: duration(given.hold_at_least, given.hold_at_least_ms.unwrap_or(0)),
         on_lost: given.on_lost.unwrap_or(OnLost::Abort),
+        mode: given.mode.map(|(mode, _)| mode),
         options: given.options,
         client: given.client,
         krate: given.krate.unwrap_or_else(|| syn::parse_quote!(::lock_runtime)),
+        form,
+    })
+}
+
+/// An `async fn`, or what `#[async_trait]` made of one.
+fn form(item: &ItemFn) -> syn::Result<Form> {
+    if item.sig.asyncness.is_some() {
+        return Ok(Form::Async);
+    }
+    let Some(output) = boxed::future_output(&item.sig.output) else {
+        return Err(syn::Error::new(
+            item.sig.fn_token.span,
+            "#[distributed_lock] needs an `async fn`: the lock is taken and released around an await",
+        ));
+    };
+    if boxed::body_mut(&mut item.block.clone()).is_none() {
+        return Err(syn::Error::new(
+            item.sig.fn_token.span,
+            "#[distributed_lock] guards an `async fn`, or a fn returning a boxed future whose body is \
+             `Box::pin(async move { … })` (what #[async_trait] makes of a method); this body is \
+             neither",
+        ));
+    }
+    Ok(Form::Boxed {
+        output: Box::new(output.clone()),
     })
 }
 
@@ -412,16 +579,39 @@ fn check_key(lit: &LitStr, item: &ItemFn) -> syn::Result<Vec<KeyPart>> {
     let pieces = parse_template(&template).map_err(|msg| syn::Error::new(lit.span(), msg))?;
     let names = bindings(item);
     let mut parts = Vec::with_capacity(pieces.len());
+    // Placeholder tokens are located at the literal (an error there, as "no field `idd`", points
+    // at the key) but resolved at the call site: a span from a macro expansion is one rustc puts
+    // no suggestion on, so no "a field with a similar name exists" rewrites the literal.
+    let at_key = Span::call_site().located_at(lit.span());
     for piece in pieces {
         let path = match piece {
             Piece::Text(text) => {
+                // The `format!` habit: `{id}` would be the same text on every call, so every
+                // call would share one lock. Other braces (JSON-like keys, `{}`) stay literal.
+                let names_a_parameter = |b: &Braced| names.iter().any(|n| *n == b.path[0]);
+                if let Some(habit) = braced(&text).into_iter().find(names_a_parameter) {
+                    let path = habit.path.join(".");
+                    return Err(syn::Error::new(
+                        lit.span(),
+                        format!(
+                            "`{{{}}}` in the key is literal text, so every call would share one lock: \
+                             write `<{path}>` for the value of `{path}`",
+                            habit.written
+                        ),
+                    ));
+                }
                 parts.push(KeyPart::Text(text));
                 continue;
             }
             Piece::Placeholder(path) => path,
         };
         let Some(root) = names.iter().find(|n| **n == path[0]) else {
-            let known: Vec<String> = names.iter().map(ToString::to_string).collect();
+            // Not the names async_trait made up (`__self`, `__arg1`).
+            let known: Vec<String> = names
+                .iter()
+                .map(ToString::to_string)
+                .filter(|n| !n.starts_with("__"))
+                .collect();
             return Err(syn::Error::new(
                 lit.span(),
                 format!(
@@ -447,15 +637,14 @@ fn check_key(lit: &LitStr, item: &ItemFn) -> syn::Result<Vec<KeyPart>> {
                 )
             })?;
             match &mut member {
-                Member::Named(ident) => ident.set_span(lit.span()),
-                Member::Unnamed(index) => index.span = lit.span(),
+                Member::Named(ident) => ident.set_span(at_key),
+                Member::Unnamed(index) => index.span = at_key,
             }
             fields.push(member);
         }
-        parts.push(KeyPart::Value {
-            root: root.clone(),
-            fields,
-        });
+        let mut root = root.clone();
+        root.set_span(at_key);
+        parts.push(KeyPart::Value { root, fields });
     }
     Ok(parts)
 }

@@ -103,17 +103,47 @@ pub use scope::{current, LockInfo};
 /// | `fair` | off | Waiters get the lock in the order they began waiting, across all clients and processes ([`LockOptions::fair`]). |
 /// | `hold_at_least_ms = N` | `0` | Keep the lock at least this long after it was taken, so a fast scheduled job does not run again elsewhere in the same period. |
 /// | `on_lost = "abort" \| "continue"` | `"abort"` | When the lock is lost mid-body: drop the body and return [`LockError::Lost`], or let it finish with a warning. |
+/// | `read` | off | A shared lock ([`LockMode::Shared`]): any number of `read` callers of the key at once, none while a `write` (exclusive) caller holds it. Not with `fair` (a read lock cannot be fair yet: waiting writers are preferred over new readers) nor with `hold_at_least_ms`/`hold_at_least` (readers do not exclude each other, so there is nothing to hold others out of). |
+/// | `write` | — | An exclusive lock ([`LockMode::Exclusive`]), which is also what neither flag gives, said explicitly: the other side of `read` on the same key. Not with `read`. |
 /// | `client = EXPR` | the default client | A [`LockClient`], `&LockClient` or `Arc<LockClient>`, from an expression over the parameters (`client = self.locks`, `client = state.locks`), evaluated once before the lock is taken. Without it, [`default_client()`], or [`LockError::NotConfigured`]. |
 /// | `ttl = EXPR`, `wait = EXPR`, `hold_at_least = EXPR` | — | The same durations from code: any `Duration` expression (a `const`, a configuration value, a parameter), instead of the `_ms` form. Checked at run time ([`LockError::InvalidOptions`]). |
 /// | `options = EXPR` | — | A whole [`LockOptions`] (or a reference to one), e.g. from configuration; no other option argument may be given with it. |
 /// | `crate = "path"` | `::lock_runtime` | Where the runtime is, when it is re-exported under another name. |
 ///
+/// The key is not a `format!` string: `{` and `}` are literal text, so `key = "order:{id}"` would
+/// be the same key on every call. Where `{name}` names a parameter (or `self`), that is a compile
+/// error that says to write `<name>`; other braces (`{}`, JSON-like `{"tenant":"eu"}`, a `{region}`
+/// that names no parameter) stay literal text.
+///
 /// Mistakes are compile errors pointing at the token at fault: a fn that is not `async`, a
-/// missing, unknown (the message lists the valid ones) or repeated argument, `ttl_ms = 0`, a
-/// `_ms` duration that is not an integer literal, a `ttl = …` that is not a `Duration`, two
-/// arguments for one option (`ttl_ms` with `ttl`; `options` with any other), an `on_lost` that
-/// is neither value, a placeholder that names no parameter or is empty or unclosed, and a return
-/// type that is not `Result<T, E: From<LockError>>`.
+/// missing, unknown (the message lists the valid ones, and names the closest one to a misspelling:
+/// `ttl_msec` gets "did you mean `ttl_ms`?") or repeated argument, `ttl_ms = 0`, a `_ms` duration
+/// that is not an integer literal, a `ttl = …` that is not a `Duration`, two arguments for one
+/// option (`ttl_ms` with `ttl`; `read` with `write`; `options` with any other), `read` with `fair`
+/// or a minimum hold, an `on_lost` that is neither value, a placeholder that names no parameter
+/// or field or is empty or unclosed, a `{name}` placeholder written `format!`-style, and a return
+/// type that is not `Result<T, E>` (reported on the return type) or whose `E` has no
+/// `From<LockError>` (reported on `E`: "add `impl From<lock_runtime::LockError> for E`").
+///
+/// # `#[async_trait]` (tonic services)
+///
+/// On a method of an `#[async_trait]` impl, `#[distributed_lock]` goes on the method as usual:
+///
+/// ```ignore
+/// #[async_trait]
+/// impl Orders for OrderService {
+///     #[distributed_lock(key = "order:<id>", client = self.locks)]
+///     async fn pay(&self, id: u64) -> Result<String, Status> { … }
+/// }
+/// ```
+///
+/// `#[async_trait]` sits on the impl, so it always expands first, whatever the order of the
+/// method's own attributes: the lock attribute then sees a fn returning
+/// `Pin<Box<dyn Future<Output = R> + Send>>` whose body is `Box::pin(async move { … })`, and
+/// guards the method's body inside that block (the key, the client and the options are evaluated
+/// there, with every parameter and pattern binding in scope, and `self` as usual). The same
+/// boxed shape written by hand is guarded too. It stacks with `#[tracing::instrument]` in either
+/// order, and the lock is taken inside the span.
 ///
 /// # Examples
 ///
@@ -140,6 +170,12 @@ pub use scope::{current, LockInfo};
 ///     Ok(lock_runtime::current().and_then(|l| l.fencing_token()).unwrap_or(0))
 /// }
 ///
+/// /// A read lock: readers of one key share it; a writer (`write`, or neither) has it alone.
+/// #[distributed_lock(key = "prices:<region>", client = locks, read)]
+/// async fn price(locks: &LockClient, region: &str) -> Result<u32, LockError> {
+///     Ok(42)
+/// }
+///
 /// /// A scheduled job that holds its lock for at least a minute, and is left to finish if the
 /// /// lock is lost.
 /// #[distributed_lock(key = "job:cleanup", client = locks, hold_at_least_ms = 60000, on_lost = "continue")]
@@ -154,6 +190,7 @@ pub use scope::{current, LockInfo};
 /// assert_eq!(shop.reserve(&Item { sku: "A-1", count: 3 }).await?, 3);
 /// assert_eq!(post(&locks, 7).await?, 1);
 /// assert_eq!(post(&locks, 7).await?, 2);
+/// assert_eq!(price(&locks, "eu").await?, 42);
 /// cleanup(Arc::new(locks.clone())).await?;
 /// assert!(locks.is_locked("job:cleanup").await?, "held for the minimum hold");
 ///

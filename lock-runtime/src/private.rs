@@ -5,7 +5,7 @@ use std::future::Future;
 
 pub use std::time::Duration;
 
-pub use crate::{LockClient, LockError, LockOptions, OnLost};
+pub use crate::{LockClient, LockError, LockMode, LockOptions, OnLost};
 
 /// What `client = EXPR` may give: a [`LockClient`], or any reference (or `Arc`) to one.
 #[diagnostic::on_unimplemented(
@@ -69,26 +69,56 @@ pub const fn duration(d: Duration) -> Duration {
     d
 }
 
-/// The return types a guarded fn may have: `Result<T, E>` with `E: From<LockError>`.
+/// The return types a guarded fn may have: `Result<T, E>`, where `E` must also be
+/// [`FromLockError`] (checked by [`lock_failed`], so that a wrong `E` gets that trait's message).
 #[diagnostic::on_unimplemented(
     message = "a #[distributed_lock] fn must return `Result<T, E>` where `E: From<LockError>`, not `{Self}`",
     label = "the lock's errors (Busy, Lost, …) have to be returned through this type",
     note = "anyhow::Error, Box<dyn std::error::Error + Send + Sync> and LockError itself qualify; for your own error type, add `impl From<lock_runtime::LockError>`"
 )]
 pub trait LockResult {
-    /// The fn's return value for a lock that could not be taken or was lost.
-    fn from_lock_error(error: LockError) -> Self;
+    /// `E` of `Result<T, E>`.
+    type Error;
+    /// The fn's return value for an error.
+    fn from_error(error: Self::Error) -> Self;
 }
 
-impl<T, E: From<LockError>> LockResult for Result<T, E> {
-    fn from_lock_error(error: LockError) -> Self {
-        Err(E::from(error))
+impl<T, E> LockResult for Result<T, E> {
+    type Error = E;
+    fn from_error(error: E) -> Self {
+        Err(error)
     }
 }
 
-/// Turns a lock failure into the fn's return value.
-pub fn lock_failed<R: LockResult>(error: LockError) -> R {
-    R::from_lock_error(error)
+/// An error type the lock's errors convert into: every `E: From<LockError>`.
+///
+/// It exists for its message. A bound `E: From<LockError>` that fails is reported as just that,
+/// naming `From` and a helper of this module; a failed bound on this trait, implemented for
+/// exactly those `E`, is reported with the message below (rustc shows the outer bound's message
+/// when the inner one is on the same type).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot hold the lock's errors: a #[distributed_lock] fn needs `impl From<lock_runtime::LockError> for {Self}`",
+    label = "add `impl From<lock_runtime::LockError> for {Self}`",
+    note = "or return a `Result` whose error type converts from `LockError` already: `anyhow::Error`, `Box<dyn std::error::Error + Send + Sync>`, or `LockError` itself"
+)]
+pub trait FromLockError {
+    /// `E::from(error)`.
+    fn from_lock_error(error: LockError) -> Self;
+}
+
+impl<E: From<LockError>> FromLockError for E {
+    fn from_lock_error(error: LockError) -> Self {
+        E::from(error)
+    }
+}
+
+/// Turns a lock failure into the fn's return value: `Err(E::from(error))`.
+pub fn lock_failed<R>(error: LockError) -> R
+where
+    R: LockResult,
+    R::Error: FromLockError,
+{
+    R::from_error(R::Error::from_lock_error(error))
 }
 
 /// Runs a guarded body: the `client = …` one, or else the default client.

@@ -169,6 +169,27 @@ async fn braces(locks: &LockClient, n: u8) -> Result<bool, LockError> {
     locks.is_locked(&format!("{{odd}}:{n}")).await
 }
 
+/// `write`: an exclusive lock, said explicitly (the default).
+#[distributed_lock(key = "prices:<region>", client = locks, write, watchdog)]
+async fn write_prices(locks: &LockClient, region: &str) -> Result<bool, LockError> {
+    locks.is_locked(&format!("prices:{region}")).await
+}
+
+/// `read`: a shared lock. Only that it compiles and runs is checked here; what sharing means is
+/// the runtime's to test.
+#[distributed_lock(key = "prices:<region>", client = locks, read, ttl_ms = 5000)]
+async fn read_prices(locks: &LockClient, region: &str) -> Result<String, LockError> {
+    Ok(lock_runtime::current()
+        .map(|lock| lock.key().to_owned())
+        .unwrap_or_default())
+}
+
+#[tokio::test]
+async fn a_read_lock_runs_its_body() {
+    let locks = LockClient::in_memory();
+    assert_eq!(read_prices(&locks, "eu").await.unwrap(), "prices:eu");
+}
+
 async fn every_form_runs_guarded(t: Target) {
     let locks = t.client();
     let mut orders = Orders {
@@ -198,6 +219,7 @@ async fn every_form_runs_guarded(t: Target) {
     assert_eq!(owned(&locks, "ann".to_owned()).await.unwrap(), "ann");
     assert!(braces(&locks, 1).await.unwrap());
     assert!(fair(&locks, 2).await.unwrap());
+    assert!(write_prices(&locks, "us").await.unwrap());
     let left = configured(&locks).await.unwrap().unwrap();
     assert!(
         left > Duration::from_secs(4) && left <= TTL,
@@ -220,6 +242,7 @@ async fn every_form_runs_guarded(t: Target) {
         "must",
         "{odd}:1",
         "fair:2",
+        "prices:us",
     ] {
         assert!(!locks.is_locked(key).await.unwrap(), "{key} left held");
     }
