@@ -1,0 +1,158 @@
+//! `lockctl`: the operators' tool for the locks of `lock-runtime` (feature `cli`).
+//!
+//! ```text
+//! lockctl list [PATTERN]         the locks held now, sorted by key
+//! lockctl show KEY               everything about one key
+//! lockctl release KEY --force    delete a lock whoever holds it, and wake its waiters
+//! lockctl watch [PATTERN]        acquisitions and releases as they happen
+//! ```
+//!
+//! It reads the data model the library writes (see the crate docs): the lock of key `k` at
+//! `<prefix>{k}`, its fencing counter at `<prefix>{k}:fence`, fair waiters at
+//! `<prefix>{k}:queue:kept`, waiting writers at `<prefix>{k}:writers`, and releases announced on
+//! `<prefix>{k}:released`. It never writes, except `release --force`, which goes through
+//! [`LockClient::force_release`](lock_runtime::LockClient::force_release).
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+mod error;
+mod inspect;
+mod output;
+mod release;
+mod target;
+mod watch;
+
+use error::Error;
+use output::Out;
+use target::Target;
+
+/// Inspect and manage the distributed locks of lock-runtime on Redis.
+#[derive(Debug, Parser)]
+#[command(name = "lockctl", version)]
+struct Cli {
+    #[command(flatten)]
+    global: Global,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Options every command takes, before or after its name.
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Global options")]
+struct Global {
+    /// The Redis server (`redis://[user:password@]host:port[/db]`, `rediss://…` for TLS).
+    #[arg(
+        long,
+        help = "The Redis server: redis://[user:password@]host:port[/db], or rediss://… for TLS",
+        global = true,
+        env = "REDIS_URL",
+        hide_env_values = true,
+        default_value = "redis://127.0.0.1:6379"
+    )]
+    url: String,
+    /// The key prefix the services' lock clients use.
+    #[arg(long, global = true, default_value = lock_runtime::DEFAULT_PREFIX)]
+    prefix: String,
+    /// Machine-readable output: a JSON array (list), an object (show, release), JSON lines (watch).
+    #[arg(long, global = true)]
+    json: bool,
+    /// How long to wait for the connection and for each answer, in milliseconds.
+    #[arg(long, global = true, value_name = "MS", default_value_t = 5000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    timeout_ms: u64,
+    #[cfg(feature = "tls")]
+    #[command(flatten)]
+    tls: target::TlsArgs,
+}
+
+/// What to do.
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// List the locks held now, sorted by key: owner, remaining ttl, last fencing token, waiters.
+    List {
+        /// A glob over the locks' keys (`*`, `?`, `[abc]`), as in `order:*`.
+        #[arg(default_value = "*")]
+        pattern: String,
+    },
+    /// Everything about one key: holder(s), stored value, ttl, fencing counter, waiters.
+    Show {
+        /// The lock's key, as the service names it (without the prefix).
+        key: String,
+    },
+    /// Delete a lock whoever holds it, and wake its waiters (needs --force).
+    Release {
+        /// The lock's key, as the service names it (without the prefix).
+        key: String,
+        /// Required: the holder is not told, and keeps running until its next renewal finds the
+        /// lock gone (or its ttl ends), so it may overlap with the next holder.
+        #[arg(long)]
+        force: bool,
+        /// Do not ask for confirmation.
+        #[arg(long, short = 'y')]
+        yes: bool,
+    },
+    /// Print acquisitions, releases, expiries and hand-overs as they happen, until Ctrl-C.
+    Watch {
+        /// A glob over the locks' keys, as for `list`.
+        #[arg(default_value = "*")]
+        pattern: String,
+        /// How often to look, in milliseconds (releases are also reported as announced).
+        #[arg(long, value_name = "MS", default_value_t = 200,
+              value_parser = clap::value_parser!(u64).range(10..))]
+        interval_ms: u64,
+        /// Stop after this many milliseconds (default: until Ctrl-C or stdout closes).
+        #[arg(long, value_name = "MS")]
+        for_ms: Option<u64>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let shown_url = target::hide_credentials(&cli.global.url);
+    match run(cli) {
+        Ok(()) | Err(Error::Closed) => ExitCode::SUCCESS,
+        Err(e) => {
+            let code = e.exit_code();
+            eprintln!("lockctl: {}", e.describe(&shown_url));
+            ExitCode::from(code)
+        }
+    }
+}
+
+/// Runs one command on a single-threaded runtime (a CLI makes one request at a time).
+fn run(cli: Cli) -> Result<(), Error> {
+    if let Command::Release {
+        key, force: false, ..
+    } = &cli.command
+    {
+        return Err(release::refusal(key));
+    }
+    let target = Target::new(&cli.global)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Error::Failed(format!("cannot start the async runtime: {e}")))?;
+    let mut out = Out::new(cli.global.json);
+    runtime.block_on(async {
+        match cli.command {
+            Command::List { pattern } => inspect::list(&target, &pattern, &mut out).await,
+            Command::Show { key } => inspect::show(&target, &key, &mut out).await,
+            Command::Release { key, yes, .. } => release::release(&target, &key, yes, &mut out).await,
+            Command::Watch {
+                pattern,
+                interval_ms,
+                for_ms,
+            } => {
+                let plan = watch::Plan {
+                    pattern,
+                    interval: Duration::from_millis(interval_ms),
+                    stop_after: for_ms.map(Duration::from_millis),
+                };
+                watch::watch(&target, &plan, &mut out).await
+            }
+        }
+    })
+}

@@ -1,0 +1,798 @@
+//! `lockctl` end to end: the built binary against a real `redis-server`, with locks taken by
+//! the library.
+//!
+//! Cargo hands an integration test the path of its own package's binaries only
+//! (`CARGO_BIN_EXE_lockctl`), so this test lives here rather than in `lock-tests`; and since
+//! the binary needs the `cli` feature, `lock-tests` turns that feature on through a
+//! dev-dependency, which `cargo test --workspace` unifies into this package's build. Alone:
+//! `cargo test -p lock-runtime --features cli --test lockctl`.
+//!
+//! The servers come from a small spawner below, not from the test kit (`lock-tests` depends on
+//! this crate). No test sleeps and hopes: each waits for what it needs, with a deadline.
+
+#![cfg(feature = "cli")]
+// A test fails by panicking, with what it was doing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdout, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use lock_runtime::{LockClient, LockGuard, LockOptions};
+use serde_json::Value;
+
+/// How long anything a test waits for may take.
+const DEADLINE: Duration = Duration::from_secs(20);
+
+// ---------------------------------------------------------------------------------------------
+// list
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_shows_each_lock_with_its_owner_ttl_and_fence_and_skips_auxiliary_keys() {
+    let redis = Redis::spawn();
+    let billing_1 = client(&redis, "billing-1").await;
+    let billing_2 = client(&redis, "billing-2").await;
+    let fenced = billing_1
+        .acquire("order:5", &minute().fencing(true))
+        .await
+        .unwrap();
+    let _plain = billing_2.acquire("order:7", &minute()).await.unwrap();
+    let far = (redis.time_ms().await + 60_000).to_string();
+    redis
+        .run(&[
+            &["SET", "lock:{gone}:fence", "3"],
+            &["ZADD", "lock:{order:5}:queue", "1", "waiter"],
+            &["ZADD", "lock:{order:5}:queue:kept", &far, "waiter"],
+            &["ZADD", "lock:{order:7}:writers", &far, "writer"],
+            &["SET", "unrelated", "x"],
+        ])
+        .await;
+
+    let listed = json(&lockctl(&redis, &["--json", "list"]).await);
+    let locks = listed.as_array().expect("an array");
+    assert_eq!(keys(locks), ["order:5", "order:7"], "{listed}");
+    let (order_5, order_7) = (&locks[0], &locks[1]);
+    assert_eq!(order_5["owner"], "billing-1");
+    assert_eq!(order_5["state"], "held");
+    assert_eq!(order_5["fence"].as_u64(), fenced.fencing_token());
+    assert_eq!(order_5["fair_waiters"], 1);
+    assert!(order_5["value"].as_str().unwrap().ends_with(" billing-1"));
+    assert_eq!(order_7["owner"], "billing-2");
+    assert_eq!(order_7["fence"], Value::Null, "no fenced acquire on order:7");
+    assert_eq!(order_7["waiting_writers"], 1);
+    for lock in locks {
+        let ttl = lock["ttl_ms"].as_u64().unwrap();
+        assert!(ttl > 0 && ttl <= 60_000, "{lock}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_takes_a_pattern_over_the_keys() {
+    let redis = Redis::spawn();
+    let locks = client(&redis, "billing-1").await;
+    let _held: Vec<LockGuard> = vec![
+        locks.acquire("order:5", &minute()).await.unwrap(),
+        locks.acquire("order:7", &minute()).await.unwrap(),
+        locks.acquire("invoice:1", &minute()).await.unwrap(),
+    ];
+
+    let orders = json(&lockctl(&redis, &["list", "order:*", "--json"]).await);
+    assert_eq!(keys(orders.as_array().unwrap()), ["order:5", "order:7"]);
+    let one = json(&lockctl(&redis, &["--json", "list", "invoice:?"]).await);
+    assert_eq!(keys(one.as_array().unwrap()), ["invoice:1"]);
+    let none = json(&lockctl(&redis, &["--json", "list", "payment:*"]).await);
+    assert_eq!(none, serde_json::json!([]));
+    let all = json(&lockctl(&redis, &["--json", "list"]).await);
+    assert_eq!(keys(all.as_array().unwrap()), ["invoice:1", "order:5", "order:7"]);
+    let other_prefix = json(&lockctl(&redis, &["--json", "--prefix", "jobs:", "list"]).await);
+    assert_eq!(other_prefix, serde_json::json!([]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_prints_a_table_for_people() {
+    let redis = Redis::spawn();
+    let fenced = client(&redis, "billing-1")
+        .await
+        .acquire("order:5", &minute().fencing(true))
+        .await
+        .unwrap();
+    let _other = client(&redis, "billing-2")
+        .await
+        .acquire("order:7", &minute())
+        .await
+        .unwrap();
+
+    let out = stdout(&lockctl(&redis, &["list"]).await);
+    let lines: Vec<Vec<&str>> = out.lines().map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(lines[0], ["KEY", "OWNER", "TTL", "FENCE", "WAITING"], "{out}");
+    let token = fenced.fencing_token().unwrap().to_string();
+    assert_eq!(lines[1][..2], ["order:5", "billing-1"], "{out}");
+    assert_eq!(lines[1][3..], [token.as_str(), "-"], "{out}");
+    assert_eq!(lines[2][..2], ["order:7", "billing-2"], "{out}");
+    assert_eq!(lines[2][3..], ["-", "-"], "{out}");
+    assert!(lines[1][2].ends_with('s'), "a ttl such as 59.9s: {out}");
+    assert_eq!(lines.len(), 3, "{out}");
+
+    let empty = stdout(&lockctl(&redis, &["list", "nothing:*"]).await);
+    assert_eq!(empty.trim(), "no locks held matching nothing:*");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_holders_and_foreign_values_are_shown_as_such() {
+    let redis = Redis::spawn();
+    let now = redis.time_ms().await;
+    let (reader_1, reader_2, gone) = (
+        format!("{:032x} reader-1", 1),
+        format!("{:032x} reader-2", 2),
+        format!("{:032x} reader-gone", 3),
+    );
+    let (soon, later, past) = (
+        (now + 30_000).to_string(),
+        (now + 60_000).to_string(),
+        (now - 1_000).to_string(),
+    );
+    redis
+        .run(&[
+            &[
+                "HSET",
+                "lock:{prices}",
+                "mode",
+                "read",
+                &reader_1,
+                &soon,
+                &reader_2,
+                &later,
+                &gone,
+                &past,
+            ],
+            &["PEXPIRE", "lock:{prices}", "60000"],
+            &["ZADD", "lock:{prices}:writers", &later, "writer"],
+            &["SET", "lock:{weird}", "not a lock"],
+        ])
+        .await;
+
+    let listed = json(&lockctl(&redis, &["--json", "list"]).await);
+    let locks = listed.as_array().unwrap();
+    assert_eq!(keys(locks), ["prices", "weird"]);
+    let (prices, weird) = (&locks[0], &locks[1]);
+    assert_eq!(prices["state"], "shared");
+    let owners: Vec<&str> = prices["readers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["owner"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        owners,
+        ["reader-1", "reader-2"],
+        "an expired share is not a holder"
+    );
+    assert_eq!(prices["waiting_writers"], 1);
+    assert_eq!(weird["state"], "foreign");
+    assert_eq!(weird["value"], "not a lock");
+    assert_eq!(weird["ttl_ms"], Value::Null);
+
+    let table = stdout(&lockctl(&redis, &["list"]).await);
+    assert!(table.contains("2 readers: reader-1, reader-2"), "{table}");
+    assert!(table.contains("(foreign string)"), "{table}");
+    let value: String = redis::cmd("GET")
+        .arg("lock:{weird}")
+        .query_async(&mut redis.raw().await)
+        .await
+        .unwrap();
+    assert_eq!(value, "not a lock", "looking never touches a foreign value");
+}
+
+// ---------------------------------------------------------------------------------------------
+// show
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn show_tells_everything_about_one_key() {
+    let redis = Redis::spawn();
+    let guard = client(&redis, "billing-1")
+        .await
+        .acquire("order:5", &minute().fencing(true))
+        .await
+        .unwrap();
+    let now = redis.time_ms().await;
+    let (kept, lapsed) = ((now + 60_000).to_string(), (now - 1).to_string());
+    redis
+        .run(&[
+            &["ZADD", "lock:{order:5}:queue", "1", "a", "2", "b"],
+            &["ZADD", "lock:{order:5}:queue:kept", &kept, "a", &lapsed, "b"],
+        ])
+        .await;
+
+    let shown = json(&lockctl(&redis, &["--json", "show", "order:5"]).await);
+    assert_eq!(shown["key"], "order:5");
+    assert_eq!(shown["lock_key"], "lock:{order:5}");
+    assert_eq!(shown["state"], "held");
+    assert_eq!(shown["owner"], "billing-1");
+    assert_eq!(shown["fence"].as_u64(), guard.fencing_token());
+    assert_eq!(
+        shown["fair_waiters"], 1,
+        "a waiter whose place lapsed is not counted"
+    );
+    assert_eq!(shown["waiting_writers"], 0);
+    let ttl = shown["ttl_ms"].as_u64().unwrap();
+    assert!(ttl > 0 && ttl <= 60_000);
+
+    let text = stdout(&lockctl(&redis, &["show", "order:5"]).await);
+    assert!(text.contains("held by billing-1"), "{text}");
+    assert!(
+        text.contains(&guard.fencing_token().unwrap().to_string()),
+        "{text}"
+    );
+
+    assert!(guard.release().await.unwrap());
+    let free = json(&lockctl(&redis, &["--json", "show", "order:5"]).await);
+    assert_eq!(free["state"], "free");
+    assert_eq!(free["owner"], Value::Null);
+    assert!(free["fence"].is_u64(), "the counter outlives the lock: {free}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// release
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_without_force_is_refused_and_the_lock_stays() {
+    let redis = Redis::spawn();
+    let locks = client(&redis, "billing-1").await;
+    let _guard = locks.acquire("order:5", &minute()).await.unwrap();
+
+    let out = lockctl_raw(&redis, &["release", "order:5", "--yes"], "").await;
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = stderr(&out);
+    assert!(err.contains("--force") && err.contains("order:5"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    let holder = locks.holder("order:5").await.unwrap().expect("still held");
+    assert_eq!(holder.owner(), Some("billing-1"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_with_force_frees_the_lock_and_wakes_its_waiter() {
+    let redis = Redis::spawn();
+    let holder = client(&redis, "billing-1").await;
+    let _stuck = holder.acquire("order:5", &minute()).await.unwrap();
+    let waiter = client(&redis, "billing-2").await;
+    let waiting = tokio::spawn(async move {
+        let got = waiter.acquire("order:5", &minute().wait(DEADLINE)).await;
+        (Instant::now(), got)
+    });
+    let raw = redis.raw().await;
+    eventually("the waiter listens for the release", || {
+        let mut raw = raw.clone();
+        async move {
+            let channels: Vec<String> = redis::cmd("PUBSUB")
+                .arg("CHANNELS")
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+            channels.iter().any(|c| c == "lock:{order:5}:released")
+        }
+    })
+    .await;
+
+    let out = lockctl(&redis, &["--json", "release", "order:5", "--force", "--yes"]).await;
+    let released_at = Instant::now();
+    let report = json(&out);
+    assert_eq!(report["released"], true);
+    assert_eq!(report["previous"]["owner"], "billing-1");
+    let (got_at, got) = tokio::time::timeout(DEADLINE, waiting).await.unwrap().unwrap();
+    let guard = got.expect("the waiter takes the lock");
+    assert!(
+        got_at.saturating_duration_since(released_at) < lock_runtime::MAX_WAIT_NAP / 2,
+        "woken by the announcement, not by its timer"
+    );
+    let now = holder
+        .holder("order:5")
+        .await
+        .unwrap()
+        .expect("held by the waiter");
+    assert_eq!(now.owner(), Some("billing-2"));
+    drop(guard);
+
+    let again = json(&lockctl(&redis, &["--json", "release", "nothing", "--force", "--yes"]).await);
+    assert_eq!(again["released"], false);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_asks_before_it_deletes() {
+    let redis = Redis::spawn();
+    let locks = client(&redis, "billing-1").await;
+    let _guard = locks.acquire("order:5", &minute()).await.unwrap();
+
+    let declined = lockctl_raw(&redis, &["release", "order:5", "--force"], "n\n").await;
+    assert_eq!(declined.status.code(), Some(1));
+    let err = stderr(&declined);
+    assert!(
+        err.contains("release lock order:5 held by billing-1? [y/N]"),
+        "{err}"
+    );
+    assert!(
+        locks.is_locked("order:5").await.unwrap(),
+        "kept when the answer is no"
+    );
+    let no_answer = lockctl_raw(&redis, &["release", "order:5", "--force"], "").await;
+    assert_eq!(no_answer.status.code(), Some(1), "end of input is no");
+    assert!(locks.is_locked("order:5").await.unwrap());
+
+    let confirmed = lockctl_raw(&redis, &["release", "order:5", "--force"], "y\n").await;
+    assert!(confirmed.status.success(), "{confirmed:?}");
+    assert!(stdout(&confirmed).contains("released order:5 (was held by billing-1)"));
+    assert!(!locks.is_locked("order:5").await.unwrap());
+}
+
+// ---------------------------------------------------------------------------------------------
+// watch
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_prints_acquisitions_and_releases_as_they_happen() {
+    let redis = Redis::spawn();
+    let locks = client(&redis, "billing-1").await;
+    let mut watch = Watch::start(
+        &redis,
+        &[
+            "--json",
+            "watch",
+            "order:*",
+            "--interval-ms",
+            "50",
+            "--for-ms",
+            "60000",
+        ],
+    );
+
+    let guard = locks.acquire("order:5", &minute()).await.unwrap();
+    let _ignored = locks.acquire("invoice:1", &minute()).await.unwrap();
+    let acquired = watch.next_event();
+    assert_eq!(
+        event_of(&acquired),
+        ["acquired", "order:5", "billing-1"],
+        "{acquired}"
+    );
+    assert!(acquired["ttl_ms"].as_u64().unwrap() <= 60_000, "{acquired}");
+    assert!(guard.release().await.unwrap());
+    let released = watch.next_event();
+    assert_eq!(
+        event_of(&released),
+        ["released", "order:5", "billing-1"],
+        "{released}"
+    );
+    watch.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_prints_one_line_per_event_for_people() {
+    let redis = Redis::spawn();
+    let locks = client(&redis, "billing-1").await;
+    let mut watch = Watch::start(&redis, &["watch", "--interval-ms", "50"]);
+
+    let guard = locks.acquire("order:5", &minute()).await.unwrap();
+    let acquired = watch.next_line();
+    assert!(
+        acquired.contains("  order:5  acquired by billing-1 (ttl "),
+        "{acquired}"
+    );
+    assert!(guard.release().await.unwrap());
+    let released = watch.next_line();
+    assert!(
+        released.ends_with("  order:5  released by billing-1"),
+        "{released}"
+    );
+    watch.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_stops_after_for_ms_and_when_stdout_closes() {
+    let redis = Redis::spawn();
+    let timed = Watch::start(&redis, &["watch", "--for-ms", "200"]);
+    let out = timed.finish();
+    assert!(out.status.success(), "{out:?}");
+
+    let mut closed = Watch::start(&redis, &["watch", "--interval-ms", "50"]);
+    closed.close_stdout();
+    let locks = client(&redis, "billing-1").await;
+    let _guard = locks.acquire("order:5", &minute()).await.unwrap();
+    let out = closed.finish();
+    assert!(
+        out.status.success(),
+        "a closed stdout ends the watch quietly: {out:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// errors
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_is_down_is_one_clear_line_and_exit_code_1() {
+    // Bound, never listening: connections to it are refused, and no server can take it.
+    let refusing = tokio::net::TcpSocket::new_v4().unwrap();
+    refusing.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let port = refusing.local_addr().unwrap().port();
+    let url = format!("redis://127.0.0.1:{port}");
+    for command in [
+        &["list"][..],
+        &["show", "order:5"],
+        &["release", "order:5", "--force", "--yes"],
+        &["watch"],
+    ] {
+        let out = run(&bin_command(&url, command), "");
+        assert_eq!(out.status.code(), Some(1), "{command:?}: {out:?}");
+        let err = stderr(&out);
+        assert_eq!(err.lines().count(), 1, "{command:?}: {err}");
+        assert!(
+            err.starts_with(&format!("lockctl: cannot reach Redis at {url}: ")),
+            "{err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    let hidden = run(
+        &bin_command(&format!("redis://ops:s3cret@127.0.0.1:{port}"), &["list"]),
+        "",
+    );
+    assert!(
+        !stderr(&hidden).contains("s3cret"),
+        "credentials are never printed"
+    );
+    let bad = run(&bin_command("127.0.0.1:6379", &["list"]), "");
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(stderr(&bad).contains("no scheme"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// helpers
+
+/// Options with a one-minute ttl.
+fn minute() -> LockOptions {
+    LockOptions::new(Duration::from_secs(60))
+}
+
+/// A lock client with owner label `owner`.
+async fn client(redis: &Redis, owner: &str) -> LockClient {
+    LockClient::builder()
+        .url(&redis.url())
+        .owner(owner)
+        .build()
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to {}: {e}", redis.url()))
+}
+
+/// A watch event's kind, key and owner.
+fn event_of(event: &Value) -> [&str; 3] {
+    ["event", "key", "owner"].map(|field| event[field].as_str().unwrap_or("(none)"))
+}
+
+fn keys(locks: &[Value]) -> Vec<&str> {
+    locks.iter().map(|l| l["key"].as_str().unwrap()).collect()
+}
+
+/// `lockctl --url <redis> ARGS`, which must succeed.
+async fn lockctl(redis: &Redis, args: &[&str]) -> Output {
+    let out = lockctl_raw(redis, args, "").await;
+    assert!(out.status.success(), "lockctl {args:?} failed: {out:?}");
+    out
+}
+
+/// `lockctl --url <redis> ARGS` with `input` on stdin, off the async workers (the test's lock
+/// clients keep running meanwhile).
+async fn lockctl_raw(redis: &Redis, args: &[&str], input: &str) -> Output {
+    let command = bin_command(&redis.url(), args);
+    let input = input.to_owned();
+    tokio::task::spawn_blocking(move || run(&command, &input))
+        .await
+        .unwrap()
+}
+
+/// The binary's command line.
+fn bin_command(url: &str, args: &[&str]) -> Vec<String> {
+    let mut command = vec![
+        env!("CARGO_BIN_EXE_lockctl").to_owned(),
+        "--url".to_owned(),
+        url.to_owned(),
+    ];
+    command.extend(args.iter().map(|a| (*a).to_owned()));
+    command
+}
+
+/// Runs `command` with `input` on stdin; killed and failed if it has not ended by the deadline.
+fn run(command: &[String], input: &str) -> Output {
+    let mut child = Command::new(&command[0])
+        .args(&command[1..])
+        .env_remove("REDIS_URL")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    // A command that does not read its input closes the pipe: that is no error here.
+    let _ = stdin.write_all(input.as_bytes());
+    drop(stdin);
+    wait_with_deadline(child, command)
+}
+
+/// Waits for `child` to end, reading its output meanwhile (a full pipe would stall it).
+fn wait_with_deadline(mut child: Child, command: &[String]) -> Output {
+    let mut stdout = child.stdout.take().unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let out = std::thread::spawn(move || read_all(&mut stdout));
+    let err = std::thread::spawn(move || read_all(&mut stderr));
+    let started = Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > DEADLINE {
+            let _ = child.kill();
+            panic!("{command:?} still running after {DEADLINE:?}");
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    Output {
+        status,
+        stdout: out.join().unwrap(),
+        stderr: err.join().unwrap(),
+    }
+}
+
+fn read_all(from: &mut impl Read) -> Vec<u8> {
+    let mut bytes = Vec::new();
+    let _ = from.read_to_end(&mut bytes);
+    bytes
+}
+
+fn stdout(out: &Output) -> String {
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8(out.stderr.clone()).unwrap()
+}
+
+fn json(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", stdout(out)))
+}
+
+/// Waits for `condition`, checking every 5 ms; fails after the deadline.
+async fn eventually<F, Fut>(what: &str, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let started = Instant::now();
+    while !condition().await {
+        assert!(started.elapsed() < DEADLINE, "not within {DEADLINE:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A running `lockctl watch`, its output lines read as they come.
+struct Watch {
+    child: Child,
+    /// Its stdout, until the first line is asked for (or the test closes it).
+    stdout: Option<ChildStdout>,
+    lines: Option<mpsc::Receiver<String>>,
+    stderr: mpsc::Receiver<String>,
+}
+
+impl Watch {
+    /// Starts it and waits until it says it is watching (subscribed, first look taken), so
+    /// that whatever the test does next is a change it sees.
+    fn start(redis: &Redis, args: &[&str]) -> Watch {
+        let command = bin_command(&redis.url(), args);
+        let mut child = Command::new(&command[0])
+            .args(&command[1..])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take();
+        let stderr = lines_of(child.stderr.take().unwrap());
+        let ready = stderr
+            .recv_timeout(DEADLINE)
+            .expect("lockctl watch says it is watching");
+        assert!(ready.starts_with("lockctl: watching"), "{ready}");
+        Watch {
+            child,
+            stdout,
+            lines: None,
+            stderr,
+        }
+    }
+
+    fn next_line(&mut self) -> String {
+        if let Some(stdout) = self.stdout.take() {
+            self.lines = Some(lines_of(stdout));
+        }
+        let lines = self.lines.as_ref().expect("stdout is open");
+        lines.recv_timeout(DEADLINE).unwrap_or_else(|_| {
+            let errors: Vec<String> = self.stderr.try_iter().collect();
+            panic!("no line from lockctl watch within {DEADLINE:?}; stderr: {errors:?}")
+        })
+    }
+
+    fn next_event(&mut self) -> Value {
+        let line = self.next_line();
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}"))
+    }
+
+    /// Closes our end of its stdout (before any line was read): its next write fails.
+    fn close_stdout(&mut self) {
+        assert!(self.lines.is_none(), "close before reading");
+        self.stdout = None;
+    }
+
+    /// Waits for it to end by itself.
+    fn finish(mut self) -> Output {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                let stderr = self.stderr.try_iter().collect::<Vec<_>>().join("\n").into_bytes();
+                return Output {
+                    status,
+                    stdout: Vec::new(),
+                    stderr,
+                };
+            }
+            assert!(
+                started.elapsed() < DEADLINE,
+                "lockctl watch did not stop by itself"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    fn stop(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The lines of `from`, sent as they are read; the channel closes at end of input.
+fn lines_of(from: impl Read + Send + 'static) -> mpsc::Receiver<String> {
+    let (send, receive) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(from).lines() {
+            let Ok(line) = line else { return };
+            if send.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    receive
+}
+
+/// A `redis-server` on a free loopback port, without persistence, killed on drop.
+struct Redis {
+    child: Child,
+    port: u16,
+    dir: PathBuf,
+}
+
+impl Redis {
+    fn spawn() -> Redis {
+        for attempt in 0..20 {
+            let port = free_port();
+            let dir =
+                std::env::temp_dir().join(format!("lockctl-test-{}-{port}-{attempt}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let binary = std::env::var_os("REDIS_SERVER").unwrap_or_else(|| "redis-server".into());
+            let child = Command::new(&binary)
+                .args([
+                    "--port",
+                    &port.to_string(),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                ])
+                .arg("--dir")
+                .arg(&dir)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| {
+                    panic!("cannot run redis-server (install it, or set $REDIS_SERVER): {e}")
+                });
+            let mut redis = Redis { child, port, dir };
+            if redis.answers() {
+                return redis;
+            }
+            // Most likely the port was taken meanwhile: another one.
+            drop(redis);
+        }
+        panic!("redis-server did not start in 20 tries");
+    }
+
+    /// Waits until it answers PING; `false` if it exited first.
+    fn answers(&mut self) -> bool {
+        let started = Instant::now();
+        while started.elapsed() < DEADLINE {
+            if ping(self.port) {
+                return true;
+            }
+            if self.child.try_wait().unwrap().is_some() {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        panic!(
+            "redis-server on port {} did not answer within {DEADLINE:?}",
+            self.port
+        );
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    async fn raw(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap()
+    }
+
+    /// Runs each command, as a test sets up keys the library would not write.
+    async fn run(&self, commands: &[&[&str]]) {
+        let mut raw = self.raw().await;
+        for command in commands {
+            let mut cmd = redis::cmd(command[0]);
+            cmd.arg(&command[1..]);
+            let _: redis::Value = cmd
+                .query_async(&mut raw)
+                .await
+                .unwrap_or_else(|e| panic!("{command:?}: {e}"));
+        }
+    }
+
+    /// The server's clock in milliseconds.
+    async fn time_ms(&self) -> u64 {
+        let (secs, micros): (u64, u64) = redis::cmd("TIME")
+            .query_async(&mut self.raw().await)
+            .await
+            .unwrap();
+        secs * 1000 + micros / 1000
+    }
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn ping(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+    let mut reply = [0u8; 7];
+    stream.write_all(b"PING\r\n").is_ok() && stream.read_exact(&mut reply).is_ok() && &reply == b"+PONG\r\n"
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
