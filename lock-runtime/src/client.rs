@@ -312,7 +312,12 @@ impl LockClient {
                 } => {
                     if claim && !claimed {
                         claimed = true;
-                        place.get_or_insert_with(|| QueuePlace::new(self, &keys, &token));
+                        place = Some(
+                            place
+                                .take()
+                                .unwrap_or_else(|| QueuePlace::new(self, &keys, &token))
+                                .claimed(),
+                        );
                     }
                     if Instant::now() >= deadline {
                         tracing::debug!(key, "lock busy");
@@ -581,7 +586,7 @@ impl Drop for PendingAcquire<'_> {
                 },
             );
             if self.may_claim {
-                drop(QueuePlace::new(self.client, self.keys, self.token));
+                drop(QueuePlace::new(self.client, self.keys, self.token).claimed());
             }
         }
     }
@@ -595,6 +600,8 @@ struct QueuePlace {
     client: LockClient,
     keys: LockKeys,
     token: String,
+    /// It may hold a writer's claim: leaving tells the readers it held back.
+    claimed: bool,
     taken: bool,
 }
 
@@ -604,8 +611,14 @@ impl QueuePlace {
             client: client.clone(),
             keys: keys.clone(),
             token: token.to_owned(),
+            claimed: false,
             taken: false,
         }
+    }
+
+    fn claimed(mut self) -> Self {
+        self.claimed = true;
+        self
     }
 
     /// The lock was taken: the acquire script already removed the place.
@@ -622,13 +635,14 @@ impl Drop for QueuePlace {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (client, keys, token) = (
+        let (client, keys, token, claimed) = (
             self.client.clone(),
             self.keys.clone(),
             std::mem::take(&mut self.token),
+            self.claimed,
         );
         runtime.spawn(async move {
-            if let Err(e) = client.backend().leave_queue(&keys, &token).await {
+            if let Err(e) = client.backend().leave_queue(&keys, &token, claimed).await {
                 tracing::debug!(redis_key = %keys.lock, error = %e, "could not leave the fair queue; the place lapses");
             }
         });

@@ -15,7 +15,8 @@
 //!
 //! Labels never carry the key (unbounded cardinality); with
 //! [`LockClientBuilder::metrics_key_class`](crate::LockClientBuilder::metrics_key_class) every
-//! series also gets `key_class`, the key's text before its first `:` (`order:42` → `order`).
+//! series also gets `key_class`, the key's text before its first `:` (`order:42` → `order`;
+//! `-` for a key without one).
 
 use std::time::Duration;
 
@@ -48,7 +49,9 @@ impl<'a> Labels<'a> {
     pub(crate) fn new(shared: bool, key: &'a str, by_class: bool) -> Self {
         Labels {
             mode: if shared { "shared" } else { "exclusive" },
-            key_class: by_class.then(|| key.split(':').next().unwrap_or(key)),
+            // A key without `:` has no class: labelling by the key itself would make a series
+            // per key.
+            key_class: by_class.then(|| key.split_once(':').map_or("-", |(class, _)| class)),
         }
     }
 }

@@ -16,6 +16,7 @@ lock_tests::on_every_deployment_with_one_counter!(
     a_writer_excludes_readers_and_readers_exclude_writers,
     readers_and_writers_never_overlap_under_contention,
     a_crashed_readers_share_expires_on_its_own,
+    a_crashed_reader_that_once_extended_holds_writers_only_for_its_lease,
     a_waiting_writer_keeps_new_readers_out,
     a_writer_is_not_starved_by_a_stream_of_readers,
     the_last_readers_release_wakes_a_waiting_writer,
@@ -170,6 +171,22 @@ async fn a_crashed_readers_share_expires_on_its_own(t: Target) {
         .unwrap();
 }
 
+/// The readers' hash lives as long as its longest lease ever was (its expiry is only moved out):
+/// a reader that extended its share, then went back to a short lease and died, must not keep a
+/// writer out until that longest lease would have ended.
+async fn a_crashed_reader_that_once_extended_holds_writers_only_for_its_lease(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let share = other.acquire("index", &read(300)).await.unwrap();
+    share.extend(Duration::from_secs(60)).await.unwrap();
+    share.extend(Duration::from_millis(300)).await.unwrap();
+    std::mem::forget(share); // crashed: never renewed, never released
+    let writer = c
+        .acquire("index", &ttl(10_000).wait(Duration::from_secs(10)))
+        .await
+        .expect("the writer waited for a lease that had ended");
+    writer.release().await.unwrap();
+}
+
 async fn a_waiting_writer_keeps_new_readers_out(t: Target) {
     let (c, other) = (t.client(), t.other_client().await);
     let reader = c.acquire("rates", &read(60_000)).await.unwrap();
@@ -194,7 +211,7 @@ async fn a_waiting_writer_keeps_new_readers_out(t: Target) {
     let released = Instant::now();
     reader.release().await.unwrap();
     let (got_it, guard) = writer.await.unwrap();
-    assert_woken_by_the_release(got_it - released);
+    assert_claimant_woken_by_the_release(got_it - released);
     guard.unwrap().release().await.unwrap();
     // The writer is done: readers enter again.
     c.acquire("rates", &read(10_000))
@@ -259,14 +276,26 @@ async fn the_last_readers_release_wakes_a_waiting_writer(t: Target) {
     })
     .await;
     first.release().await.unwrap();
-    assert!(!writer.is_finished(), "one reader left, the other still reads");
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(!writer.is_finished(), "one reader left, the other still reads");
+    // One reader left; the other still reads, and keeps every writer out.
+    assert_eq!(c.holder("stock").await.unwrap().unwrap().readers().len(), 1);
+    assert!(matches!(
+        c.acquire("stock", &ttl(10_000)).await,
+        Err(LockError::Busy { .. })
+    ));
     let released = Instant::now();
     second.release().await.unwrap();
     let (got_it, guard) = writer.await.unwrap();
-    assert_woken_by_the_release(got_it - released);
+    assert_claimant_woken_by_the_release(got_it - released);
     guard.unwrap().release().await.unwrap();
+}
+
+/// A writer that claimed its turn asks again at least every 255 ms (its claim must not lapse),
+/// so "woken by the release" means well before that: the release's wake-up takes a round trip.
+fn assert_claimant_woken_by_the_release(handoff: Duration) {
+    assert!(
+        handoff < Duration::from_millis(200),
+        "the waiting writer came on its own timer, not woken by the last reader's release: {handoff:?}"
+    );
 }
 
 async fn a_writers_release_wakes_every_waiting_reader(t: Target) {
@@ -417,28 +446,34 @@ async fn a_writer_that_gives_up_lets_readers_in_at_once(t: Target) {
         }
     })
     .await;
+    // A reader waiting behind the claim: told to try again when the writer gives up, not when
+    // the claim would have lapsed (it was refused with up to 1 s to wait).
+    // On the other client than the writer's: its own client's queue would pass the turn on.
+    let waiting_reader = tokio::spawn({
+        let c = c.clone();
+        async move {
+            let got = c
+                .acquire("cache", &read(10_000).wait(Duration::from_secs(30)))
+                .await;
+            (Instant::now(), got)
+        }
+    });
+    eventually(2 * SECOND, "the reader waits", || async {
+        c.waiting("cache").unwrap() >= 1
+    })
+    .await;
+    let gave_up = Instant::now();
     writer.abort();
     let _ = writer.await;
-    // Its claim goes with it (not at the claim's lapse, a second later).
-    eventually(
-        FAIR_GIVE_UP,
-        "a reader enters once the writer gave up",
-        || async {
-            match c.acquire("cache", &read(10_000)).await {
-                Ok(guard) => {
-                    guard.release().await.unwrap();
-                    true
-                }
-                Err(_) => false,
-            }
-        },
-    )
-    .await;
+    let (got_it, share) = waiting_reader.await.unwrap();
+    assert!(
+        got_it - gave_up < Duration::from_millis(500),
+        "the waiting reader was not told the claim was withdrawn: {:?}",
+        got_it - gave_up
+    );
+    share.unwrap().release().await.unwrap();
     reader.release().await.unwrap();
 }
-
-/// Well under `FAIR_PLACE_KEPT` (1 s): the claim is removed, not left to lapse.
-const FAIR_GIVE_UP: Duration = Duration::from_millis(700);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_refuses_read_write_locks() {

@@ -262,13 +262,21 @@ impl MemoryBackend {
         Attempt::Acquired { fence }
     }
 
-    pub(crate) fn leave_queue(&self, keys: &LockKeys, token: &str) {
-        let mut store = self.store();
-        if let Some(queue) = store.queues.get_mut(&keys.queue()) {
-            queue.leave(token);
-        }
-        if let Some(claims) = store.claims.get_mut(&keys.lock) {
-            claims.remove(token);
+    pub(crate) fn leave_queue(&self, keys: &LockKeys, token: &str, claimed: bool) {
+        let withdrawn = {
+            let mut store = self.store();
+            if let Some(queue) = store.queues.get_mut(&keys.queue()) {
+                queue.leave(token);
+            }
+            store
+                .claims
+                .get_mut(&keys.lock)
+                .and_then(|claims| claims.remove(token))
+                .is_some()
+        };
+        if claimed && withdrawn {
+            // Readers held back by the claim try again.
+            self.wakeups.notify(&keys.channel);
         }
     }
 

@@ -134,14 +134,20 @@ impl Backend {
     }
 
     /// Gives up `token`'s place in the fair queue and its claim as a waiting writer (a waiter
-    /// that stops waiting).
-    pub(crate) async fn leave_queue(&self, keys: &LockKeys, token: &str) -> Result<(), LockError> {
+    /// that stops waiting). `claimed`: it may have claimed the writers' turn, so readers held
+    /// back by the claim are told to try again.
+    pub(crate) async fn leave_queue(
+        &self,
+        keys: &LockKeys,
+        token: &str,
+        claimed: bool,
+    ) -> Result<(), LockError> {
         match self {
-            Backend::Redis(b) => b.leave_queue(keys, token).await,
-            // Fair mode is refused on RedLock: there is no line to leave.
+            Backend::Redis(b) => b.leave_queue(keys, token, claimed).await,
+            // Fair mode and read-write locks are refused on RedLock: there is no line to leave.
             Backend::Redlock(_) => Ok(()),
             Backend::Memory(b) => {
-                b.leave_queue(keys, token);
+                b.leave_queue(keys, token, claimed);
                 Ok(())
             }
         }

@@ -389,18 +389,31 @@ impl RedisBackend {
         Ok(renewed.into_iter().map(|r| r == 1).collect())
     }
 
-    pub(crate) async fn leave_queue(&self, keys: &LockKeys, token: &str) -> Result<(), LockError> {
+    pub(crate) async fn leave_queue(
+        &self,
+        keys: &LockKeys,
+        token: &str,
+        claimed: bool,
+    ) -> Result<(), LockError> {
+        let publish = if self.sharded { "SPUBLISH" } else { "PUBLISH" };
         self.conn
             .request(|mut conn| async move {
-                redis::pipe()
-                    .zrem(keys.queue(), token)
+                let mut pipe = redis::pipe();
+                pipe.zrem(keys.queue(), token)
                     .ignore()
                     .zrem(keys.kept(), token)
                     .ignore()
                     .zrem(keys.writers(), token)
-                    .ignore()
-                    .query_async::<()>(&mut conn)
-                    .await
+                    .ignore();
+                if claimed {
+                    // Readers held back by the claim try again (best effort, as in the release
+                    // script: without channel rights they wake on their timers).
+                    pipe.cmd(publish)
+                        .arg(&keys.channel)
+                        .arg("claim withdrawn")
+                        .ignore();
+                }
+                pipe.ignore_errors().query_async::<()>(&mut conn).await
             })
             .await
     }

@@ -59,13 +59,38 @@ local function unclaim()
   end
 end
 
--- Refused while readers share the lock: a waiting writer claims its turn. `held` is what GET
--- answered: readers' hash answers it with an error.
-local function claimed(held)
-  if not writers or ARGV[5] ~= '1' or type(held) ~= 'table' then
-    return false
+-- What GET answered `held` means for a writer: 'readers' when readers share the lock (their
+-- hash answers GET with an error), 'free' when that hash holds no live share any more (its
+-- readers died after a longer lease; it is deleted here, so their lease ends for writers when
+-- theirs would), nil for anything else.
+local function readers(held)
+  if type(held) ~= 'table' or redis.call('TYPE', KEYS[1]).ok ~= 'hash' then
+    return nil
   end
-  if redis.call('TYPE', KEYS[1]).ok ~= 'hash' or redis.call('HGET', KEYS[1], 'mode') ~= 'read' then
+  local time = redis.call('TIME')
+  local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  local fields = redis.call('HGETALL', KEYS[1])
+  local mode, live = nil, false
+  for i = 1, #fields, 2 do
+    if fields[i] == 'mode' then
+      mode = fields[i + 1]
+    elseif (tonumber(fields[i + 1]) or 0) > now then
+      live = true
+    end
+  end
+  if mode ~= 'read' then
+    return nil
+  end
+  if not live then
+    redis.call('DEL', KEYS[1])
+    return 'free'
+  end
+  return 'readers'
+end
+
+-- Refused while readers share the lock: a waiting writer claims its turn.
+local function claim()
+  if not writers or ARGV[5] ~= '1' then
     return false
   end
   local time = redis.call('TIME')
@@ -90,7 +115,12 @@ if not place then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return {1, tonumber(counter) or 0}
   end
-  if claimed(held) then
+  local shared = writers and readers(held)
+  if shared == 'free' and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    unclaim()
+    return taken()
+  end
+  if shared == 'readers' and claim() then
     return {0, redis.call('PTTL', KEYS[1]), 0, 1}
   end
   return {0, redis.call('PTTL', KEYS[1])}
@@ -109,6 +139,10 @@ local holder = redis.pcall('GET', KEYS[1])
 if holder == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return {1, tonumber(counter) or 0}
+end
+local shared = writers and readers(holder)
+if shared == 'free' then
+  holder = false
 end
 local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
 if holder == false and (head == nil or head == ARGV[1]) then
@@ -131,7 +165,7 @@ end
 -- How many are ahead of the caller in line: a waiter with others ahead will not be named by the
 -- next release, so it need not ask again before it sleeps.
 local ahead = redis.call('ZRANK', KEYS[3], ARGV[1]) or 0
-if claimed(holder) then
+if shared == 'readers' and claim() then
   return {0, redis.call('PTTL', KEYS[1]), ahead, 1}
 end
 return {0, redis.call('PTTL', KEYS[1]), ahead}

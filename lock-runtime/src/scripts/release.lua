@@ -47,7 +47,10 @@ if type(held) == 'table' and held.err then
     return 0
   end
   if others > 0 then
-    redis.call('HDEL', KEYS[1], unpack(gone))
+    -- In slices: Lua's unpack takes a few thousand values at most.
+    for i = 1, #gone, 1000 do
+      redis.call('HDEL', KEYS[1], unpack(gone, i, math.min(i + 999, #gone)))
+    end
     redis.call('PEXPIRE', KEYS[1], last - now)
     if mine > now then
       return 3
