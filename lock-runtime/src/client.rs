@@ -186,9 +186,20 @@ impl LockClient {
     /// Redis cannot be reached in time, and `InvalidKey`/`InvalidOptions` for bad input. Note that
     /// a bare `acquire` is its own owner: unlike [`run`](LockClient::run), it is not reentrant.
     pub async fn acquire(&self, key: &str, options: &LockOptions) -> Result<LockGuard, LockError> {
-        let keys = self.keys(key)?;
-        options.validate()?;
+        let keys = self.checked(key, options)?;
         self.acquire_keys(key, keys, options).await
+    }
+
+    /// The key's names, once the key and the options are found valid; a bad one is counted as
+    /// an `invalid` acquire in the metrics.
+    fn checked(&self, key: &str, options: &LockOptions) -> Result<LockKeys, LockError> {
+        let checked = self.keys(key).and_then(|keys| options.validate().map(|()| keys));
+        if let Err(e) = &checked {
+            let shared = options.get_mode() == LockMode::Shared;
+            let labels = Labels::new(shared, key, self.inner.metrics_key_class);
+            telemetry::acquire(&labels, telemetry::failure(e), Duration::ZERO, Duration::ZERO);
+        }
+        checked
     }
 
     /// Attempts until the lock is taken or the wait runs out. Every way out goes through
@@ -371,8 +382,7 @@ impl LockClient {
         // Boxed once, before anything else: the body is then moved around as a pointer, so
         // the future of a guarded call (and of calls nested in it) holds it only once.
         let body = Box::pin(body);
-        let keys = self.keys(key)?;
-        options.validate()?;
+        let keys = self.checked(key, options)?;
         if let Some(outer) = scope::held(self.id(), &keys.lock) {
             return self.run_nested(key, &outer, options, body).await;
         }

@@ -1,6 +1,7 @@
 //! A held lock: its validity clock, its lost signal, and its release on every path.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
@@ -42,6 +43,8 @@ pub(crate) struct LockState {
     pub(crate) taken_at: Instant,
     /// Metrics are labelled with the key's class.
     pub(crate) by_key_class: bool,
+    /// A release of it succeeded already (its hold time is recorded).
+    release_seen: AtomicBool,
     /// Small on purpose (a `Mutex` and one `Notify`, not a `watch` channel): a client may hold
     /// many thousands of locks.
     status: std::sync::Mutex<Status>,
@@ -71,6 +74,7 @@ impl LockState {
             shared: options.get_mode() == crate::LockMode::Shared,
             taken_at: started,
             by_key_class: false,
+            release_seen: AtomicBool::new(false),
             status: std::sync::Mutex::new(Status {
                 hold_until: started + options.get_hold_at_least(),
                 valid_until: started + ttl.saturating_sub(drift(ttl)),
@@ -352,7 +356,9 @@ pub(crate) async fn release_state(client: &LockClient, state: &LockState) -> Res
         state.fair,
     )
     .await;
-    if let Ok(true) = released {
+    // A lock kept for its minimum hold answers a second release (shutdown's, then the guard's)
+    // as released too: its hold time is recorded once.
+    if matches!(released, Ok(true)) && !state.release_seen.swap(true, Ordering::Relaxed) {
         let held = state.taken_at.elapsed();
         telemetry::released(&state.labels(), held);
         tracing::debug!(key = %state.key, held_ms = ceil_millis(held), "lock released");

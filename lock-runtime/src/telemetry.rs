@@ -26,13 +26,20 @@ use crate::LockError;
 pub(crate) fn outcome<T>(result: &Result<T, LockError>) -> &'static str {
     match result {
         Ok(_) => "acquired",
-        Err(LockError::Busy { .. }) => "busy",
-        Err(LockError::NotReplicated { .. }) => "not_replicated",
-        Err(LockError::Unavailable { .. }) => "unavailable",
-        Err(LockError::Refused { .. }) => "refused",
-        Err(LockError::Lost { .. }) => "lost",
-        Err(LockError::NotConfigured) => "not_configured",
-        Err(_) => "invalid",
+        Err(e) => failure(e),
+    }
+}
+
+/// What an acquire call that failed with `e` is called in the `outcome` label.
+pub(crate) fn failure(e: &LockError) -> &'static str {
+    match e {
+        LockError::Busy { .. } => "busy",
+        LockError::NotReplicated { .. } => "not_replicated",
+        LockError::Unavailable { .. } => "unavailable",
+        LockError::Refused { .. } => "refused",
+        LockError::Lost { .. } => "lost",
+        LockError::NotConfigured => "not_configured",
+        _ => "invalid",
     }
 }
 

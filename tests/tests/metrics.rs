@@ -106,6 +106,11 @@ async fn a_client_records_what_its_locks_do() {
         "a label carries the whole key"
     );
 
+    // Bad input is counted as invalid, under the same labels.
+    assert!(client.acquire("", &ttl(10_000)).await.is_err());
+    assert!(client.acquire("order:2", &ttl(1)).await.is_err());
+    assert_eq!(seen.counter("lock_acquires_total", &[("outcome", "invalid")]), 2);
+
     // A share is counted apart.
     let share = client
         .acquire("prices:eu", &ttl(10_000).mode(LockMode::Shared))
