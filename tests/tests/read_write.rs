@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_runtime::{LockError, LockMode, LockOptions};
+use lock_runtime::{LockClient, LockError, LockMode, LockOptions};
 use lock_tests::{assert_woken_by_the_release, eventually, ttl, Target, SECOND};
 use std::time::Instant;
 use tokio::sync::Barrier;
@@ -193,21 +193,7 @@ async fn a_waiting_writer_keeps_new_readers_out(t: Target) {
     let writer = lock_tests::spawn_waiter(other.clone(), "rates", Duration::from_secs(30));
     // Once the writer has asked (and claimed its turn), a new reader is refused, although only
     // readers hold the lock.
-    eventually(
-        3 * SECOND,
-        "a new reader is refused while the writer waits",
-        || async {
-            match c.acquire("rates", &read(10_000)).await {
-                Ok(guard) => {
-                    guard.release().await.unwrap();
-                    false
-                }
-                Err(LockError::Busy { .. }) => true,
-                Err(e) => panic!("{e}"),
-            }
-        },
-    )
-    .await;
+    until_new_readers_are_refused(&c, "rates").await;
     let released = Instant::now();
     reader.release().await.unwrap();
     let (got_it, guard) = writer.await.unwrap();
@@ -287,6 +273,26 @@ async fn the_last_readers_release_wakes_a_waiting_writer(t: Target) {
     let (got_it, guard) = writer.await.unwrap();
     assert_claimant_woken_by_the_release(got_it - released);
     guard.unwrap().release().await.unwrap();
+}
+
+/// Waits until a waiting writer has claimed its turn on `key`: a new reader is then refused,
+/// although only readers hold the lock.
+async fn until_new_readers_are_refused(c: &LockClient, key: &str) {
+    eventually(
+        3 * SECOND,
+        "a new reader is refused while the writer waits",
+        || async {
+            match c.acquire(key, &read(10_000)).await {
+                Ok(guard) => {
+                    guard.release().await.unwrap();
+                    false
+                }
+                Err(LockError::Busy { .. }) => true,
+                Err(e) => panic!("{e}"),
+            }
+        },
+    )
+    .await;
 }
 
 /// A writer that claimed its turn asks again at least every 255 ms (its claim must not lapse),
@@ -436,16 +442,7 @@ async fn a_writer_that_gives_up_lets_readers_in_at_once(t: Target) {
     let (c, other) = (t.client(), t.other_client().await);
     let reader = c.acquire("cache", &read(60_000)).await.unwrap();
     let writer = lock_tests::spawn_waiter(other.clone(), "cache", Duration::from_secs(30));
-    eventually(3 * SECOND, "the writer's claim keeps readers out", || async {
-        match c.acquire("cache", &read(10_000)).await {
-            Ok(guard) => {
-                guard.release().await.unwrap();
-                false
-            }
-            Err(_) => true,
-        }
-    })
-    .await;
+    until_new_readers_are_refused(&c, "cache").await;
     // A reader waiting behind the claim: told to try again when the writer gives up, not when
     // the claim would have lapsed (it was refused with up to 1 s to wait).
     // On the other client than the writer's: its own client's queue would pass the turn on.
