@@ -175,8 +175,7 @@ async fn write_prices(locks: &LockClient, region: &str) -> Result<bool, LockErro
     locks.is_locked(&format!("prices:{region}")).await
 }
 
-/// `read`: a shared lock. Only that it compiles and runs is checked here; what sharing means is
-/// the runtime's to test.
+/// `read`: a shared lock.
 #[distributed_lock(key = "prices:<region>", client = locks, read, ttl_ms = 5000)]
 async fn read_prices(locks: &LockClient, region: &str) -> Result<String, LockError> {
     Ok(lock_runtime::current()
@@ -188,6 +187,17 @@ async fn read_prices(locks: &LockClient, region: &str) -> Result<String, LockErr
 async fn a_read_lock_runs_its_body() {
     let locks = LockClient::in_memory();
     assert_eq!(read_prices(&locks, "eu").await.unwrap(), "prices:eu");
+    // While another reader holds a share, `read` gets in (an exclusive lock would be busy, and
+    // neither fn waits) and `write` does not.
+    let other_reader = lock_runtime::LockOptions::new(std::time::Duration::from_secs(5))
+        .mode(lock_runtime::LockMode::Shared);
+    let share = locks.acquire("prices:eu", &other_reader).await.unwrap();
+    assert_eq!(read_prices(&locks, "eu").await.unwrap(), "prices:eu");
+    assert!(matches!(
+        write_prices(&locks, "eu").await,
+        Err(LockError::Busy { .. })
+    ));
+    share.release().await.unwrap();
 }
 
 async fn every_form_runs_guarded(t: Target) {
