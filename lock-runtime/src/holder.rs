@@ -93,7 +93,15 @@ const RELEASED: &str = ":released";
 /// come from rand's thread-local CSPRNG (uuid's `fast-rng`), seeded and reseeded from the OS: a
 /// system call per acquisition cost more than the rest of an acquire's client work.
 pub(crate) fn new_value(owner: &str) -> String {
-    format!("{} {owner}", uuid::Uuid::new_v4().simple())
+    let mut value = String::with_capacity(uuid::fmt::Simple::LENGTH + 1 + owner.len());
+    value.push_str(
+        uuid::Uuid::new_v4()
+            .simple()
+            .encode_lower(&mut uuid::Uuid::encode_buffer()),
+    );
+    value.push(' ');
+    value.push_str(owner);
+    value
 }
 
 /// `<hostname>:<pid>`, the default owner label.

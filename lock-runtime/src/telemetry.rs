@@ -65,32 +65,105 @@ impl<'a> Labels<'a> {
 
 #[cfg(feature = "metrics")]
 mod on {
+    use metrics::{Key, Label, Level, Metadata};
+
     use super::*;
 
-    fn labels(labels: &Labels<'_>, outcome: Option<&'static str>) -> Vec<metrics::Label> {
-        let mut all = vec![metrics::Label::new("mode", labels.mode)];
-        if let Some(outcome) = outcome {
-            all.push(metrics::Label::new("outcome", outcome));
+    /// Where the series come from, for recorders that filter by it.
+    static METADATA: Metadata<'static> = Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
+
+    /// The label sets without a key class are fixed: kept in statics, so that recording a series
+    /// allocates nothing (every acquire and release records; with no recorder installed, that
+    /// is all it costs).
+    macro_rules! fixed {
+        ($mode:literal) => {{
+            static LABELS: [Label; 1] = [Label::from_static_parts("mode", $mode)];
+            &LABELS
+        }};
+        ($mode:literal, $outcome:expr, [$($name:literal),*]) => {
+            match $outcome {
+                $($name => {
+                    static LABELS: [Label; 2] =
+                        [Label::from_static_parts("mode", $mode), Label::from_static_parts("outcome", $name)];
+                    &LABELS
+                })*
+                _ => fixed!($mode),
+            }
+        };
+    }
+
+    /// The labels of a lock's series, with the call's outcome where there is one.
+    fn fixed_labels(labels: &Labels<'_>, outcome: Option<&'static str>) -> &'static [Label] {
+        let shared = labels.mode == "shared";
+        match (shared, outcome) {
+            (false, None) => fixed!("exclusive"),
+            (true, None) => fixed!("shared"),
+            (false, Some(outcome)) => fixed!(
+                "exclusive",
+                outcome,
+                [
+                    "acquired",
+                    "busy",
+                    "not_replicated",
+                    "unavailable",
+                    "refused",
+                    "invalid",
+                    "lost",
+                    "not_configured"
+                ]
+            ),
+            (true, Some(outcome)) => fixed!(
+                "shared",
+                outcome,
+                [
+                    "acquired",
+                    "busy",
+                    "not_replicated",
+                    "unavailable",
+                    "refused",
+                    "invalid",
+                    "lost",
+                    "not_configured"
+                ]
+            ),
         }
-        if let Some(class) = labels.key_class {
-            all.push(metrics::Label::new("key_class", class.to_owned()));
+    }
+
+    /// The series `name` of one lock: fixed labels, plus the key's class when asked for.
+    fn key(name: &'static str, labels: &Labels<'_>, outcome: Option<&'static str>) -> Key {
+        let fixed = fixed_labels(labels, outcome);
+        match labels.key_class {
+            None => Key::from_static_parts(name, fixed),
+            Some(class) => {
+                let mut all = fixed.to_vec();
+                all.push(Label::new("key_class", class.to_owned()));
+                Key::from_parts(name, all)
+            }
         }
-        all
     }
 
     pub(crate) fn acquire(l: &Labels<'_>, outcome: &'static str, attempt: Duration, call: Duration) {
-        let labels = labels(l, Some(outcome));
-        metrics::counter!("lock_acquires_total", labels.iter()).increment(1);
-        metrics::histogram!("lock_acquire_seconds", labels.iter()).record(attempt.as_secs_f64());
-        metrics::histogram!("lock_wait_seconds", labels.iter()).record(call.as_secs_f64());
+        let (calls, attempts, waits) = (
+            key("lock_acquires_total", l, Some(outcome)),
+            key("lock_acquire_seconds", l, Some(outcome)),
+            key("lock_wait_seconds", l, Some(outcome)),
+        );
+        metrics::with_recorder(|r| {
+            r.register_counter(&calls, &METADATA).increment(1);
+            r.register_histogram(&attempts, &METADATA)
+                .record(attempt.as_secs_f64());
+            r.register_histogram(&waits, &METADATA).record(call.as_secs_f64());
+        });
     }
 
     pub(crate) fn released(l: &Labels<'_>, held: Duration) {
-        metrics::histogram!("lock_held_seconds", labels(l, None).iter()).record(held.as_secs_f64());
+        let key = key("lock_held_seconds", l, None);
+        metrics::with_recorder(|r| r.register_histogram(&key, &METADATA).record(held.as_secs_f64()));
     }
 
     pub(crate) fn lost(l: &Labels<'_>) {
-        metrics::counter!("lock_lost_total", labels(l, None).iter()).increment(1);
+        let key = key("lock_lost_total", l, None);
+        metrics::with_recorder(|r| r.register_counter(&key, &METADATA).increment(1));
     }
 
     pub(crate) fn renewed(locks: u64) {

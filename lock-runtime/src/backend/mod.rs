@@ -28,13 +28,21 @@ pub(crate) struct LockKeys {
     pub(crate) channel: String,
 }
 
+/// The suffix of a lock's wake-up channel.
+const RELEASED: &str = ":released";
+
 impl LockKeys {
     pub(crate) fn new(prefix: &str, key: &str) -> Self {
-        let lock = format!("{prefix}{{{key}}}");
-        LockKeys {
-            channel: format!("{lock}:released"),
-            lock,
-        }
+        // Sized once: these are made for every acquire.
+        let mut lock = String::with_capacity(prefix.len() + key.len() + 2);
+        lock.push_str(prefix);
+        lock.push('{');
+        lock.push_str(key);
+        lock.push('}');
+        let mut channel = String::with_capacity(lock.len() + RELEASED.len());
+        channel.push_str(&lock);
+        channel.push_str(RELEASED);
+        LockKeys { lock, channel }
     }
 
     /// `<prefix>{<key>}:fence`: the fencing counter.

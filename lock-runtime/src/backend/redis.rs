@@ -193,21 +193,21 @@ impl RedisBackend {
         let (place_kept, sharded) = (&place_kept, self.sharded);
         let (answer, acked): (Vec<i64>, _) = self
             .run_acknowledged(|| {
-                let mut call = ACQUIRE.call();
-                call.key(&keys.lock);
+                let mut named = vec![keys.lock.clone()];
                 if ask.fencing || ask.fair {
-                    call.key(keys.fence());
+                    named.push(keys.fence());
                 }
                 if ask.fair {
-                    call.key(keys.queue()).key(keys.kept());
+                    named.extend([keys.queue(), keys.kept()]);
                 }
                 // A caller that will wait may claim the writers' turn of a read-write lock.
                 let writers = if ask.join {
-                    call.key(keys.writers());
-                    call.key_count().to_string()
+                    named.push(keys.writers());
+                    named.len().to_string()
                 } else {
                     String::new()
                 };
+                let mut call = ACQUIRE.call(&named);
                 call.arg(token)
                     .arg(ask.ttl_ms)
                     .arg(if ask.fencing { "1" } else { "0" })
@@ -246,11 +246,11 @@ impl RedisBackend {
     async fn share(&self, keys: &LockKeys, token: &str, ask: &Ask) -> Result<Attempt, LockError> {
         let (answer, acked): (Vec<i64>, _) = self
             .run_acknowledged(|| {
-                let mut call = SHARE.call();
-                call.key(&keys.lock).key(keys.writers());
+                let mut named = vec![keys.lock.clone(), keys.writers()];
                 if ask.fencing {
-                    call.key(keys.fence());
+                    named.push(keys.fence());
                 }
+                let mut call = SHARE.call(&named);
                 call.arg(token).arg(ask.ttl_ms);
                 call
             })
@@ -275,8 +275,9 @@ impl RedisBackend {
     /// `GET` refuses with `WRONGTYPE`) is someone else's. It does not learn the holder's ttl.
     async fn try_set(&self, keys: &LockKeys, token: &str, ttl_ms: u64) -> Result<Attempt, LockError> {
         let set = || {
-            let mut set = redis::cmd("SET");
-            set.arg(&keys.lock)
+            let mut set = redis::Cmd::with_capacity(7, keys.lock.len() + token.len() + 40);
+            set.arg("SET")
+                .arg(&keys.lock)
                 .arg(token)
                 .arg("NX")
                 .arg("PX")
@@ -336,8 +337,8 @@ impl RedisBackend {
     ) -> Result<(bool, Option<usize>), LockError> {
         let (renewed, acked): (Vec<i64>, _) = self
             .run_acknowledged(|| {
-                let mut call = RENEW.call();
-                call.key(&keys.lock).arg(token).arg(ttl_ms);
+                let mut call = RENEW.call(&[&keys.lock]);
+                call.arg(token).arg(ttl_ms);
                 call
             })
             .await?;
@@ -379,9 +380,10 @@ impl RedisBackend {
         let renewed: Vec<i64> = self
             .conn
             .request(|mut conn| async move {
-                let mut call = RENEW.call();
-                for (keys, token, ttl_ms) in locks {
-                    call.key(&keys.lock).arg(*token).arg(*ttl_ms);
+                let named: Vec<&str> = locks.iter().map(|(keys, _, _)| keys.lock.as_str()).collect();
+                let mut call = RENEW.call(&named);
+                for (_, token, ttl_ms) in locks {
+                    call.arg(*token).arg(*ttl_ms);
                 }
                 call.invoke(&mut conn).await
             })
@@ -468,12 +470,12 @@ impl RedisBackend {
         let (connection, within) = self.ordered();
         let released: i64 = connection
             .request_within(within, |mut conn| async move {
-                let mut release = RELEASE.call();
-                release.key(&keys.lock);
-                if fair {
+                let mut release = if fair {
                     // Only a fair release reads the line.
-                    release.key(keys.queue()).key(keys.kept());
-                }
+                    RELEASE.call(&[keys.lock.clone(), keys.queue(), keys.kept()])
+                } else {
+                    RELEASE.call(&[&keys.lock])
+                };
                 release
                     .arg(token)
                     .arg(hold_ms)

@@ -31,59 +31,56 @@ impl Lua {
         }
     }
 
-    /// A call of this script, to fill with keys and arguments.
-    pub(crate) fn call(&'static self) -> Call {
-        Call {
-            lua: self,
-            keys: Vec::with_capacity(5),
-            args: Vec::with_capacity(5),
+    /// A call of this script on `keys`, to fill with arguments. The request is written as it is
+    /// built (no intermediate copies of the keys and arguments: this is on every release's path).
+    pub(crate) fn call<K: AsRef<[u8]>>(&'static self, keys: &[K]) -> Call {
+        let size = keys.iter().map(|k| k.as_ref().len()).sum::<usize>() + 160;
+        let mut cmd = Cmd::with_capacity(keys.len() + 9, size);
+        cmd.arg("EVALSHA").arg(&self.hash).arg(keys.len());
+        for key in keys {
+            cmd.arg(key.as_ref());
         }
+        Call { lua: self, cmd }
     }
 }
 
-/// One call: its keys and arguments.
+/// One call: `EVALSHA`, its keys and its arguments.
 #[derive(Debug)]
 pub(crate) struct Call {
     lua: &'static Lua,
-    keys: Vec<Vec<u8>>,
-    args: Vec<Vec<u8>>,
+    cmd: Cmd,
 }
 
 impl Call {
-    pub(crate) fn key(&mut self, key: impl ToRedisArgs) -> &mut Self {
-        self.keys.extend(key.to_redis_args());
-        self
-    }
-
-    /// How many keys the call names so far.
-    pub(crate) fn key_count(&self) -> usize {
-        self.keys.len()
-    }
-
     pub(crate) fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
-        self.args.extend(arg.to_redis_args());
+        self.cmd.arg(arg);
         self
     }
 
-    /// `EVALSHA` (by hash) or `EVAL` (with the source).
-    fn cmd(&self, by_hash: bool) -> Cmd {
-        let mut cmd = if by_hash {
-            let mut cmd = redis::cmd("EVALSHA");
-            cmd.arg(&self.lua.hash);
-            cmd
-        } else {
-            let mut cmd = redis::cmd("EVAL");
-            cmd.arg(self.lua.source);
-            cmd
-        };
-        cmd.arg(self.keys.len()).arg(&self.keys).arg(&self.args);
+    /// The same call by source (`EVAL`), for a node that has not cached the script.
+    fn by_source(&self) -> Cmd {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(self.lua.source);
+        for arg in self.cmd.args_iter().skip(2) {
+            if let redis::Arg::Simple(bytes) = arg {
+                cmd.arg(bytes);
+            }
+        }
         cmd
+    }
+
+    /// The first key (where a keyed command is routed on a Cluster).
+    fn first_key(&self) -> &[u8] {
+        match self.cmd.args_iter().nth(3) {
+            Some(redis::Arg::Simple(key)) => key,
+            _ => &[],
+        }
     }
 
     /// Runs the script on the node owning its first key.
     pub(crate) async fn invoke<T: FromRedisValue>(&self, conn: &mut Conn) -> RedisResult<T> {
-        match self.cmd(true).query_async(conn).await {
-            Err(e) if unknown_script(&e) => self.cmd(false).query_async(conn).await,
+        match self.cmd.query_async(conn).await {
+            Err(e) if unknown_script(&e) => self.by_source().query_async(conn).await,
             answer => answer,
         }
     }
@@ -96,9 +93,9 @@ impl Call {
         replicas: usize,
         timeout: Duration,
     ) -> RedisResult<(T, usize)> {
-        let key = self.keys.first().map_or(&[][..], Vec::as_slice);
-        match conn.then_wait(self.cmd(true), key, replicas, timeout).await {
-            Err(e) if unknown_script(&e) => conn.then_wait(self.cmd(false), key, replicas, timeout).await,
+        let key = self.first_key();
+        match conn.then_wait(self.cmd.clone(), key, replicas, timeout).await {
+            Err(e) if unknown_script(&e) => conn.then_wait(self.by_source(), key, replicas, timeout).await,
             answer => answer,
         }
     }

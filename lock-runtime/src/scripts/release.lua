@@ -61,19 +61,20 @@ if type(held) == 'table' and held.err then
   if mine <= now then
     return 0
   end
-else
-  local kept = ARGV[1] .. ':released'
-  if held ~= ARGV[1] and held ~= kept then
-    return 0
-  end
-  if tonumber(ARGV[2]) > 0 then
-    if held == kept then
-      return 1
-    end
-    redis.call('SET', KEYS[1], kept, 'PX', ARGV[2])
+elseif held == ARGV[1] then
+  if ARGV[2] ~= '0' then
+    redis.call('SET', KEYS[1], ARGV[1] .. ':released', 'PX', ARGV[2])
   else
     redis.call('DEL', KEYS[1])
   end
+elseif held == ARGV[1] .. ':released' then
+  -- Released before, and kept for its minimum hold: that release stands.
+  if ARGV[2] ~= '0' then
+    return 1
+  end
+  redis.call('DEL', KEYS[1])
+else
+  return 0
 end
 local message = ARGV[3]
 if ARGV[5] == '1' then
