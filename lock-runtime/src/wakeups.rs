@@ -107,6 +107,9 @@ impl Wakeups {
 
     /// How many of this client's waiters queue for `channel`.
     pub(crate) fn queued(&self, channel: &str) -> usize {
+        if self.waiters.load(Ordering::SeqCst) == 0 {
+            return 0; // every uncontended acquire asks: no lock then
+        }
         self.lock().get(channel).map_or(0, |c| c.queue.len())
     }
 
