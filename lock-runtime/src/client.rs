@@ -20,7 +20,7 @@ use crate::holder::Holder;
 use crate::telemetry::{self, Labels};
 use crate::wakeups::Registration;
 use crate::watchdog::Watchdog;
-use crate::{scope, LockError, LockMode, LockOptions};
+use crate::{scope, LockError, LockMode, LockOptions, FAIR_PLACE_KEPT};
 
 /// The longest key accepted, in bytes, before the prefix is added.
 pub const MAX_KEY_LEN: usize = 1024;
@@ -245,11 +245,13 @@ impl LockClient {
         let token = crate::holder::new_value(&self.inner.owner);
         // A fair waiter's place in line, or a waiting writer's claim on a read-write lock: given
         // up if the call ends without the lock.
-        let mut place = (fair && will_wait).then(|| QueuePlace::new(self, &keys, &token));
+        let mut place = (fair && will_wait).then(|| QueuePlace::new(self, &keys, &token).fair());
         let mut claimed = false;
         let mut wakeup: Option<Registration> = None;
         // Until refused once, no holder's expiry is known.
         let mut pttl_ms = None;
+        // When the last refused attempt was sent: a lock handed over after it is valid from then.
+        let mut last_sent = None;
         // Local waiters queue in order: a newcomer that would wait joins the end of the queue
         // instead of barging in ahead of waiters already there, and tries when woken. (A fair
         // waiter asks at once: its place in line is taken in the store.)
@@ -270,6 +272,37 @@ impl LockClient {
                         () = wakeup.woken() => {}
                         () = tokio::time::sleep(nap) => {}
                     }
+                }
+            }
+            // A fair release may have handed this waiter the lock: it holds it without asking
+            // (a fencing waiter the release could take no token for asks, and gets one).
+            let handed = wakeup.as_ref().and_then(Registration::handed_over);
+            if let (Some(handed), Some(sent)) = (handed, last_sent) {
+                let lease = FAIR_PLACE_KEPT.min(options.ttl());
+                // Enough of the lease left to be worth holding (else asking extends it to the
+                // ttl: the lock is this waiter's already).
+                let fresh = Instant::now() + lease / 2 < sent + lease;
+                if fresh && !(options.is_fencing() && handed == 0) {
+                    let in_flight = self.held().acquiring();
+                    if self.held().is_closed() {
+                        // Given back as the place is dropped.
+                        return outcome(Err(LockError::unavailable(ShutDown)), deciding);
+                    }
+                    if let Some(wakeup) = wakeup {
+                        wakeup.acquired();
+                    }
+                    if let Some(place) = place {
+                        place.taken();
+                    }
+                    let fence = options.is_fencing().then_some(handed);
+                    tracing::debug!(key, fence, "lock handed over by a fair release");
+                    let mut state =
+                        LockState::new(key, keys, token, fence, options, sent).leased(sent, lease);
+                    state.by_key_class = self.inner.metrics_key_class;
+                    let guard =
+                        LockGuard::handed_over(self.clone(), state, options.is_watchdog(), (sent, lease));
+                    drop(in_flight); // registered: shutdown will find it
+                    return outcome(Ok(guard), deciding);
                 }
             }
             let ask = Ask {
@@ -335,6 +368,7 @@ impl LockClient {
                         return outcome(Err(LockError::Busy { key: key.to_owned() }), deciding);
                     }
                     pttl_ms = left;
+                    last_sent = Some(started);
                     if wakeup.is_none() {
                         // First refusal: listen for the release, then try again at once, so a
                         // release between that attempt and the subscription is not missed. An
@@ -612,6 +646,9 @@ struct QueuePlace {
     token: String,
     /// It may hold a writer's claim: leaving tells the readers it held back.
     claimed: bool,
+    /// A place in the fair line: a release may have handed the lock to it meanwhile, so
+    /// leaving also gives that back (to the next in line).
+    fair: bool,
     taken: bool,
 }
 
@@ -622,12 +659,18 @@ impl QueuePlace {
             keys: keys.clone(),
             token: token.to_owned(),
             claimed: false,
+            fair: false,
             taken: false,
         }
     }
 
     fn claimed(mut self) -> Self {
         self.claimed = true;
+        self
+    }
+
+    fn fair(mut self) -> Self {
+        self.fair = true;
         self
     }
 
@@ -645,15 +688,23 @@ impl Drop for QueuePlace {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (client, keys, token, claimed) = (
+        let (client, keys, token, claimed, fair) = (
             self.client.clone(),
             self.keys.clone(),
             std::mem::take(&mut self.token),
             self.claimed,
+            self.fair,
         );
         runtime.spawn(async move {
             if let Err(e) = client.backend().leave_queue(&keys, &token, claimed).await {
                 tracing::debug!(redis_key = %keys.lock, error = %e, "could not leave the fair queue; the place lapses");
+            }
+            // Out of line now, so no later release hands it the lock; one before may have
+            // (token-checked: nothing happens if none did).
+            if fair {
+                if let Err(e) = client.backend().release(&keys, &token, 0, true).await {
+                    tracing::debug!(redis_key = %keys.lock, error = %e, "could not give back a lock handed over to a waiter that left; it lapses with the waiter's place");
+                }
             }
         });
     }

@@ -85,6 +85,13 @@ impl LockState {
         }
     }
 
+    /// A lock handed over by a fair release: it is set to expire `lease` after `sent` (when the
+    /// last attempt before the hand-over was sent), which may be sooner than its ttl.
+    pub(crate) fn leased(self, sent: Instant, lease: Duration) -> Self {
+        self.status().valid_until = sent + lease.saturating_sub(drift(lease));
+        self
+    }
+
     fn status(&self) -> std::sync::MutexGuard<'_, Status> {
         // Every update is one step, so a poisoned status is still consistent.
         self.status.lock().unwrap_or_else(|e| e.into_inner())
@@ -252,6 +259,34 @@ impl LockGuard {
     pub(crate) fn new(client: LockClient, state: LockState, watchdog: bool, started: Instant) -> Self {
         let state = Arc::new(state);
         let watched = watchdog.then(|| client.watchdog().watch(&client, Arc::clone(&state), started));
+        LockGuard::registered(client, state, watched)
+    }
+
+    /// A lock handed over by a fair release for `lease` from `sent` ([`LockState::leased`]):
+    /// when that is shorter than its ttl, the watchdog extends it to its ttl a third of the
+    /// lease in (once, unless it renews the lock anyway), so a lock released before then costs
+    /// no request at all.
+    pub(crate) fn handed_over(
+        client: LockClient,
+        state: LockState,
+        watchdog: bool,
+        (sent, lease): (Instant, Duration),
+    ) -> Self {
+        let state = Arc::new(state);
+        let watched = if lease < state.ttl {
+            let due = (sent + lease / 3, lease / 6);
+            Some(
+                client
+                    .watchdog()
+                    .top_up(&client, Arc::clone(&state), due, !watchdog),
+            )
+        } else {
+            watchdog.then(|| client.watchdog().watch(&client, Arc::clone(&state), sent))
+        };
+        LockGuard::registered(client, state, watched)
+    }
+
+    fn registered(client: LockClient, state: Arc<LockState>, watched: Option<u64>) -> Self {
         let held = client.held().insert(Arc::clone(&state));
         LockGuard {
             client,

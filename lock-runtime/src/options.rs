@@ -131,10 +131,11 @@ impl LockOptions {
     /// Waiters get the lock in the order they began waiting, across all clients and processes
     /// (default off: a release wakes one waiter per client, and whichever asks first gets it).
     ///
-    /// Fair waiters queue in Redis, next to the lock; a release wakes exactly the next one, and
-    /// nobody (not even a caller that does not wait) takes the lock ahead of the queue. A waiter
-    /// that died keeps its place for at most [`FAIR_PLACE_KEPT`], so it delays the others by at
-    /// most that much; one that gives up or is cancelled leaves at once. Fairness holds among
+    /// Fair waiters queue in Redis, next to the lock; a release hands the lock to exactly the
+    /// next one (which holds it without asking), and nobody (not even a caller that does not
+    /// wait) takes the lock ahead of the queue. A waiter that died keeps its place, or a lock
+    /// handed to it, for at most [`FAIR_PLACE_KEPT`] after its last attempt, so it delays the
+    /// others by at most that much; one that gives up or is cancelled leaves at once. Fairness holds among
     /// callers that all ask for it: a non-fair acquire on the same key ignores the queue.
     pub fn fair(mut self, on: bool) -> Self {
         self.fair = on;

@@ -53,6 +53,8 @@ struct Waiter {
     /// A fair waiter's token: a fair release names the waiter whose turn it is.
     token: Option<String>,
     wake: Notify,
+    /// A fair release handed this waiter the lock, with this fencing token (0: none).
+    handed: Mutex<Option<u64>>,
 }
 
 /// The channels this client's waiters listen on.
@@ -89,6 +91,7 @@ impl Wakeups {
             id: IDS.fetch_add(1, Ordering::Relaxed),
             token: token.map(str::to_owned),
             wake: Notify::new(),
+            handed: Mutex::new(None),
         });
         let mut channels = self.lock();
         let entry = channels.entry(channel.to_owned()).or_insert_with(|| Channel {
@@ -123,8 +126,9 @@ impl Wakeups {
         }
     }
 
-    /// A fair release named the waiter whose turn it is: wakes it, if it is one of ours.
-    pub(crate) fn notify_waiter(&self, channel: &str, token: &[u8]) {
+    /// A fair release named the waiter whose turn it is, and with `handed` (the fencing token
+    /// taken for it, 0 for none) handed it the lock: wakes it, if it is one of ours.
+    pub(crate) fn notify_waiter(&self, channel: &str, token: &[u8], handed: Option<u64>) {
         let channels = self.lock();
         let named = channels.get(channel).and_then(|c| {
             c.queue
@@ -132,6 +136,9 @@ impl Wakeups {
                 .find(|w| w.token.as_deref().map(str::as_bytes) == Some(token))
         });
         if let Some(waiter) = named {
+            if handed.is_some() {
+                *waiter.handed.lock().unwrap_or_else(|e| e.into_inner()) = handed;
+            }
             waiter.wake.notify_one();
         }
     }
@@ -218,6 +225,16 @@ impl Registration {
     /// waiter was the head, or its turn passed on by a waiter that left).
     pub(crate) async fn woken(&self) {
         self.waiter.wake.notified().await;
+    }
+
+    /// Whether a fair release handed this waiter the lock (and the fencing token it took for
+    /// it, 0 for none); asked once.
+    pub(crate) fn handed_over(&self) -> Option<u64> {
+        self.waiter
+            .handed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
     }
 
     /// Leaves the queue holding the lock: the next waiter is woken by this one's release, not

@@ -1,7 +1,9 @@
 //! One watchdog per client: a single task renews every held lock that is due, many locks per
 //! script, instead of one task and one round trip per lock.
 //!
-//! Each lock is due ttl/3 after its last successful renewal was sent. When the earliest lock
+//! Each lock is due ttl/3 after its last successful renewal was sent (a lock handed over by a
+//! fair release with a shorter lease, a third of that lease in, and a lock without the
+//! watchdog only then). When the earliest lock
 //! falls due, every lock due within the next half interval is renewed with it (renewing a little
 //! early only moves its expiry later), in scripts of up to [`BATCH`] locks sent together. Each
 //! lock's validity counts from its own batch's send time, and a lock found gone or taken is lost
@@ -40,6 +42,11 @@ struct Watched {
     state: Arc<LockState>,
     /// When its next renewal is due.
     due: Instant,
+    /// How early it is renewed along with a lock that fell due.
+    early: Duration,
+    /// Renewed once, then no more (a lock without the watchdog, handed over with a short
+    /// lease).
+    once: bool,
 }
 
 /// Renew every ttl/3.
@@ -66,10 +73,43 @@ impl Watchdog {
         state: Arc<LockState>,
         acquired: Instant,
     ) -> u64 {
+        let due = acquired + interval(state.ttl);
+        let early = interval(state.ttl) / 2;
+        self.insert(
+            client,
+            Watched {
+                state,
+                due,
+                early,
+                once: false,
+            },
+        )
+    }
+
+    /// Renews `state`'s lock to its ttl at `due`, then (with `once`) no more: a lock handed
+    /// over by a fair release, held with a shorter lease at first.
+    pub(crate) fn top_up(
+        self: &Arc<Self>,
+        client: &LockClient,
+        state: Arc<LockState>,
+        (due, early): (Instant, Duration),
+        once: bool,
+    ) -> u64 {
+        self.insert(
+            client,
+            Watched {
+                state,
+                due,
+                early,
+                once,
+            },
+        )
+    }
+
+    fn insert(self: &Arc<Self>, client: &LockClient, watched: Watched) -> u64 {
         static IDS: AtomicU64 = AtomicU64::new(0);
         let id = IDS.fetch_add(1, Ordering::Relaxed);
-        let due = acquired + interval(state.ttl);
-        self.held().insert(id, Watched { state, due });
+        self.held().insert(id, watched);
         self.start(client);
         self.changed.notify_one();
         id
@@ -137,7 +177,7 @@ impl Watchdog {
                 }
                 return false;
             }
-            if watched.due <= now + interval(watched.state.ttl) / 2 {
+            if watched.due <= now + watched.early {
                 due.push((id, Arc::clone(&watched.state)));
             }
             true
@@ -167,7 +207,11 @@ impl Watchdog {
                 Ok(renewed) if renewed.get(i).copied().flatten() == Some(true) => {
                     state.renewed(sent, state.ttl);
                     watched.due = sent + interval(state.ttl);
+                    watched.early = interval(state.ttl) / 2;
                     tracing::trace!(key = %state.key, "lock renewed");
+                    if watched.once {
+                        gone.push(*id);
+                    }
                 }
                 Ok(renewed) if renewed.get(i).copied().flatten() == Some(false) => {
                     if state.mark_lost() {

@@ -75,10 +75,11 @@
 //!    between arrivals. Overlaps are checked from the stamps (a hold that begins before the
 //!    previous one let go). Requests and commands per hand-off come from a second, untimed
 //!    window whose children connect through the counting proxy (below; it is a TCP port, so
-//!    child processes can use it). A fair waiter asks twice when first refused (once more right
-//!    after subscribing) and again at least every 300 ms to keep its place, so a hand-off costs
-//!    about 4 requests (the release, the woken head's ask, the releaser's two refused asks as it
-//!    queues again), plus a re-ask for each 300 ms someone waits.
+//!    child processes can use it). A fair release hands the lock to the head of the line, which
+//!    holds it without asking; a fair waiter asks once when first refused with others ahead of
+//!    it (twice, once more right after subscribing, when first in line) and again at least every
+//!    300 ms to keep its place, so a hand-off costs about 2 requests (the release, and the
+//!    releaser's refused ask as it queues again), plus a re-ask for each 300 ms someone waits.
 //!
 //! Counting: Redis' `INFO commandstats` counts every command, those run inside scripts too (and
 //! `total_commands_processed` counts them as well: the run checks and prints it), so "commands

@@ -495,7 +495,10 @@ async fn the_acquire_script_is_idempotent_for_its_token() {
     // A request sent again after its connection broke must not take a second token.
     let server = RedisServer::spawn();
     let mut raw = server.raw().await;
-    let acquire = redis::Script::new(include_str!("../../lock-runtime/src/scripts/acquire.lua"));
+    let acquire = redis::Script::new(concat!(
+        include_str!("../../lock-runtime/src/scripts/fence.lua"),
+        include_str!("../../lock-runtime/src/scripts/acquire.lua")
+    ));
     let call = |token: &'static str| {
         let mut invocation = acquire.prepare_invoke();
         invocation

@@ -39,6 +39,8 @@ mod one_counter {
         current_is_the_innermost_lock,
         fair_waiters_of_several_clients_get_the_lock_in_arrival_order,
         a_fair_waiter_that_gives_up_leaves_the_line_at_once,
+        a_lock_handed_over_in_line_is_kept_for_its_whole_ttl,
+        a_fencing_waiter_handed_a_lock_without_a_counter_gets_a_token,
     );
 }
 
@@ -629,6 +631,102 @@ async fn a_fair_waiter_that_gives_up_leaves_the_line_at_once(t: Target) {
         "the one that gave up left the line; nobody waited for its place to lapse: {:?}",
         released_at.elapsed()
     );
+}
+
+/// A fair release hands the lock to the next in line (without that waiter asking) for a lease
+/// no longer than its place's; the new holder's client extends it to its ttl, without the
+/// watchdog, so it is neither lost nor left to expire when held past that lease.
+async fn a_lock_handed_over_in_line_is_kept_for_its_whole_ttl(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let fenced = ttl(60_000).fair(true).fencing(true);
+    let holder = c.acquire("handed", &fenced).await.unwrap();
+    let waiter = tokio::spawn({
+        let other = other.clone();
+        async move {
+            let options = ttl(5000).fair(true).fencing(true).wait(30 * SECOND);
+            other.acquire("handed", &options).await.unwrap()
+        }
+    });
+    eventually(2 * SECOND, "the waiter is in line", || async {
+        other.waiting("handed").unwrap() == 1
+    })
+    .await;
+    let before = holder.fencing_token().unwrap();
+    holder.release().await.unwrap();
+    let guard = waiter.await.unwrap();
+    let taken_at = Instant::now();
+    assert!(
+        guard.fencing_token().unwrap() > before,
+        "a token above the last holder's"
+    );
+    eventually(
+        3 * SECOND,
+        "the handed-over lock is extended to its ttl",
+        || async {
+            c.remaining_ttl("handed")
+                .await
+                .unwrap()
+                .is_some_and(|left| left > lock_runtime::FAIR_PLACE_KEPT + SECOND)
+        },
+    )
+    .await;
+    // Past the lease it was handed over with: still valid, still held.
+    tokio::time::sleep_until(taken_at + lock_runtime::FAIR_PLACE_KEPT + Duration::from_millis(200)).await;
+    assert!(!guard.is_lost(), "the extension counts for the holder too");
+    assert!(c.is_locked("handed").await.unwrap());
+    assert!(guard.release().await.unwrap());
+}
+
+/// A release hands the lock over with a fencing token only when the key has a counter: a
+/// fencing waiter handed a lock without one asks, and gets its token then.
+async fn a_fencing_waiter_handed_a_lock_without_a_counter_gets_a_token(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let holder = c.acquire("uncounted", &ttl(60_000).fair(true)).await.unwrap();
+    let waiter = tokio::spawn({
+        let other = other.clone();
+        async move {
+            let options = ttl(5000).fair(true).fencing(true).wait(30 * SECOND);
+            other.acquire("uncounted", &options).await.unwrap()
+        }
+    });
+    eventually(2 * SECOND, "the waiter is in line", || async {
+        other.waiting("uncounted").unwrap() == 1
+    })
+    .await;
+    holder.release().await.unwrap();
+    let guard = waiter.await.unwrap();
+    assert!(guard.fencing_token().is_some_and(|token| token > 0));
+    assert!(guard.release().await.unwrap());
+}
+
+/// A waiter that leaves after a release handed it the lock (cancelled before it saw the
+/// hand-over) gives it back to the next in line at once: nobody waits for the lease to lapse.
+/// In memory, on a paused clock, so the cancellation lands between the two.
+#[tokio::test(start_paused = true)]
+async fn a_lock_handed_to_a_waiter_that_left_goes_to_the_next_in_line() {
+    let c = LockClient::in_memory();
+    let holder = c.acquire("left", &ttl(60_000).fair(true)).await.unwrap();
+    let fair = ttl(5000).fair(true).wait(30 * SECOND);
+    let mut waiters = Vec::new();
+    for i in 1..=2 {
+        let (c2, fair) = (c.clone(), fair.clone());
+        waiters.push(tokio::spawn(async move { c2.acquire("left", &fair).await }));
+        eventually(2 * SECOND, "the waiter is in line", || async {
+            c.waiting("left").unwrap() == i
+        })
+        .await;
+    }
+    let released_at = Instant::now();
+    holder.release().await.unwrap(); // hands the lock to the first waiter ...
+    let second = waiters.pop().unwrap();
+    waiters.pop().unwrap().abort(); // ... which is cancelled before it runs again
+    let guard = second.await.unwrap().unwrap();
+    assert!(
+        released_at.elapsed() < lock_runtime::FAIR_PLACE_KEPT / 2,
+        "the lock went on at once, not when the first waiter's lease lapsed: {:?}",
+        released_at.elapsed()
+    );
+    guard.release().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

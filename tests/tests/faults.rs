@@ -496,7 +496,10 @@ async fn a_renewal_applied_after_a_release_with_a_minimum_hold_cannot_extend_it(
         "kept for its minimum hold only: {left} ms left"
     );
     // A release sent again (its answer was lost) still stands, and changes nothing.
-    let release = redis::Script::new(include_str!("../../lock-runtime/src/scripts/release.lua"));
+    let release = redis::Script::new(concat!(
+        include_str!("../../lock-runtime/src/scripts/fence.lua"),
+        include_str!("../../lock-runtime/src/scripts/release.lua")
+    ));
     let again: i64 = release
         .key("lock:{late}")
         .key("lock:{late}:released")

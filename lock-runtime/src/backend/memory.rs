@@ -116,6 +116,13 @@ impl Store {
     fn fence(&self, keys: &LockKeys) -> u64 {
         self.fences.get(&keys.fence()).copied().unwrap_or(0)
     }
+
+    /// Takes the key's next fencing token.
+    fn next_fence(&mut self, keys: &LockKeys) -> u64 {
+        let counter = self.fences.entry(keys.fence()).or_insert(0);
+        *counter += 1;
+        *counter
+    }
 }
 
 fn ms_until(at: Instant, now: Instant) -> u64 {
@@ -155,7 +162,15 @@ impl MemoryBackend {
             .live(&keys.lock, now)
             .map(|h| (h.token == token, h.expires_at));
         if let Some((true, _)) = holder {
-            let fence = ask.fencing.then(|| store.fence(keys));
+            // Already ours: a fair turn handed over by a release (as acquire.lua, its expiry
+            // counts from this attempt, and without a counter then it takes its token now).
+            if let Some(held) = store.ours(&keys.lock, token, now) {
+                held.expires_at = now + Duration::from_millis(ask.ttl_ms);
+            }
+            let fence = ask.fencing.then(|| match store.fences.get(&keys.fence()) {
+                Some(&fence) => fence,
+                None => store.next_fence(keys),
+            });
             return Attempt::Acquired { fence };
         }
         // Readers share it: a writer that will wait claims its turn, so no new reader enters.
@@ -191,7 +206,7 @@ impl MemoryBackend {
                 if holder.is_none() && purged {
                     // The lock is free and the waiters ahead of the new head are gone.
                     if let Some(head) = head {
-                        self.wakeups.notify_waiter(&keys.channel, head.as_bytes());
+                        self.wakeups.notify_waiter(&keys.channel, head.as_bytes(), None);
                     }
                 }
                 let pttl_ms = holder.map(|(_, expires_at)| ms_until(expires_at, now));
@@ -217,11 +232,7 @@ impl MemoryBackend {
                 claims.remove(token);
             }
         }
-        let fence = ask.fencing.then(|| {
-            let counter = store.fences.entry(keys.fence()).or_insert(0);
-            *counter += 1;
-            *counter
-        });
+        let fence = ask.fencing.then(|| store.next_fence(keys));
         store.locks.insert(
             keys.lock.clone(),
             Held {
@@ -333,18 +344,46 @@ impl MemoryBackend {
                     store.shares.remove(&keys.lock);
                 }
             }
+            let freed = !store.locks.contains_key(&keys.lock);
+            let store = &mut *store;
             let queue = if fair {
                 store.queues.get_mut(&keys.queue())
             } else {
                 None
             };
-            queue.and_then(|q| {
+            let head = queue.and_then(|q| {
                 q.purge(now);
-                q.head().cloned()
-            })
+                let head = q.head().cloned()?;
+                let kept = q.places.get(&head).map(|place| place.1)?;
+                Some((q, head, kept))
+            });
+            match head {
+                // As release.lua: the lock goes to the head of the line until its place would
+                // have lapsed, with a fencing token when the key has a counter.
+                Some((queue, head, kept)) if freed => {
+                    queue.leave(&head);
+                    store.locks.insert(
+                        keys.lock.clone(),
+                        Held {
+                            token: head.clone(),
+                            expires_at: kept,
+                        },
+                    );
+                    let fence = match store.fences.get_mut(&keys.fence()) {
+                        Some(counter) => {
+                            *counter += 1;
+                            *counter
+                        }
+                        None => 0,
+                    };
+                    Some((head, Some(fence)))
+                }
+                Some((_, head, _)) => Some((head, None)),
+                None => None,
+            }
         };
         match next {
-            Some(head) => self.wakeups.notify_waiter(&keys.channel, head.as_bytes()),
+            Some((head, handed)) => self.wakeups.notify_waiter(&keys.channel, head.as_bytes(), handed),
             None => self.wakeups.notify(&keys.channel),
         }
         true

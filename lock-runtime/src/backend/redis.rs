@@ -29,6 +29,15 @@ const RELEASED_UNANNOUNCED: i64 = 2;
 /// readers still share: nothing was announced, since nobody can enter because of it.
 const SHARE_LEFT: i64 = 3;
 
+/// A fair release's hand-over, `g:<fence>:<token>`: the fencing token taken for the waiter (0:
+/// none, the key has no counter) and the waiter's token.
+fn handed_over(said: &[u8]) -> Option<(u64, &[u8])> {
+    let rest = said.strip_prefix(b"g:")?;
+    let colon = rest.iter().position(|&b| b == b':')?;
+    let fence = std::str::from_utf8(&rest[..colon]).ok()?.parse().ok()?;
+    Some((fence, &rest[colon + 1..]))
+}
+
 /// How many replicas must acknowledge an acquire, and how long the primary waits for them.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Replicas {
@@ -471,8 +480,9 @@ impl RedisBackend {
         let released: i64 = connection
             .request_within(within, |mut conn| async move {
                 let mut release = if fair {
-                    // Only a fair release reads the line.
-                    RELEASE.call(&[keys.lock.clone(), keys.queue(), keys.kept()])
+                    // Only a fair release reads the line (and may take the next holder's
+                    // fencing token).
+                    RELEASE.call(&[keys.lock.clone(), keys.queue(), keys.kept(), keys.fence()])
                 } else {
                     RELEASE.call(&[&keys.lock])
                 };
@@ -936,7 +946,10 @@ impl Subscriber {
                     let channel = String::from_utf8_lossy(&channel);
                     if let Some(waiter) = said.strip_prefix(b"w:") {
                         // A fair release names the next waiter; it may be another client's.
-                        self.wakeups.notify_waiter(&channel, waiter);
+                        self.wakeups.notify_waiter(&channel, waiter, None);
+                    } else if let Some((fence, waiter)) = handed_over(&said) {
+                        // ... or hands it the lock.
+                        self.wakeups.notify_waiter(&channel, waiter, Some(fence));
                     } else if said != self.announcement.as_bytes() {
                         self.wakeups.notify(&channel);
                     }
@@ -1008,5 +1021,24 @@ impl Subscriber {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::handed_over;
+
+    #[test]
+    fn a_hand_over_names_its_fencing_token_and_the_waiter() {
+        assert_eq!(
+            handed_over(b"g:1796050340300403:90725802f1b2 host:17636"),
+            Some((1_796_050_340_300_403, &b"90725802f1b2 host:17636"[..]))
+        );
+        assert_eq!(handed_over(b"g:0:t"), Some((0, &b"t"[..])));
+        // Lua writes a large number it concatenates as 1.79e+15: not a hand-over (the waiter
+        // is woken and asks).
+        assert_eq!(handed_over(b"g:1.7960503291779e+15:t"), None);
+        assert_eq!(handed_over(b"w:t"), None);
+        assert_eq!(handed_over(b"c:0123456789abcdef"), None);
     }
 }

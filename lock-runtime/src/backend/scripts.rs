@@ -1,6 +1,7 @@
-//! The four Lua scripts of the protocol, and how they are sent: by hash (`EVALSHA`), and on
-//! `NOSCRIPT` (a restarted server, a new primary after a failover, a node added to a cluster)
-//! once more with their source (`EVAL`), to the same node as any keyed command. redis-rs's own
+//! The four Lua scripts of the protocol (acquire and release prefixed with fence.lua, which
+//! they share), and how they are sent: by hash (`EVALSHA`), and on `NOSCRIPT` (a restarted
+//! server, a new primary after a failover, a node added to a cluster) once more with their
+//! source (`EVAL`), to the same node as any keyed command. redis-rs's own
 //! `Script` would answer `NOSCRIPT` with `SCRIPT LOAD`, which a cluster sends to every node: one
 //! unreachable node would then fail an acquire that does not concern it.
 
@@ -11,10 +12,20 @@ use redis::{Cmd, FromRedisValue, RedisResult, ToRedisArgs};
 
 use super::connection::Conn;
 
-pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../scripts/acquire.lua")));
+pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("../scripts/fence.lua"),
+        include_str!("../scripts/acquire.lua")
+    ))
+});
 pub(crate) static RENEW: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../scripts/renew.lua")));
 pub(crate) static SHARE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../scripts/share.lua")));
-pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../scripts/release.lua")));
+pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("../scripts/fence.lua"),
+        include_str!("../scripts/release.lua")
+    ))
+});
 
 /// A script's source and its SHA1.
 #[derive(Debug)]

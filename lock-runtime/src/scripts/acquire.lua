@@ -32,22 +32,24 @@ if fencing then
   end
 end
 
--- The lock was just set: the new fencing token, if asked for. It is above the last one and at
--- least the server's clock in microseconds, so a counter lost with its data (a restart without
--- persistence, a failover to a replica that missed the last INCRBY) restarts above every token
--- it handed out, as long as the clock has not gone back by more than the time since then.
+-- The lock was just set: the new fencing token, if asked for (fence.lua).
 local function taken()
   if not fencing then
     return {1, 0}
   end
-  local time = redis.call('TIME')
-  local floor = tonumber(time[1]) * 1000000 + tonumber(time[2])
-  local last = tonumber(counter) or 0
-  local step = 1
-  if floor > last + 1 then
-    step = floor - last
+  return {1, next_fence(KEYS[2], counter)}
+end
+
+-- The lock is already the caller's: a request sent again after its connection broke (its token
+-- was taken then), or a fair waiter's turn handed to it by a release while no counter existed
+-- (no token yet: it takes one now). Its expiry counts from this attempt, and the write gives a
+-- WAIT behind it something to wait for.
+local function already_ours()
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  if fencing and not counter then
+    return taken()
   end
-  return {1, redis.call('INCRBY', KEYS[2], step)}
+  return {1, tonumber(counter) or 0}
 end
 
 local writers = KEYS[tonumber(ARGV[8]) or 0]
@@ -110,10 +112,7 @@ if not place then
   -- A foreign value of another type answers GET with an error: not ours either.
   local held = redis.pcall('GET', KEYS[1])
   if held == ARGV[1] then
-    -- Already ours (a request sent again): its expiry counts from this attempt, and the write
-    -- gives a WAIT behind it something to wait for (the original write on a dead connection).
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    return {1, tonumber(counter) or 0}
+    return already_ours()
   end
   local shared = writers and readers(held)
   if shared == 'free' and redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
@@ -137,8 +136,7 @@ for _, waiter in ipairs(lapsed) do
 end
 local holder = redis.pcall('GET', KEYS[1])
 if holder == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {1, tonumber(counter) or 0}
+  return already_ours()
 end
 local shared = writers and readers(holder)
 if shared == 'free' then

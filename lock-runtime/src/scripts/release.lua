@@ -1,10 +1,15 @@
 -- Give a lock back if it is still ours, and announce it to the waiters.
--- KEYS[1] lock key; for a fair lock only, KEYS[2] fair queue and KEYS[3] fair places (see
--- acquire.lua). ARGV[1] our token, ARGV[2] ms the lock must still be held (minimum hold), 0 to delete
+-- KEYS[1] lock key; for a fair lock only, KEYS[2] fair queue, KEYS[3] fair places (see
+-- acquire.lua) and KEYS[4] the fencing counter. ARGV[1] our token, ARGV[2] ms the lock must still be held (minimum hold), 0 to delete
 -- now, ARGV[3] the announcement ('c:' and the releasing client's id: that client wakes its own
 -- next waiter itself), ARGV[4] the lock's wake-up channel (an argument, not a key: see
 -- acquire.lua), ARGV[5] '1' = a fair lock: announce whose turn it is instead, ARGV[6] '1' = a
 -- Redis Cluster: announce with sharded pub/sub (SPUBLISH, on the lock's shard).
+-- A fair release hands the lock to the next waiter in line: it sets the lock to that waiter's
+-- token, until the waiter's place would have lapsed (so a waiter that died meanwhile holds the
+-- line up no longer than its place would have), takes a fencing token for it when the key has a
+-- counter, and names it: 'g:<fence>:<token>' (fence 0: no counter). The waiter holds the lock
+-- without asking, and extends it to its own ttl before that lease ends.
 -- Returns 1 when it was ours, 0 when it had expired or been taken by someone else, 2 when it
 -- was ours but Redis refused the announcement (an ACL without rights on the channel): the
 -- release itself stands, and waiters elsewhere wake on their timers.
@@ -17,6 +22,9 @@
 -- readers' hash of a read-write lock (share.lua) with a share of ours: the share goes, and the
 -- hash with the last one, which is then announced (a writer may be waiting). Returns 3 when
 -- other shares remain: nothing to announce, since no one can enter because a reader left.
+-- Whether the key was deleted now (not kept for a minimum hold): only then can a fair release
+-- hand the lock on.
+local freed = false
 local held = redis.pcall('GET', KEYS[1])
 if type(held) == 'table' and held.err then
   local fields = redis.pcall('HGETALL', KEYS[1])
@@ -66,6 +74,7 @@ elseif held == ARGV[1] then
     redis.call('SET', KEYS[1], ARGV[1] .. ':released', 'PX', ARGV[2])
   else
     redis.call('DEL', KEYS[1])
+    freed = true
   end
 elseif held == ARGV[1] .. ':released' then
   -- Released before, and kept for its minimum hold: that release stands.
@@ -73,6 +82,7 @@ elseif held == ARGV[1] .. ':released' then
     return 1
   end
   redis.call('DEL', KEYS[1])
+  freed = true
 else
   return 0
 end
@@ -89,6 +99,22 @@ if ARGV[5] == '1' then
     local kept = tonumber(redis.call('ZSCORE', KEYS[3], head))
     if kept and kept > now then
       message = 'w:' .. head
+      local counter = false
+      if freed then
+        counter = redis.pcall('GET', KEYS[4])
+      end
+      -- A counter that is not a number is left for the waiter's own attempt to refuse.
+      if freed and (counter == false or (type(counter) == 'string' and string.match(counter, '^%d+$'))) then
+        local fence = 0
+        if counter then
+          fence = next_fence(KEYS[4], counter)
+        end
+        redis.call('ZREM', KEYS[2], head)
+        redis.call('ZREM', KEYS[3], head)
+        redis.call('SET', KEYS[1], head, 'PX', kept - now)
+        -- (%d: concatenating a number writes a large one in exponent notation.)
+        message = 'g:' .. string.format('%d', fence) .. ':' .. head
+      end
       break
     end
     redis.call('ZREM', KEYS[2], head)
