@@ -282,7 +282,7 @@ impl LockClient {
                 // Enough of the lease left to be worth holding (else asking extends it to the
                 // ttl: the lock is this waiter's already).
                 let fresh = Instant::now() + lease / 2 < sent + lease;
-                if fresh && !(options.is_fencing() && handed == 0) {
+                if fresh && !(options.is_fencing() && handed == 0) && backend.takes_hand_overs() {
                     let in_flight = self.held().acquiring();
                     if self.held().is_closed() {
                         // Given back as the place is dropped.

@@ -291,6 +291,60 @@ async fn cluster_with_replica_acknowledgement_keeps_a_lock_across_a_failover() {
     next.release().await.unwrap();
 }
 
+/// With replica acknowledgement, a lock a fair release hands over is not held as it is (the
+/// release's write was not waited for): the waiter asks, and with the replica paused that
+/// attempt fails with `NotReplicated`, giving the lock back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_replica_acknowledgement_a_fair_waiter_has_its_lock_acknowledged() {
+    let primary = RedisServer::spawn();
+    let replica = RedisServer::spawn_with_args(["--replicaof", "127.0.0.1", &primary.port().to_string()]);
+    let conn = raw(&primary).await;
+    eventually(10 * SECOND, "the replica is in sync", || {
+        let mut conn = conn.clone();
+        async move {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            info.contains("connected_slaves:1") && info.contains("state=online")
+        }
+    })
+    .await;
+    let connect = || {
+        LockClient::builder()
+            .url(&primary.url())
+            .response_timeout(RESPONSE)
+            .wait_for_replicas(1, Duration::from_millis(300))
+            .build()
+    };
+    let (holder_client, waiter_client) = (connect().await.unwrap(), connect().await.unwrap());
+    let holder = holder_client
+        .acquire("handed", &ttl(60_000).fair(true))
+        .await
+        .unwrap();
+    let waiter = tokio::spawn({
+        let waiter_client = waiter_client.clone();
+        async move {
+            let options = ttl(10_000).fair(true).wait(5 * SECOND);
+            waiter_client.acquire("handed", &options).await
+        }
+    });
+    eventually(5 * SECOND, "the waiter is in line", || async {
+        waiter_client.waiting("handed").unwrap() == 1
+    })
+    .await;
+    replica.pause();
+    holder.release().await.unwrap();
+    let out = waiter.await.unwrap();
+    assert!(
+        matches!(out, Err(LockError::NotReplicated { .. })),
+        "a hand-over the replica never saw must not be held: {:?}",
+        out.map(|guard| guard.fencing_token())
+    );
+    replica.resume();
+}
+
 /// A primary with one replica: an acquire that the paused replica cannot acknowledge fails
 /// with `NotReplicated` and leaves no lock; once the replica is back, acquires work.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

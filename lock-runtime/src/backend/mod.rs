@@ -251,6 +251,17 @@ impl Backend {
         }
     }
 
+    /// Whether a lock a fair release handed over may be held as it is: not when replicas must
+    /// acknowledge every acquire (the release's write was not waited for; the waiter asks, and
+    /// its attempt is acknowledged).
+    pub(crate) fn takes_hand_overs(&self) -> bool {
+        match self {
+            Backend::Redis(b) => !b.waits_for_replicas(),
+            Backend::Redlock(_) => false,
+            Backend::Memory(_) => true,
+        }
+    }
+
     pub(crate) fn wakeups(&self) -> &Arc<Wakeups> {
         match self {
             Backend::Redis(b) => b.wakeups(),

@@ -101,6 +101,11 @@ impl RedisBackend {
         }
     }
 
+    /// Whether every acquire is acknowledged by replicas.
+    pub(crate) fn waits_for_replicas(&self) -> bool {
+        self.replicas.is_some()
+    }
+
     /// The connection for acquires and releases, and how long a request on it may take (with
     /// replica acknowledgement, a `WAIT` may be queued ahead; a script unknown to the node costs
     /// a second round with its own `WAIT`).
