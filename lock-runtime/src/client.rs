@@ -250,8 +250,9 @@ impl LockClient {
         let mut wakeup: Option<Registration> = None;
         // Until refused once, no holder's expiry is known.
         let mut pttl_ms = None;
-        // When the last refused attempt was sent: a lock handed over after it is valid from then.
-        let mut last_sent = None;
+        // The place a fair waiter's last refused attempt kept (its stamp), and when that attempt
+        // was sent: a lock handed over for that place is valid from then.
+        let mut last_kept: Option<(u64, Instant)> = None;
         // Local waiters queue in order: a newcomer that would wait joins the end of the queue
         // instead of barging in ahead of waiters already there, and tries when woken. (A fair
         // waiter asks at once: its place in line is taken in the store.)
@@ -274,15 +275,22 @@ impl LockClient {
                     }
                 }
             }
-            // A fair release may have handed this waiter the lock: it holds it without asking
-            // (a fencing waiter the release could take no token for asks, and gets one).
+            // A fair release may have handed this waiter the lock: it holds it without asking,
+            // when the hand-over was for the place its last attempt kept (one for an earlier
+            // place may have lapsed since, and gone to the next in line; a fencing waiter the
+            // release could take no token for, and one whose locks replicas must acknowledge,
+            // ask instead: the lock is theirs already, if it still is).
             let handed = wakeup.as_ref().and_then(Registration::handed_over);
-            if let (Some(handed), Some(sent)) = (handed, last_sent) {
+            if let (Some(handed), Some((kept, sent))) = (handed, last_kept) {
                 let lease = FAIR_PLACE_KEPT.min(options.ttl());
                 // Enough of the lease left to be worth holding (else asking extends it to the
-                // ttl: the lock is this waiter's already).
+                // ttl).
                 let fresh = Instant::now() + lease / 2 < sent + lease;
-                if fresh && !(options.is_fencing() && handed == 0) && backend.takes_hand_overs() {
+                if handed.kept == kept
+                    && fresh
+                    && !(options.is_fencing() && handed.fence == 0)
+                    && backend.takes_hand_overs()
+                {
                     let in_flight = self.held().acquiring();
                     if self.held().is_closed() {
                         // Given back as the place is dropped.
@@ -294,10 +302,12 @@ impl LockClient {
                     if let Some(place) = place {
                         place.taken();
                     }
-                    let fence = options.is_fencing().then_some(handed);
+                    let fence = options.is_fencing().then_some(handed.fence);
                     tracing::debug!(key, fence, "lock handed over by a fair release");
+                    // Taken now (its minimum hold and hold time count from here, after the
+                    // release), valid from the attempt whose place it was handed over for.
                     let mut state =
-                        LockState::new(key, keys, token, fence, options, sent).leased(sent, lease);
+                        LockState::new(key, keys, token, fence, options, Instant::now()).leased(sent, lease);
                     state.by_key_class = self.inner.metrics_key_class;
                     let guard =
                         LockGuard::handed_over(self.clone(), state, options.is_watchdog(), (sent, lease));
@@ -353,6 +363,7 @@ impl LockClient {
                     pttl_ms: left,
                     behind,
                     claimed: claim,
+                    kept,
                 } => {
                     if claim && !claimed {
                         claimed = true;
@@ -368,7 +379,7 @@ impl LockClient {
                         return outcome(Err(LockError::Busy { key: key.to_owned() }), deciding);
                     }
                     pttl_ms = left;
-                    last_sent = Some(started);
+                    last_kept = kept.map(|kept| (kept, started));
                     if wakeup.is_none() {
                         // First refusal: listen for the release, then try again at once, so a
                         // release between that attempt and the subscription is not missed. An

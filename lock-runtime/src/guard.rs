@@ -88,7 +88,10 @@ impl LockState {
     /// A lock handed over by a fair release: it is set to expire `lease` after `sent` (when the
     /// last attempt before the hand-over was sent), which may be sooner than its ttl.
     pub(crate) fn leased(self, sent: Instant, lease: Duration) -> Self {
-        self.status().valid_until = sent + lease.saturating_sub(drift(lease));
+        let mut status = self.status();
+        status.valid_until = sent + lease.saturating_sub(drift(lease));
+        status.sent = sent;
+        drop(status);
         self
     }
 
@@ -274,12 +277,10 @@ impl LockGuard {
     ) -> Self {
         let state = Arc::new(state);
         let watched = if lease < state.ttl {
-            let due = (sent + lease / 3, lease / 6);
-            Some(
-                client
-                    .watchdog()
-                    .top_up(&client, Arc::clone(&state), due, !watchdog),
-            )
+            let top_up = client
+                .watchdog()
+                .top_up(&client, Arc::clone(&state), (sent, lease), !watchdog);
+            Some(top_up)
         } else {
             watchdog.then(|| client.watchdog().watch(&client, Arc::clone(&state), sent))
         };

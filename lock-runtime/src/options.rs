@@ -135,7 +135,8 @@ impl LockOptions {
     /// next one (which holds it without asking), and nobody (not even a caller that does not
     /// wait) takes the lock ahead of the queue. A waiter that died keeps its place, or a lock
     /// handed to it, for at most [`FAIR_PLACE_KEPT`] after its last attempt, so it delays the
-    /// others by at most that much; one that gives up or is cancelled leaves at once. Fairness holds among
+    /// others by at most that much and one of their naps (300 ms); one that gives up or is
+    /// cancelled leaves at once. Fairness holds among
     /// callers that all ask for it: a non-fair acquire on the same key ignores the queue.
     pub fn fair(mut self, on: bool) -> Self {
         self.fair = on;

@@ -53,8 +53,18 @@ struct Waiter {
     /// A fair waiter's token: a fair release names the waiter whose turn it is.
     token: Option<String>,
     wake: Notify,
-    /// A fair release handed this waiter the lock, with this fencing token (0: none).
-    handed: Mutex<Option<u64>>,
+    /// A fair release handed this waiter the lock.
+    handed: Mutex<Option<HandedOver>>,
+}
+
+/// A fair release handed a waiter the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HandedOver {
+    /// The fencing token taken for it (0: none, the key has no counter).
+    pub(crate) fence: u64,
+    /// Which of the waiter's attempts kept the place it was handed over for (what that attempt
+    /// was told, [`Attempt::Held`](crate::backend::Attempt::Held)'s `kept`).
+    pub(crate) kept: u64,
 }
 
 /// The channels this client's waiters listen on.
@@ -126,9 +136,9 @@ impl Wakeups {
         }
     }
 
-    /// A fair release named the waiter whose turn it is, and with `handed` (the fencing token
-    /// taken for it, 0 for none) handed it the lock: wakes it, if it is one of ours.
-    pub(crate) fn notify_waiter(&self, channel: &str, token: &[u8], handed: Option<u64>) {
+    /// A fair release named the waiter whose turn it is, and with `handed` handed it the lock:
+    /// wakes it, if it is one of ours.
+    pub(crate) fn notify_waiter(&self, channel: &str, token: &[u8], handed: Option<HandedOver>) {
         let channels = self.lock();
         let named = channels.get(channel).and_then(|c| {
             c.queue
@@ -227,9 +237,8 @@ impl Registration {
         self.waiter.wake.notified().await;
     }
 
-    /// Whether a fair release handed this waiter the lock (and the fencing token it took for
-    /// it, 0 for none); asked once.
-    pub(crate) fn handed_over(&self) -> Option<u64> {
+    /// Whether a fair release handed this waiter the lock; asked once.
+    pub(crate) fn handed_over(&self) -> Option<HandedOver> {
         self.waiter
             .handed
             .lock()

@@ -42,8 +42,10 @@ struct Watched {
     state: Arc<LockState>,
     /// When its next renewal is due.
     due: Instant,
-    /// How early it is renewed along with a lock that fell due.
-    early: Duration,
+    /// The lease it was last given (its ttl, or a shorter one it was handed over with): it is
+    /// renewed up to half an interval of it early along with a lock that fell due, and retried
+    /// at its pace.
+    lease: Duration,
     /// Renewed once, then no more (a lock without the watchdog, handed over with a short
     /// lease).
     once: bool,
@@ -73,34 +75,35 @@ impl Watchdog {
         state: Arc<LockState>,
         acquired: Instant,
     ) -> u64 {
-        let due = acquired + interval(state.ttl);
-        let early = interval(state.ttl) / 2;
+        let (due, lease) = (acquired + interval(state.ttl), state.ttl);
         self.insert(
             client,
             Watched {
                 state,
                 due,
-                early,
+                lease,
                 once: false,
             },
         )
     }
 
-    /// Renews `state`'s lock to its ttl at `due`, then (with `once`) no more: a lock handed
-    /// over by a fair release, held with a shorter lease at first.
+    /// Renews `state`'s lock, held for `lease` from `sent` (a lock handed over by a fair
+    /// release, for less than its ttl), to its ttl a third of the lease in, then (with `once`)
+    /// no more.
     pub(crate) fn top_up(
         self: &Arc<Self>,
         client: &LockClient,
         state: Arc<LockState>,
-        (due, early): (Instant, Duration),
+        (sent, lease): (Instant, Duration),
         once: bool,
     ) -> u64 {
+        let due = sent + interval(lease);
         self.insert(
             client,
             Watched {
                 state,
                 due,
-                early,
+                lease,
                 once,
             },
         )
@@ -177,7 +180,7 @@ impl Watchdog {
                 }
                 return false;
             }
-            if watched.due <= now + watched.early {
+            if watched.due <= now + interval(watched.lease) / 2 {
                 due.push((id, Arc::clone(&watched.state)));
             }
             true
@@ -207,7 +210,7 @@ impl Watchdog {
                 Ok(renewed) if renewed.get(i).copied().flatten() == Some(true) => {
                     state.renewed(sent, state.ttl);
                     watched.due = sent + interval(state.ttl);
-                    watched.early = interval(state.ttl) / 2;
+                    watched.lease = state.ttl;
                     tracing::trace!(key = %state.key, "lock renewed");
                     if watched.once {
                         gone.push(*id);
@@ -221,11 +224,11 @@ impl Watchdog {
                 }
                 Ok(_) => {
                     tracing::warn!(key = %state.key, "lock renewal undecided (too few RedLock masters answered); retrying while the lock is valid");
-                    watched.due = Instant::now() + retry(state.ttl);
+                    watched.due = Instant::now() + retry(watched.lease);
                 }
                 Err(e) => {
                     tracing::warn!(key = %state.key, error = %e, "lock renewal failed; retrying while the lock is valid");
-                    watched.due = Instant::now() + retry(state.ttl);
+                    watched.due = Instant::now() + retry(watched.lease);
                 }
             }
         }

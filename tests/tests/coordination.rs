@@ -729,6 +729,43 @@ async fn a_lock_handed_to_a_waiter_that_left_goes_to_the_next_in_line() {
     guard.release().await.unwrap();
 }
 
+/// A hand-over names the place it was made for (what the waiter's attempt that kept it was
+/// told): one for another place (made before the waiter's last attempt, and lapsed since, the
+/// lock gone to the next in line) is not taken as the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_over_for_another_place_is_not_taken_as_the_lock() {
+    use ::redis::AsyncCommands;
+    let t = Target::redis().await;
+    let (c, other) = (t.client(), t.other_client().await);
+    let mut raw = t.server().unwrap().raw().await;
+    let holder = c.acquire("stale", &ttl(60_000).fair(true)).await.unwrap();
+    let waiter = tokio::spawn({
+        let other = other.clone();
+        async move {
+            let options = ttl(5000).fair(true).wait(Duration::from_millis(1500));
+            other.acquire("stale", &options).await
+        }
+    });
+    eventually(2 * SECOND, "the waiter is in line", || async {
+        other.waiting("stale").unwrap() == 1
+    })
+    .await;
+    let line: Vec<String> = raw.zrange("lock:{stale}:queue", 0, -1).await.unwrap();
+    let kept: u64 = raw.zscore("lock:{stale}:queue:kept", &line[0]).await.unwrap();
+    // As a release would announce a hand-over made for an earlier place of this waiter.
+    let _: () = raw
+        .publish("lock:{stale}:released", format!("g:0:{}:{}", kept - 700, line[0]))
+        .await
+        .unwrap();
+    let out = waiter.await.unwrap();
+    assert!(
+        matches!(out, Err(LockError::Busy { .. })),
+        "the holder still holds it: {:?}",
+        out.map(|guard| guard.key().to_owned())
+    );
+    holder.release().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nobody_barges_ahead_of_the_fair_line_until_its_head_lapses() {
     use ::redis::AsyncCommands;

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::{Ask, Attempt, LockKeys, Stored};
 use crate::options::{ceil_millis, FAIR_PLACE_KEPT};
-use crate::wakeups::Wakeups;
+use crate::wakeups::{HandedOver, Wakeups};
 
 #[derive(Debug)]
 struct Held {
@@ -43,13 +43,17 @@ struct Store {
     queues: HashMap<String, Queue>,
     /// Orders arrivals in every queue.
     arrivals: u64,
+    /// Names each keeping of a fair place (as acquire.lua's `kept`).
+    stamps: u64,
 }
 
 /// Fair waiters of one lock: tokens by arrival, and when each one's place lapses.
 #[derive(Debug, Default)]
 struct Queue {
     order: BTreeMap<u64, String>,
-    places: HashMap<String, (u64, Instant)>,
+    /// Per waiter: its arrival, until when its place is kept, and the stamp of the attempt
+    /// that kept it.
+    places: HashMap<String, (u64, Instant, u64)>,
 }
 
 impl Queue {
@@ -57,7 +61,7 @@ impl Queue {
     fn purge(&mut self, now: Instant) -> bool {
         let before = self.places.len();
         let order = &mut self.order;
-        self.places.retain(|_, (arrival, kept)| {
+        self.places.retain(|_, (arrival, kept, _)| {
             let keep = *kept > now;
             if !keep {
                 order.remove(arrival);
@@ -72,7 +76,7 @@ impl Queue {
     }
 
     fn leave(&mut self, token: &str) {
-        if let Some((arrival, _)) = self.places.remove(token) {
+        if let Some((arrival, _, _)) = self.places.remove(token) {
             self.order.remove(&arrival);
         }
     }
@@ -192,14 +196,19 @@ impl MemoryBackend {
             let purged = queue.purge(now);
             let head = queue.head().cloned();
             if holder.is_some() || head.as_deref().is_some_and(|h| h != token) {
+                let mut stamp = None;
                 if ask.join {
                     let kept = now + FAIR_PLACE_KEPT;
+                    store.stamps += 1;
+                    stamp = Some(store.stamps);
                     match queue.places.get_mut(token) {
-                        Some(place) => place.1 = kept,
+                        Some(place) => (place.1, place.2) = (kept, store.stamps),
                         None => {
                             store.arrivals += 1;
                             queue.order.insert(store.arrivals, token.to_owned());
-                            queue.places.insert(token.to_owned(), (store.arrivals, kept));
+                            queue
+                                .places
+                                .insert(token.to_owned(), (store.arrivals, kept, store.stamps));
                         }
                     }
                 }
@@ -216,6 +225,7 @@ impl MemoryBackend {
                     pttl_ms,
                     behind,
                     claimed,
+                    kept: stamp,
                 };
             }
             queue.leave(token);
@@ -225,6 +235,7 @@ impl MemoryBackend {
                 pttl_ms: Some(ms_until(expires_at, now)),
                 behind: false,
                 claimed,
+                kept: None,
             };
         }
         if ask.claimed {
@@ -251,6 +262,7 @@ impl MemoryBackend {
             pttl_ms: Some(pttl_ms),
             behind: false,
             claimed: false,
+            kept: None,
         };
         if let Some(writer) = store.live(&keys.lock, now) {
             return refused(ms_until(writer.expires_at, now));
@@ -354,13 +366,13 @@ impl MemoryBackend {
             let head = queue.and_then(|q| {
                 q.purge(now);
                 let head = q.head().cloned()?;
-                let kept = q.places.get(&head).map(|place| place.1)?;
-                Some((q, head, kept))
+                let &(_, kept, stamp) = q.places.get(&head)?;
+                Some((q, head, kept, stamp))
             });
             match head {
                 // As release.lua: the lock goes to the head of the line until its place would
                 // have lapsed, with a fencing token when the key has a counter.
-                Some((queue, head, kept)) if freed => {
+                Some((queue, head, kept, stamp)) if freed => {
                     queue.leave(&head);
                     store.locks.insert(
                         keys.lock.clone(),
@@ -376,9 +388,9 @@ impl MemoryBackend {
                         }
                         None => 0,
                     };
-                    Some((head, Some(fence)))
+                    Some((head, Some(HandedOver { fence, kept: stamp })))
                 }
-                Some((_, head, _)) => Some((head, None)),
+                Some((_, head, _, _)) => Some((head, None)),
                 None => None,
             }
         };

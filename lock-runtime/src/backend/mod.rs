@@ -95,10 +95,13 @@ pub(crate) enum Attempt {
     /// `behind`: a fair waiter with others ahead of it in line (the next release names one of
     /// them, not it). `claimed`: refused by readers, the caller claimed the writers' turn, which
     /// lapses unless it asks again within [`FAIR_PLACE_KEPT`](crate::FAIR_PLACE_KEPT).
+    /// `kept`: a fair waiter's place was kept by this attempt, and this stamp names it (a
+    /// release that hands the lock over names the stamp it handed it over for).
     Held {
         pttl_ms: Option<u64>,
         behind: bool,
         claimed: bool,
+        kept: Option<u64>,
     },
     /// Taken, but fewer replicas than asked for acknowledged it, so it was given back.
     NotReplicated { acked: usize, wanted: usize },

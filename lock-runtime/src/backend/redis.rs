@@ -19,7 +19,7 @@ use super::scripts::{Call, ACQUIRE, RELEASE, RENEW, SHARE};
 use super::{Ask, Attempt, LockKeys, Stored};
 use crate::error::TimedOut;
 use crate::options::{ceil_millis, FAIR_PLACE_KEPT};
-use crate::wakeups::{Registration, Wakeups};
+use crate::wakeups::{HandedOver, Registration, Wakeups};
 use crate::LockError;
 
 /// What the release script answers when it released the lock but Redis refused to let it
@@ -29,13 +29,14 @@ const RELEASED_UNANNOUNCED: i64 = 2;
 /// readers still share: nothing was announced, since nobody can enter because of it.
 const SHARE_LEFT: i64 = 3;
 
-/// A fair release's hand-over, `g:<fence>:<token>`: the fencing token taken for the waiter (0:
-/// none, the key has no counter) and the waiter's token.
-fn handed_over(said: &[u8]) -> Option<(u64, &[u8])> {
-    let rest = said.strip_prefix(b"g:")?;
-    let colon = rest.iter().position(|&b| b == b':')?;
-    let fence = std::str::from_utf8(&rest[..colon]).ok()?.parse().ok()?;
-    Some((fence, &rest[colon + 1..]))
+/// A fair release's hand-over, `g:<fence>:<kept>:<token>`: the fencing token taken for the
+/// waiter (0: none, the key has no counter), the stamp of the place it was handed over for, and
+/// the waiter's token.
+fn handed_over(said: &[u8]) -> Option<(HandedOver, &[u8])> {
+    let mut parts = said.strip_prefix(b"g:")?.splitn(3, |&b| b == b':');
+    let mut number = || -> Option<u64> { std::str::from_utf8(parts.next()?).ok()?.parse().ok() };
+    let (fence, kept) = (number()?, number()?);
+    Some((HandedOver { fence, kept }, parts.next()?))
 }
 
 /// How many replicas must acknowledge an acquire, and how long the primary waits for them.
@@ -250,6 +251,10 @@ impl RedisBackend {
                 pttl_ms: u64::try_from(n).ok(),
                 behind: answer.get(2).is_some_and(|&ahead| ahead > 0),
                 claimed: answer.get(3) == Some(&1),
+                kept: answer
+                    .get(4)
+                    .and_then(|&kept| u64::try_from(kept).ok())
+                    .filter(|&kept| kept > 0),
             }
         };
         self.unless_replicated(attempt, acked, keys, token, ask.fair)
@@ -279,6 +284,7 @@ impl RedisBackend {
                 pttl_ms: u64::try_from(n).ok(),
                 behind: false,
                 claimed: false,
+                kept: None,
             }
         };
         self.unless_replicated(attempt, acked, keys, token, false).await
@@ -321,6 +327,7 @@ impl RedisBackend {
             pttl_ms: None,
             behind: false,
             claimed: false,
+            kept: None,
         };
         let (attempt, acked) = match found {
             Ok((None, acked)) => (Attempt::Acquired { fence: None }, acked),
@@ -952,9 +959,9 @@ impl Subscriber {
                     if let Some(waiter) = said.strip_prefix(b"w:") {
                         // A fair release names the next waiter; it may be another client's.
                         self.wakeups.notify_waiter(&channel, waiter, None);
-                    } else if let Some((fence, waiter)) = handed_over(&said) {
+                    } else if let Some((handed, waiter)) = handed_over(&said) {
                         // ... or hands it the lock.
-                        self.wakeups.notify_waiter(&channel, waiter, Some(fence));
+                        self.wakeups.notify_waiter(&channel, waiter, Some(handed));
                     } else if said != self.announcement.as_bytes() {
                         self.wakeups.notify(&channel);
                     }
@@ -1031,18 +1038,23 @@ impl Subscriber {
 
 #[cfg(test)]
 mod tests {
-    use super::handed_over;
+    use super::{handed_over, HandedOver};
 
     #[test]
-    fn a_hand_over_names_its_fencing_token_and_the_waiter() {
+    fn a_hand_over_names_its_fencing_token_its_place_and_the_waiter() {
+        let handed = |fence, kept| HandedOver { fence, kept };
         assert_eq!(
-            handed_over(b"g:1796050340300403:90725802f1b2 host:17636"),
-            Some((1_796_050_340_300_403, &b"90725802f1b2 host:17636"[..]))
+            handed_over(b"g:1796050340300403:1796050341:90725802f1b2 host:17636"),
+            Some((
+                handed(1_796_050_340_300_403, 1_796_050_341),
+                &b"90725802f1b2 host:17636"[..]
+            ))
         );
-        assert_eq!(handed_over(b"g:0:t"), Some((0, &b"t"[..])));
+        assert_eq!(handed_over(b"g:0:12:t"), Some((handed(0, 12), &b"t"[..])));
         // Lua writes a large number it concatenates as 1.79e+15: not a hand-over (the waiter
         // is woken and asks).
-        assert_eq!(handed_over(b"g:1.7960503291779e+15:t"), None);
+        assert_eq!(handed_over(b"g:1.7960503291779e+15:12:t"), None);
+        assert_eq!(handed_over(b"g:0:t"), None);
         assert_eq!(handed_over(b"w:t"), None);
         assert_eq!(handed_over(b"c:0123456789abcdef"), None);
     }

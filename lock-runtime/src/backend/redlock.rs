@@ -191,6 +191,7 @@ impl RedlockBackend {
                 pttl_ms: Some(0),
                 behind: false,
                 claimed: false,
+                kept: None,
             });
         }
         if yes + held >= self.quorum {
@@ -200,6 +201,7 @@ impl RedlockBackend {
                 pttl_ms: soonest_free,
                 behind: false,
                 claimed: false,
+                kept: None,
             });
         }
         Err(self.no_quorum(yes + held, last_error))

@@ -20,7 +20,10 @@
 -- Returns {1, fence} when taken (fence is 0 without fencing), or {0, pttl} when not: pttl is the
 -- holder's remaining ttl, -1 for a key without expiry (a foreign value), -2 when the key is free
 -- but fair waiters come first; a fair refusal adds how many waiters are ahead in line; a
--- refusal by readers that claimed the writers' turn adds a fourth element, 1.
+-- refusal by readers that claimed the writers' turn adds a fourth element, 1 (0 otherwise, on a
+-- fair refusal); a fair refusal that kept the caller's place adds a fifth, the server ms until
+-- which it is kept: a release that hands the lock over names it (release.lua), so the waiter
+-- knows which of its attempts the lease counts from.
 -- Every check comes before the first write: a counter of another type (WRONGTYPE), or one that is
 -- not a non-negative integer, fails the script with nothing changed.
 local fencing = ARGV[3] == '1'
@@ -152,9 +155,11 @@ if holder == false and (head == nil or head == ARGV[1]) then
   unclaim()
   return taken()
 end
+local kept = 0
 if ARGV[5] == '1' then
+  kept = now + place
   redis.call('ZADD', KEYS[3], 'NX', tonumber(time[1]) * 1000000 + tonumber(time[2]), ARGV[1])
-  redis.call('ZADD', KEYS[4], now + place, ARGV[1])
+  redis.call('ZADD', KEYS[4], kept, ARGV[1])
 end
 if holder == false and #lapsed > 0 then
   -- The lock is free and the waiters ahead of the new head are gone: its turn has come.
@@ -163,7 +168,8 @@ end
 -- How many are ahead of the caller in line: a waiter with others ahead will not be named by the
 -- next release, so it need not ask again before it sleeps.
 local ahead = redis.call('ZRANK', KEYS[3], ARGV[1]) or 0
+local claimed = 0
 if shared == 'readers' and claim() then
-  return {0, redis.call('PTTL', KEYS[1]), ahead, 1}
+  claimed = 1
 end
-return {0, redis.call('PTTL', KEYS[1]), ahead}
+return {0, redis.call('PTTL', KEYS[1]), ahead, claimed, kept}

@@ -8,8 +8,10 @@
 -- A fair release hands the lock to the next waiter in line: it sets the lock to that waiter's
 -- token, until the waiter's place would have lapsed (so a waiter that died meanwhile holds the
 -- line up no longer than its place would have), takes a fencing token for it when the key has a
--- counter, and names it: 'g:<fence>:<token>' (fence 0: no counter). The waiter holds the lock
--- without asking, and extends it to its own ttl before that lease ends.
+-- counter, and names it: 'g:<fence>:<kept>:<token>' (fence 0: no counter; kept: until when the
+-- place was kept, as the waiter's attempt that kept it was told). The waiter holds the lock
+-- without asking (unless it must have replicas acknowledge it), and extends it to its own ttl
+-- before that lease ends.
 -- Returns 1 when it was ours, 0 when it had expired or been taken by someone else, 2 when it
 -- was ours but Redis refused the announcement (an ACL without rights on the channel): the
 -- release itself stands, and waiters elsewhere wake on their timers.
@@ -113,7 +115,7 @@ if ARGV[5] == '1' then
         redis.call('ZREM', KEYS[3], head)
         redis.call('SET', KEYS[1], head, 'PX', kept - now)
         -- (%d: concatenating a number writes a large one in exponent notation.)
-        message = 'g:' .. string.format('%d', fence) .. ':' .. head
+        message = 'g:' .. string.format('%d:%d:', fence, kept) .. head
       end
       break
     end
