@@ -315,7 +315,8 @@ async fn with_replica_acknowledgement_a_fair_waiter_has_its_lock_acknowledged() 
         LockClient::builder()
             .url(&primary.url())
             .response_timeout(RESPONSE)
-            .wait_for_replicas(1, Duration::from_millis(300))
+            // As above: long enough for a healthy replica on a loaded 2-core machine.
+            .wait_for_replicas(1, SECOND)
             .build()
     };
     let (holder_client, waiter_client) = (connect().await.unwrap(), connect().await.unwrap());
