@@ -281,65 +281,56 @@ impl LockClient {
             // release could take no token for, and one whose locks replicas must acknowledge,
             // ask instead: the lock is theirs already, if it still is).
             let handed = wakeup.as_ref().and_then(Registration::handed_over);
-            if let (Some(handed), Some((kept, sent))) = (handed, last_kept) {
-                let lease = FAIR_PLACE_KEPT.min(options.ttl());
+            let lease = FAIR_PLACE_KEPT.min(options.ttl());
+            let handed = match (handed, last_kept) {
                 // Enough of the lease left to be worth holding (else asking extends it to the
                 // ttl).
-                let fresh = Instant::now() + lease / 2 < sent + lease;
-                if handed.kept == kept
-                    && fresh
-                    && !(options.is_fencing() && handed.fence == 0)
-                    && backend.takes_hand_overs()
+                (Some(handed), Some((kept, sent)))
+                    if handed.kept == kept
+                        && Instant::now() + lease / 2 < sent + lease
+                        && !(options.is_fencing() && handed.fence == 0)
+                        && backend.takes_hand_overs() =>
                 {
-                    let in_flight = self.held().acquiring();
-                    if self.held().is_closed() {
-                        // Given back as the place is dropped.
-                        return outcome(Err(LockError::unavailable(ShutDown)), deciding);
-                    }
-                    if let Some(wakeup) = wakeup {
-                        wakeup.acquired();
-                    }
-                    if let Some(place) = place {
-                        place.taken();
-                    }
-                    let fence = options.is_fencing().then_some(handed.fence);
-                    tracing::debug!(key, fence, "lock handed over by a fair release");
-                    // Taken now (its minimum hold and hold time count from here, after the
-                    // release), valid from the attempt whose place it was handed over for.
-                    let mut state =
-                        LockState::new(key, keys, token, fence, options, Instant::now()).leased(sent, lease);
-                    state.by_key_class = self.inner.metrics_key_class;
-                    let guard =
-                        LockGuard::handed_over(self.clone(), state, options.is_watchdog(), (sent, lease));
-                    drop(in_flight); // registered: shutdown will find it
-                    return outcome(Ok(guard), deciding);
+                    Some((handed.fence, sent))
                 }
-            }
-            let ask = Ask {
-                ttl_ms: options.ttl_ms(),
-                fencing: options.is_fencing(),
-                waiting: wakeup.is_some(),
-                fair,
-                join: will_wait,
-                shared,
-                claimed,
+                _ => None,
             };
             // Counted before the check, so shutdown either refuses this attempt or waits for it
-            // (until its lock, if it takes one, is registered).
+            // (until its lock, if it takes one, is registered). A lock handed over is given back
+            // as the place is dropped.
             let in_flight = self.held().acquiring();
             if self.held().is_closed() {
                 return outcome(Err(LockError::unavailable(ShutDown)), deciding);
             }
-            let started = Instant::now();
-            let pending = PendingAcquire::new(self, (key, &keys), &token, &ask);
-            let answer = backend.acquire(&keys, &token, &ask).await;
-            deciding = started.elapsed();
-            let attempt = match answer {
-                Ok(answer) => {
-                    pending.settled();
-                    answer
+            // The lock's validity counts from `valid_from` for `lease`: when the attempt that
+            // took it was sent, for its ttl; for a lock handed over, when the attempt whose place
+            // it was handed over for was sent, for what was left of that place.
+            let (attempt, started, (valid_from, lease)) = if let Some((fence, sent)) = handed {
+                tracing::debug!(key, "lock handed over by a fair release");
+                deciding = Duration::ZERO; // no request decided it
+                let fence = options.is_fencing().then_some(fence);
+                (Attempt::Acquired { fence }, Instant::now(), (sent, lease))
+            } else {
+                let ask = Ask {
+                    ttl_ms: options.ttl_ms(),
+                    fencing: options.is_fencing(),
+                    waiting: wakeup.is_some(),
+                    fair,
+                    join: will_wait,
+                    shared,
+                    claimed,
+                };
+                let started = Instant::now();
+                let pending = PendingAcquire::new(self, (key, &keys), &token, &ask);
+                let answer = backend.acquire(&keys, &token, &ask).await;
+                deciding = started.elapsed();
+                match answer {
+                    Ok(answer) => {
+                        pending.settled();
+                        (answer, started, (started, options.ttl()))
+                    }
+                    Err(e) => return outcome(Err(e), deciding), // `pending` releases in the background as it drops
                 }
-                Err(e) => return outcome(Err(e), deciding), // `pending` releases in the background as it drops
             };
             match attempt {
                 Attempt::Acquired { fence } => {
@@ -353,9 +344,13 @@ impl LockClient {
                         place.taken();
                     }
                     tracing::debug!(key, fence, "lock acquired");
-                    let mut state = LockState::new(key, keys, token, fence, options, started);
+                    // Taken at `started` (a minimum hold and the hold time count from there:
+                    // after the release, for a lock handed over).
+                    let mut state =
+                        LockState::new(key, keys, token, fence, options, started).leased(valid_from, lease);
                     state.by_key_class = self.inner.metrics_key_class;
-                    let guard = LockGuard::new(self.clone(), state, options.is_watchdog(), started);
+                    let guard =
+                        LockGuard::new(self.clone(), state, options.is_watchdog(), (valid_from, lease));
                     drop(in_flight); // registered: shutdown will find it
                     return outcome(Ok(guard), deciding);
                 }

@@ -85,8 +85,9 @@ impl LockState {
         }
     }
 
-    /// A lock handed over by a fair release: it is set to expire `lease` after `sent` (when the
-    /// last attempt before the hand-over was sent), which may be sooner than its ttl.
+    /// Sets the lock to expire `lease` after `sent`: the attempt that took it and its ttl, or
+    /// for a lock a fair release handed over, the waiter's attempt whose place it was handed
+    /// over for and what was left of that place (which may be sooner than its ttl).
     pub(crate) fn leased(self, sent: Instant, lease: Duration) -> Self {
         let mut status = self.status();
         status.valid_until = sent + lease.saturating_sub(drift(lease));
@@ -259,35 +260,22 @@ pub struct LockGuard {
 }
 
 impl LockGuard {
-    pub(crate) fn new(client: LockClient, state: LockState, watchdog: bool, started: Instant) -> Self {
-        let state = Arc::new(state);
-        let watched = watchdog.then(|| client.watchdog().watch(&client, Arc::clone(&state), started));
-        LockGuard::registered(client, state, watched)
-    }
-
-    /// A lock handed over by a fair release for `lease` from `sent` ([`LockState::leased`]):
-    /// when that is shorter than its ttl, the watchdog extends it to its ttl a third of the
-    /// lease in (once, unless it renews the lock anyway), so a lock released before then costs
-    /// no request at all.
-    pub(crate) fn handed_over(
+    /// A held lock, set to expire `lease` after `sent` ([`LockState::leased`]). The watchdog
+    /// renews it with `watchdog`; a lock handed over by a fair release for less than its ttl it
+    /// extends to its ttl a third of the lease in either way (once, without `watchdog`), so a
+    /// lock released before then costs no request at all.
+    pub(crate) fn new(
         client: LockClient,
         state: LockState,
         watchdog: bool,
         (sent, lease): (Instant, Duration),
     ) -> Self {
         let state = Arc::new(state);
-        let watched = if lease < state.ttl {
-            let top_up = client
+        let watched = (watchdog || lease < state.ttl).then(|| {
+            client
                 .watchdog()
-                .top_up(&client, Arc::clone(&state), (sent, lease), !watchdog);
-            Some(top_up)
-        } else {
-            watchdog.then(|| client.watchdog().watch(&client, Arc::clone(&state), sent))
-        };
-        LockGuard::registered(client, state, watched)
-    }
-
-    fn registered(client: LockClient, state: Arc<LockState>, watched: Option<u64>) -> Self {
+                .watch(&client, Arc::clone(&state), (sent, lease), !watchdog)
+        });
         let held = client.held().insert(Arc::clone(&state));
         LockGuard {
             client,

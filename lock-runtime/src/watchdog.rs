@@ -67,51 +67,26 @@ impl Watchdog {
         self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Renews `state`'s lock from now on, the first time ttl/3 after `acquired`; returns the id
-    /// that [`unwatch`](Self::unwatch) takes.
+    /// Renews `state`'s lock, held for `lease` from `sent` (its ttl, or less for a lock handed
+    /// over by a fair release), to its ttl: the first time a third of the lease in, then every
+    /// ttl/3 (with `once`, only that first time); returns the id that
+    /// [`unwatch`](Self::unwatch) takes.
     pub(crate) fn watch(
-        self: &Arc<Self>,
-        client: &LockClient,
-        state: Arc<LockState>,
-        acquired: Instant,
-    ) -> u64 {
-        let (due, lease) = (acquired + interval(state.ttl), state.ttl);
-        self.insert(
-            client,
-            Watched {
-                state,
-                due,
-                lease,
-                once: false,
-            },
-        )
-    }
-
-    /// Renews `state`'s lock, held for `lease` from `sent` (a lock handed over by a fair
-    /// release, for less than its ttl), to its ttl a third of the lease in, then (with `once`)
-    /// no more.
-    pub(crate) fn top_up(
         self: &Arc<Self>,
         client: &LockClient,
         state: Arc<LockState>,
         (sent, lease): (Instant, Duration),
         once: bool,
     ) -> u64 {
-        let due = sent + interval(lease);
-        self.insert(
-            client,
-            Watched {
-                state,
-                due,
-                lease,
-                once,
-            },
-        )
-    }
-
-    fn insert(self: &Arc<Self>, client: &LockClient, watched: Watched) -> u64 {
         static IDS: AtomicU64 = AtomicU64::new(0);
         let id = IDS.fetch_add(1, Ordering::Relaxed);
+        let due = sent + interval(lease);
+        let watched = Watched {
+            state,
+            due,
+            lease,
+            once,
+        };
         self.held().insert(id, watched);
         self.start(client);
         self.changed.notify_one();
