@@ -92,40 +92,34 @@ mod on {
         };
     }
 
+    /// [`fixed!`] for every outcome [`outcome`](super::outcome) names.
+    macro_rules! by_outcome {
+        ($mode:literal, $outcome:expr) => {
+            fixed!(
+                $mode,
+                $outcome,
+                [
+                    "acquired",
+                    "busy",
+                    "not_replicated",
+                    "unavailable",
+                    "refused",
+                    "invalid",
+                    "lost",
+                    "not_configured"
+                ]
+            )
+        };
+    }
+
     /// The labels of a lock's series, with the call's outcome where there is one.
     fn fixed_labels(labels: &Labels<'_>, outcome: Option<&'static str>) -> &'static [Label] {
         let shared = labels.mode == "shared";
         match (shared, outcome) {
             (false, None) => fixed!("exclusive"),
             (true, None) => fixed!("shared"),
-            (false, Some(outcome)) => fixed!(
-                "exclusive",
-                outcome,
-                [
-                    "acquired",
-                    "busy",
-                    "not_replicated",
-                    "unavailable",
-                    "refused",
-                    "invalid",
-                    "lost",
-                    "not_configured"
-                ]
-            ),
-            (true, Some(outcome)) => fixed!(
-                "shared",
-                outcome,
-                [
-                    "acquired",
-                    "busy",
-                    "not_replicated",
-                    "unavailable",
-                    "refused",
-                    "invalid",
-                    "lost",
-                    "not_configured"
-                ]
-            ),
+            (false, Some(outcome)) => by_outcome!("exclusive", outcome),
+            (true, Some(outcome)) => by_outcome!("shared", outcome),
         }
     }
 
