@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lock_runtime::{LockClient, LockError, MAX_WAIT_NAP};
+use lock_runtime::{LockClient, LockError, LockGuard, LockOptions, MAX_WAIT_NAP};
 use lock_tests::{eventually, ttl, Target, SECOND};
 use tokio::time::Instant;
 
@@ -633,6 +633,25 @@ async fn a_fair_waiter_that_gives_up_leaves_the_line_at_once(t: Target) {
     );
 }
 
+/// Starts a task that waits for `key` through `client` with `options`, and returns once it is
+/// in line (refused once, so it waits).
+async fn in_line(
+    client: &LockClient,
+    key: &'static str,
+    options: LockOptions,
+) -> tokio::task::JoinHandle<Result<LockGuard, LockError>> {
+    let before = client.waiting(key).unwrap();
+    let waiter = tokio::spawn({
+        let client = client.clone();
+        async move { client.acquire(key, &options).await }
+    });
+    eventually(2 * SECOND, "the waiter is in line", || async {
+        client.waiting(key).unwrap() == before + 1
+    })
+    .await;
+    waiter
+}
+
 /// A fair release hands the lock to the next in line (without that waiter asking) for a lease
 /// no longer than its place's; the new holder's client extends it to its ttl, without the
 /// watchdog, so it is neither lost nor left to expire when held past that lease.
@@ -640,20 +659,15 @@ async fn a_lock_handed_over_in_line_is_kept_for_its_whole_ttl(t: Target) {
     let (c, other) = (t.client(), t.other_client().await);
     let fenced = ttl(60_000).fair(true).fencing(true);
     let holder = c.acquire("handed", &fenced).await.unwrap();
-    let waiter = tokio::spawn({
-        let other = other.clone();
-        async move {
-            let options = ttl(5000).fair(true).fencing(true).wait(30 * SECOND);
-            other.acquire("handed", &options).await.unwrap()
-        }
-    });
-    eventually(2 * SECOND, "the waiter is in line", || async {
-        other.waiting("handed").unwrap() == 1
-    })
+    let waiter = in_line(
+        &other,
+        "handed",
+        ttl(5000).fair(true).fencing(true).wait(30 * SECOND),
+    )
     .await;
     let before = holder.fencing_token().unwrap();
     holder.release().await.unwrap();
-    let guard = waiter.await.unwrap();
+    let guard = waiter.await.unwrap().unwrap();
     let taken_at = Instant::now();
     assert!(
         guard.fencing_token().unwrap() > before,
@@ -682,19 +696,14 @@ async fn a_lock_handed_over_in_line_is_kept_for_its_whole_ttl(t: Target) {
 async fn a_fencing_waiter_handed_a_lock_without_a_counter_gets_a_token(t: Target) {
     let (c, other) = (t.client(), t.other_client().await);
     let holder = c.acquire("uncounted", &ttl(60_000).fair(true)).await.unwrap();
-    let waiter = tokio::spawn({
-        let other = other.clone();
-        async move {
-            let options = ttl(5000).fair(true).fencing(true).wait(30 * SECOND);
-            other.acquire("uncounted", &options).await.unwrap()
-        }
-    });
-    eventually(2 * SECOND, "the waiter is in line", || async {
-        other.waiting("uncounted").unwrap() == 1
-    })
+    let waiter = in_line(
+        &other,
+        "uncounted",
+        ttl(5000).fair(true).fencing(true).wait(30 * SECOND),
+    )
     .await;
     holder.release().await.unwrap();
-    let guard = waiter.await.unwrap();
+    let guard = waiter.await.unwrap().unwrap();
     assert!(guard.fencing_token().is_some_and(|token| token > 0));
     assert!(guard.release().await.unwrap());
 }
@@ -707,19 +716,11 @@ async fn a_lock_handed_to_a_waiter_that_left_goes_to_the_next_in_line() {
     let c = LockClient::in_memory();
     let holder = c.acquire("left", &ttl(60_000).fair(true)).await.unwrap();
     let fair = ttl(5000).fair(true).wait(30 * SECOND);
-    let mut waiters = Vec::new();
-    for i in 1..=2 {
-        let (c2, fair) = (c.clone(), fair.clone());
-        waiters.push(tokio::spawn(async move { c2.acquire("left", &fair).await }));
-        eventually(2 * SECOND, "the waiter is in line", || async {
-            c.waiting("left").unwrap() == i
-        })
-        .await;
-    }
+    let first = in_line(&c, "left", fair.clone()).await;
+    let second = in_line(&c, "left", fair).await;
     let released_at = Instant::now();
     holder.release().await.unwrap(); // hands the lock to the first waiter ...
-    let second = waiters.pop().unwrap();
-    waiters.pop().unwrap().abort(); // ... which is cancelled before it runs again
+    first.abort(); // ... which is cancelled before it runs again
     let guard = second.await.unwrap().unwrap();
     assert!(
         released_at.elapsed() < lock_runtime::FAIR_PLACE_KEPT / 2,
@@ -739,16 +740,11 @@ async fn a_hand_over_for_another_place_is_not_taken_as_the_lock() {
     let (c, other) = (t.client(), t.other_client().await);
     let mut raw = t.server().unwrap().raw().await;
     let holder = c.acquire("stale", &ttl(60_000).fair(true)).await.unwrap();
-    let waiter = tokio::spawn({
-        let other = other.clone();
-        async move {
-            let options = ttl(5000).fair(true).wait(Duration::from_millis(1500));
-            other.acquire("stale", &options).await
-        }
-    });
-    eventually(2 * SECOND, "the waiter is in line", || async {
-        other.waiting("stale").unwrap() == 1
-    })
+    let waiter = in_line(
+        &other,
+        "stale",
+        ttl(5000).fair(true).wait(Duration::from_millis(1500)),
+    )
     .await;
     let line: Vec<String> = raw.zrange("lock:{stale}:queue", 0, -1).await.unwrap();
     let kept: u64 = raw.zscore("lock:{stale}:queue:kept", &line[0]).await.unwrap();

@@ -42,6 +42,25 @@ async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
     server.raw().await
 }
 
+/// A replica of `primary`, once the primary sees it online.
+async fn replica_in_sync(primary: &RedisServer) -> RedisServer {
+    let replica = RedisServer::spawn_with_args(["--replicaof", "127.0.0.1", &primary.port().to_string()]);
+    let conn = raw(primary).await;
+    eventually(10 * SECOND, "the replica is in sync", || {
+        let mut conn = conn.clone();
+        async move {
+            let info: String = redis::cmd("INFO")
+                .arg("replication")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            info.contains("connected_slaves:1") && info.contains("state=online")
+        }
+    })
+    .await;
+    replica
+}
+
 async fn shard_channels(server: &RedisServer) -> Vec<String> {
     redis::cmd("PUBSUB")
         .arg("SHARDCHANNELS")
@@ -297,20 +316,7 @@ async fn cluster_with_replica_acknowledgement_keeps_a_lock_across_a_failover() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_replica_acknowledgement_a_fair_waiter_has_its_lock_acknowledged() {
     let primary = RedisServer::spawn();
-    let replica = RedisServer::spawn_with_args(["--replicaof", "127.0.0.1", &primary.port().to_string()]);
-    let conn = raw(&primary).await;
-    eventually(10 * SECOND, "the replica is in sync", || {
-        let mut conn = conn.clone();
-        async move {
-            let info: String = redis::cmd("INFO")
-                .arg("replication")
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-            info.contains("connected_slaves:1") && info.contains("state=online")
-        }
-    })
-    .await;
+    let replica = replica_in_sync(&primary).await;
     let connect = || {
         LockClient::builder()
             .url(&primary.url())
@@ -351,20 +357,8 @@ async fn with_replica_acknowledgement_a_fair_waiter_has_its_lock_acknowledged() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unacknowledged_acquire_fails_with_not_replicated_and_leaves_nothing() {
     let primary = RedisServer::spawn();
-    let replica = RedisServer::spawn_with_args(["--replicaof", "127.0.0.1", &primary.port().to_string()]);
+    let replica = replica_in_sync(&primary).await;
     let mut conn = raw(&primary).await;
-    eventually(10 * SECOND, "the replica is in sync", || {
-        let mut conn = conn.clone();
-        async move {
-            let info: String = redis::cmd("INFO")
-                .arg("replication")
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-            info.contains("connected_slaves:1") && info.contains("state=online")
-        }
-    })
-    .await;
     let client = LockClient::builder()
         .url(&primary.url())
         .response_timeout(RESPONSE)
