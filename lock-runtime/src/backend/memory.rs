@@ -381,13 +381,8 @@ impl MemoryBackend {
                             expires_at: kept,
                         },
                     );
-                    let fence = match store.fences.get_mut(&keys.fence()) {
-                        Some(counter) => {
-                            *counter += 1;
-                            *counter
-                        }
-                        None => 0,
-                    };
+                    let counted = store.fences.contains_key(&keys.fence());
+                    let fence = if counted { store.next_fence(keys) } else { 0 };
                     Some((head, Some(HandedOver { fence, kept: stamp })))
                 }
                 Some((_, head, _, _)) => Some((head, None)),

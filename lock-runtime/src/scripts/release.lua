@@ -101,16 +101,10 @@ if ARGV[5] == '1' then
     local kept = tonumber(redis.call('ZSCORE', KEYS[3], head))
     if kept and kept > now then
       message = 'w:' .. head
-      local counter = false
-      if freed then
-        counter = redis.pcall('GET', KEYS[4])
-      end
       -- A counter that is not a number is left for the waiter's own attempt to refuse.
-      if freed and (counter == false or (type(counter) == 'string' and string.match(counter, '^%d+$'))) then
-        local fence = 0
-        if counter then
-          fence = next_fence(KEYS[4], counter)
-        end
+      local counter = freed and redis.pcall('GET', KEYS[4])
+      if freed and (not counter or (type(counter) == 'string' and string.match(counter, '^%d+$'))) then
+        local fence = counter and next_fence(KEYS[4], counter) or 0
         redis.call('ZREM', KEYS[2], head)
         redis.call('ZREM', KEYS[3], head)
         redis.call('SET', KEYS[1], head, 'PX', kept - now)
