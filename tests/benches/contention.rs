@@ -7,6 +7,7 @@
 //! BENCH_SCALE=3 cargo bench -p lock-tests --bench contention      # 3x the rounds, + 10,000 locks for 30 s
 //! BENCH_SCALE=0.2 cargo bench -p lock-tests --bench contention    # smoke run: 1 round, short windows
 //! BENCH_NODELAY=1 cargo bench -p lock-tests --bench contention    # TCP_NODELAY for all four
+//! BENCH_PIN=0 cargo bench -p lock-tests --bench contention        # scenario 1 not pinned
 //! ```
 //!
 //! The contenders, each with one client (one connection, plus ours' subscriber connection)
@@ -36,7 +37,11 @@
 //! otherwise:
 //! 1. one task, acquire + release in a loop on one key: pairs/s, the median of the per-round
 //!    ratios to the hand-written minimum, and this process's CPU time and context switches per
-//!    pair (all threads, from `/proc/self/task/*/{schedstat,status}`);
+//!    pair (all threads, from `/proc/self/task/*/{schedstat,status}`). For this scenario only,
+//!    this process is pinned to one CPU and the server to another (`taskset`, when there are two
+//!    CPUs; `BENCH_PIN=0` to not): left to the scheduler of a 2-vCPU VM, whether the two share a
+//!    vCPU or wake each other across two changes pairs/s several-fold from slice to slice (see
+//!    `Pinning`);
 //! 2. 64 tasks, each on its own key: the same, in total;
 //! 3. 8 tasks on ONE key, each looping acquire (wait), hold 1 ms, release: hand-offs/s (lock
 //!    acquisitions per second); each acquisition's wait (from calling acquire to holding) as
@@ -1405,12 +1410,107 @@ async fn fair_processes(url: &str, key: &str, window: Duration, probe: Option<&P
 }
 
 // ---------------------------------------------------------------------------------------------
+// Scenario 1's CPU pinning.
+
+/// This process on one CPU and the server on another, for scenario 1 only. Left to the
+/// scheduler, one request at a time is a lottery on this kind of machine: whether the server
+/// and the client's worker thread share a vCPU, or wake each other across two (an interrupt to
+/// a halted vCPU per request), changes a library's pairs/s by a factor of 1.5 to 5 from one 250 ms
+/// slice to the next, far more than the libraries differ. Pinned apart, every request crosses CPUs,
+/// as it crosses hosts in production.
+struct Pinning {
+    client_pid: u32,
+    server_pid: u32,
+    /// The affinity lists to restore, as `taskset` printed them.
+    client_cpus: String,
+    server_cpus: String,
+    client_cpu: usize,
+    server_cpu: usize,
+}
+
+/// Restores both affinities when dropped.
+struct Pinned<'a>(&'a Pinning);
+
+impl Pinning {
+    /// `None` without `taskset`, without the server's pid, or with fewer than 2 CPUs allowed.
+    fn new(server_pid: Option<u32>) -> Option<Pinning> {
+        let (client_pid, server_pid) = (std::process::id(), server_pid?);
+        let client_cpus = affinity(client_pid)?;
+        let server_cpus = affinity(server_pid)?;
+        let cpus = cpu_list(&client_cpus);
+        let (&client_cpu, &server_cpu) = (cpus.first()?, cpus.get(1)?);
+        Some(Pinning {
+            client_pid,
+            server_pid,
+            client_cpus,
+            server_cpus,
+            client_cpu,
+            server_cpu,
+        })
+    }
+
+    fn pin(&self) -> Pinned<'_> {
+        set_affinity(self.client_pid, &self.client_cpu.to_string());
+        set_affinity(self.server_pid, &self.server_cpu.to_string());
+        Pinned(self)
+    }
+}
+
+impl Drop for Pinned<'_> {
+    fn drop(&mut self) {
+        set_affinity(self.0.client_pid, &self.0.client_cpus);
+        set_affinity(self.0.server_pid, &self.0.server_cpus);
+    }
+}
+
+/// A process's CPU affinity list (`taskset -p -c`: "pid 42's current affinity list: 0,1").
+fn affinity(pid: u32) -> Option<String> {
+    let out = std::process::Command::new("taskset")
+        .args(["-p", "-c", &pid.to_string()])
+        .output()
+        .ok()?;
+    let out = String::from_utf8(out.stdout).ok()?;
+    Some(out.rsplit_once(": ")?.1.trim().to_owned())
+}
+
+/// Every thread of `pid` (`taskset -a`) onto `cpus`.
+fn set_affinity(pid: u32, cpus: &str) {
+    let set = std::process::Command::new("taskset")
+        .args(["-a", "-p", "-c", cpus, &pid.to_string()])
+        .output();
+    match set {
+        Ok(out) if out.status.success() => {}
+        Ok(out) => panic!(
+            "taskset -a -p -c {cpus} {pid} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+        Err(e) => panic!("cannot run taskset: {e}"),
+    }
+}
+
+/// The CPUs of an affinity list such as "0-3,6".
+fn cpu_list(list: &str) -> Vec<usize> {
+    list.split(',')
+        .filter_map(|part| match part.split_once('-') {
+            Some((first, last)) => Some(first.trim().parse().ok()?..=last.trim().parse().ok()?),
+            None => {
+                let cpu = part.trim().parse().ok()?;
+                Some(cpu..=cpu)
+            }
+        })
+        .flatten()
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
 // Configuration, the run, and the report.
 
 struct Config {
     scale: f64,
     /// TCP_NODELAY for all four (otherwise off, redis-rs's default, for all four).
     nodelay: bool,
+    /// Scenario 1 with this process and the server on separate CPUs (`BENCH_PIN=0`: not).
+    pin: bool,
     rounds: usize,
     sequential_window: Duration,
     many_keys_window: Duration,
@@ -1444,6 +1544,7 @@ impl Config {
         Config {
             scale,
             nodelay: nodelay_from_env(),
+            pin: std::env::var("BENCH_PIN").map_or(true, |v| v != "0"),
             rounds: ((5.0 * scale).round() as usize).max(1),
             sequential_window: ms(1000.0),
             many_keys_window: ms(1000.0),
@@ -1468,6 +1569,8 @@ struct Results {
     watchdog: Vec<[Option<Watchdog>; 4]>,
     /// Scenario 7 (ours only): the timed window, and the counting window (for its counts).
     fair: Option<Fair>,
+    /// The CPUs this process and the server were pinned to for scenario 1, if they were.
+    pinned: Option<(usize, usize)>,
     fair_counting: Option<Fair>,
 }
 
@@ -1511,6 +1614,12 @@ async fn bench() {
         counting_libs.push(Lib::connect(which, &proxy_url, config.nodelay).await);
     }
     let mut results = Results::default();
+    let pinning = if config.pin {
+        Pinning::new(server.pid())
+    } else {
+        None
+    };
+    results.pinned = pinning.as_ref().map(|p| (p.client_cpu, p.server_cpu));
 
     eprintln!(
         "redis {redis_version} on 127.0.0.1:{}; BENCH_SCALE={}: {} rounds",
@@ -1553,7 +1662,9 @@ async fn bench() {
         eprintln!("timed round {}/{}", round + 1, config.rounds);
         let order: Vec<usize> = (0..4).map(|i| (i + round) % 4).collect();
         let one_key = |which: usize| vec![format!("{}:r{round}:s1", KEY_PREFIXES[which])];
+        let pinned = pinning.as_ref().map(Pinning::pin);
         let runs = pairs_round(&libs, &order, one_key, config.sequential_window).await;
+        drop(pinned);
         for (which, run) in runs.into_iter().enumerate() {
             eprintln!("  1. {:<17} {:>8.0} pairs/s", NAMES[which], run.per_sec());
             results.sequential[which].push(run);
@@ -2003,6 +2114,13 @@ fn report(config: &Config, redis_version: &str, inner_counted: (bool, u64), tick
             "off for all four (redis-rs default)"
         }
     );
+    match results.pinned {
+        Some((client, server)) => println!(
+            "scenario 1: this process pinned to CPU {client}, redis-server to CPU {server} (taskset; \
+             BENCH_PIN=0 to leave them to the scheduler)"
+        ),
+        None => println!("scenario 1: not pinned (BENCH_PIN=0, or taskset or a second CPU missing)"),
+    }
     println!(
         "total_commands_processed counts commands run inside scripts: {} (delta {} for INFO + \
          EVAL running 3 commands); commands executed = sum of INFO commandstats calls",
@@ -2147,6 +2265,7 @@ fn report(config: &Config, redis_version: &str, inner_counted: (bool, u64), tick
         "redis_version": redis_version,
         "bench_scale": config.scale,
         "tcp_nodelay_for_all": config.nodelay,
+        "scenario_1_pinned_cpus": results.pinned.map(|(client, server)| json!({"client": client, "server": server})),
         "rounds": config.rounds,
         "windows_ms": {
             "sequential": config.sequential_window.as_millis() as u64,
