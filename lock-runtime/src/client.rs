@@ -347,7 +347,7 @@ impl LockClient {
                     // Taken at `started` (a minimum hold and the hold time count from there:
                     // after the release, for a lock handed over).
                     let mut state =
-                        LockState::new(key, keys, token, fence, options, started).leased(valid_from, lease);
+                        LockState::new(key, keys, token, fence, options, started, (valid_from, lease));
                     state.by_key_class = self.inner.metrics_key_class;
                     let guard =
                         LockGuard::new(self.clone(), state, options.is_watchdog(), (valid_from, lease));

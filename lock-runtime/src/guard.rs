@@ -53,8 +53,11 @@ pub(crate) struct LockState {
 }
 
 impl LockState {
-    /// `started` is when the acquire request was sent: validity counts from there, so the
-    /// request's own flight time is never counted as held time.
+    /// `started` is when the lock was taken (a minimum hold and the hold time count from there).
+    /// It expires `lease` after `sent`: the acquire request's send time and its ttl (so the
+    /// request's own flight time is never counted as held time), or for a lock a fair release
+    /// handed over, the waiter's attempt whose place it was handed over for and what was left of
+    /// that place (which may be sooner than its ttl).
     pub(crate) fn new(
         key: &str,
         keys: LockKeys,
@@ -62,6 +65,7 @@ impl LockState {
         fence: Option<u64>,
         options: &LockOptions,
         started: Instant,
+        (sent, lease): (Instant, Duration),
     ) -> Self {
         let ttl = options.ttl();
         LockState {
@@ -77,23 +81,12 @@ impl LockState {
             release_seen: AtomicBool::new(false),
             status: std::sync::Mutex::new(Status {
                 hold_until: started + options.get_hold_at_least(),
-                valid_until: started + ttl.saturating_sub(drift(ttl)),
-                sent: started,
+                valid_until: sent + lease.saturating_sub(drift(lease)),
+                sent,
                 lost: false,
             }),
             changed: Notify::new(),
         }
-    }
-
-    /// Sets the lock to expire `lease` after `sent`: the attempt that took it and its ttl, or
-    /// for a lock a fair release handed over, the waiter's attempt whose place it was handed
-    /// over for and what was left of that place (which may be sooner than its ttl).
-    pub(crate) fn leased(self, sent: Instant, lease: Duration) -> Self {
-        let mut status = self.status();
-        status.valid_until = sent + lease.saturating_sub(drift(lease));
-        status.sent = sent;
-        drop(status);
-        self
     }
 
     fn status(&self) -> std::sync::MutexGuard<'_, Status> {
@@ -260,7 +253,7 @@ pub struct LockGuard {
 }
 
 impl LockGuard {
-    /// A held lock, set to expire `lease` after `sent` ([`LockState::leased`]). The watchdog
+    /// A held lock, set to expire `lease` after `sent` ([`LockState::new`]). The watchdog
     /// renews it with `watchdog`; a lock handed over by a fair release for less than its ttl it
     /// extends to its ttl a third of the lease in either way (once, without `watchdog`), so a
     /// lock released before then costs no request at all.
@@ -481,6 +474,7 @@ mod tests {
             None,
             &LockOptions::new(ttl),
             started,
+            (started, ttl),
         )
     }
 
