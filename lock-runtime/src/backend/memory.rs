@@ -162,21 +162,18 @@ impl MemoryBackend {
         }
         let now = Instant::now();
         let mut store = self.store();
-        let mut holder = store
-            .live(&keys.lock, now)
-            .map(|h| (h.token == token, h.expires_at));
-        if let Some((true, _)) = holder {
+        if let Some(held) = store.ours(&keys.lock, token, now) {
             // Already ours: a fair turn handed over by a release (as acquire.lua, its expiry
             // counts from this attempt, and without a counter then it takes its token now).
-            if let Some(held) = store.ours(&keys.lock, token, now) {
-                held.expires_at = now + Duration::from_millis(ask.ttl_ms);
-            }
+            held.expires_at = now + Duration::from_millis(ask.ttl_ms);
             let fence = ask.fencing.then(|| match store.fences.get(&keys.fence()) {
                 Some(&fence) => fence,
                 None => store.next_fence(keys),
             });
             return Attempt::Acquired { fence };
         }
+        // Someone else's: until when.
+        let mut holder = store.live(&keys.lock, now).map(|h| h.expires_at);
         // Readers share it: a writer that will wait claims its turn, so no new reader enters.
         let mut claimed = false;
         if let Some(last) = store.readers(&keys.lock, now).and_then(|shares| shares.last()) {
@@ -188,7 +185,7 @@ impl MemoryBackend {
                     .insert(token.to_owned(), now + FAIR_PLACE_KEPT);
                 claimed = true;
             }
-            holder = Some((false, last));
+            holder = Some(last);
         }
         if ask.fair {
             let store = &mut *store;
@@ -218,7 +215,7 @@ impl MemoryBackend {
                         self.wakeups.notify_waiter(&keys.channel, head.as_bytes(), None);
                     }
                 }
-                let pttl_ms = holder.map(|(_, expires_at)| ms_until(expires_at, now));
+                let pttl_ms = holder.map(|expires_at| ms_until(expires_at, now));
                 let behind = queue.order.values().next().is_some_and(|first| first != token)
                     && queue.places.contains_key(token);
                 return Attempt::Held {
@@ -230,7 +227,7 @@ impl MemoryBackend {
             }
             queue.leave(token);
         }
-        if let Some((_, expires_at)) = holder {
+        if let Some(expires_at) = holder {
             return Attempt::Held {
                 pttl_ms: Some(ms_until(expires_at, now)),
                 behind: false,
