@@ -103,7 +103,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lock_runtime::{LockClient, LockOptions};
-use lock_tests::RedisServer;
+use lock_tests::{affinity, RedisServer};
 use redis::aio::MultiplexedConnection;
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -1435,9 +1435,9 @@ impl Pinning {
     /// `None` without `taskset`, without the server's pid, or with fewer than 2 CPUs allowed.
     fn new(server_pid: Option<u32>) -> Option<Pinning> {
         let (client_pid, server_pid) = (std::process::id(), server_pid?);
-        let client_cpus = affinity(client_pid)?;
-        let server_cpus = affinity(server_pid)?;
-        let cpus = cpu_list(&client_cpus);
+        let client_cpus = affinity::of(client_pid)?;
+        let server_cpus = affinity::of(server_pid)?;
+        let cpus = affinity::cpus(&client_cpus);
         let (&client_cpu, &server_cpu) = (cpus.first()?, cpus.get(1)?);
         Some(Pinning {
             client_pid,
@@ -1450,56 +1450,22 @@ impl Pinning {
     }
 
     fn pin(&self) -> Pinned<'_> {
-        set_affinity(self.client_pid, &self.client_cpu.to_string());
-        set_affinity(self.server_pid, &self.server_cpu.to_string());
+        pin(self.client_pid, &self.client_cpu.to_string());
+        pin(self.server_pid, &self.server_cpu.to_string());
         Pinned(self)
     }
 }
 
 impl Drop for Pinned<'_> {
     fn drop(&mut self) {
-        set_affinity(self.0.client_pid, &self.0.client_cpus);
-        set_affinity(self.0.server_pid, &self.0.server_cpus);
+        pin(self.0.client_pid, &self.0.client_cpus);
+        pin(self.0.server_pid, &self.0.server_cpus);
     }
 }
 
-/// A process's CPU affinity list (`taskset -p -c`: "pid 42's current affinity list: 0,1").
-fn affinity(pid: u32) -> Option<String> {
-    let out = std::process::Command::new("taskset")
-        .args(["-p", "-c", &pid.to_string()])
-        .output()
-        .ok()?;
-    let out = String::from_utf8(out.stdout).ok()?;
-    Some(out.rsplit_once(": ")?.1.trim().to_owned())
-}
-
-/// Every thread of `pid` (`taskset -a`) onto `cpus`.
-fn set_affinity(pid: u32, cpus: &str) {
-    let set = std::process::Command::new("taskset")
-        .args(["-a", "-p", "-c", cpus, &pid.to_string()])
-        .output();
-    match set {
-        Ok(out) if out.status.success() => {}
-        Ok(out) => panic!(
-            "taskset -a -p -c {cpus} {pid} failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ),
-        Err(e) => panic!("cannot run taskset: {e}"),
-    }
-}
-
-/// The CPUs of an affinity list such as "0-3,6".
-fn cpu_list(list: &str) -> Vec<usize> {
-    list.split(',')
-        .filter_map(|part| match part.split_once('-') {
-            Some((first, last)) => Some(first.trim().parse().ok()?..=last.trim().parse().ok()?),
-            None => {
-                let cpu = part.trim().parse().ok()?;
-                Some(cpu..=cpu)
-            }
-        })
-        .flatten()
-        .collect()
+/// Every thread of `pid` onto `cpus`: a run half pinned would measure nothing.
+fn pin(pid: u32, cpus: &str) {
+    affinity::set(pid, cpus).unwrap_or_else(|e| panic!("{e}"));
 }
 
 // ---------------------------------------------------------------------------------------------

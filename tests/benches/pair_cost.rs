@@ -27,7 +27,7 @@
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockOptions};
-use lock_tests::RedisServer;
+use lock_tests::{affinity, RedisServer};
 use redis::aio::MultiplexedConnection;
 use tokio::time::Instant;
 
@@ -127,32 +127,6 @@ async fn set(conn: &mut MultiplexedConnection, lock: &str, token: &str, get: boo
         .unwrap_or_else(|e| panic!("SET failed: {e}"))
 }
 
-/// Every thread of `pid` onto `cpus` (`taskset -a -p -c`); whether it worked.
-fn pin(pid: u32, cpus: &str) -> bool {
-    std::process::Command::new("taskset")
-        .args(["-a", "-p", "-c", cpus, &pid.to_string()])
-        .output()
-        .is_ok_and(|out| out.status.success())
-}
-
-/// The first CPU this process may run on (`taskset -p -c`: "pid 42's current affinity list:
-/// 0-3"), if `taskset` is there.
-fn first_cpu() -> Option<String> {
-    let out = std::process::Command::new("taskset")
-        .args(["-p", "-c", &std::process::id().to_string()])
-        .output()
-        .ok()?;
-    let list = String::from_utf8(out.stdout).ok()?;
-    let first = list
-        .rsplit_once(": ")?
-        .1
-        .trim()
-        .split([',', '-'])
-        .next()?
-        .to_owned();
-    (!first.is_empty()).then_some(first)
-}
-
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
@@ -170,9 +144,13 @@ fn main() {
 async fn bench() {
     let server = RedisServer::spawn();
     let url = server.url();
-    let cpu = first_cpu();
+    // The first CPU this process may run on, for both.
+    let cpu =
+        affinity::of(std::process::id()).and_then(|list| affinity::cpus(&list).first().map(usize::to_string));
     let pinned = match (&cpu, server.pid()) {
-        (Some(cpu), Some(server_pid)) => pin(std::process::id(), cpu) && pin(server_pid, cpu),
+        (Some(cpu), Some(server_pid)) => {
+            affinity::set(std::process::id(), cpu).is_ok() && affinity::set(server_pid, cpu).is_ok()
+        }
         _ => false,
     };
     let client = redis::Client::open(url.as_str()).unwrap_or_else(|e| panic!("bad URL {url}: {e}"));

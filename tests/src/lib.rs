@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockClientBuilder, LockOptions};
 
+pub mod affinity;
 mod cluster;
 pub mod hand_written;
 mod proxy;
