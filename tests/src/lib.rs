@@ -425,6 +425,39 @@ pub fn spawn_waiter(
     })
 }
 
+/// Starts a task that waits for `key` through `client` with `options`, and returns once it is
+/// in line ([`joined_line`]).
+pub async fn in_line(
+    client: &LockClient,
+    key: &'static str,
+    options: LockOptions,
+) -> tokio::task::JoinHandle<Result<lock_runtime::LockGuard, lock_runtime::LockError>> {
+    let before = waiting(client, key);
+    let waiter = tokio::spawn({
+        let client = client.clone();
+        async move { client.acquire(key, &options).await }
+    });
+    joined_line(client, key, before).await;
+    waiter
+}
+
+/// Returns once `client` has one more waiter for `key` than `before` (its
+/// [`waiting`](LockClient::waiting) count then): the newest one was refused once, so it waits
+/// (and, fair, has its place in the store's line).
+pub async fn joined_line(client: &LockClient, key: &str, before: usize) {
+    eventually(5 * SECOND, "the waiter is in line", || async {
+        waiting(client, key) == before + 1
+    })
+    .await;
+}
+
+/// How many of `client`'s callers wait for `key`.
+pub fn waiting(client: &LockClient, key: &str) -> usize {
+    client
+        .waiting(key)
+        .unwrap_or_else(|e| panic!("bad key {key}: {e}"))
+}
+
 /// Asserts that a waiter got the lock `handoff` after the holder's release because of that
 /// release: without the wake-up it sleeps until its nap ends, at least 85% of `MAX_WAIT_NAP`
 /// when the holder's key had long to live.

@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lock_runtime::{LockClient, LockError, LockGuard, LockOptions, MAX_WAIT_NAP};
-use lock_tests::{eventually, ttl, Target, SECOND};
+use lock_runtime::{LockClient, LockError, LockOptions, MAX_WAIT_NAP};
+use lock_tests::{eventually, in_line, ttl, Target, SECOND};
 use tokio::time::Instant;
 
 lock_tests::on_every_deployment!(
@@ -454,27 +454,25 @@ async fn nested_fencing_without_an_outer_token_is_invalid(t: Target) {
     assert!(matches!(out, Err(LockError::InvalidOptions { .. })), "{out:?}");
 }
 
-/// Starts a task waiting for `key` on `client` and returns once it is queued behind the ones
-/// already there.
+/// Starts a task waiting for `key` on `client` with `options`, and returns once it is queued
+/// behind the ones already there; holding the lock, the task notes `index` in `order`, then
+/// releases.
 async fn queue_waiter(
     client: &LockClient,
-    key: &'static str,
+    (key, options): (&'static str, LockOptions),
     index: usize,
     order: &Arc<Mutex<Vec<usize>>>,
 ) -> tokio::task::JoinHandle<()> {
-    let before = client.waiting(key).unwrap();
+    let before = lock_tests::waiting(client, key);
     let task = tokio::spawn({
         let (client, order) = (client.clone(), Arc::clone(order));
         async move {
-            let guard = client.acquire(key, &ttl(5000).wait(30 * SECOND)).await.unwrap();
+            let guard = client.acquire(key, &options).await.unwrap();
             order.lock().unwrap().push(index);
             guard.release().await.unwrap();
         }
     });
-    eventually(2 * SECOND, "the waiter queues", || async {
-        client.waiting(key).unwrap() == before + 1
-    })
-    .await;
+    lock_tests::joined_line(client, key, before).await;
     task
 }
 
@@ -484,7 +482,7 @@ async fn a_release_wakes_local_waiters_one_at_a_time_in_arrival_order(t: Target)
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for i in 0..5 {
-        tasks.push(queue_waiter(&c, "fifo", i, &order).await);
+        tasks.push(queue_waiter(&c, ("fifo", ttl(5000).wait(30 * SECOND)), i, &order).await);
     }
     let released_at = Instant::now();
     holder.release().await.unwrap();
@@ -507,8 +505,9 @@ async fn a_cancelled_waiter_does_not_take_the_next_wake_up_with_it(t: Target) {
     let (c, other) = (t.client(), t.other_client().await);
     let holder = other.acquire("cancel", &ttl(60_000)).await.unwrap();
     let order = Arc::new(Mutex::new(Vec::new()));
-    let first = queue_waiter(&c, "cancel", 0, &order).await;
-    let second = queue_waiter(&c, "cancel", 1, &order).await;
+    let waiter = || ("cancel", ttl(5000).wait(30 * SECOND));
+    let first = queue_waiter(&c, waiter(), 0, &order).await;
+    let second = queue_waiter(&c, waiter(), 1, &order).await;
     first.abort();
     assert!(first.await.unwrap_err().is_cancelled());
     assert_eq!(c.waiting("cancel").unwrap(), 1);
@@ -564,22 +563,10 @@ async fn fair_waiters_of_several_clients_get_the_lock_in_arrival_order(t: Target
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for i in 0..6 {
-        // Alternate clients, so the order is kept across them, not just within one.
-        let client = clients[i % 3].clone();
-        let before = client.waiting("fair").unwrap();
-        let order = Arc::clone(&order);
-        let waiter = client.clone();
-        tasks.push(tokio::spawn(async move {
-            let fair = ttl(5000).fair(true).wait(30 * SECOND);
-            let guard = waiter.acquire("fair", &fair).await.unwrap();
-            order.lock().unwrap().push(i);
-            guard.release().await.unwrap();
-        }));
-        // It waits (refused once, so it has its place in line) before the next one comes.
-        eventually(2 * SECOND, "the fair waiter is in line", || async {
-            client.waiting("fair").unwrap() == before + 1
-        })
-        .await;
+        // Alternate clients, so the order is kept across them, not just within one. Each is in
+        // line (refused once, so it has its place) before the next one comes.
+        let fair = ttl(5000).fair(true).wait(30 * SECOND);
+        tasks.push(queue_waiter(&clients[i % 3], ("fair", fair), i, &order).await);
     }
     let released_at = Instant::now();
     holder.release().await.unwrap();
@@ -607,49 +594,16 @@ async fn a_fair_waiter_that_gives_up_leaves_the_line_at_once(t: Target) {
         .acquire("line", &fair.clone().wait(Duration::from_millis(200)))
         .await;
     assert!(matches!(out, Err(LockError::Busy { .. })), "{out:?}");
-    let order = Arc::new(Mutex::new(Vec::new()));
-    let next = tokio::spawn({
-        let (c, order) = (c.clone(), Arc::clone(&order));
-        async move {
-            let guard = c
-                .acquire("line", &ttl(5000).fair(true).wait(30 * SECOND))
-                .await
-                .unwrap();
-            order.lock().unwrap().push(1);
-            guard.release().await.unwrap();
-        }
-    });
-    eventually(2 * SECOND, "the second waiter is in line", || async {
-        c.waiting("line").unwrap() == 1
-    })
-    .await;
+    let next = in_line(&c, "line", ttl(5000).fair(true).wait(30 * SECOND)).await;
     let released_at = Instant::now();
     holder.release().await.unwrap();
-    next.await.unwrap();
+    let guard = next.await.unwrap().unwrap();
     assert!(
         released_at.elapsed() < lock_runtime::FAIR_PLACE_KEPT / 2,
         "the one that gave up left the line; nobody waited for its place to lapse: {:?}",
         released_at.elapsed()
     );
-}
-
-/// Starts a task that waits for `key` through `client` with `options`, and returns once it is
-/// in line (refused once, so it waits).
-async fn in_line(
-    client: &LockClient,
-    key: &'static str,
-    options: LockOptions,
-) -> tokio::task::JoinHandle<Result<LockGuard, LockError>> {
-    let before = client.waiting(key).unwrap();
-    let waiter = tokio::spawn({
-        let client = client.clone();
-        async move { client.acquire(key, &options).await }
-    });
-    eventually(2 * SECOND, "the waiter is in line", || async {
-        client.waiting(key).unwrap() == before + 1
-    })
-    .await;
-    waiter
+    guard.release().await.unwrap();
 }
 
 /// A fair release hands the lock to the next in line (without that waiter asking) for a lease

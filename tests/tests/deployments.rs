@@ -330,17 +330,7 @@ async fn with_replica_acknowledgement_a_fair_waiter_has_its_lock_acknowledged() 
         .acquire("handed", &ttl(60_000).fair(true))
         .await
         .unwrap();
-    let waiter = tokio::spawn({
-        let waiter_client = waiter_client.clone();
-        async move {
-            let options = ttl(10_000).fair(true).wait(5 * SECOND);
-            waiter_client.acquire("handed", &options).await
-        }
-    });
-    eventually(5 * SECOND, "the waiter is in line", || async {
-        waiter_client.waiting("handed").unwrap() == 1
-    })
-    .await;
+    let waiter = lock_tests::in_line(&waiter_client, "handed", ttl(10_000).fair(true).wait(5 * SECOND)).await;
     replica.pause();
     holder.release().await.unwrap();
     let out = waiter.await.unwrap();
