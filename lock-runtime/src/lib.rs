@@ -23,7 +23,8 @@
 //!
 //! The data model: the lock on key `k` lives at `<prefix>{k}` (default prefix `lock:`) and holds
 //! the holder's value (a fresh UUID v4 and the client's owner label, see [`Holder`]); its fencing counter is `<prefix>{k}:fence`; releases are
-//! announced on `<prefix>{k}:released`; fair waiters line up in `<prefix>{k}:queue`. Readers of a
+//! announced on `<prefix>{k}:released` when someone waits (a waiter marks the lock at
+//! `<prefix>{k}:waiting`; on a Cluster, always); fair waiters line up in `<prefix>{k}:queue`. Readers of a
 //! read-write lock ([`LockMode::Shared`]) share the lock key as a hash of their values, and writers
 //! waiting for them claim their turn in `<prefix>{k}:writers`. The whole protocol is one
 //! `SET NX PX GET` (an uncontended acquire) and the four scripts under `src/scripts/`.

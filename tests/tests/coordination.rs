@@ -22,6 +22,7 @@ lock_tests::on_every_deployment!(
     nested_fencing_without_an_outer_token_is_invalid,
     a_release_wakes_local_waiters_one_at_a_time_in_arrival_order,
     a_cancelled_waiter_does_not_take_the_next_wake_up_with_it,
+    after_a_hand_off_between_clients_the_next_release_still_wakes_the_rest,
     a_nested_call_keeps_its_own_lost_policy,
     a_nested_minimum_hold_extends_the_outer_one,
     nested_calls_joined_in_one_body_take_turns,
@@ -520,6 +521,48 @@ async fn a_cancelled_waiter_does_not_take_the_next_wake_up_with_it(t: Target) {
         released_at.elapsed()
     );
     assert_eq!(*order.lock().unwrap(), [1]);
+}
+
+/// Two clients wait; the first release wakes both, one takes the lock, and the other, refused
+/// again, must hear the new holder's release too (on Redis a release is announced only to a
+/// lock that a refused waiter marked: the mark goes with each lock, so the loser sets it anew).
+async fn after_a_hand_off_between_clients_the_next_release_still_wakes_the_rest(t: Target) {
+    let (c, others) = (t.client(), [t.other_client().await, t.other_client().await]);
+    let holder = c.acquire("relay", &ttl(60_000)).await.unwrap();
+    let mut waiters = Vec::new();
+    for other in &others {
+        let before = lock_tests::waiting(other, "relay");
+        waiters.push(tokio::spawn({
+            let other = other.clone();
+            async move {
+                let guard = other
+                    .acquire("relay", &ttl(60_000).wait(30 * SECOND))
+                    .await
+                    .unwrap();
+                let acquired_at = Instant::now();
+                // Long enough for the other waiter's attempt to be refused by this holder.
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                let released_at = Instant::now();
+                assert!(guard.release().await.unwrap());
+                (acquired_at, released_at)
+            }
+        }));
+        lock_tests::joined_line(other, "relay", before).await;
+    }
+    // Let both make their attempt after subscribing and fall asleep on their naps.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let released_at = Instant::now();
+    assert!(holder.release().await.unwrap());
+    let mut turns = Vec::new();
+    for waiter in waiters {
+        turns.push(waiter.await.unwrap());
+    }
+    turns.sort();
+    let [(first, first_released), (second, _)] = turns[..] else {
+        unreachable!("two waiters")
+    };
+    lock_tests::assert_woken_by_the_release(first - released_at);
+    lock_tests::assert_woken_by_the_release(second - first_released);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -417,7 +417,7 @@ async fn an_acquire_answered_after_its_validity_never_runs_the_body() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_uncontended_pair_executes_five_commands() {
+async fn an_uncontended_pair_executes_four_commands() {
     let server = RedisServer::spawn();
     let client = connect(&server.url()).await;
     client
@@ -438,8 +438,56 @@ async fn an_uncontended_pair_executes_five_commands() {
             .unwrap();
     }
     let per_pair = (server.commands_executed().await - before) as f64 / 10.0;
-    // SET NX PX GET; EVALSHA running GET, DEL, PUBLISH.
-    assert!(per_pair <= 5.0, "{per_pair} commands per acquire + release");
+    // SET NX PX GET; EVALSHA running GET, DEL (of the lock and its waiting mark): nobody waits,
+    // so nothing is published.
+    assert!(per_pair <= 4.0, "{per_pair} commands per acquire + release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_is_announced_only_when_someone_waits() {
+    let server = RedisServer::spawn();
+    let (holder, waiter) = (connect(&server.url()).await, connect(&server.url()).await);
+    let mut raw = server.raw().await;
+    let published = server.command_calls("publish").await;
+    holder
+        .acquire("heard", &ttl(60_000))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    assert_eq!(
+        server.command_calls("publish").await,
+        published,
+        "a release nobody waited for was announced"
+    );
+
+    let guard = holder.acquire("heard", &ttl(60_000)).await.unwrap();
+    let waiting = lock_tests::in_line(&waiter, "heard", ttl(60_000).wait(30 * SECOND)).await;
+    // The waiter's attempt after subscribing marks the lock, until a second past its expiry.
+    eventually(5 * SECOND, "the waiter marks the lock", || {
+        let mut raw = raw.clone();
+        async move { raw.exists::<_, bool>("lock:{heard}:waiting").await.unwrap() }
+    })
+    .await;
+    let mark_ttl: i64 = raw.pttl("lock:{heard}:waiting").await.unwrap();
+    let lock_ttl: i64 = raw.pttl("lock:{heard}").await.unwrap();
+    assert!(mark_ttl > lock_ttl, "mark {mark_ttl} ms, lock {lock_ttl} ms");
+    let released_at = Instant::now();
+    assert!(guard.release().await.unwrap());
+    let taken = waiting.await.unwrap().unwrap();
+    lock_tests::assert_woken_by_the_release(released_at.elapsed());
+    assert_eq!(server.command_calls("publish").await, published + 1);
+    assert!(
+        !raw.exists::<_, bool>("lock:{heard}:waiting").await.unwrap(),
+        "the mark goes with the lock it was set for"
+    );
+    taken.release().await.unwrap();
+    assert_eq!(
+        server.command_calls("publish").await,
+        published + 1,
+        "the next holder's waiters set their own mark"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -65,6 +65,14 @@ impl LockKeys {
     pub(crate) fn writers(&self) -> String {
         format!("{}:writers", self.lock)
     }
+
+    /// `<prefix>{<key>}:waiting`: set by a refused attempt of a caller that will wait, so that
+    /// the release announces itself; a release that finds no mark skips the `PUBLISH` (most
+    /// releases: nobody waits). Not on a Redis Cluster, where a script naming a key that does
+    /// not exist is refused while its slot migrates: there every release announces.
+    pub(crate) fn waiting(&self) -> String {
+        format!("{}:waiting", self.lock)
+    }
 }
 
 /// What one acquire attempt asks for.

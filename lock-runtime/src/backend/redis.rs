@@ -215,10 +215,15 @@ impl RedisBackend {
                 if ask.fair {
                     named.extend([keys.queue(), keys.kept()]);
                 }
-                // A caller that will wait may claim the writers' turn of a read-write lock.
+                // A caller that will wait may claim the writers' turn of a read-write lock, and
+                // marks the lock as waited for when refused (after the writers' key).
                 let writers = if ask.join {
                     named.push(keys.writers());
-                    named.len().to_string()
+                    let at = named.len().to_string();
+                    if !sharded {
+                        named.push(keys.waiting());
+                    }
+                    at
                 } else {
                     String::new()
                 };
@@ -269,8 +274,18 @@ impl RedisBackend {
                 if ask.fencing {
                     named.push(keys.fence());
                 }
+                // A reader that will wait marks the lock as waited for when refused.
+                let mark = if ask.join && !self.sharded {
+                    named.push(keys.waiting());
+                    named.len().to_string()
+                } else {
+                    String::new()
+                };
                 let mut call = SHARE.call(&named);
-                call.arg(token).arg(ask.ttl_ms);
+                call.arg(token)
+                    .arg(ask.ttl_ms)
+                    .arg(if ask.fencing { "1" } else { "0" })
+                    .arg(mark);
                 call
             })
             .await?;
@@ -491,12 +506,22 @@ impl RedisBackend {
         let (connection, within) = self.ordered();
         let released: i64 = connection
             .request_within(within, |mut conn| async move {
-                let mut release = if fair {
+                let mut release = match (fair, sharded) {
                     // Only a fair release reads the line (and may take the next holder's
-                    // fencing token).
-                    RELEASE.call(&[keys.lock.clone(), keys.queue(), keys.kept(), keys.fence()])
-                } else {
-                    RELEASE.call(&[&keys.lock])
+                    // fencing token); it always announces, naming the next in line.
+                    (true, false) => RELEASE.call(&[
+                        keys.lock.clone(),
+                        keys.queue(),
+                        keys.kept(),
+                        keys.fence(),
+                        keys.waiting(),
+                    ]),
+                    (true, true) => {
+                        RELEASE.call(&[keys.lock.clone(), keys.queue(), keys.kept(), keys.fence()])
+                    }
+                    // Announced only if a waiter marked the lock.
+                    (false, false) => RELEASE.call(&[keys.lock.as_str(), keys.waiting().as_str()]),
+                    (false, true) => RELEASE.call(&[&keys.lock]),
                 };
                 release
                     .arg(token)
@@ -607,9 +632,18 @@ impl RedisBackend {
     }
 
     pub(crate) async fn force_release(&self, keys: &LockKeys) -> Result<bool, LockError> {
-        let deleted: i64 = self
+        let sharded = self.sharded;
+        let (deleted,): (i64,) = self
             .conn
-            .request(|mut conn| async move { conn.del(&keys.lock).await })
+            .request(|mut conn| async move {
+                let mut pipe = redis::pipe();
+                pipe.del(&keys.lock);
+                if !sharded {
+                    // Its waiting mark goes with it (the announcement below is unconditional).
+                    pipe.del(keys.waiting()).ignore();
+                }
+                pipe.query_async(&mut conn).await
+            })
             .await?;
         if deleted == 1 {
             // Best effort, as in the release script: a user without channel rights still

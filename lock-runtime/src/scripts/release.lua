@@ -1,6 +1,7 @@
 -- Give a lock back if it is still ours, and announce it to the waiters.
 -- KEYS[1] lock key; for a fair lock only, KEYS[2] fair queue, KEYS[3] fair places (see
--- acquire.lua) and KEYS[4] the fencing counter. ARGV[1] our token, ARGV[2] ms the lock must still be held (minimum hold), 0 to delete
+-- acquire.lua) and KEYS[4] the fencing counter; then the lock's waiting mark, when given (not on
+-- a Redis Cluster): KEYS[5] for a fair lock, else KEYS[2]. ARGV[1] our token, ARGV[2] ms the lock must still be held (minimum hold), 0 to delete
 -- now, ARGV[3] the announcement ('c:' and the releasing client's id: that client wakes its own
 -- next waiter itself), ARGV[4] the lock's wake-up channel (an argument, not a key: see
 -- acquire.lua), ARGV[5] '1' = a fair lock: announce whose turn it is instead, ARGV[6] '1' = a
@@ -12,6 +13,11 @@
 -- place was kept, as the waiter's attempt that kept it was told). The waiter holds the lock
 -- without asking (unless it must have replicas acknowledge it), and extends it to its own ttl
 -- before that lease ends.
+-- The waiting mark is set by the refused attempts of callers that will wait (acquire.lua,
+-- share.lua): a lock that is not fair, deleted now without a mark beside it, is not announced,
+-- since nobody listens for it (a client's own waiters are woken by the client itself). Every
+-- release that ends its holder's turn takes the mark with it (the next holder's waiters set it
+-- again as they are refused), so none outlives its lock.
 -- Returns 1 when it was ours, 0 when it had expired or been taken by someone else, 2 when it
 -- was ours but Redis refused the announcement (an ACL without rights on the channel): the
 -- release itself stands, and waiters elsewhere wake on their timers.
@@ -27,6 +33,17 @@
 -- Whether the key was deleted now (not kept for a minimum hold): only then can a fair release
 -- hand the lock on.
 local freed = false
+-- Whether it was kept for its minimum hold instead.
+local kept_for_hold = false
+local mark = KEYS[ARGV[5] == '1' and 5 or 2]
+-- Deletes the lock (and its waiting mark): whether the mark was there (always true without one).
+local function delete()
+  if not mark then
+    redis.call('DEL', KEYS[1])
+    return true
+  end
+  return redis.call('DEL', KEYS[1], mark) == 2
+end
 local held = redis.pcall('GET', KEYS[1])
 if type(held) == 'table' and held.err then
   local fields = redis.pcall('HGETALL', KEYS[1])
@@ -67,15 +84,15 @@ if type(held) == 'table' and held.err then
     end
     return 0
   end
-  redis.call('DEL', KEYS[1])
+  delete()
   if mine <= now then
     return 0
   end
 elseif held == ARGV[1] then
   if ARGV[2] ~= '0' then
     redis.call('SET', KEYS[1], ARGV[1] .. ':released', 'PX', ARGV[2])
+    kept_for_hold = true
   else
-    redis.call('DEL', KEYS[1])
     freed = true
   end
 elseif held == ARGV[1] .. ':released' then
@@ -83,10 +100,18 @@ elseif held == ARGV[1] .. ':released' then
   if ARGV[2] ~= '0' then
     return 1
   end
-  redis.call('DEL', KEYS[1])
   freed = true
 else
   return 0
+end
+if freed then
+  if not delete() and ARGV[5] ~= '1' then
+    -- Nobody waits for it.
+    return 1
+  end
+elseif kept_for_hold and mark then
+  -- Kept for its minimum hold, and announced: its waiters ask again, and mark it again.
+  redis.call('DEL', mark)
 end
 local message = ARGV[3]
 if ARGV[5] == '1' then

@@ -99,7 +99,8 @@ enum Command {
         /// A glob over the locks' keys, as for `list`.
         #[arg(default_value = "*")]
         pattern: String,
-        /// How often to look, in milliseconds (releases are also reported as announced).
+        /// How often to look, in milliseconds (releases someone waited for are also reported as
+        /// announced).
         #[arg(long, value_name = "MS", default_value_t = 200,
               value_parser = clap::value_parser!(u64).range(10..))]
         interval_ms: u64,

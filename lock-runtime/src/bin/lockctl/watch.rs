@@ -1,6 +1,7 @@
 //! `lockctl watch`: looks at the locks every interval and prints what changed; a release
 //! announced on a lock's channel (PSUBSCRIBE `<prefix>{PATTERN}:released`) is looked at and
-//! printed at once. A lock taken and given back between two looks is not seen.
+//! printed at once (releases are announced when someone waits for them; the others are seen at
+//! the next look). A lock taken and given back between two looks is not seen.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
