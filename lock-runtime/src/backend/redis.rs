@@ -216,11 +216,12 @@ impl RedisBackend {
                     named.extend([keys.queue(), keys.kept()]);
                 }
                 // A caller that will wait may claim the writers' turn of a read-write lock, and
-                // marks the lock as waited for when refused (after the writers' key).
+                // marks the lock as waited for when refused (after the writers' key; a fair
+                // one need not: a fair release always announces).
                 let writers = if ask.join {
                     named.push(keys.writers());
                     let at = named.len().to_string();
-                    if !sharded {
+                    if !sharded && !ask.fair {
                         named.push(keys.waiting());
                     }
                     at

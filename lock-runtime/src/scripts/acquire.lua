@@ -12,9 +12,9 @@
 -- reason), ARGV[7] '1' = a Redis Cluster: announce with sharded pub/sub (SPUBLISH), ARGV[8] where
 -- in KEYS the waiting writers of a read-write lock are ('' = not given: the caller will not wait),
 -- ARGV[9] the ms a waiting writer's claim is kept without a new attempt, ARGV[10] '1' = the
--- caller claimed before (its claim goes when it takes the lock). When the caller will wait, the
--- lock's waiting mark may follow the waiting writers in KEYS (not on a Redis Cluster): a refusal
--- sets it, so that the holder's release is announced (release.lua).
+-- caller claimed before (its claim goes when it takes the lock). When the caller will wait and is
+-- not fair, the lock's waiting mark may follow the waiting writers in KEYS (not on a Redis
+-- Cluster): a refusal sets it, so that the holder's release is announced (release.lua).
 -- Read-write locks: readers share the lock key as a hash (share.lua). A waiting writer refused by
 -- readers claims its turn in the waiting writers (tokens by the ms their claim lapses): no new
 -- reader enters while a claim stands, so the readers drain and the writer gets in. A writer
@@ -62,8 +62,7 @@ local mark = writers and KEYS[tonumber(ARGV[8]) + 1]
 
 -- Refused: a caller that will wait marks the lock as waited for, until a second after the
 -- holder's expiry (the caller asks again by then, and marks it again if still refused). Not a
--- key without expiry (a foreign value: no release of ours will come) or a free key that fair
--- waiters come first to (a fair release names the next in line).
+-- key without expiry (a foreign value: no release of ours will come).
 local function refused(answer)
   if mark and answer[2] > 0 then
     redis.call('SET', mark, '1', 'PX', answer[2] + 1000)
@@ -186,4 +185,5 @@ local claimed = 0
 if shared == 'readers' and claim() then
   claimed = 1
 end
-return refused({0, redis.call('PTTL', KEYS[1]), ahead, claimed, kept})
+-- (No waiting mark: a fair release always announces, naming the next in line.)
+return {0, redis.call('PTTL', KEYS[1]), ahead, claimed, kept}
