@@ -708,7 +708,7 @@ impl Drop for QueuePlace {
             // Out of line now, so no later release hands it the lock; one before may have
             // (token-checked: nothing happens if none did).
             if fair {
-                if let Err(e) = client.backend().release(&keys, &token, 0, true).await {
+                if let Err(e) = client.backend().release(&keys, &token, 0, (true, false)).await {
                     tracing::debug!(redis_key = %keys.lock, error = %e, "could not give back a lock handed over to a waiter that left; it lapses with the waiter's place");
                 }
             }

@@ -370,7 +370,7 @@ pub(crate) async fn release_state(client: &LockClient, state: &LockState) -> Res
         &state.keys,
         &state.token,
         state.hold_until(),
-        state.fair,
+        (state.fair, state.shared),
     )
     .await;
     // A lock kept for its minimum hold answers a second release (shutdown's, then the guard's)
@@ -390,12 +390,12 @@ async fn release_lock(
     keys: &LockKeys,
     token: &str,
     hold_until: Instant,
-    fair: bool,
+    kind: (bool, bool),
 ) -> Result<bool, LockError> {
     let hold_ms = ceil_millis(hold_until.saturating_duration_since(Instant::now()));
     let released = client
         .backend()
-        .release(keys, token, hold_ms, fair)
+        .release(keys, token, hold_ms, kind)
         .await
         .inspect_err(|_| telemetry::release_failed())?;
     if !released {
@@ -420,7 +420,8 @@ pub(crate) fn release_in_background(client: LockClient, lock: Abandoned) {
         let released = match &lock {
             Abandoned::Held(state) => release_state(&client, state).await,
             Abandoned::InFlight { key, keys, token, fair } => {
-                release_lock(&client, key, keys, token, Instant::now(), *fair).await
+                // Fair or not; a read share is recognised by its token.
+                release_lock(&client, key, keys, token, Instant::now(), (*fair, false)).await
             }
         };
         if let Err(e) = released {

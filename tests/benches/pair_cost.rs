@@ -11,9 +11,9 @@
 //! row is the median slice, as µs per pair:
 //! - **hand-written**: `SET key token NX PX`, then the compare-and-delete script;
 //! - **hand-written, our traffic**: the same client sending what this library sends: `SET key
-//!   token NX PX GET`, then this library's release script (`release.lua`) with the lock's
-//!   waiting mark and four arguments (nobody waits, so it publishes nothing). Its difference to
-//!   the row above is what our requests cost Redis (and the wire);
+//!   token NX PX GET`, then this library's common release script (`unlock.lua`) with the lock's
+//!   waiting mark and its two arguments (nobody waits, so it publishes nothing). Its difference
+//!   to the row above is what our requests cost Redis (and the wire);
 //! - **the same, announced**: the release script without the waiting mark, so it publishes, as
 //!   when someone waits (and always on a Cluster): what the `PUBLISH` that wakes waiters costs;
 //! - **ours**: `LockClient::acquire` + `LockGuard::release`. Its difference to "our traffic" is
@@ -35,11 +35,8 @@ use tokio::time::Instant;
 const TTL_MS: u64 = 10_000;
 const ROUNDS: usize = 30;
 const SLICE: Duration = Duration::from_millis(300);
-/// The release script as the library sends it (fence.lua is its prefix).
-const RELEASE_LUA: &str = concat!(
-    include_str!("../../lock-runtime/src/scripts/fence.lua"),
-    include_str!("../../lock-runtime/src/scripts/release.lua")
-);
+/// The common release script, as the library sends it.
+const UNLOCK_LUA: &str = include_str!("../../lock-runtime/src/scripts/unlock.lua");
 const NAMES: [&str; 4] = [
     "hand-written",
     "hand-written, our traffic",
@@ -59,8 +56,8 @@ enum Contender {
 impl Contender {
     /// Pairs on `key` until `until`.
     async fn pairs(&self, key: &str, until: Instant) -> u64 {
-        // What the library names the lock and its channel for `key` (default prefix).
-        let (lock, channel) = (format!("lock:{{{key}}}"), format!("lock:{{{key}}}:released"));
+        // What the library names the lock and its waiting mark for `key` (default prefix).
+        let lock = format!("lock:{{{key}}}");
         let mark = format!("{lock}:waiting");
         let mut done = 0;
         while Instant::now() < until {
@@ -93,9 +90,7 @@ impl Contender {
                     }
                     let released: i64 = release
                         .arg(&token)
-                        .arg(0)
                         .arg("c:0123456789abcdef")
-                        .arg(&channel)
                         .invoke_async(&mut conn)
                         .await
                         .unwrap_or_else(|e| panic!("release failed: {e}"));
@@ -171,8 +166,8 @@ async fn bench() {
         .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"));
     let contenders = [
         Contender::Hand(connect().await),
-        Contender::Traffic(connect().await, redis::Script::new(RELEASE_LUA), true),
-        Contender::Traffic(connect().await, redis::Script::new(RELEASE_LUA), false),
+        Contender::Traffic(connect().await, redis::Script::new(UNLOCK_LUA), true),
+        Contender::Traffic(connect().await, redis::Script::new(UNLOCK_LUA), false),
         Contender::Ours(ours, LockOptions::new(Duration::from_millis(TTL_MS))),
     ];
     eprintln!(

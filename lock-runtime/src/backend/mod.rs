@@ -201,16 +201,17 @@ impl Backend {
     /// Deletes the lock (or, with `hold_ms > 0`, lets it expire in `hold_ms`) if it still holds
     /// `token`, and wakes a waiter (`fair`: the head of the queue); `false` if it was no longer
     /// ours. A share of a read-write lock is recognised by its token: it goes, and the last
-    /// share to go wakes a waiter.
+    /// share to go wakes a waiter (`shared` says it is one, sparing Redis a first try at the
+    /// common release; without it the release is right all the same).
     pub(crate) async fn release(
         &self,
         keys: &LockKeys,
         token: &str,
         hold_ms: u64,
-        fair: bool,
+        (fair, shared): (bool, bool),
     ) -> Result<bool, LockError> {
         match self {
-            Backend::Redis(b) => b.release(keys, token, hold_ms, fair).await,
+            Backend::Redis(b) => b.release(keys, token, hold_ms, (fair, shared)).await,
             Backend::Redlock(b) => b.release(keys, token, hold_ms).await,
             Backend::Memory(b) => Ok(b.release(keys, token, hold_ms, fair)),
         }

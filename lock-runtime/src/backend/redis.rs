@@ -15,7 +15,7 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use super::connection::{lock, Connection, Place, Timeouts};
-use super::scripts::{Call, ACQUIRE, RELEASE, RENEW, SHARE};
+use super::scripts::{Call, ACQUIRE, RELEASE, RENEW, SHARE, UNLOCK};
 use super::{Ask, Attempt, LockKeys, Stored};
 use crate::error::TimedOut;
 use crate::options::{ceil_millis, FAIR_PLACE_KEPT};
@@ -28,6 +28,9 @@ const RELEASED_UNANNOUNCED: i64 = 2;
 /// What the release script answers when it gave back a share of a read-write lock that other
 /// readers still share: nothing was announced, since nobody can enter because of it.
 const SHARE_LEFT: i64 = 3;
+/// unlock.lua's answer when release.lua must decide (another type at the key, or our token
+/// marked released).
+const NOT_PLAIN: i64 = -1;
 
 /// A fair release's hand-over, `g:<fence>:<kept>:<token>`: the fencing token taken for the
 /// waiter (0: none, the key has no counter), the stamp of the place it was handed over for, and
@@ -170,7 +173,7 @@ impl RedisBackend {
             "too few replicas acknowledged the acquire; giving the lock back"
         );
         // Boxed: a rare path, kept out of every acquire's future.
-        if let Err(e) = Box::pin(self.release(keys, token, 0, fair)).await {
+        if let Err(e) = Box::pin(self.release(keys, token, 0, (fair, false))).await {
             tracing::warn!(redis_key = %keys.lock, error = %e, "giving back an unreplicated lock failed; it will expire");
         }
         Ok(Attempt::NotReplicated {
@@ -462,9 +465,9 @@ impl RedisBackend {
         keys: &LockKeys,
         token: &str,
         hold_ms: u64,
-        fair: bool,
+        (fair, shared): (bool, bool),
     ) -> Result<bool, LockError> {
-        let released = self.give_back(keys, token, hold_ms, fair).await?;
+        let released = self.give_back(keys, token, hold_ms, (fair, shared)).await?;
         if released == SHARE_LEFT {
             // Other readers still share the lock: nobody can enter because this one left.
             return Ok(true);
@@ -486,25 +489,49 @@ impl RedisBackend {
         keys: &LockKeys,
         token: &str,
         hold_ms: u64,
-        fair: bool,
     ) -> Result<bool, LockError> {
-        Ok(self.give_back(keys, token, hold_ms, fair).await? != 0)
+        Ok(self.give_back(keys, token, hold_ms, (false, false)).await? != 0)
     }
 
     /// The release script's answer: 0 not ours, [`SHARE_LEFT`] a share given back while others
-    /// remain, else released (and announced if Redis let us).
+    /// remain, else released (and announced if Redis let us). `shared`: a read share (only a
+    /// hint: the common release, tried first for a lock that is neither fair nor kept for a
+    /// minimum hold, hands anything it cannot decide to the full one).
     async fn give_back(
         &self,
         keys: &LockKeys,
         token: &str,
         hold_ms: u64,
-        fair: bool,
+        (fair, shared): (bool, bool),
     ) -> Result<i64, LockError> {
         let announcement = &self.subscriber.announcement;
         let sharded = self.sharded;
         // On the acquire connection: a release sent after an acquire whose answer never came
         // (cancelled, timed out) must reach Redis after it.
         let (connection, within) = self.ordered();
+        if !fair && !shared && hold_ms == 0 {
+            let released: i64 = connection
+                .request_within(within, |mut conn| async move {
+                    let mut unlock = if sharded {
+                        UNLOCK.call(&[&keys.lock])
+                    } else {
+                        // Announced only if a waiter marked the lock.
+                        UNLOCK.call(&[keys.lock.as_str(), keys.waiting().as_str()])
+                    };
+                    unlock.arg(token).arg(announcement);
+                    if sharded {
+                        unlock.arg("1");
+                    }
+                    unlock.invoke(&mut conn).await
+                })
+                .await?;
+            if released != NOT_PLAIN {
+                if released == RELEASED_UNANNOUNCED {
+                    self.subscriber.pubsub_denied();
+                }
+                return Ok(released);
+            }
+        }
         let released: i64 = connection
             .request_within(within, |mut conn| async move {
                 let mut release = match (fair, sharded) {

@@ -214,7 +214,7 @@ impl RedlockBackend {
         let releases = self
             .masters
             .iter()
-            .map(|m| tokio::time::timeout(bound, m.release_quietly(keys, token, 0, false)));
+            .map(|m| tokio::time::timeout(bound, m.release_quietly(keys, token, 0)));
         futures_util::future::join_all(releases).await;
     }
 
@@ -297,9 +297,7 @@ impl RedlockBackend {
                     let _ = acquire.await;
                 }
                 let answer =
-                    match tokio::time::timeout(bound, master.release_quietly(&keys, &token, hold_ms, false))
-                        .await
-                    {
+                    match tokio::time::timeout(bound, master.release_quietly(&keys, &token, hold_ms)).await {
                         Ok(answer) => answer,
                         Err(_) => Err(LockError::unavailable(TimedOut { after: bound })),
                     };

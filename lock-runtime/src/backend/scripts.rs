@@ -1,4 +1,4 @@
-//! The four Lua scripts of the protocol (acquire and release prefixed with fence.lua, which
+//! The five Lua scripts of the protocol (acquire and release prefixed with fence.lua, which
 //! they share), and how they are sent: by hash (`EVALSHA`), and on `NOSCRIPT` (a restarted
 //! server, a new primary after a failover, a node added to a cluster) once more with their
 //! source (`EVAL`), to the same node as any keyed command. redis-rs's own
@@ -20,6 +20,9 @@ pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
 });
 pub(crate) static RENEW: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../scripts/renew.lua")));
 pub(crate) static SHARE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../scripts/share.lua")));
+/// The common release (a lock that is neither fair nor kept for a minimum hold): release.lua's
+/// work for that case, in a script small enough to cost Redis what a bare compare-and-delete does.
+pub(crate) static UNLOCK: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../scripts/unlock.lua")));
 pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(concat!(
         include_str!("../scripts/fence.lua"),
