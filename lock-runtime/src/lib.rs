@@ -27,7 +27,7 @@
 //! `<prefix>{k}:waiting`; on a Cluster, always); fair waiters line up in `<prefix>{k}:queue`. Readers of a
 //! read-write lock ([`LockMode::Shared`]) share the lock key as a hash of their values, and writers
 //! waiting for them claim their turn in `<prefix>{k}:writers`. The whole protocol is one
-//! `SET NX PX GET` (an uncontended acquire) and the four scripts under `src/scripts/`.
+//! `SET NX PX GET` (an uncontended acquire) and the five scripts under `src/scripts/`.
 
 // rustdoc (1.95) runs out of query depth laying out the futures of the README's `LockClient`
 // example, which builds as an ordinary crate with the default limit: give doc tests more room.
