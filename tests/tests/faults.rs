@@ -587,3 +587,52 @@ async fn shutdown_waits_for_an_acquire_on_the_wire() {
     let guard = acquiring.await.unwrap().unwrap();
     assert!(guard.is_lost(), "its holder knows it was given back");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_common_release_hands_what_it_cannot_decide_to_the_full_one() {
+    let server = RedisServer::spawn();
+    let mut raw = server.raw().await;
+    let unlock = redis::Script::new(include_str!("../../lock-runtime/src/scripts/unlock.lua"));
+    let conn = server.raw().await;
+    let run = |key: &'static str, token: &'static str| {
+        let (unlock, mut raw) = (unlock.clone(), conn.clone());
+        async move {
+            let answer: i64 = unlock
+                .key(key)
+                .key(format!("{key}:waiting"))
+                .arg(token)
+                .arg("c:test")
+                .invoke_async(&mut raw)
+                .await
+                .unwrap();
+            answer
+        }
+    };
+    // A read share of ours, in the readers' hash: release.lua's to give back.
+    let _: () = raw.hset("lock:{shared}", "mode", "read").await.unwrap();
+    let _: () = raw.hset("lock:{shared}", "t1", 1).await.unwrap();
+    assert_eq!(run("lock:{shared}", "t1").await, -1);
+    assert!(
+        raw.exists::<_, bool>("lock:{shared}").await.unwrap(),
+        "left to release.lua"
+    );
+    // Released before and kept for its minimum hold: release.lua says that release stands.
+    let _: () = raw.set("lock:{kept}", "t1:released").await.unwrap();
+    assert_eq!(run("lock:{kept}", "t1").await, -1);
+    // Another holder's, or nothing: not ours, untouched.
+    let _: () = raw.set("lock:{other}", "t2").await.unwrap();
+    assert_eq!(run("lock:{other}", "t1").await, 0);
+    assert_eq!(raw.get::<_, String>("lock:{other}").await.unwrap(), "t2");
+    assert_eq!(run("lock:{none}", "t1").await, 0);
+    // Ours: deleted, announced only with a waiting mark beside it.
+    let published = server.command_calls("publish").await;
+    let _: () = raw.set("lock:{mine}", "t1").await.unwrap();
+    assert_eq!(run("lock:{mine}", "t1").await, 1);
+    assert!(!raw.exists::<_, bool>("lock:{mine}").await.unwrap());
+    assert_eq!(server.command_calls("publish").await, published);
+    let _: () = raw.set("lock:{mine}", "t1").await.unwrap();
+    let _: () = raw.set("lock:{mine}:waiting", "1").await.unwrap();
+    assert_eq!(run("lock:{mine}", "t1").await, 1);
+    assert!(!raw.exists::<_, bool>("lock:{mine}:waiting").await.unwrap());
+    assert_eq!(server.command_calls("publish").await, published + 1);
+}
