@@ -12,7 +12,7 @@ use crate::backend::memory::MemoryBackend;
 use crate::backend::redis::RedisBackend;
 use crate::backend::redis::Replicas;
 use crate::backend::redlock::RedlockBackend;
-use crate::backend::{Ask, Attempt, Backend, LockKeys};
+use crate::backend::{Ask, Attempt, Backend, Kind, LockKeys};
 use crate::error::ShutDown;
 use crate::guard::{release_in_background, release_state, Abandoned, LockGuard, LockState};
 use crate::held::HeldLocks;
@@ -453,7 +453,7 @@ impl LockClient {
         body: F,
     ) -> Result<F::Output, LockError> {
         let state = &outer.state;
-        if state.shared && options.get_mode() == LockMode::Exclusive {
+        if state.kind == Kind::Shared && options.get_mode() == LockMode::Exclusive {
             return Err(LockError::invalid_options(format!(
                 "an exclusive call on `{key}` inside a shared (read) call on it would wait for \
                  itself: take the outermost call exclusive (a shared call inside an exclusive \
@@ -598,7 +598,7 @@ struct PendingAcquire<'a> {
     key: &'a str,
     keys: &'a LockKeys,
     token: &'a str,
-    fair: bool,
+    kind: Kind,
     may_claim: bool,
     settled: bool,
 }
@@ -610,7 +610,7 @@ impl<'a> PendingAcquire<'a> {
             key,
             keys,
             token,
-            fair: ask.fair,
+            kind: Kind::of(ask.fair, ask.shared),
             may_claim: ask.join && !ask.fair && !ask.shared,
             settled: false,
         }
@@ -632,7 +632,7 @@ impl Drop for PendingAcquire<'_> {
                     key: self.key.to_owned(),
                     keys: self.keys.clone(),
                     token: self.token.to_owned(),
-                    fair: self.fair,
+                    kind: self.kind,
                 },
             );
             if self.may_claim {
@@ -708,7 +708,7 @@ impl Drop for QueuePlace {
             // Out of line now, so no later release hands it the lock; one before may have
             // (token-checked: nothing happens if none did).
             if fair {
-                if let Err(e) = client.backend().release(&keys, &token, 0, (true, false)).await {
+                if let Err(e) = client.backend().release(&keys, &token, 0, Kind::Fair).await {
                     tracing::debug!(redis_key = %keys.lock, error = %e, "could not give back a lock handed over to a waiter that left; it lapses with the waiter's place");
                 }
             }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::backend::LockKeys;
+use crate::backend::{Kind, LockKeys};
 use crate::options::{ceil_millis, drift, MIN_TTL};
 use crate::telemetry::{self, Labels};
 use crate::{LockClient, LockError, LockOptions, OnLost};
@@ -35,10 +35,8 @@ pub(crate) struct LockState {
     pub(crate) token: String,
     pub(crate) fence: Option<u64>,
     pub(crate) ttl: Duration,
-    /// Taken as a fair lock: its release names the next waiter in line.
-    pub(crate) fair: bool,
-    /// A share of a read-write lock.
-    pub(crate) shared: bool,
+    /// Plain, fair (its release names the next waiter in line) or a share of a read-write lock.
+    pub(crate) kind: Kind,
     /// When the acquire that took it was sent (for the hold time on release).
     pub(crate) taken_at: Instant,
     /// Metrics are labelled with the key's class.
@@ -74,8 +72,7 @@ impl LockState {
             token,
             fence,
             ttl,
-            fair: options.is_fair(),
-            shared: options.get_mode() == crate::LockMode::Shared,
+            kind: Kind::of(options.is_fair(), options.get_mode() == crate::LockMode::Shared),
             taken_at: started,
             by_key_class: false,
             release_seen: AtomicBool::new(false),
@@ -131,7 +128,7 @@ impl LockState {
 
     /// The labels of this lock's metrics.
     pub(crate) fn labels(&self) -> Labels<'_> {
-        Labels::new(self.shared, &self.key, self.by_key_class)
+        Labels::new(self.kind == Kind::Shared, &self.key, self.by_key_class)
     }
 
     /// Records a successful renewal sent at `sent` for `ttl`, unless the lock was already lost
@@ -370,7 +367,7 @@ pub(crate) async fn release_state(client: &LockClient, state: &LockState) -> Res
         &state.keys,
         &state.token,
         state.hold_until(),
-        (state.fair, state.shared),
+        state.kind,
     )
     .await;
     // A lock kept for its minimum hold answers a second release (shutdown's, then the guard's)
@@ -390,7 +387,7 @@ async fn release_lock(
     keys: &LockKeys,
     token: &str,
     hold_until: Instant,
-    kind: (bool, bool),
+    kind: Kind,
 ) -> Result<bool, LockError> {
     let hold_ms = ceil_millis(hold_until.saturating_duration_since(Instant::now()));
     let released = client
@@ -419,9 +416,8 @@ pub(crate) fn release_in_background(client: LockClient, lock: Abandoned) {
         let _releasing = releasing;
         let released = match &lock {
             Abandoned::Held(state) => release_state(&client, state).await,
-            Abandoned::InFlight { key, keys, token, fair } => {
-                // Fair or not; a read share is recognised by its token.
-                release_lock(&client, key, keys, token, Instant::now(), (*fair, false)).await
+            Abandoned::InFlight { key, keys, token, kind } => {
+                release_lock(&client, key, keys, token, Instant::now(), *kind).await
             }
         };
         if let Err(e) = released {
@@ -440,7 +436,7 @@ pub(crate) enum Abandoned {
         key: String,
         keys: LockKeys,
         token: String,
-        fair: bool,
+        kind: Kind,
     },
 }
 

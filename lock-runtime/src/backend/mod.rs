@@ -75,6 +75,30 @@ impl LockKeys {
     }
 }
 
+/// Which release a held lock needs: it picks the script and the keys it is given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// An exclusive lock that is not fair: its release announces itself only if a waiter
+    /// marked it.
+    Plain,
+    /// An exclusive fair lock: its release names the next waiter in line, wherever it is.
+    Fair,
+    /// A share of a read-write lock (a read lock is never fair): the last share to go wakes a
+    /// waiter.
+    Shared,
+}
+
+impl Kind {
+    /// A lock taken with these options (validated: a shared lock is never fair).
+    pub(crate) fn of(fair: bool, shared: bool) -> Kind {
+        match (fair, shared) {
+            (_, true) => Kind::Shared,
+            (true, false) => Kind::Fair,
+            (false, false) => Kind::Plain,
+        }
+    }
+}
+
 /// What one acquire attempt asks for.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Ask {
@@ -199,21 +223,21 @@ impl Backend {
     }
 
     /// Deletes the lock (or, with `hold_ms > 0`, lets it expire in `hold_ms`) if it still holds
-    /// `token`, and wakes a waiter (`fair`: the head of the queue); `false` if it was no longer
-    /// ours. A share of a read-write lock is recognised by its token: it goes, and the last
-    /// share to go wakes a waiter (`shared` says it is one, sparing Redis a first try at the
-    /// common release; without it the release is right all the same).
+    /// `token`, and wakes a waiter (a fair lock: the head of the queue); `false` if it was no
+    /// longer ours. A share of a read-write lock is recognised by its token: it goes, and the
+    /// last share to go wakes a waiter ([`Kind::Shared`] says it is one, sparing Redis a first
+    /// try at the common release; without it the release is right all the same).
     pub(crate) async fn release(
         &self,
         keys: &LockKeys,
         token: &str,
         hold_ms: u64,
-        (fair, shared): (bool, bool),
+        kind: Kind,
     ) -> Result<bool, LockError> {
         match self {
-            Backend::Redis(b) => b.release(keys, token, hold_ms, (fair, shared)).await,
+            Backend::Redis(b) => b.release(keys, token, hold_ms, kind).await,
             Backend::Redlock(b) => b.release(keys, token, hold_ms).await,
-            Backend::Memory(b) => Ok(b.release(keys, token, hold_ms, fair)),
+            Backend::Memory(b) => Ok(b.release(keys, token, hold_ms, kind == Kind::Fair)),
         }
     }
 

@@ -15,8 +15,8 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use super::connection::{lock, Connection, Place, Timeouts};
-use super::scripts::{Call, ACQUIRE, RELEASE, RENEW, SHARE, UNLOCK};
-use super::{Ask, Attempt, LockKeys, Stored};
+use super::scripts::{Call, Lua, ACQUIRE, RELEASE, RENEW, SHARE, UNLOCK};
+use super::{Ask, Attempt, Kind, LockKeys, Stored};
 use crate::error::TimedOut;
 use crate::options::{ceil_millis, FAIR_PLACE_KEPT};
 use crate::wakeups::{HandedOver, Registration, Wakeups};
@@ -158,7 +158,7 @@ impl RedisBackend {
         acked: Option<usize>,
         keys: &LockKeys,
         token: &str,
-        fair: bool,
+        kind: Kind,
     ) -> Result<Attempt, LockError> {
         let (Attempt::Acquired { .. }, Some(acked), Some(replicas)) = (attempt, acked, self.replicas) else {
             return Ok(attempt);
@@ -173,7 +173,7 @@ impl RedisBackend {
             "too few replicas acknowledged the acquire; giving the lock back"
         );
         // Boxed: a rare path, kept out of every acquire's future.
-        if let Err(e) = Box::pin(self.release(keys, token, 0, (fair, false))).await {
+        if let Err(e) = Box::pin(self.release(keys, token, 0, kind)).await {
             tracing::warn!(redis_key = %keys.lock, error = %e, "giving back an unreplicated lock failed; it will expire");
         }
         Ok(Attempt::NotReplicated {
@@ -266,7 +266,7 @@ impl RedisBackend {
                     .filter(|&kept| kept > 0),
             }
         };
-        self.unless_replicated(attempt, acked, keys, token, ask.fair)
+        self.unless_replicated(attempt, acked, keys, token, Kind::of(ask.fair, false))
             .await
     }
 
@@ -306,7 +306,8 @@ impl RedisBackend {
                 kept: None,
             }
         };
-        self.unless_replicated(attempt, acked, keys, token, false).await
+        self.unless_replicated(attempt, acked, keys, token, Kind::Shared)
+            .await
     }
 
     /// The cheapest attempt, one command: `SET NX PX … GET` answers the value it found, so a
@@ -364,7 +365,8 @@ impl RedisBackend {
             Err(LockError::Unavailable { source }) if is_wrong_type(&source) => return Ok(held),
             Err(e) => return Err(e),
         };
-        self.unless_replicated(attempt, acked, keys, token, false).await
+        self.unless_replicated(attempt, acked, keys, token, Kind::Plain)
+            .await
     }
 
     /// Renews one lock on the acquire connection, acknowledged by replicas when they are asked
@@ -465,15 +467,15 @@ impl RedisBackend {
         keys: &LockKeys,
         token: &str,
         hold_ms: u64,
-        (fair, shared): (bool, bool),
+        kind: Kind,
     ) -> Result<bool, LockError> {
-        let released = self.give_back(keys, token, hold_ms, (fair, shared)).await?;
+        let released = self.give_back(keys, token, hold_ms, kind).await?;
         if released == SHARE_LEFT {
             // Other readers still share the lock: nobody can enter because this one left.
             return Ok(true);
         }
         let released = released != 0;
-        if released && !fair {
+        if released && kind != Kind::Fair {
             // This client's own next waiter need not hear it from Redis (its subscriber skips
             // the announcement, which carries this client's id). A fair release names the next
             // waiter instead, wherever it is.
@@ -490,34 +492,41 @@ impl RedisBackend {
         token: &str,
         hold_ms: u64,
     ) -> Result<bool, LockError> {
-        Ok(self.give_back(keys, token, hold_ms, (false, false)).await? != 0)
+        Ok(self.give_back(keys, token, hold_ms, Kind::Plain).await? != 0)
+    }
+
+    /// A call of `lua` on a lock whose release announces itself only if a waiter marked it: the
+    /// lock key and its waiting mark, but on a Redis Cluster the lock alone (every release
+    /// announces there).
+    fn call_marked(&self, lua: &'static Lua, keys: &LockKeys) -> Call {
+        if self.sharded {
+            lua.call(&[&keys.lock])
+        } else {
+            lua.call(&[keys.lock.as_str(), keys.waiting().as_str()])
+        }
     }
 
     /// The release script's answer: 0 not ours, [`SHARE_LEFT`] a share given back while others
-    /// remain, else released (and announced if Redis let us). `shared`: a read share (only a
-    /// hint: the common release, tried first for a lock that is neither fair nor kept for a
-    /// minimum hold, hands anything it cannot decide to the full one).
+    /// remain, else released (and announced if Redis let us). [`Kind::Shared`] is only a hint:
+    /// the common release, tried first for a plain lock not kept for a minimum hold, hands
+    /// anything it cannot decide (a read share too) to the full one.
     async fn give_back(
         &self,
         keys: &LockKeys,
         token: &str,
         hold_ms: u64,
-        (fair, shared): (bool, bool),
+        kind: Kind,
     ) -> Result<i64, LockError> {
         let announcement = &self.subscriber.announcement;
         let sharded = self.sharded;
+        let fair = kind == Kind::Fair;
         // On the acquire connection: a release sent after an acquire whose answer never came
         // (cancelled, timed out) must reach Redis after it.
         let (connection, within) = self.ordered();
-        if !fair && !shared && hold_ms == 0 {
+        if kind == Kind::Plain && hold_ms == 0 {
             let released: i64 = connection
                 .request_within(within, |mut conn| async move {
-                    let mut unlock = if sharded {
-                        UNLOCK.call(&[&keys.lock])
-                    } else {
-                        // Announced only if a waiter marked the lock.
-                        UNLOCK.call(&[keys.lock.as_str(), keys.waiting().as_str()])
-                    };
+                    let mut unlock = self.call_marked(&UNLOCK, keys);
                     unlock.arg(token).arg(announcement);
                     if sharded {
                         unlock.arg("1");
@@ -547,9 +556,7 @@ impl RedisBackend {
                     (true, true) => {
                         RELEASE.call(&[keys.lock.clone(), keys.queue(), keys.kept(), keys.fence()])
                     }
-                    // Announced only if a waiter marked the lock.
-                    (false, false) => RELEASE.call(&[keys.lock.as_str(), keys.waiting().as_str()]),
-                    (false, true) => RELEASE.call(&[&keys.lock]),
+                    (false, _) => self.call_marked(&RELEASE, keys),
                 };
                 release
                     .arg(token)
