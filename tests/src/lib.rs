@@ -519,6 +519,9 @@ pub struct Target {
     server: Option<RedisServer>,
     /// How to make another client of the same server.
     builder: Option<LockClientBuilder>,
+    /// The servers a refused waiter leaves the lock's waiting mark on (plain `redis://` URLs);
+    /// none in memory and on a Cluster, where every release announces itself.
+    marks_on: Vec<String>,
 }
 
 impl Target {
@@ -546,6 +549,7 @@ impl Target {
         configure: impl FnOnce(LockClientBuilder) -> LockClientBuilder,
     ) -> Target {
         let builder = configure(test_builder(url));
+        let marks_on = vec![server.url()];
         let client = builder
             .clone()
             .build()
@@ -555,6 +559,7 @@ impl Target {
             client,
             server: Some(server),
             builder: Some(builder),
+            marks_on,
         }
     }
 
@@ -568,7 +573,7 @@ impl Target {
             .prefix(&unique_prefix())
             .connect_timeout(Duration::from_secs(2))
             .response_timeout(Duration::from_millis(500));
-        Target::shared(builder).await
+        Target::shared(builder, Vec::new()).await
     }
 
     /// A client of the test binary's shared Sentinel setup ([`SentinelSetup::shared`]), with a
@@ -580,7 +585,7 @@ impl Target {
             .prefix(&unique_prefix())
             .connect_timeout(Duration::from_secs(2))
             .response_timeout(Duration::from_millis(500));
-        Target::shared(builder).await
+        Target::shared(builder, vec![setup.primary().url()]).await
     }
 
     /// A RedLock client over the test binary's five shared independent masters
@@ -591,10 +596,10 @@ impl Target {
             .prefix(&unique_prefix())
             .connect_timeout(Duration::from_secs(2))
             .response_timeout(Duration::from_millis(500));
-        Target::shared(builder).await
+        Target::shared(builder, shared_masters().iter().map(RedisServer::url).collect()).await
     }
 
-    async fn shared(builder: LockClientBuilder) -> Target {
+    async fn shared(builder: LockClientBuilder, marks_on: Vec<String>) -> Target {
         let client = builder
             .clone()
             .build()
@@ -604,6 +609,7 @@ impl Target {
             client,
             server: None,
             builder: Some(builder),
+            marks_on,
         }
     }
 
@@ -613,6 +619,7 @@ impl Target {
             client: LockClient::in_memory(),
             server: None,
             builder: None,
+            marks_on: Vec::new(),
         }
     }
 
@@ -632,6 +639,32 @@ impl Target {
                 .unwrap_or_else(|e| panic!("cannot connect another client: {e}")),
             None => self.client.clone(),
         }
+    }
+
+    /// Whether a refused waiter has left `key`'s waiting mark (on a majority of RedLock's
+    /// masters), so that its release will announce itself: a waiter that marked the lock was
+    /// refused by its holder after it began listening. `None` where there is no mark to see:
+    /// in memory, and on a Cluster, where every release announces itself.
+    pub async fn marked(&self, key: &str) -> Option<bool> {
+        if self.marks_on.is_empty() {
+            return None;
+        }
+        let mark = format!("{}{{{key}}}:waiting", self.client.prefix());
+        let mut found = 0;
+        for url in &self.marks_on {
+            let mut conn = redis::Client::open(url.as_str())
+                .unwrap_or_else(|e| panic!("bad url {url}: {e}"))
+                .get_multiplexed_async_connection()
+                .await
+                .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"));
+            let exists: bool = redis::cmd("EXISTS")
+                .arg(&mark)
+                .query_async(&mut conn)
+                .await
+                .unwrap_or_else(|e| panic!("EXISTS {mark} on {url}: {e}"));
+            found += usize::from(exists);
+        }
+        Some(2 * found > self.marks_on.len())
     }
 
     /// The Redis server, for Redis-only checks.

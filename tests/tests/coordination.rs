@@ -78,10 +78,8 @@ async fn release_wakes_the_waiter_before_any_timer(t: Target) {
         other.waiting_channels() == 1
     })
     .await;
-    // Let the waiter make its attempt and fall asleep on its (>= 1.7 s) nap. Were this too
-    // short, the waiter would find the lock free on its first attempt: the test would pass
-    // without proving the wake-up, never fail wrongly.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Asleep on its (>= 1.7 s) nap after its attempt.
+    refused(&t, "wake").await;
     let released_at = Instant::now();
     assert!(holder.release().await.unwrap());
     let (guard, acquired_at) = waiter.await.unwrap();
@@ -527,21 +525,26 @@ async fn a_cancelled_waiter_does_not_take_the_next_wake_up_with_it(t: Target) {
 /// again, must hear the new holder's release too (on Redis a release is announced only to a
 /// lock that a refused waiter marked: the mark goes with each lock, so the loser sets it anew).
 async fn after_a_hand_off_between_clients_the_next_release_still_wakes_the_rest(t: Target) {
+    let t = Arc::new(t);
     let (c, others) = (t.client(), [t.other_client().await, t.other_client().await]);
     let holder = c.acquire("relay", &ttl(60_000)).await.unwrap();
     let mut waiters = Vec::new();
+    let turns_taken = Arc::new(AtomicU64::new(0));
     for other in &others {
         let before = lock_tests::waiting(other, "relay");
         waiters.push(tokio::spawn({
-            let other = other.clone();
+            let (t, other, turns_taken) = (Arc::clone(&t), other.clone(), Arc::clone(&turns_taken));
             async move {
                 let guard = other
                     .acquire("relay", &ttl(60_000).wait(30 * SECOND))
                     .await
                     .unwrap();
                 let acquired_at = Instant::now();
-                // Long enough for the other waiter's attempt to be refused by this holder.
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                // The first to get it holds it until the other waiter, woken by the same
+                // release, was refused by it.
+                if turns_taken.fetch_add(1, Ordering::SeqCst) == 0 {
+                    refused(&t, "relay").await;
+                }
                 let released_at = Instant::now();
                 assert!(guard.release().await.unwrap());
                 (acquired_at, released_at)
@@ -549,8 +552,7 @@ async fn after_a_hand_off_between_clients_the_next_release_still_wakes_the_rest(
         }));
         lock_tests::joined_line(other, "relay", before).await;
     }
-    // Let both make their attempt after subscribing and fall asleep on their naps.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    refused(&t, "relay").await;
     let released_at = Instant::now();
     assert!(holder.release().await.unwrap());
     let mut turns = Vec::new();
@@ -563,6 +565,23 @@ async fn after_a_hand_off_between_clients_the_next_release_still_wakes_the_rest(
     };
     lock_tests::assert_woken_by_the_release(first - released_at);
     lock_tests::assert_woken_by_the_release(second - first_released);
+}
+
+/// Returns once a waiter for `key` was refused by its present holder after it began listening
+/// (it sleeps until a release wakes it): where the store keeps a waiting mark, once the mark is
+/// there (each release deletes it, so it is the present holder's). Elsewhere (in memory, on a
+/// Cluster: every release announces itself there) after a pause in which it will have been:
+/// were the pause too short, the waiter would find the lock free and the test would pass
+/// without proving the wake-up, never fail wrongly.
+async fn refused(t: &Target, key: &str) {
+    if t.marked(key).await.is_some() {
+        eventually(5 * SECOND, "a refused waiter marked the lock", || async {
+            t.marked(key).await == Some(true)
+        })
+        .await;
+    } else {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
