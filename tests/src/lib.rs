@@ -296,6 +296,25 @@ impl RedisServer {
         field("calls") - field("failed_calls")
     }
 
+    /// Returns once a waiter for `key` (under the default prefix `lock:`) was refused by its
+    /// holder after it began listening: that attempt left the lock's waiting mark, and the
+    /// waiter sleeps until a release wakes it (or its nap ends).
+    pub async fn waiter_refused(&self, key: &str) {
+        let mark = format!("lock:{{{key}}}:waiting");
+        let raw = self.raw().await;
+        eventually(5 * SECOND, "a refused waiter marked the lock", || {
+            let (mut raw, mark) = (raw.clone(), mark.as_str());
+            async move {
+                redis::cmd("EXISTS")
+                    .arg(mark)
+                    .query_async::<bool>(&mut raw)
+                    .await
+                    .unwrap_or_else(|e| panic!("EXISTS {mark}: {e}"))
+            }
+        })
+        .await;
+    }
+
     /// The channels some client is subscribed to (`PUBSUB CHANNELS`).
     pub async fn subscribed_channels(&self) -> Vec<String> {
         redis::cmd("PUBSUB")

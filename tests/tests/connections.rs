@@ -75,7 +75,7 @@ async fn tls_with_a_private_ca_takes_waits_for_and_fences_locks() {
         .build()
         .await
         .unwrap();
-    exercise(&client, "tls").await;
+    exercise(&server, &client, "tls").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -88,7 +88,7 @@ async fn tls_with_a_client_certificate() {
         .build()
         .await
         .unwrap();
-    exercise(&client, "mtls").await;
+    exercise(&server, &client, "mtls").await;
 
     // With TLS 1.3 the server may only say so at the first request, not the handshake.
     let without = builder(&server.tls_url())
@@ -140,7 +140,7 @@ fn tls_material_is_checked_without_connecting() {
 }
 
 /// Takes, waits for (woken by the release) and fences locks on `client`.
-async fn exercise(client: &LockClient, key: &str) {
+async fn exercise(server: &RedisServer, client: &LockClient, key: &str) {
     let fenced = ttl(60_000).fencing(true);
     let first = client.acquire(key, &fenced).await.unwrap();
     let first_token = first.fencing_token();
@@ -158,7 +158,7 @@ async fn exercise(client: &LockClient, key: &str) {
         client.waiting_channels() == 1
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(100)).await; // the waiter's first refused attempt
+    server.waiter_refused(key).await;
     let released_at = Instant::now();
     assert!(first.release().await.unwrap());
     let (second, acquired_at) = waiter.await.unwrap();
@@ -249,7 +249,7 @@ async fn the_documented_acl_rights_are_enough_for_everything() {
     rules.extend_from_slice(LOCKING_RIGHTS);
     acl(&server, &rules).await;
     let client = builder(&with_user(&server, "locker")).build().await.unwrap();
-    exercise(&client, "rights").await;
+    exercise(&server, &client, "rights").await;
     let guard = client
         .acquire(
             "rights",
@@ -289,7 +289,7 @@ async fn a_user_without_channel_rights_still_releases_and_waiters_use_timers() {
         let client = client.clone();
         async move { client.acquire("quiet", &ttl(5000).wait(10 * SECOND)).await }
     });
-    tokio::time::sleep(Duration::from_millis(100)).await; // the waiter is refused, then naps
+    server.waiter_refused("quiet").await; // then it naps
     assert!(holder.release().await.unwrap());
     let woken = tokio::time::timeout(MAX_WAIT_NAP + SECOND, waiter)
         .await
@@ -433,7 +433,7 @@ async fn woken_by_the_release(
         server.subscribed_channels().await == [channel.as_str()]
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(100)).await; // its refused attempt, then its nap
+    server.waiter_refused(key).await;
     let released_at = Instant::now();
     assert!(held.release().await.unwrap());
     let (guard, acquired_at) = waiter.await.unwrap();
