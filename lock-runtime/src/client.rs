@@ -213,11 +213,18 @@ impl LockClient {
     ) -> Result<LockGuard, LockError> {
         let called = Instant::now();
         let shared = options.get_mode() == LockMode::Shared;
-        // How long the attempt that decided the call took.
-        let mut deciding = Duration::ZERO;
-        let outcome = |result: Result<LockGuard, LockError>, deciding: Duration| {
+        // How long the attempt that decided the call took, and whether the call made it at once.
+        let mut deciding = Decided::default();
+        let outcome = |result: Result<LockGuard, LockError>, deciding: Decided| {
             let labels = Labels::new(shared, key, self.inner.metrics_key_class);
-            telemetry::acquire(&labels, telemetry::outcome(&result), deciding, called.elapsed());
+            // A call its first attempt decided took that attempt's time (one clock read fewer
+            // on the common path).
+            let whole = if deciding.at_once {
+                deciding.attempt
+            } else {
+                called.elapsed()
+            };
+            telemetry::acquire(&labels, telemetry::outcome(&result), deciding.attempt, whole);
             result
         };
         let backend = self.backend();
@@ -238,7 +245,7 @@ impl LockClient {
                 deciding,
             );
         }
-        let deadline = Instant::now() + options.get_wait();
+        let deadline = called + options.get_wait();
         let will_wait = !options.get_wait().is_zero();
         let fair = options.is_fair();
         // One token for every attempt of this call: it is also a fair waiter's place in line.
@@ -261,6 +268,9 @@ impl LockClient {
             wakeup = Some(backend.wakeups().register(&keys.channel, None));
             sleep_first = true;
         }
+        // An attempt made at once is sent as the call began (as far as a lock's validity, which
+        // counts from the send, can tell): one clock read fewer on the common path.
+        let mut at_once = (!sleep_first).then_some(called);
         loop {
             if let Some(wakeup) = &wakeup {
                 // Never past the waiter's own deadline, however the subscriber fares.
@@ -307,7 +317,7 @@ impl LockClient {
             // it was handed over for was sent, for what was left of that place.
             let (attempt, started, (valid_from, lease)) = if let Some((fence, sent)) = handed {
                 tracing::debug!(key, "lock handed over by a fair release");
-                deciding = Duration::ZERO; // no request decided it
+                deciding = Decided::default(); // no request decided it
                 let fence = options.is_fencing().then_some(fence);
                 (Attempt::Acquired { fence }, Instant::now(), (sent, lease))
             } else {
@@ -320,10 +330,14 @@ impl LockClient {
                     shared,
                     claimed,
                 };
-                let started = Instant::now();
+                let first = at_once.take();
+                let started = first.unwrap_or_else(Instant::now);
                 let pending = PendingAcquire::new(self, (key, &keys), &token, &ask);
                 let answer = backend.acquire(&keys, &token, &ask).await;
-                deciding = started.elapsed();
+                deciding = Decided {
+                    attempt: started.elapsed(),
+                    at_once: first.is_some(),
+                };
                 match answer {
                     Ok(answer) => {
                         pending.settled();
@@ -640,6 +654,14 @@ impl Drop for PendingAcquire<'_> {
             }
         }
     }
+}
+
+/// The attempt that decided an acquire call: how long it took, and whether it was made as the
+/// call began (then the call took that long too).
+#[derive(Debug, Clone, Copy, Default)]
+struct Decided {
+    attempt: Duration,
+    at_once: bool,
 }
 
 /// A fair waiter's place in the store's queue, or a waiting writer's claim on a read-write lock

@@ -366,13 +366,16 @@ pub(crate) async fn release_state(client: &LockClient, state: &LockState) -> Res
         &state.key,
         &state.keys,
         &state.token,
-        state.hold_until(),
+        Some(state.hold_until()).filter(|until| *until > state.taken_at),
         state.kind,
     )
     .await;
     // A lock kept for its minimum hold answers a second release (shutdown's, then the guard's)
     // as released too: its hold time is recorded once.
-    if matches!(released, Ok(true)) && !state.release_seen.swap(true, Ordering::Relaxed) {
+    if matches!(released, Ok(true))
+        && !state.release_seen.swap(true, Ordering::Relaxed)
+        && (cfg!(feature = "metrics") || tracing::enabled!(tracing::Level::DEBUG))
+    {
         let held = state.taken_at.elapsed();
         telemetry::released(&state.labels(), held);
         tracing::debug!(key = %state.key, held_ms = ceil_millis(held), "lock released");
@@ -380,16 +383,19 @@ pub(crate) async fn release_state(client: &LockClient, state: &LockState) -> Res
     released
 }
 
-/// The token-checked release; with a minimum hold left, the lock is kept until `hold_until`.
+/// The token-checked release; with a minimum hold (`hold_until`) left, the lock is kept until
+/// then.
 async fn release_lock(
     client: &LockClient,
     key: &str,
     keys: &LockKeys,
     token: &str,
-    hold_until: Instant,
+    hold_until: Option<Instant>,
     kind: Kind,
 ) -> Result<bool, LockError> {
-    let hold_ms = ceil_millis(hold_until.saturating_duration_since(Instant::now()));
+    let hold_ms = hold_until.map_or(0, |until| {
+        ceil_millis(until.saturating_duration_since(Instant::now()))
+    });
     let released = client
         .backend()
         .release(keys, token, hold_ms, kind)
@@ -417,7 +423,7 @@ pub(crate) fn release_in_background(client: LockClient, lock: Abandoned) {
         let released = match &lock {
             Abandoned::Held(state) => release_state(&client, state).await,
             Abandoned::InFlight { key, keys, token, kind } => {
-                release_lock(&client, key, keys, token, Instant::now(), *kind).await
+                release_lock(&client, key, keys, token, None, *kind).await
             }
         };
         if let Err(e) = released {
