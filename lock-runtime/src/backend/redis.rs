@@ -450,6 +450,13 @@ impl RedisBackend {
                     .zrem(keys.writers(), token)
                     .ignore();
                 if claimed {
+                    // A reader refused by the claim alone (no lock at the key) marked it as
+                    // waited for, and no release may come to delete that mark: it goes here.
+                    // Whoever still waits is woken just below and marks it again if a holder
+                    // still refuses it.
+                    if !self.sharded {
+                        pipe.del(keys.waiting()).ignore();
+                    }
                     // Readers held back by the claim try again (best effort, as in the release
                     // script: without channel rights they wake on their timers).
                     pipe.cmd(publish)

@@ -24,9 +24,13 @@ end
 local mark = KEYS[tonumber(ARGV[4]) or 0]
 
 -- Refused: a caller that will wait marks the lock as waited for (as in acquire.lua).
-local function refused(ms)
+-- Refused: a caller that will wait marks the lock as waited for (see acquire.lua), until a
+-- second after the writer's expiry; refused by a claim alone, only until the claim lapses, as
+-- the claim does (the writer may give up and never hold the lock, so no release may come to
+-- delete the mark; one that withdraws its claim deletes it).
+local function refused(ms, margin)
   if mark and ms > 0 then
-    redis.call('SET', mark, '1', 'PX', ms + 1000)
+    redis.call('SET', mark, '1', 'PX', ms + margin)
   end
   return {0, ms}
 end
@@ -39,14 +43,14 @@ local kind = redis.call('TYPE', KEYS[1]).ok
 local readers = kind == 'hash' and redis.call('HGET', KEYS[1], 'mode') == 'read'
 if kind ~= 'none' and not readers then
   -- A writer, or a value this library did not write.
-  return refused(redis.call('PTTL', KEYS[1]))
+  return refused(redis.call('PTTL', KEYS[1]), 1000)
 end
 local mine = readers and tonumber(redis.call('HGET', KEYS[1], ARGV[1]))
 if not (mine and mine > now) then
   -- A new share: not while a writer waits.
   local claim = redis.call('ZRANGE', KEYS[2], '+inf', now, 'BYSCORE', 'REV', 'LIMIT', 0, 1, 'WITHSCORES')[2]
   if claim then
-    return refused(tonumber(claim) - now)
+    return refused(tonumber(claim) - now, 0)
   end
 end
 redis.call('HSET', KEYS[1], 'mode', 'read', ARGV[1], now + ttl)
