@@ -387,6 +387,8 @@ impl LockClient {
                         tracing::debug!(key, "lock busy");
                         return outcome(Err(LockError::Busy { key: key.to_owned() }), deciding);
                     }
+                    // The call goes on: it will not have taken only this attempt's time.
+                    deciding.at_once = false;
                     pttl_ms = left;
                     last_kept = kept.map(|kept| (kept, started));
                     if wakeup.is_none() {

@@ -79,7 +79,7 @@ impl LockKeys {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
     /// An exclusive lock that is not fair: its release announces itself only if a waiter
-    /// marked it.
+    /// marked it (always on a Redis Cluster, and when the lock is kept for a minimum hold).
     Plain,
     /// An exclusive fair lock: its release names the next waiter in line, wherever it is.
     Fair,

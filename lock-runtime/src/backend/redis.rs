@@ -440,8 +440,11 @@ impl RedisBackend {
         claimed: bool,
     ) -> Result<(), LockError> {
         let publish = if self.sharded { "SPUBLISH" } else { "PUBLISH" };
-        self.conn
-            .request(|mut conn| async move {
+        // On the acquire connection, as a release: an attempt abandoned in flight (which may
+        // claim, and mark the lock) reaches Redis before its withdrawal.
+        let (connection, within) = self.ordered();
+        connection
+            .request_within(within, |mut conn| async move {
                 let mut pipe = redis::pipe();
                 pipe.zrem(keys.queue(), token)
                     .ignore()
@@ -450,7 +453,7 @@ impl RedisBackend {
                     .zrem(keys.writers(), token)
                     .ignore();
                 if claimed {
-                    // A reader refused by the claim alone (no lock at the key) marked it as
+                    // A reader refused by the claim (with no lock at the key) marked it as
                     // waited for, and no release may come to delete that mark: it goes here.
                     // Whoever still waits is woken just below and marks it again if a holder
                     // still refuses it.

@@ -23,11 +23,11 @@ if ARGV[3] == '1' then
 end
 local mark = KEYS[tonumber(ARGV[4]) or 0]
 
--- Refused: a caller that will wait marks the lock as waited for (as in acquire.lua).
 -- Refused: a caller that will wait marks the lock as waited for (see acquire.lua), until a
--- second after the writer's expiry; refused by a claim alone, only until the claim lapses, as
--- the claim does (the writer may give up and never hold the lock, so no release may come to
--- delete the mark; one that withdraws its claim deletes it).
+-- second after the writer's expiry; refused by a waiting writer's claim, only until the claim
+-- lapses (with no lock at the key, the writer may give up and never hold it, so no release may
+-- come to delete the mark; a writer that withdraws its claim deletes it; with readers holding,
+-- the last one's release announces itself anyway).
 local function refused(ms, margin)
   if mark and ms > 0 then
     redis.call('SET', mark, '1', 'PX', ms + margin)
