@@ -296,9 +296,11 @@ impl RedisServer {
         field("calls") - field("failed_calls")
     }
 
-    /// Returns once a waiter for `key` (under the default prefix `lock:`) was refused by its
-    /// holder after it began listening: that attempt left the lock's waiting mark, and the
-    /// waiter sleeps until a release wakes it (or its nap ends).
+    /// Returns once a waiter for `key` (under the default prefix `lock:`) left the lock's
+    /// waiting mark. For a plain exclusive waiter (neither fencing nor fair: its first attempt is
+    /// a bare `SET`, which leaves none) that is its second attempt, made after it began
+    /// listening: it then sleeps until a release wakes it (or its nap ends). A fencing waiter
+    /// or a reader marks the lock at its first attempt already, before it listens.
     pub async fn waiter_refused(&self, key: &str) {
         let mark = format!("lock:{{{key}}}:waiting");
         let raw = self.raw().await;
@@ -661,11 +663,12 @@ impl Target {
     }
 
     /// Whether a refused waiter has left `key`'s waiting mark (on a majority of RedLock's
-    /// masters), so that its release will announce itself: a waiter that marked the lock was
-    /// refused by its holder after it began listening. `None` where there is no mark to see:
-    /// in memory, and on a Cluster, where every release announces itself.
+    /// masters), so that its release will announce itself. A plain exclusive waiter (see
+    /// [`RedisServer::waiter_refused`]) that marked the lock was refused after it began
+    /// listening. `None` where there is no mark to see ([`has_marks`](Self::has_marks)).
+    /// Sentinel's primary is the one of when the target was made.
     pub async fn marked(&self, key: &str) -> Option<bool> {
-        if self.marks_on.is_empty() {
+        if !self.has_marks() {
             return None;
         }
         let mark = format!("{}{{{key}}}:waiting", self.client.prefix());
@@ -684,6 +687,12 @@ impl Target {
             found += usize::from(exists);
         }
         Some(2 * found > self.marks_on.len())
+    }
+
+    /// Whether this deployment keeps waiting marks: not in memory, and not on a Cluster, where
+    /// every release announces itself.
+    pub fn has_marks(&self) -> bool {
+        !self.marks_on.is_empty()
     }
 
     /// The Redis server, for Redis-only checks.

@@ -145,6 +145,9 @@ async fn exercise(server: &RedisServer, client: &LockClient, key: &str) {
     let first = client.acquire(key, &fenced).await.unwrap();
     let first_token = first.fencing_token();
     assert!(first_token.is_some());
+    // A fencing waiter's attempts are all scripts: its first, refused, then the one it makes
+    // once it listens, after which it sleeps.
+    let scripts_before = server.command_calls("evalsha").await;
     let waiter = tokio::spawn({
         let (client, key) = (client.clone(), key.to_owned());
         async move {
@@ -154,11 +157,10 @@ async fn exercise(server: &RedisServer, client: &LockClient, key: &str) {
             (guard, Instant::now())
         }
     });
-    eventually(2 * SECOND, "the waiter listens", || async {
-        client.waiting_channels() == 1
+    eventually(5 * SECOND, "the waiter listens and was refused again", || async {
+        server.command_calls("evalsha").await >= scripts_before + 2
     })
     .await;
-    server.waiter_refused(key).await;
     let released_at = Instant::now();
     assert!(first.release().await.unwrap());
     let (second, acquired_at) = waiter.await.unwrap();
