@@ -481,3 +481,83 @@ async fn redlock_refuses_read_write_locks() {
         "{refused:?}"
     );
 }
+
+/// The waiting mark is only ever beside a lock (every release deletes it with the lock, and
+/// nothing else would): a reader held back by a waiting writer's claim while no lock is at the
+/// key sets none, and the writer that claimed marks the lock when it takes it, for the readers
+/// its claim held back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_alone_leaves_no_mark_and_the_claimant_marks_its_lock() {
+    let t = Target::redis().await;
+    let (c, other) = (t.client(), t.other_client().await);
+    let server = t.server().unwrap();
+    let mut raw = server.raw().await;
+    // A writer's claim, with no lock at the key (as when its readers have just left).
+    let now_ms: u64 = ::redis::cmd("TIME")
+        .query_async::<Vec<String>>(&mut raw)
+        .await
+        .unwrap()[0]
+        .parse::<u64>()
+        .unwrap()
+        * 1000;
+    let _: () = ::redis::cmd("ZADD")
+        .arg("lock:{ledger}:writers")
+        .arg(now_ms + 60_000)
+        .arg("a writer")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let scripts_before = server.command_calls("evalsha").await;
+    let reader = tokio::spawn({
+        let c = c.clone();
+        async move {
+            c.acquire("ledger", &read(10_000).wait(Duration::from_millis(300)))
+                .await
+        }
+    });
+    // Refused by the claim at its first attempt and at the one it makes once it listens.
+    eventually(5 * SECOND, "the reader was refused twice", || async {
+        server.command_calls("evalsha").await >= scripts_before + 2
+    })
+    .await;
+    let mark: bool = ::redis::cmd("EXISTS")
+        .arg("lock:{ledger}:waiting")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert!(
+        !mark,
+        "a reader refused by a claim alone marked a key that holds no lock"
+    );
+    assert!(matches!(reader.await.unwrap(), Err(LockError::Busy { .. })));
+    let _: () = ::redis::cmd("DEL")
+        .arg("lock:{ledger}:writers")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+
+    // A writer claims its turn behind a reader, then takes the lock when the reader leaves.
+    let holding = c.acquire("ledger", &read(60_000)).await.unwrap();
+    let writer = lock_tests::spawn_waiter(other.clone(), "ledger", Duration::from_secs(30));
+    until_new_readers_are_refused(&c, "ledger").await;
+    holding.release().await.unwrap();
+    let (_, taken) = writer.await.unwrap();
+    let taken = taken.unwrap();
+    let mark_ttl: i64 = ::redis::cmd("PTTL")
+        .arg("lock:{ledger}:waiting")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    // Its ttl (10 s) and a second: set as it took the lock, not left from before.
+    assert!(
+        (10_000..=11_000).contains(&mark_ttl),
+        "the claimant's lock is not marked until a second after it expires: {mark_ttl}"
+    );
+    assert!(taken.release().await.unwrap());
+    let mark: bool = ::redis::cmd("EXISTS")
+        .arg("lock:{ledger}:waiting")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert!(!mark, "the release left the mark behind");
+}

@@ -441,7 +441,7 @@ impl RedisBackend {
     ) -> Result<(), LockError> {
         let publish = if self.sharded { "SPUBLISH" } else { "PUBLISH" };
         // On the acquire connection, as a release: an attempt abandoned in flight (which may
-        // claim, and mark the lock) reaches Redis before its withdrawal.
+        // claim) reaches Redis before its withdrawal.
         let (connection, within) = self.ordered();
         connection
             .request_within(within, |mut conn| async move {
@@ -453,13 +453,6 @@ impl RedisBackend {
                     .zrem(keys.writers(), token)
                     .ignore();
                 if claimed {
-                    // A reader refused by the claim (with no lock at the key) marked it as
-                    // waited for, and no release may come to delete that mark: it goes here.
-                    // Whoever still waits is woken just below and marks it again if a holder
-                    // still refuses it.
-                    if !self.sharded {
-                        pipe.del(keys.waiting()).ignore();
-                    }
                     // Readers held back by the claim try again (best effort, as in the release
                     // script: without channel rights they wake on their timers).
                     pipe.cmd(publish)

@@ -70,10 +70,15 @@ local function refused(answer)
   return answer
 end
 
--- Taking the lock ends the caller's claim as a waiting writer.
+-- Taking the lock ends the caller's claim as a waiting writer. Readers the claim held back
+-- while no lock was at the key wait for this lock, unmarked (share.lua): it is marked as waited
+-- for, so that its release announces itself.
 local function unclaim()
   if writers and ARGV[10] == '1' then
     redis.call('ZREM', writers, ARGV[1])
+    if mark then
+      redis.call('SET', mark, '1', 'PX', tonumber(ARGV[2]) + 1000)
+    end
   end
 end
 

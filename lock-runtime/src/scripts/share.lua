@@ -23,14 +23,10 @@ if ARGV[3] == '1' then
 end
 local mark = KEYS[tonumber(ARGV[4]) or 0]
 
--- Refused: a caller that will wait marks the lock as waited for (see acquire.lua), until a
--- second after the writer's expiry; refused by a waiting writer's claim, only until the claim
--- lapses (with no lock at the key, the writer may give up and never hold it, so no release may
--- come to delete the mark; a writer that withdraws its claim deletes it; with readers holding,
--- the last one's release announces itself anyway).
-local function refused(ms, margin)
+-- Refused: a caller that will wait marks the lock as waited for (as in acquire.lua).
+local function refused(ms)
   if mark and ms > 0 then
-    redis.call('SET', mark, '1', 'PX', ms + margin)
+    redis.call('SET', mark, '1', 'PX', ms + 1000)
   end
   return {0, ms}
 end
@@ -43,14 +39,19 @@ local kind = redis.call('TYPE', KEYS[1]).ok
 local readers = kind == 'hash' and redis.call('HGET', KEYS[1], 'mode') == 'read'
 if kind ~= 'none' and not readers then
   -- A writer, or a value this library did not write.
-  return refused(redis.call('PTTL', KEYS[1]), 1000)
+  return refused(redis.call('PTTL', KEYS[1]))
 end
 local mine = readers and tonumber(redis.call('HGET', KEYS[1], ARGV[1]))
 if not (mine and mine > now) then
   -- A new share: not while a writer waits.
   local claim = redis.call('ZRANGE', KEYS[2], '+inf', now, 'BYSCORE', 'REV', 'LIMIT', 0, 1, 'WITHSCORES')[2]
   if claim then
-    return refused(tonumber(claim) - now, 0)
+    -- With no lock at the key there is no release to mark yet (a mark is only ever beside a
+    -- lock, whose release deletes it): the writer marks the lock when it takes it (acquire.lua).
+    if kind == 'none' then
+      return {0, tonumber(claim) - now}
+    end
+    return refused(tonumber(claim) - now)
   end
 end
 redis.call('HSET', KEYS[1], 'mode', 'read', ARGV[1], now + ttl)
