@@ -102,17 +102,7 @@ async fn main() {
         // waiting mark: from here it sleeps (its nap is up to 2 s) until the release wakes it,
         // and the hand-off measures the wake-up alone, not the waiter's own setup.
         lock_tests::joined_line(&waiter, "handoff", 0).await;
-        lock_tests::eventually(5 * lock_tests::SECOND, "the waiter marked the lock", || {
-            let mut raw = raw.clone();
-            async move {
-                redis::cmd("EXISTS")
-                    .arg("lock:{handoff}:waiting")
-                    .query_async::<bool>(&mut raw)
-                    .await
-                    .unwrap()
-            }
-        })
-        .await;
+        server.waiter_refused("handoff").await;
         let released = Instant::now();
         assert!(guard.release().await.unwrap());
         let (acquired, guard) = next.await.unwrap();
