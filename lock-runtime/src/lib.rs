@@ -29,9 +29,6 @@
 //! waiting for them claim their turn in `<prefix>{k}:writers`. The whole protocol is one
 //! `SET NX PX GET` (an uncontended acquire) and the five scripts under `src/scripts/`.
 
-// rustdoc (1.95) runs out of query depth laying out the futures of the README's `LockClient`
-// example, which builds as an ordinary crate with the default limit: give doc tests more room.
-#![doc(test(attr(recursion_limit = "256")))]
 // docs.rs documents with `--cfg docsrs` on nightly (see `[package.metadata.docs.rs]`); there
 // `doc_cfg` labels every feature-gated item with the feature it needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]

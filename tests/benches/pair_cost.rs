@@ -21,10 +21,6 @@
 //!
 //! Without `taskset` (or the server's pid) nothing is pinned, and the report says so.
 
-// The spawned task's future nests `LockClient::acquire`'s deeply enough for rustc's default
-// query depth while it checks that the future is `Send`.
-#![recursion_limit = "256"]
-
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockOptions};

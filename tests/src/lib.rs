@@ -802,6 +802,5 @@ macro_rules! on_every_deployment {
 /// The workspace README's examples, compiled as doc tests so they stay true. They live here, not
 /// in lock-runtime, because a published crate can only include files inside its own package.
 #[cfg(doctest)]
-#[doc(test(attr(recursion_limit = "256")))] // as lock-runtime gives its own doc tests
 #[doc = include_str!("../../README.md")]
 struct ReadmeDoctests;

@@ -3,6 +3,8 @@
 //! five operations, without touching them or the public API.
 
 use std::sync::Arc;
+
+use futures_util::FutureExt as _;
 use std::time::Duration;
 
 use crate::wakeups::{Registration, Wakeups};
@@ -161,6 +163,11 @@ pub(crate) enum Backend {
     Memory(Box<memory::MemoryBackend>),
 }
 
+// Every call into a networked store is boxed as a `dyn Future + Send` here, at the seam: a
+// caller's future then holds a pointer, not redis-rs's state machines, so proving a user's spawned
+// task `Send` (and laying out its future) stops at the box. Without it, ordinary user code (a
+// spawned fn that acquires and releases) overflowed rustc's default query depth. One allocation
+// per request; the contention and pair_cost benches measure it.
 impl Backend {
     /// One attempt; idempotent for one token.
     pub(crate) async fn acquire(
@@ -170,8 +177,8 @@ impl Backend {
         ask: &Ask,
     ) -> Result<Attempt, LockError> {
         match self {
-            Backend::Redis(b) => b.acquire(keys, token, ask).await,
-            Backend::Redlock(b) => b.acquire(keys, token, ask).await,
+            Backend::Redis(b) => b.acquire(keys, token, ask).boxed().await,
+            Backend::Redlock(b) => b.acquire(keys, token, ask).boxed().await,
             Backend::Memory(b) => Ok(b.acquire(keys, token, ask)),
         }
     }
@@ -186,7 +193,7 @@ impl Backend {
         claimed: bool,
     ) -> Result<(), LockError> {
         match self {
-            Backend::Redis(b) => b.leave_queue(keys, token, claimed).await,
+            Backend::Redis(b) => b.leave_queue(keys, token, claimed).boxed().await,
             // Fair mode and read-write locks are refused on RedLock: there is no line to leave.
             Backend::Redlock(_) => Ok(()),
             Backend::Memory(b) => {
@@ -213,8 +220,8 @@ impl Backend {
         locks: &[(&LockKeys, &str, u64)],
     ) -> Result<Vec<Option<bool>>, LockError> {
         match self {
-            Backend::Redis(b) => Ok(b.renew_many(locks).await?.into_iter().map(Some).collect()),
-            Backend::Redlock(b) => b.renew_many(locks).await,
+            Backend::Redis(b) => Ok(b.renew_many(locks).boxed().await?.into_iter().map(Some).collect()),
+            Backend::Redlock(b) => b.renew_many(locks).boxed().await,
             Backend::Memory(b) => Ok(locks
                 .iter()
                 .map(|(keys, token, ttl_ms)| Some(b.renew(keys, token, *ttl_ms)))
@@ -235,16 +242,16 @@ impl Backend {
         kind: Kind,
     ) -> Result<bool, LockError> {
         match self {
-            Backend::Redis(b) => b.release(keys, token, hold_ms, kind).await,
-            Backend::Redlock(b) => b.release(keys, token, hold_ms).await,
+            Backend::Redis(b) => b.release(keys, token, hold_ms, kind).boxed().await,
+            Backend::Redlock(b) => b.release(keys, token, hold_ms).boxed().await,
             Backend::Memory(b) => Ok(b.release(keys, token, hold_ms, kind == Kind::Fair)),
         }
     }
 
     pub(crate) async fn is_locked(&self, keys: &LockKeys) -> Result<bool, LockError> {
         match self {
-            Backend::Redis(b) => b.is_locked(keys).await,
-            Backend::Redlock(b) => b.is_locked(keys).await,
+            Backend::Redis(b) => b.is_locked(keys).boxed().await,
+            Backend::Redlock(b) => b.is_locked(keys).boxed().await,
             Backend::Memory(b) => Ok(b.is_locked(keys)),
         }
     }
@@ -252,8 +259,8 @@ impl Backend {
     /// The lock's remaining life, `None` when it is not held (or never expires).
     pub(crate) async fn remaining_ttl(&self, keys: &LockKeys) -> Result<Option<Duration>, LockError> {
         match self {
-            Backend::Redis(b) => b.remaining_ttl(keys).await,
-            Backend::Redlock(b) => b.remaining_ttl(keys).await,
+            Backend::Redis(b) => b.remaining_ttl(keys).boxed().await,
+            Backend::Redlock(b) => b.remaining_ttl(keys).boxed().await,
             Backend::Memory(b) => Ok(b.remaining_ttl(keys)),
         }
     }
@@ -264,16 +271,16 @@ impl Backend {
         keys: &LockKeys,
     ) -> Result<Option<(Stored, Option<Duration>)>, LockError> {
         match self {
-            Backend::Redis(b) => b.holder(keys).await,
-            Backend::Redlock(b) => b.holder(keys).await,
+            Backend::Redis(b) => b.holder(keys).boxed().await,
+            Backend::Redlock(b) => b.holder(keys).boxed().await,
             Backend::Memory(b) => Ok(b.holder(keys)),
         }
     }
 
     pub(crate) async fn force_release(&self, keys: &LockKeys) -> Result<bool, LockError> {
         match self {
-            Backend::Redis(b) => b.force_release(keys).await,
-            Backend::Redlock(b) => b.force_release(keys).await,
+            Backend::Redis(b) => b.force_release(keys).boxed().await,
+            Backend::Redlock(b) => b.force_release(keys).boxed().await,
             Backend::Memory(b) => Ok(b.force_release(keys)),
         }
     }
@@ -310,8 +317,8 @@ impl Backend {
     /// subscribed). Best effort: on failure the waiter still wakes at the holder's expiry.
     pub(crate) async fn listen(&self, registration: &Registration) {
         match self {
-            Backend::Redis(b) => b.listen(registration).await,
-            Backend::Redlock(b) => b.listen(registration).await,
+            Backend::Redis(b) => b.listen(registration).boxed().await,
+            Backend::Redlock(b) => b.listen(registration).boxed().await,
             Backend::Memory(_) => {}
         }
     }
