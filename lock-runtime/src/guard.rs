@@ -20,9 +20,6 @@ struct Status {
     hold_until: Instant,
     /// Past this instant without a renewal the lock may be someone else's.
     valid_until: Instant,
-    /// When the request behind `valid_until` was sent: an answer to one sent earlier arrives
-    /// late and is ignored, since Redis applied the later one last.
-    sent: Instant,
     /// Sticky: set when the backend said the lock is gone, or validity ran out.
     lost: bool,
 }
@@ -79,7 +76,6 @@ impl LockState {
             status: std::sync::Mutex::new(Status {
                 hold_until: started + options.get_hold_at_least(),
                 valid_until: sent + lease.saturating_sub(drift(lease)),
-                sent,
                 lost: false,
             }),
             changed: Notify::new(),
@@ -132,16 +128,17 @@ impl LockState {
     }
 
     /// Records a successful renewal sent at `sent` for `ttl`, unless the lock was already lost
-    /// (a renewal that lands after validity ran out does not resurrect it), or a renewal sent
-    /// later was recorded already (an `extend` and the watchdog, two `extend`s: whichever was
-    /// sent last set the key's expiry, whatever order their answers are handled in).
+    /// (a renewal that lands after validity ran out does not resurrect it). Validity only ever
+    /// moves out: the store never shortens a lease (`PEXPIRE … GT`), so after renewals for 60 s
+    /// and then 2 s it expires no earlier than the 60 s one set, whatever order the answers are
+    /// handled in; each renewal's expiry counts from its send, which the store applied later.
     pub(crate) fn renewed(&self, sent: Instant, ttl: Duration) {
         self.update(|s| {
-            if s.lost || Instant::now() >= s.valid_until || sent < s.sent {
+            let until = sent + ttl.saturating_sub(drift(ttl));
+            if s.lost || Instant::now() >= s.valid_until || until <= s.valid_until {
                 return false;
             }
-            s.valid_until = sent + ttl.saturating_sub(drift(ttl));
-            s.sent = sent;
+            s.valid_until = until;
             true
         });
     }
@@ -301,8 +298,10 @@ impl LockGuard {
         self.state.lost().await;
     }
 
-    /// Sets the lock to expire `ttl` from now, if it is still ours; [`LockError::Lost`] if not.
-    /// The watchdog, if any, goes on renewing with the original ttl.
+    /// Makes the lock expire no sooner than `ttl` from now, if it is still ours;
+    /// [`LockError::Lost`] if not. A lease is only ever lengthened: `extend(2 s)` after
+    /// `extend(60 s)` keeps the 60 s, in the store and in [`is_lost`](LockGuard::is_lost). The
+    /// watchdog, if any, goes on renewing with the original ttl.
     pub async fn extend(&self, ttl: Duration) -> Result<(), LockError> {
         if ttl < MIN_TTL || ttl > crate::options::MAX_DURATION {
             return Err(LockError::invalid_options(format!(
@@ -482,25 +481,23 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_renewal_sent_earlier_never_overrides_one_sent_later() {
+    async fn validity_only_moves_out_whatever_order_renewals_are_answered_in() {
         let ttl = Duration::from_secs(10);
         let t0 = Instant::now();
         let lock = state(ttl, t0);
         let watchdog_sent = t0 + Duration::from_secs(3);
         let extend_sent = t0 + Duration::from_secs(4);
         tokio::time::advance(Duration::from_secs(5)).await;
-        // The extend's answer is handled first, the watchdog's (sent before it) second.
+        // The extend's answer is handled first, the watchdog's (sent before it, longer) second:
+        // the longer lease stands.
         lock.renewed(extend_sent, Duration::from_secs(5));
-        lock.renewed(watchdog_sent, Duration::from_secs(30));
         let five = Duration::from_secs(5);
         assert_eq!(lock.valid_until(), extend_sent + five - drift(five));
-        // Two extends, answered out of order: the later one stands.
+        lock.renewed(watchdog_sent, Duration::from_secs(30));
+        let thirty = Duration::from_secs(30);
+        assert_eq!(lock.valid_until(), watchdog_sent + thirty - drift(thirty));
+        // A shorter extend sent later does not shorten it: the store kept the later expiry.
         lock.renewed(extend_sent + Duration::from_millis(500), Duration::from_secs(2));
-        lock.renewed(extend_sent + Duration::from_millis(400), Duration::from_secs(20));
-        let two = Duration::from_secs(2);
-        assert_eq!(
-            lock.valid_until(),
-            extend_sent + Duration::from_millis(500) + two - drift(two)
-        );
+        assert_eq!(lock.valid_until(), watchdog_sent + thirty - drift(thirty));
     }
 }

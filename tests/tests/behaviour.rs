@@ -28,6 +28,7 @@ lock_tests::on_every_deployment!(
     on_lost_continue_lets_the_body_finish,
     lease_without_watchdog_is_lost_at_its_ttl,
     extend_moves_the_deadline,
+    a_shorter_extend_never_shortens_the_lease,
     a_body_that_is_always_ready_is_stopped_at_its_lease,
     one_watchdog_renews_many_locks_and_loses_only_the_one_gone,
     shutdown_gives_back_every_lock_and_refuses_new_ones,
@@ -346,6 +347,23 @@ async fn extend_moves_the_deadline(t: Target) {
     assert!(left > Duration::from_secs(50), "{left:?}");
     tokio::time::sleep(Duration::from_millis(300)).await; // past the original ttl
     assert!(!guard.is_lost());
+    assert!(guard.release().await.unwrap());
+}
+
+/// Issue 23: a renewal (here an `extend`) shorter than the lease already set leaves the later
+/// expiry standing, on the server and in the holder's validity; before, the second `extend` cut
+/// the server's lease to 300 ms while the holder went on believing in it.
+async fn a_shorter_extend_never_shortens_the_lease(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let guard = c.acquire("extend-shorter", &ttl(200)).await.unwrap();
+    guard.extend(Duration::from_secs(60)).await.unwrap();
+    guard.extend(Duration::from_millis(300)).await.unwrap();
+    let left = c.remaining_ttl("extend-shorter").await.unwrap().unwrap();
+    assert!(left > Duration::from_secs(50), "{left:?}");
+    tokio::time::sleep(Duration::from_millis(500)).await; // past both the ttl and the short extend
+    assert!(!guard.is_lost());
+    let err = other.acquire("extend-shorter", &ttl(1000)).await.unwrap_err();
+    assert!(matches!(err, LockError::Busy { .. }), "{err:?}");
     assert!(guard.release().await.unwrap());
 }
 

@@ -304,8 +304,9 @@ impl MemoryBackend {
         let now = Instant::now();
         let expires_at = now + Duration::from_millis(ttl_ms);
         let mut store = self.store();
+        // As renew.lua: a lease is only ever lengthened.
         if let Some(held) = store.ours(&keys.lock, token, now) {
-            held.expires_at = expires_at;
+            held.expires_at = held.expires_at.max(expires_at);
             return true;
         }
         match store
@@ -313,7 +314,7 @@ impl MemoryBackend {
             .and_then(|shares| shares.readers.get_mut(token))
         {
             Some(share) => {
-                *share = expires_at;
+                *share = (*share).max(expires_at);
                 true
             }
             None => false,

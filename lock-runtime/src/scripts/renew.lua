@@ -1,5 +1,7 @@
 -- Extend locks we still hold, one or many (the watchdog renews a whole batch in one call).
--- Never re-creates a missing key.
+-- Never re-creates a missing key, and never shortens a lease: a renewal applied late (re-sent
+-- on a new connection) or an extend shorter than the last one leaves the later expiry standing,
+-- so the holder's validity (the longest it was told of) is never past the server's.
 -- KEYS[i] the i-th lock key; ARGV[2i-1] its token, ARGV[2i] its new ttl in ms.
 -- A lock is ours when its key holds our token, or when it is a read-write lock's readers' hash
 -- (share.lua) holding an unexpired share of ours: that share gets the new ttl, and the hash's
@@ -13,7 +15,9 @@ for i, key in ipairs(KEYS) do
   local held = redis.pcall('GET', key)
   renewed[i] = 0
   if held == token then
-    renewed[i] = redis.call('PEXPIRE', key, ttl)
+    -- GT: 0 when the expiry already stands later, which is still ours and still renewed.
+    redis.call('PEXPIRE', key, ttl, 'GT')
+    renewed[i] = 1
   elseif type(held) == 'table' and held.err then
     local share = redis.pcall('HGET', key, token)
     if type(share) == 'string' then
@@ -22,7 +26,9 @@ for i, key in ipairs(KEYS) do
         now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
       end
       if (tonumber(share) or 0) > now and redis.call('HGET', key, 'mode') == 'read' then
-        redis.call('HSET', key, token, now + ttl)
+        if now + ttl > tonumber(share) then
+          redis.call('HSET', key, token, now + ttl)
+        end
         if redis.call('PTTL', key) < ttl then
           redis.call('PEXPIRE', key, ttl)
         end
