@@ -71,7 +71,11 @@ fn expand(mut config: Config, mut item: ItemFn) -> syn::Result<TokenStream> {
                 // The body names `self` as `__self` from where it runs; so must the attribute.
                 let exprs = [&mut config.client, &mut config.options];
                 exprs.into_iter().flatten().for_each(boxed::rename_self);
-                for millis in [&mut config.ttl, &mut config.wait, &mut config.hold_at_least] {
+                let most = config.hold_at_most.as_mut();
+                for millis in [&mut config.ttl, &mut config.wait, &mut config.hold_at_least]
+                    .into_iter()
+                    .chain(most)
+                {
                     if let Millis::Expr(expr) = millis {
                         boxed::rename_self(expr);
                     }
@@ -123,6 +127,10 @@ fn expand(mut config: Config, mut item: ItemFn) -> syn::Result<TokenStream> {
                 duration(&private, &config.wait),
                 duration(&private, &config.hold_at_least),
             );
+            let most = config.hold_at_most.as_ref().map(|most| {
+                let most = duration(&private, most);
+                quote!(.hold_at_most(#most))
+            });
             // Only when asked: without `read`/`write`, the runtime's default (exclusive).
             let mode = match config.mode {
                 Some(Mode::Shared) => quote!(.mode(#private::LockMode::Shared)),
@@ -137,6 +145,7 @@ fn expand(mut config: Config, mut item: ItemFn) -> syn::Result<TokenStream> {
                     .fair(#fair)
                     .hold_at_least(#hold)
                     .on_lost(#on_lost)
+                    #most
                     #mode
             }
         }

@@ -12,7 +12,7 @@ use crate::parse::{RawArg, RawArgs};
 use crate::suggest::closest;
 
 /// Every argument, in the order the reference lists them.
-const ARGS: [&str; 16] = [
+const ARGS: [&str; 18] = [
     "key",
     "ttl_ms",
     "ttl",
@@ -23,6 +23,8 @@ const ARGS: [&str; 16] = [
     "fair",
     "hold_at_least_ms",
     "hold_at_least",
+    "hold_at_most_ms",
+    "hold_at_most",
     "on_lost",
     "read",
     "write",
@@ -31,7 +33,7 @@ const ARGS: [&str; 16] = [
     "crate",
 ];
 /// Every argument that sets one of the lock's options; `options = …` gives all of them at once.
-const OPTION_ARGS: [&str; 12] = [
+const OPTION_ARGS: [&str; 14] = [
     "ttl_ms",
     "ttl",
     "watchdog",
@@ -41,6 +43,8 @@ const OPTION_ARGS: [&str; 12] = [
     "fair",
     "hold_at_least_ms",
     "hold_at_least",
+    "hold_at_most_ms",
+    "hold_at_most",
     "on_lost",
     "read",
     "write",
@@ -102,6 +106,8 @@ pub(crate) struct Config {
     pub(crate) fencing: bool,
     pub(crate) fair: bool,
     pub(crate) hold_at_least: Millis,
+    /// `hold_at_most_ms`/`hold_at_most`: none unless given.
+    pub(crate) hold_at_most: Option<Millis>,
     pub(crate) on_lost: OnLost,
     /// `read` or `write`; neither leaves the runtime's default (exclusive).
     pub(crate) mode: Option<Mode>,
@@ -122,12 +128,14 @@ struct Given {
     fencing: Option<bool>,
     fair: Option<bool>,
     hold_at_least_ms: Option<u64>,
+    hold_at_most_ms: Option<(u64, Span)>,
     on_lost: Option<OnLost>,
     /// The mode and the argument that set it (`read` or `write`).
     mode: Option<(Mode, Ident)>,
     ttl: Option<Expr>,
     wait: Option<Expr>,
     hold_at_least: Option<Expr>,
+    hold_at_most: Option<Expr>,
     options: Option<Expr>,
     /// The first option argument given, for the error when `options` is given too.
     first_option: Option<Ident>,
@@ -264,6 +272,10 @@ impl Given {
                 self.not_with_read(arg)?;
                 once(&mut self.hold_at_least, arg, expr(arg, "a `Duration`")?)?;
             }
+            "hold_at_most" => {
+                exclusive(&self.hold_at_most_ms, arg, "hold_at_most_ms")?;
+                once(&mut self.hold_at_most, arg, expr(arg, "a `Duration`")?)?;
+            }
             "options" => {
                 if let Some(first) = &self.first_option {
                     return Err(options_conflict(first));
@@ -271,6 +283,7 @@ impl Given {
                 once(&mut self.options, arg, expr(arg, "a `LockOptions`")?)?;
             }
             "ttl_ms" => exclusive(&self.ttl, arg, "ttl")?,
+            "hold_at_most_ms" => exclusive(&self.hold_at_most, arg, "hold_at_most")?,
             "wait_ms" => exclusive(&self.wait, arg, "wait")?,
             "hold_at_least_ms" => {
                 exclusive(&self.hold_at_least, arg, "hold_at_least")?;
@@ -279,7 +292,7 @@ impl Given {
             _ => {}
         }
         match name.as_str() {
-            "ttl" | "wait" | "hold_at_least" | "options" => Ok(()),
+            "ttl" | "wait" | "hold_at_least" | "hold_at_most" | "options" => Ok(()),
             "key" => once(&mut self.key, arg, string(arg)?),
             "ttl_ms" => {
                 let (ms, span) = millis(arg)?;
@@ -296,6 +309,7 @@ impl Given {
             }
             "wait_ms" => once(&mut self.wait_ms, arg, millis(arg)?.0),
             "hold_at_least_ms" => once(&mut self.hold_at_least_ms, arg, millis(arg)?.0),
+            "hold_at_most_ms" => once(&mut self.hold_at_most_ms, arg, millis(arg)?),
             "watchdog" => once(&mut self.watchdog, arg, flag(arg)?),
             "fencing" => once(&mut self.fencing, arg, flag(arg)?),
             "fair" => {
@@ -504,6 +518,20 @@ pub(crate) fn validate(args: RawArgs, item: &ItemFn) -> syn::Result<Config> {
             ),
         );
     }
+    if let (Some((most, span)), None) = (given.hold_at_most_ms, &given.ttl) {
+        if most < ttl_ms {
+            push(
+                &mut errors,
+                syn::Error::new(
+                    span,
+                    format!(
+                        "`hold_at_most_ms` must be at least the ttl ({ttl_ms} ms): the first lease \
+                         would already outlast it"
+                    ),
+                ),
+            );
+        }
+    }
     let key = match &given.key {
         None => {
             push(
@@ -538,6 +566,10 @@ pub(crate) fn validate(args: RawArgs, item: &ItemFn) -> syn::Result<Config> {
         fencing: given.fencing.unwrap_or(false),
         fair: given.fair.unwrap_or(false),
         hold_at_least: duration(given.hold_at_least, given.hold_at_least_ms.unwrap_or(0)),
+        hold_at_most: given
+            .hold_at_most
+            .map(Millis::Expr)
+            .or(given.hold_at_most_ms.map(|(ms, _)| Millis::Literal(ms))),
         on_lost: given.on_lost.unwrap_or(OnLost::Abort),
         mode: given.mode.map(|(mode, _)| mode),
         options: given.options,

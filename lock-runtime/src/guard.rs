@@ -38,6 +38,8 @@ pub(crate) struct LockState {
     pub(crate) taken_at: Instant,
     /// Metrics are labelled with the key's class.
     pub(crate) by_key_class: bool,
+    /// With a maximum hold: no renewal moves its validity past this instant.
+    hold_limit: Option<Instant>,
     /// A release of it succeeded already (its hold time is recorded).
     release_seen: AtomicBool,
     /// Small on purpose (a `Mutex` and one `Notify`, not a `watch` channel): a client may hold
@@ -63,6 +65,8 @@ impl LockState {
         (sent, lease): (Instant, Duration),
     ) -> Self {
         let ttl = options.ttl();
+        let hold_limit = options.get_hold_at_most().map(|most| started + most);
+        let valid_until = sent + lease.saturating_sub(drift(lease));
         LockState {
             key: key.to_owned(),
             keys,
@@ -72,10 +76,11 @@ impl LockState {
             kind: Kind::of(options.is_fair(), options.get_mode() == crate::LockMode::Shared),
             taken_at: started,
             by_key_class: false,
+            hold_limit,
             release_seen: AtomicBool::new(false),
             status: std::sync::Mutex::new(Status {
                 hold_until: started + options.get_hold_at_least(),
-                valid_until: sent + lease.saturating_sub(drift(lease)),
+                valid_until: hold_limit.map_or(valid_until, |limit| valid_until.min(limit)),
                 lost: false,
             }),
             changed: Notify::new(),
@@ -132,15 +137,29 @@ impl LockState {
     /// moves out: the store never shortens a lease (`PEXPIRE … GT`), so after renewals for 60 s
     /// and then 2 s it expires no earlier than the 60 s one set, whatever order the answers are
     /// handled in; each renewal's expiry counts from its send, which the store applied later.
+    /// With a maximum hold, validity never passes it.
     pub(crate) fn renewed(&self, sent: Instant, ttl: Duration) {
         self.update(|s| {
             let until = sent + ttl.saturating_sub(drift(ttl));
+            let until = self.hold_limit.map_or(until, |limit| until.min(limit));
             if s.lost || Instant::now() >= s.valid_until || until <= s.valid_until {
                 return false;
             }
             s.valid_until = until;
             true
         });
+    }
+
+    /// The lease a renewal sent at `now` asks for: `ttl`, or with a maximum hold what is left
+    /// of it; `None` once it is reached (nothing to renew: the lock is lost at its validity).
+    pub(crate) fn renewal(&self, ttl: Duration, now: Instant) -> Option<Duration> {
+        match self.hold_limit {
+            None => Some(ttl),
+            Some(limit) => {
+                let left = limit.saturating_duration_since(now);
+                (!left.is_zero()).then(|| ttl.min(left))
+            }
+        }
     }
 
     /// Runs `body` while the lock holds, under the lost-lock policy.
@@ -300,8 +319,9 @@ impl LockGuard {
 
     /// Makes the lock expire no sooner than `ttl` from now, if it is still ours;
     /// [`LockError::Lost`] if not. A lease is only ever lengthened: `extend(2 s)` after
-    /// `extend(60 s)` keeps the 60 s, in the store and in [`is_lost`](LockGuard::is_lost). The
-    /// watchdog, if any, goes on renewing with the original ttl.
+    /// `extend(60 s)` keeps the 60 s, in the store and in [`is_lost`](LockGuard::is_lost). With
+    /// a [maximum hold](LockOptions::hold_at_most), no further than it. The watchdog, if any,
+    /// goes on renewing with the original ttl.
     pub async fn extend(&self, ttl: Duration) -> Result<(), LockError> {
         if ttl < MIN_TTL || ttl > crate::options::MAX_DURATION {
             return Err(LockError::invalid_options(format!(
@@ -313,6 +333,9 @@ impl LockGuard {
             return Err(self.lost_error());
         }
         let sent = Instant::now();
+        let Some(ttl) = self.state.renewal(ttl, sent) else {
+            return Err(self.lost_error()); // its maximum hold is reached
+        };
         let backend = self.client.backend();
         let renewed = backend
             .renew(&self.state.keys, &self.state.token, ceil_millis(ttl))

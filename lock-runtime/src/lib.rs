@@ -100,11 +100,12 @@ pub use scope::{current, LockInfo};
 /// | `fencing` | off | Take a fencing token, strictly increasing per key; read it with [`current()`]. |
 /// | `fair` | off | Waiters get the lock in the order they began waiting, across all clients and processes ([`LockOptions::fair`]). |
 /// | `hold_at_least_ms = N` | `0` | Keep the lock at least this long after it was taken, so a fast scheduled job does not run again elsewhere in the same period. |
+/// | `hold_at_most_ms = N` | none | Never hold the lock longer than this after it was taken ([`LockOptions::hold_at_most`], ShedLock's `lockAtMostFor`): the watchdog does not renew it past this, and the lost-lock policy applies there, so a hung body cannot keep the lock forever. At least the ttl (a compile error for two literals). |
 /// | `on_lost = "abort" \| "continue"` | `"abort"` | When the lock is lost mid-body: drop the body and return [`LockError::Lost`], or let it finish with a warning. |
 /// | `read` | off | A shared lock ([`LockMode::Shared`]): any number of `read` callers of the key at once, none while a `write` (exclusive) caller holds it. Not with `fair` (a read lock cannot be fair yet: waiting writers are preferred over new readers) nor with `hold_at_least_ms`/`hold_at_least` (readers do not exclude each other, so there is nothing to hold others out of). |
 /// | `write` | — | An exclusive lock ([`LockMode::Exclusive`]), which is also what neither flag gives, said explicitly: the other side of `read` on the same key. Not with `read`. |
 /// | `client = EXPR` | the default client | A [`LockClient`], `&LockClient` or `Arc<LockClient>`, from an expression over the parameters (`client = self.locks`, `client = state.locks`), evaluated once before the lock is taken. Without it, [`default_client()`], or [`LockError::NotConfigured`]. |
-/// | `ttl = EXPR`, `wait = EXPR`, `hold_at_least = EXPR` | — | The same durations from code: any `Duration` expression (a `const`, a configuration value, a parameter), instead of the `_ms` form. Checked at run time ([`LockError::InvalidOptions`]). |
+/// | `ttl = EXPR`, `wait = EXPR`, `hold_at_least = EXPR`, `hold_at_most = EXPR` | — | The same durations from code: any `Duration` expression (a `const`, a configuration value, a parameter), instead of the `_ms` form. Checked at run time ([`LockError::InvalidOptions`]). |
 /// | `options = EXPR` | — | A whole [`LockOptions`] (or a reference to one), e.g. from configuration; no other option argument may be given with it. |
 /// | `crate = "path"` | `::lock_runtime` | Where the runtime is, when it is re-exported under another name. |
 ///

@@ -74,6 +74,7 @@ pub struct LockOptions {
     wait: Duration,
     fencing: bool,
     hold_at_least: Duration,
+    hold_at_most: Option<Duration>,
     on_lost: OnLost,
     fair: bool,
     mode: LockMode,
@@ -89,6 +90,7 @@ impl LockOptions {
             wait: Duration::ZERO,
             fencing: false,
             hold_at_least: Duration::ZERO,
+            hold_at_most: None,
             on_lost: OnLost::Abort,
             fair: false,
             mode: LockMode::Exclusive,
@@ -119,6 +121,29 @@ impl LockOptions {
     /// fast scheduled job is not run again by another instance in the same period (default zero).
     pub fn hold_at_least(mut self, hold: Duration) -> Self {
         self.hold_at_least = hold;
+        self
+    }
+
+    /// Hold the lock for at most this long after it was taken, however long the body runs
+    /// (ShedLock's `lockAtMostFor`; default none): the watchdog does not renew it past this
+    /// point, nor does [`extend`](crate::LockGuard::extend), and the lost-lock policy applies
+    /// there ([`OnLost::Abort`]: the body is dropped and the call fails with
+    /// [`LockError::Lost`]). So a hung body cannot keep a watchdog lock forever. At least the
+    /// ttl, else [`LockError::InvalidOptions`]. A nested (reentrant) call runs under the
+    /// outermost call's limit.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lock_runtime::LockOptions;
+    ///
+    /// // Renewed every 10 s while the job runs, but never held past 10 minutes.
+    /// let options = LockOptions::new(Duration::from_secs(30))
+    ///     .watchdog(true)
+    ///     .hold_at_most(Duration::from_secs(600));
+    /// assert_eq!(options.get_hold_at_most(), Some(Duration::from_secs(600)));
+    /// ```
+    pub fn hold_at_most(mut self, hold: Duration) -> Self {
+        self.hold_at_most = Some(hold);
         self
     }
 
@@ -192,6 +217,11 @@ impl LockOptions {
     }
 
     /// The minimum hold.
+    /// The maximum hold, if any (see [`hold_at_most`](Self::hold_at_most)).
+    pub fn get_hold_at_most(&self) -> Option<Duration> {
+        self.hold_at_most
+    }
+
     #[deprecated(since = "0.1.0", note = "renamed to `get_hold_at_least`, after its setter")]
     pub fn min_hold(&self) -> Duration {
         self.hold_at_least
@@ -242,10 +272,26 @@ impl LockOptions {
                 ));
             }
         }
+        if let Some(most) = self.hold_at_most {
+            if most < self.ttl {
+                return Err(LockError::invalid_options(format!(
+                    "hold_at_most {most:?} is below the ttl {:?}: the first lease would already \
+                     outlast it (use a shorter ttl, or no maximum)",
+                    self.ttl
+                )));
+            }
+            if most < self.hold_at_least {
+                return Err(LockError::invalid_options(format!(
+                    "hold_at_most {most:?} is below hold_at_least {:?}",
+                    self.hold_at_least
+                )));
+            }
+        }
         for (name, value) in [
             ("ttl", self.ttl),
             ("wait", self.wait),
             ("hold_at_least", self.hold_at_least),
+            ("hold_at_most", self.hold_at_most.unwrap_or_default()),
         ] {
             if value > MAX_DURATION {
                 return Err(LockError::invalid_options(format!(
@@ -282,6 +328,11 @@ mod tests {
             LockOptions::new(MAX_DURATION + Duration::from_secs(1)),
             ok.clone().wait(Duration::MAX),
             ok.clone().hold_at_least(Duration::MAX),
+            ok.clone().hold_at_most(Duration::from_millis(999)),
+            ok.clone().hold_at_most(Duration::MAX),
+            ok.clone()
+                .hold_at_least(Duration::from_secs(5))
+                .hold_at_most(Duration::from_secs(2)),
             ok.clone().mode(LockMode::Shared).fair(true),
             ok.clone()
                 .mode(LockMode::Shared)

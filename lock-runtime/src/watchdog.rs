@@ -8,7 +8,8 @@
 //! early only moves its expiry later), in scripts of up to [`BATCH`] locks sent together. Each
 //! lock's validity counts from its own batch's send time, and a lock found gone or taken is lost
 //! alone. Transient errors are retried every ttl/20 (5–500 ms) while a lock is still valid; the
-//! renew script never re-creates a missing key.
+//! renew script never re-creates a missing key. A lock with a maximum hold is renewed for at most
+//! what is left of it, and not at all once it is reached.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,7 +22,7 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use crate::guard::LockState;
-use crate::options::ceil_millis;
+use crate::options::{ceil_millis, MIN_TTL};
 use crate::telemetry;
 use crate::LockClient;
 
@@ -156,6 +157,12 @@ impl Watchdog {
                 return false;
             }
             if watched.due <= now + interval(watched.lease) / 2 {
+                if watched.state.renewal(watched.state.ttl, now).is_none() {
+                    // Its maximum hold is reached: not renewed again, lost at its validity
+                    // (which the hold ends), and looked at then.
+                    watched.due = watched.state.valid_until();
+                    return true;
+                }
                 due.push((id, Arc::clone(&watched.state)));
             }
             true
@@ -166,9 +173,15 @@ impl Watchdog {
 
     async fn renew_batch(&self, client: &LockClient, batch: &[(u64, Arc<LockState>)]) {
         let sent = Instant::now();
+        // Each for its ttl, or what is left of its maximum hold.
+        let leases: Vec<Duration> = batch
+            .iter()
+            .map(|(_, s)| s.renewal(s.ttl, sent).unwrap_or(MIN_TTL))
+            .collect();
         let locks: Vec<_> = batch
             .iter()
-            .map(|(_, s)| (&s.keys, s.token.as_str(), ceil_millis(s.ttl)))
+            .zip(&leases)
+            .map(|((_, s), lease)| (&s.keys, s.token.as_str(), ceil_millis(*lease)))
             .collect();
         let answer = client.backend().renew_many(&locks).await;
         match &answer {
@@ -183,7 +196,7 @@ impl Watchdog {
             };
             match &answer {
                 Ok(renewed) if renewed.get(i).copied().flatten() == Some(true) => {
-                    state.renewed(sent, state.ttl);
+                    state.renewed(sent, leases[i]);
                     watched.due = sent + interval(state.ttl);
                     watched.lease = state.ttl;
                     tracing::trace!(key = %state.key, "lock renewed");

@@ -170,6 +170,31 @@ async fn on_lost_policies(t: Target) {
     assert_eq!(continued(&locks, &other).await.unwrap(), 1);
 }
 
+#[distributed_lock(key = "hung", ttl_ms = 150, watchdog, hold_at_most_ms = 600, client = locks)]
+async fn hung(locks: &LockClient, finished: &AtomicBool) -> Result<(), LockError> {
+    tokio::time::sleep(10 * SECOND).await;
+    finished.store(true, Ordering::SeqCst);
+    Ok(())
+}
+
+/// Issue 23: a watchdog keeps the lock past its ttl, but not past `hold_at_most_ms`; there the
+/// body is stopped and the fn fails with `Lost`, and the lock is free again.
+async fn hold_at_most_stops_a_hung_body(t: Target) {
+    let locks = t.client();
+    let finished = AtomicBool::new(false);
+    let started = tokio::time::Instant::now();
+    let out = hung(&locks, &finished).await;
+    assert!(matches!(out, Err(LockError::Lost { .. })), "{out:?}");
+    assert!(!finished.load(Ordering::SeqCst), "the body was stopped");
+    // Renewed past its 150 ms ttl (the limit, not a failed renewal, stopped it).
+    assert!(
+        started.elapsed() >= Duration::from_millis(500),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(!locks.is_locked("hung").await.unwrap());
+}
+
 #[distributed_lock(key = "queue", wait_ms = 10000, client = locks)]
 async fn queued(locks: &LockClient, entered: Arc<Notify>, leave: Arc<Notify>) -> Result<(), LockError> {
     entered.notify_one();
@@ -234,6 +259,7 @@ lock_tests::on_both_backends!(
     panic_and_cancellation_release,
     watchdog_keeps_a_short_ttl_fn_alive,
     on_lost_policies,
+    hold_at_most_stops_a_hung_body,
     wait_ms_lets_the_second_call_through,
     fencing_tokens_increase_and_show_in_current,
     nested_guarded_calls_are_reentrant,

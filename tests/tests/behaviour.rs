@@ -29,6 +29,7 @@ lock_tests::on_every_deployment!(
     lease_without_watchdog_is_lost_at_its_ttl,
     extend_moves_the_deadline,
     a_shorter_extend_never_shortens_the_lease,
+    hold_at_most_ends_a_watchdog_lock,
     a_body_that_is_always_ready_is_stopped_at_its_lease,
     one_watchdog_renews_many_locks_and_loses_only_the_one_gone,
     shutdown_gives_back_every_lock_and_refuses_new_ones,
@@ -365,6 +366,41 @@ async fn a_shorter_extend_never_shortens_the_lease(t: Target) {
     let err = other.acquire("extend-shorter", &ttl(1000)).await.unwrap_err();
     assert!(matches!(err, LockError::Busy { .. }), "{err:?}");
     assert!(guard.release().await.unwrap());
+}
+
+/// Issue 23: the watchdog renews a lock past its ttl but not past its maximum hold: there a
+/// guarded body is stopped (`Lost`), a bare guard is lost, `extend` cannot move it past the
+/// limit, and the key is free again at about the limit (its renewals asked for no more).
+async fn hold_at_most_ends_a_watchdog_lock(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let capped = ttl(150).watchdog(true).hold_at_most(Duration::from_millis(600));
+    let started = Instant::now();
+    let out = c.run("most-run", &capped, tokio::time::sleep(10 * SECOND)).await;
+    assert!(matches!(out, Err(LockError::Lost { .. })), "{out:?}");
+    assert!(
+        started.elapsed() >= Duration::from_millis(500),
+        "{:?}",
+        started.elapsed()
+    );
+    let guard = c.acquire("most-guard", &capped).await.unwrap();
+    tokio::time::timeout(5 * SECOND, guard.lost())
+        .await
+        .expect("lost at its maximum hold");
+    assert!(matches!(
+        guard.extend(Duration::from_secs(60)).await,
+        Err(LockError::Lost { .. })
+    ));
+    eventually(2 * SECOND, "the capped lock's key expires", || async {
+        other.acquire("most-guard", &ttl(1000)).await.is_ok()
+    })
+    .await;
+    let below = c
+        .acquire("most-bad", &ttl(1000).hold_at_most(Duration::from_millis(500)))
+        .await;
+    assert!(
+        matches!(below, Err(LockError::InvalidOptions { .. })),
+        "{below:?}"
+    );
 }
 
 /// Runs until `until` has passed, always with ready work: every poll exhausts tokio's
