@@ -511,11 +511,15 @@ mod tests {
         let watchdog_sent = t0 + Duration::from_secs(3);
         let extend_sent = t0 + Duration::from_secs(4);
         tokio::time::advance(Duration::from_secs(5)).await;
-        // The extend's answer is handled first, the watchdog's (sent before it, longer) second:
-        // the longer lease stands.
+        // An extend shorter than what is left of the first lease moves nothing.
         lock.renewed(extend_sent, Duration::from_secs(5));
-        let five = Duration::from_secs(5);
-        assert_eq!(lock.valid_until(), extend_sent + five - drift(five));
+        assert_eq!(lock.valid_until(), t0 + ttl - drift(ttl));
+        // An extend that goes further does.
+        lock.renewed(extend_sent, Duration::from_secs(8));
+        let eight = Duration::from_secs(8);
+        assert_eq!(lock.valid_until(), extend_sent + eight - drift(eight));
+        // The watchdog's answer (sent before it, longer) is handled after it: the longer lease
+        // stands.
         lock.renewed(watchdog_sent, Duration::from_secs(30));
         let thirty = Duration::from_secs(30);
         assert_eq!(lock.valid_until(), watchdog_sent + thirty - drift(thirty));

@@ -41,6 +41,7 @@
 struct ReadmeDoctests;
 
 mod backend;
+mod background;
 mod client;
 mod error;
 mod guard;

@@ -18,9 +18,9 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use tokio::sync::Notify;
-use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
+use crate::background::Background;
 use crate::guard::LockState;
 use crate::options::{ceil_millis, MIN_TTL};
 use crate::telemetry;
@@ -35,7 +35,8 @@ pub(crate) struct Watchdog {
     held: Mutex<HashMap<u64, Watched>>,
     /// Told of every newly watched lock, which may be due before the task's current sleep ends.
     changed: Notify,
-    task: Mutex<Option<AbortHandle>>,
+    /// Started by the first watched lock, again on another runtime if its own has gone.
+    task: Background,
 }
 
 #[derive(Debug)]
@@ -107,18 +108,12 @@ impl Watchdog {
     }
 
     fn start(self: &Arc<Self>, client: &LockClient) {
-        let mut task = self.task.lock().unwrap_or_else(|e| e.into_inner());
-        if task.is_none() {
-            let handle = tokio::spawn(Arc::clone(self).run(client.downgrade()));
-            *task = Some(handle.abort_handle());
-        }
+        self.task.ensure(|| Arc::clone(self).run(client.downgrade()));
     }
 
     /// Stops the task and forgets every lock (the client is gone, or shut down).
     pub(crate) fn stop(&self) {
-        if let Some(task) = self.task.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            task.abort();
-        }
+        self.task.stop();
         self.held().clear();
     }
 

@@ -250,7 +250,7 @@ pub(crate) struct Connection {
     live: std::sync::Arc<RwLock<Option<Live>>>,
     /// With Sentinel: the task that drops the connection when the sentinels announce a new
     /// primary, started with the first connection.
-    follower: Mutex<Option<tokio::task::AbortHandle>>,
+    follower: crate::background::Background,
     /// Told when a sentinel announced a new primary (the subscriber connection follows too).
     switched: std::sync::Arc<tokio::sync::Notify>,
     /// Held while a connection is opened, so that one open serves everyone waiting; it keeps the
@@ -302,7 +302,7 @@ impl Connection {
             place,
             timeouts,
             live: std::sync::Arc::new(RwLock::new(None)),
-            follower: Mutex::new(None),
+            follower: crate::background::Background::default(),
             switched: std::sync::Arc::default(),
             opening: tokio::sync::Mutex::new(None),
             unanswered: AtomicU32::new(0),
@@ -419,19 +419,18 @@ impl Connection {
         std::sync::Arc::clone(&self.switched)
     }
 
-    /// With Sentinel, starts (once) the task that drops the connection as soon as a sentinel
+    /// With Sentinel, starts (once per runtime) the task that drops the connection as soon as a sentinel
     /// announces that the primary moved (`+switch-master`), rather than at the next request that
     /// fails on the old one.
     fn follow_failovers(&self) {
         #[cfg(feature = "sentinel")]
         if let Place::Sentinel(sentinels) = &self.place {
-            let mut follower = lock(&self.follower);
-            if follower.is_some() {
+            if self.follower.is_running() {
                 return;
             }
             let (sentinels, live, connect) = (sentinels.clone(), self.live.clone(), self.timeouts.connect);
             let switched = std::sync::Arc::clone(&self.switched);
-            let task = tokio::spawn(async move {
+            self.follower.ensure(move || async move {
                 loop {
                     match sentinels.switched(connect).await {
                         Ok(()) => {
@@ -446,7 +445,6 @@ impl Connection {
                     }
                 }
             });
-            *follower = Some(task.abort_handle());
         }
     }
 
@@ -462,9 +460,7 @@ impl Connection {
 
 impl Drop for Connection {
     fn drop(&mut self) {
-        if let Some(follower) = lock(&self.follower).take() {
-            follower.abort();
-        }
+        self.follower.stop();
     }
 }
 

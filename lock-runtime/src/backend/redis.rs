@@ -11,12 +11,12 @@ use futures_util::StreamExt;
 use redis::aio::{PubSubSink, PubSubStream};
 use redis::{AsyncCommands, FromRedisValue, RedisResult};
 use tokio::sync::{mpsc, Mutex};
-use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use super::connection::{lock, Connection, Place, Timeouts};
 use super::scripts::{Call, Lua, ACQUIRE, RELEASE, RENEW, SHARE, UNLOCK};
 use super::{Ask, Attempt, Kind, LockKeys, Stored};
+use crate::background::Background;
 use crate::error::TimedOut;
 use crate::options::{ceil_millis, FAIR_PLACE_KEPT};
 use crate::wakeups::{HandedOver, Registration, Wakeups};
@@ -871,22 +871,20 @@ struct Subscriber {
     wakeups: Arc<Wakeups>,
     /// Also serialises SUBSCRIBE against UNSUBSCRIBE of the same channel.
     live: Mutex<Option<Live>>,
-    /// The task reading the current connection, so dropping the client can always stop it.
-    dispatcher: std::sync::Mutex<Option<AbortHandle>>,
+    /// The task reading the current connection, so dropping the client can always stop it. A
+    /// connection whose reader ended (with the runtime it ran on) is dead: it is replaced.
+    dispatcher: Background,
     /// The task that unsubscribes idle channels and pings the connection, started by the first
-    /// waiter (so a client can be built outside a runtime), with the receiver it takes then.
-    upkeep: std::sync::Mutex<Upkeep>,
+    /// waiter (so a client can be built outside a runtime), and again on a later runtime.
+    upkeep: Background,
+    /// Channels nobody waits for any more, for the upkeep task (which holds it while it runs).
+    idle: Arc<Mutex<mpsc::UnboundedReceiver<String>>>,
+    /// Set when the client is dropped: no task starts again.
+    stopped: AtomicBool,
     /// No new connection before this instant (set after a failure).
     retry_after: std::sync::Mutex<Option<Instant>>,
     /// Redis refused this client pub/sub (an ACL without channel rights); said once.
     denied_said: AtomicBool,
-}
-
-#[derive(Debug)]
-enum Upkeep {
-    NotStarted(mpsc::UnboundedReceiver<String>),
-    Running(AbortHandle),
-    Stopped,
 }
 
 impl Subscriber {
@@ -905,8 +903,10 @@ impl Subscriber {
             timeouts,
             wakeups,
             live: Mutex::new(None),
-            dispatcher: std::sync::Mutex::new(None),
-            upkeep: std::sync::Mutex::new(Upkeep::NotStarted(idle)),
+            dispatcher: Background::default(),
+            upkeep: Background::default(),
+            idle: Arc::new(Mutex::new(idle)),
+            stopped: AtomicBool::new(false),
             retry_after: std::sync::Mutex::new(None),
             denied_said: AtomicBool::new(false),
         }
@@ -917,15 +917,12 @@ impl Subscriber {
     }
 
     fn stop_dispatcher(&self) {
-        if let Some(dispatcher) = lock(&self.dispatcher).take() {
-            dispatcher.abort();
-        }
+        self.dispatcher.stop();
     }
 
     fn stop(&self) {
-        if let Upkeep::Running(task) = std::mem::replace(&mut *lock(&self.upkeep), Upkeep::Stopped) {
-            task.abort();
-        }
+        self.stopped.store(true, Ordering::Relaxed);
+        self.upkeep.stop();
         self.stop_dispatcher();
     }
 
@@ -941,12 +938,8 @@ impl Subscriber {
     }
 
     fn start_upkeep(self: &Arc<Self>) {
-        let mut upkeep = lock(&self.upkeep);
-        if let Upkeep::NotStarted(_) = &*upkeep {
-            if let Upkeep::NotStarted(idle) = std::mem::replace(&mut *upkeep, Upkeep::Stopped) {
-                let task = tokio::spawn(Arc::clone(self).upkeep(idle));
-                *upkeep = Upkeep::Running(task.abort_handle());
-            }
+        if !self.stopped.load(Ordering::Relaxed) {
+            self.upkeep.ensure(|| Arc::clone(self).upkeep());
         }
     }
 
@@ -954,10 +947,17 @@ impl Subscriber {
     /// the holder's expiry or its nap's end instead.
     async fn listen(self: &Arc<Self>, channel: &str) {
         self.start_upkeep();
-        if self.wakeups.is_subscribed(channel, self.listener) || self.cooling_down() {
+        // A connection whose reader ended with the runtime it ran on is dead, subscriptions and
+        // all: replaced at once (no cool-down, nothing failed).
+        let orphaned = || !self.dispatcher.is_running();
+        if !orphaned() && (self.wakeups.is_subscribed(channel, self.listener) || self.cooling_down()) {
             return;
         }
         let mut live = self.live.lock().await;
+        if live.is_some() && orphaned() {
+            live.take();
+            self.wakeups.subscriptions_lost(self.listener);
+        }
         if self.wakeups.is_subscribed(channel, self.listener) || self.cooling_down() {
             return;
         }
@@ -1008,9 +1008,8 @@ impl Subscriber {
         let (sink, stream) = bounded(self.timeouts.connect, self.connect()).await?;
         static GENERATION: AtomicU64 = AtomicU64::new(0);
         let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
-        let dispatcher = tokio::spawn(Arc::clone(self).dispatch(generation, stream));
-        self.stop_dispatcher();
-        *lock(&self.dispatcher) = Some(dispatcher.abort_handle());
+        self.dispatcher
+            .replace(|| Arc::clone(self).dispatch(generation, stream));
         Ok(Live { generation, sink })
     }
 
@@ -1065,7 +1064,9 @@ impl Subscriber {
 
     /// Unsubscribes channels whose last local waiter has gone (unless one came back meanwhile),
     /// and pings the connection while anyone waits, replacing it when it no longer answers.
-    async fn upkeep(self: Arc<Self>, mut idle: mpsc::UnboundedReceiver<String>) {
+    async fn upkeep(self: Arc<Self>) {
+        let idle = Arc::clone(&self.idle);
+        let mut idle = idle.lock().await;
         let mut ping = tokio::time::interval(SUBSCRIBER_PING);
         ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
