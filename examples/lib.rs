@@ -43,7 +43,7 @@ pub fn run_prefix(name: &str) -> String {
 }
 
 /// Deletes every key under `prefix` from Redis at `url` (`SCAN MATCH`, then `DEL`) and returns
-/// how many there were: what a run left behind, such as fencing counters (which never expire) and
+/// how many there were: what a run left behind, such as fencing counters (kept an hour after their last token) and
 /// locks still inside their `hold_at_least`. Only for a prefix no one else uses, such as
 /// [`run_prefix`]'s: a service keeps the fencing counters of the locks it shares, since the
 /// counter is what keeps its tokens above those its storage has already accepted.

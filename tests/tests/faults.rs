@@ -141,7 +141,10 @@ async fn data_model_is_as_documented() {
     let pttl: i64 = raw.pttl("lock:{order:42}").await.unwrap();
     assert!((3000..=5000).contains(&pttl), "{pttl}");
     let fence_ttl: i64 = raw.pttl("lock:{order:42}:fence").await.unwrap();
-    assert_eq!(fence_ttl, -1, "the fencing counter never expires");
+    assert!(
+        (3_590_000..=3_601_000).contains(&fence_ttl),
+        "the fencing counter expires an hour after its last token: {fence_ttl}"
+    );
     guard.release().await.unwrap();
     let again = client.acquire("order:42", &ttl(5000)).await.unwrap();
     let second: String = raw.get("lock:{order:42}").await.unwrap();
@@ -201,6 +204,67 @@ async fn a_broken_fence_counter_fails_cleanly_without_a_lock() {
         assert!(!exists, "{bad}: no lock key");
         let counter: String = raw.get("lock:{negative}:fence").await.unwrap();
         assert_eq!(counter, bad, "a failed script changes nothing");
+    }
+}
+
+/// Issue 23: a counter INCRBY would overflow, or a fair line of another type, fails the script
+/// before it writes anything: no lock key is left without its token, and none is deleted by a
+/// release that then fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_check_every_helper_key_before_they_write() {
+    let server = RedisServer::spawn();
+    let client = connect(&server.url()).await;
+    let mut raw = server.raw().await;
+    let huge = "9223372036854775800";
+    let _: () = raw.set("lock:{huge}:fence", huge).await.unwrap();
+    let out = client.acquire("huge", &ttl(1000).fencing(true)).await;
+    assert!(is_unavailable(&out), "{out:?}");
+    let exists: bool = raw.exists("lock:{huge}").await.unwrap();
+    assert!(!exists, "no lock key without its fencing token");
+    let counter: String = raw.get("lock:{huge}:fence").await.unwrap();
+    assert_eq!(counter, huge, "a failed script changes nothing");
+
+    let guard = client.acquire("line", &ttl(5000).fair(true)).await.unwrap();
+    let _: () = raw.set("lock:{line}:queue", "not a line").await.unwrap();
+    let out = guard.release().await;
+    assert!(is_unavailable(&out), "{out:?}");
+    let exists: bool = raw.exists("lock:{line}").await.unwrap();
+    assert!(exists, "a release that failed deleted nothing");
+}
+
+/// Issue 23: no key a lock uses is left without an expiry: a service locking a million ids a day
+/// must not keep a million keys a day.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_helper_key_expires() {
+    let server = RedisServer::spawn();
+    let client = connect(&server.url()).await;
+    let other = connect(&server.url()).await;
+    let mut raw = server.raw().await;
+    let fair = ttl(5000).fair(true).fencing(true);
+    let guard = client.acquire("helpers", &fair).await.unwrap();
+    let waiter = lock_tests::in_line(&other, "helpers", fair.clone().wait(10 * SECOND)).await;
+    for key in [
+        "lock:{helpers}",
+        "lock:{helpers}:fence",
+        "lock:{helpers}:queue",
+        "lock:{helpers}:queue:kept",
+    ] {
+        let left: i64 = raw.pttl(key).await.unwrap();
+        assert!(left > 0, "{key} has no expiry ({left})");
+    }
+    for key in ["lock:{helpers}:queue", "lock:{helpers}:queue:kept"] {
+        let left: i64 = raw.pttl(key).await.unwrap();
+        assert!(
+            left <= 2000,
+            "{key} outlives its last waiter's place by more than a second: {left} ms"
+        );
+    }
+    guard.release().await.unwrap();
+    waiter.await.unwrap().unwrap().release().await.unwrap();
+    let keys: Vec<String> = raw.keys("lock:{helpers}*").await.unwrap();
+    for key in keys {
+        let left: i64 = raw.pttl(&key).await.unwrap();
+        assert!(left > 0, "{key} is left without an expiry ({left})");
     }
 }
 

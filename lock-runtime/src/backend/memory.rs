@@ -38,14 +38,31 @@ struct Store {
     /// Writers waiting for readers to leave, by lock key: each one's token and when its claim
     /// lapses. No new reader enters while one stands.
     claims: HashMap<String, HashMap<String, Instant>>,
-    fences: HashMap<String, u64>,
+    /// Fencing counters: the last token and when the counter expires (as fence.lua's, an hour
+    /// after its last token, or the lease if longer).
+    fences: HashMap<String, (u64, Instant)>,
     /// Fair queues, by queue key.
     queues: HashMap<String, Queue>,
     /// Orders arrivals in every queue.
     arrivals: u64,
     /// Names each keeping of a fair place (as acquire.lua's `kept`).
     stamps: u64,
+    /// Acquires since the last sweep of what expired, and how many entries that sweep kept: the
+    /// next sweep comes after as many acquires again (at least [`SWEEP_AFTER`]), so sweeping
+    /// costs O(1) per acquire and nothing expired outlives long what Redis would keep.
+    since_sweep: usize,
+    kept_by_sweep: usize,
 }
+
+/// The fewest acquires between two sweeps.
+const SWEEP_AFTER: usize = 1024;
+
+/// How long a fencing counter outlives its last token, at least (fence.lua's hour).
+const FENCE_KEPT: Duration = Duration::from_secs(3600);
+
+/// Tokens are at least the microseconds since this instant (as fence.lua floors them by the
+/// server's clock), so a counter that expired restarts above every token it handed out.
+static EPOCH: std::sync::LazyLock<std::time::Instant> = std::sync::LazyLock::new(std::time::Instant::now);
 
 /// Fair waiters of one lock: tokens by arrival, and when each one's place lapses.
 #[derive(Debug, Default)]
@@ -117,15 +134,60 @@ impl Store {
         last
     }
 
-    fn fence(&self, keys: &LockKeys) -> u64 {
-        self.fences.get(&keys.fence()).copied().unwrap_or(0)
+    /// The key's last fencing token, 0 when it has no live counter.
+    fn fence(&self, keys: &LockKeys, now: Instant) -> u64 {
+        match self.fences.get(&keys.fence()) {
+            Some(&(fence, expires_at)) if expires_at > now => fence,
+            _ => 0,
+        }
     }
 
-    /// Takes the key's next fencing token.
-    fn next_fence(&mut self, keys: &LockKeys) -> u64 {
-        let counter = self.fences.entry(keys.fence()).or_insert(0);
-        *counter += 1;
-        *counter
+    /// Whether the key has a live fencing counter.
+    fn counted(&self, keys: &LockKeys, now: Instant) -> bool {
+        self.fence(keys, now) > 0
+    }
+
+    /// Takes the key's next fencing token, for a lock held `lease` (the counter is kept at least
+    /// that long after it).
+    fn next_fence(&mut self, keys: &LockKeys, now: Instant, lease: Duration) -> u64 {
+        let last = self.fence(keys, now);
+        let floor = u64::try_from(EPOCH.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let fence = (last + 1).max(floor);
+        let expires_at = now + lease.max(FENCE_KEPT) + Duration::from_secs(1);
+        self.fences.insert(keys.fence(), (fence, expires_at));
+        fence
+    }
+
+    /// Every so often, drops what expired: locks, shares, claims, fair lines and counters that
+    /// nobody touched since (each is also dropped when it is next looked at).
+    fn sweep(&mut self, now: Instant) {
+        self.since_sweep += 1;
+        if self.since_sweep < self.kept_by_sweep.max(SWEEP_AFTER) {
+            return;
+        }
+        self.since_sweep = 0;
+        self.locks.retain(|_, held| held.expires_at > now);
+        self.shares.retain(|_, shares| {
+            shares.readers.retain(|_, expires_at| *expires_at > now);
+            !shares.readers.is_empty()
+        });
+        self.claims.retain(|_, claims| {
+            claims.retain(|_, lapses| *lapses > now);
+            !claims.is_empty()
+        });
+        self.queues.retain(|_, queue| {
+            queue.purge(now);
+            !queue.places.is_empty()
+        });
+        self.fences.retain(|_, (_, expires_at)| *expires_at > now);
+        self.kept_by_sweep =
+            self.locks.len() + self.shares.len() + self.claims.len() + self.queues.len() + self.fences.len();
+    }
+
+    /// How many entries the store keeps (for the sweep's test).
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.locks.len() + self.shares.len() + self.claims.len() + self.queues.len() + self.fences.len()
     }
 }
 
@@ -161,14 +223,16 @@ impl MemoryBackend {
             return self.share(keys, token, ask);
         }
         let now = Instant::now();
+        let lease = Duration::from_millis(ask.ttl_ms);
         let mut store = self.store();
+        store.sweep(now);
         if let Some(held) = store.ours(&keys.lock, token, now) {
             // Already ours: a fair turn handed over by a release (as acquire.lua, its expiry
             // counts from this attempt, and without a counter then it takes its token now).
-            held.expires_at = now + Duration::from_millis(ask.ttl_ms);
-            let fence = ask.fencing.then(|| match store.fences.get(&keys.fence()) {
-                Some(&fence) => fence,
-                None => store.next_fence(keys),
+            held.expires_at = now + lease;
+            let fence = ask.fencing.then(|| match store.fence(keys, now) {
+                0 => store.next_fence(keys, now, lease),
+                fence => fence,
             });
             return Attempt::Acquired { fence };
         }
@@ -240,7 +304,7 @@ impl MemoryBackend {
                 claims.remove(token);
             }
         }
-        let fence = ask.fencing.then(|| store.next_fence(keys));
+        let fence = ask.fencing.then(|| store.next_fence(keys, now, lease));
         store.locks.insert(
             keys.lock.clone(),
             Held {
@@ -255,6 +319,7 @@ impl MemoryBackend {
     fn share(&self, keys: &LockKeys, token: &str, ask: &Ask) -> Attempt {
         let now = Instant::now();
         let mut store = self.store();
+        store.sweep(now);
         let refused = |pttl_ms| Attempt::Held {
             pttl_ms: Some(pttl_ms),
             behind: false,
@@ -272,7 +337,7 @@ impl MemoryBackend {
                 return refused(ms_until(lapses, now));
             }
         }
-        let fence = ask.fencing.then(|| store.fence(keys));
+        let fence = ask.fencing.then(|| store.fence(keys, now));
         store
             .shares
             .entry(keys.lock.clone())
@@ -379,8 +444,13 @@ impl MemoryBackend {
                             expires_at: kept,
                         },
                     );
-                    let counted = store.fences.contains_key(&keys.fence());
-                    let fence = if counted { store.next_fence(keys) } else { 0 };
+                    let counted = store.counted(keys, now);
+                    let lease = kept.saturating_duration_since(now);
+                    let fence = if counted {
+                        store.next_fence(keys, now, lease)
+                    } else {
+                        0
+                    };
                     Some((head, Some(HandedOver { fence, kept: stamp })))
                 }
                 Some((_, head, _, _)) => Some((head, None)),
@@ -437,5 +507,58 @@ impl MemoryBackend {
             self.wakeups.notify(&keys.channel);
         }
         removed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ask(fencing: bool) -> Ask {
+        Ask {
+            ttl_ms: 100,
+            fencing,
+            waiting: false,
+            fair: false,
+            join: false,
+            shared: false,
+            claimed: false,
+        }
+    }
+
+    /// Issue 23: nothing a lock leaves behind outlives its expiry for long, however many keys
+    /// are locked once and never again, and tokens still rise after a counter expired.
+    #[tokio::test(start_paused = true)]
+    async fn expired_locks_and_counters_are_swept_and_tokens_still_rise() {
+        let memory = MemoryBackend::new();
+        let first = LockKeys::new("lock:", "first");
+        let Attempt::Acquired { fence: Some(before) } = memory.acquire(&first, "t0", &ask(true)) else {
+            panic!("not acquired");
+        };
+        for i in 0..3 * SWEEP_AFTER {
+            let keys = LockKeys::new("lock:", &format!("k{i}"));
+            assert!(matches!(
+                memory.acquire(&keys, "t", &ask(true)),
+                Attempt::Acquired { .. }
+            ));
+        }
+        assert!(memory.store().len() > 2 * SWEEP_AFTER);
+        tokio::time::advance(FENCE_KEPT + Duration::from_secs(2)).await;
+        // Swept within as many acquires as the last sweep kept entries (about 2 per key).
+        let mut acquires = 0;
+        while !memory.store().fences.is_empty() {
+            acquires += 1;
+            assert!(acquires <= 8 * SWEEP_AFTER, "not swept after {acquires} acquires");
+            let keys = LockKeys::new("lock:", &format!("new{acquires}"));
+            assert!(matches!(
+                memory.acquire(&keys, "t", &ask(false)),
+                Attempt::Acquired { .. }
+            ));
+        }
+        assert!(memory.store().len() <= acquires, "{}", memory.store().len());
+        let Attempt::Acquired { fence: Some(after) } = memory.acquire(&first, "t1", &ask(true)) else {
+            panic!("not acquired");
+        };
+        assert!(after > before, "{after} <= {before}");
     }
 }

@@ -27,13 +27,23 @@
 -- which it is kept: a release that hands the lock over names it (release.lua), so the waiter
 -- knows which of its attempts the lease counts from.
 -- Every check comes before the first write: a counter of another type (WRONGTYPE), or one that is
--- not a non-negative integer, fails the script with nothing changed.
+-- not a non-negative integer below 2^53, and a fair line or waiting writers' key of another type,
+-- fail the script with nothing changed.
 local fencing = ARGV[3] == '1'
 local counter
 if fencing then
   counter = redis.call('GET', KEYS[2])
-  if counter and not string.match(counter, '^%d+$') then
-    return redis.error_reply('fence counter ' .. KEYS[2] .. ' does not hold a non-negative integer')
+  if not fence_ok(counter) then
+    return redis.error_reply('fence counter ' .. KEYS[2] .. ' does not hold a non-negative integer below 2^53')
+  end
+end
+local writers = KEYS[tonumber(ARGV[8]) or 0]
+local mark = writers and KEYS[tonumber(ARGV[8]) + 1]
+local helpers = tonumber(ARGV[4]) and {KEYS[3], KEYS[4]} or {}
+helpers[#helpers + 1] = writers
+for _, helper in ipairs(helpers) do
+  if not kind_ok(helper, 'zset') then
+    return redis.error_reply('WRONGTYPE ' .. helper .. ' is not a sorted set (a lock helper key)')
   end
 end
 
@@ -42,7 +52,7 @@ local function taken()
   if not fencing then
     return {1, 0}
   end
-  return {1, next_fence(KEYS[2], counter)}
+  return {1, next_fence(KEYS[2], counter, ARGV[2])}
 end
 
 -- The lock is already the caller's: a request sent again after its connection broke (its token
@@ -57,8 +67,6 @@ local function already_ours()
   return {1, tonumber(counter) or 0}
 end
 
-local writers = KEYS[tonumber(ARGV[8]) or 0]
-local mark = writers and KEYS[tonumber(ARGV[8]) + 1]
 
 -- Refused: a caller that will wait marks the lock as waited for, until a second after the
 -- holder's expiry (the caller asks again by then, and marks it again if still refused). Not a
@@ -178,6 +186,10 @@ if ARGV[5] == '1' then
   kept = now + place
   redis.call('ZADD', KEYS[3], 'NX', tonumber(time[1]) * 1000000 + tonumber(time[2]), ARGV[1])
   redis.call('ZADD', KEYS[4], kept, ARGV[1])
+  -- The line lives while someone asks (each within its place's life): once its last waiter died,
+  -- it goes a second after that waiter's place lapsed.
+  redis.call('PEXPIRE', KEYS[3], place + 1000)
+  redis.call('PEXPIRE', KEYS[4], place + 1000)
 end
 if holder == false and #lapsed > 0 then
   -- The lock is free and the waiters ahead of the new head are gone: its turn has come.

@@ -32,6 +32,11 @@
 -- other shares remain: nothing to announce, since no one can enter because a reader left.
 -- Whether the key was deleted now (not kept for a minimum hold): only then can a fair release
 -- hand the lock on.
+-- Every check comes before the first write: a fair line of another type fails the release with
+-- the lock left as it is (it expires at its ttl).
+if ARGV[5] == '1' and not (kind_ok(KEYS[2], 'zset') and kind_ok(KEYS[3], 'zset')) then
+  return redis.error_reply('WRONGTYPE the fair line of ' .. KEYS[1] .. ' is not a sorted set')
+end
 local freed = false
 -- Whether it was kept for its minimum hold instead.
 local kept_for_hold = false
@@ -128,8 +133,8 @@ if ARGV[5] == '1' then
       message = 'w:' .. head
       -- A counter that is not a number is left for the waiter's own attempt to refuse.
       local counter = freed and redis.pcall('GET', KEYS[4])
-      if freed and (not counter or (type(counter) == 'string' and string.match(counter, '^%d+$'))) then
-        local fence = counter and next_fence(KEYS[4], counter) or 0
+      if freed and fence_ok(counter) then
+        local fence = counter and next_fence(KEYS[4], counter, kept - now) or 0
         redis.call('ZREM', KEYS[2], head)
         redis.call('ZREM', KEYS[3], head)
         redis.call('SET', KEYS[1], head, 'PX', kept - now)

@@ -9,8 +9,10 @@
 //!
 //! It reads the data model the library writes (see the crate docs): the lock of key `k` at
 //! `<prefix>{k}`, its fencing counter at `<prefix>{k}:fence`, fair waiters at
-//! `<prefix>{k}:queue:kept`, waiting writers at `<prefix>{k}:writers`, and releases announced on
-//! `<prefix>{k}:released`. It never writes, except `release --force`, which goes through
+//! `<prefix>{k}:queue` and `<prefix>{k}:queue:kept`, waiting writers at `<prefix>{k}:writers`,
+//! the waiting mark at `<prefix>{k}:waiting`, and releases announced on `<prefix>{k}:released`.
+//! Every one of these keys carries an expiry: the lock its ttl, the counter an hour after its
+//! last token, the others about a second after the last waiter stopped asking. It never writes, except `release --force`, which goes through
 //! [`LockClient::force_release`](lock_runtime::LockClient::force_release).
 
 use std::process::ExitCode;
