@@ -49,6 +49,16 @@ const LOCKING_RIGHTS: &[&str] = &[
     "+pexpire",
     "+del",
     "+exists",
+    "+zadd",
+    "+zrem",
+    "+zrange",
+    "+zrangebyscore",
+    "+zscore",
+    "+zrank",
+    "+hset",
+    "+hget",
+    "+hgetall",
+    "+hdel",
     "+publish",
     "+subscribe",
     "+unsubscribe",
@@ -227,13 +237,16 @@ async fn an_acl_without_the_rights_locking_needs_is_refused() {
     )
     .await;
     let client = builder(&with_user(&server, "noscripts")).build().await.unwrap();
-    // An uncontended acquire is a plain SET, which this user may send; the release is a script.
-    let guard = client.acquire("acl", &ttl(1000)).await.unwrap();
-    let out = guard.release().await;
+    // An uncontended acquire is a plain SET, which this user may send; but the release is a
+    // script: the rights check refuses the client before it takes a lock it could not release.
+    let out = client.acquire("acl", &ttl(1000)).await;
     let Err(LockError::Refused { reason, .. }) = &out else {
         panic!("{out:?}");
     };
     assert!(reason.contains("ACL"), "{reason}");
+    let mut raw = server.raw().await;
+    let exists: bool = raw.exists("lock:{acl}").await.unwrap();
+    assert!(!exists, "no lock taken that its release would be refused for");
     let out = client.acquire("acl-fenced", &ttl(1000).fencing(true)).await;
     assert!(matches!(out, Err(LockError::Refused { .. })), "{out:?}");
 
@@ -266,6 +279,59 @@ async fn the_documented_acl_rights_are_enough_for_everything() {
     assert!(guard.release().await.unwrap());
     let _held = client.acquire("forced", &ttl(60_000)).await.unwrap();
     assert!(client.force_release("forced").await.unwrap());
+}
+
+/// Issues 23 and 30: the documented line is enough for every kind of lock (fair, shared, fenced,
+/// with a waiter, kept for a minimum hold), and a user that lacks a right is refused before its
+/// first lock, naming it, instead of taking a lock its release is then refused for.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_a_right_is_refused_before_its_first_lock() {
+    let server = RedisServer::spawn();
+    let mut raw = server.raw().await;
+    let mut rules = vec!["complete"];
+    rules.extend_from_slice(LOCKING_RIGHTS);
+    acl(&server, &rules).await;
+    let client = builder(&with_user(&server, "complete")).build().await.unwrap();
+    let other = builder(&with_user(&server, "complete")).build().await.unwrap();
+    for (key, options) in [
+        ("kinds:fair", ttl(5000).fair(true).fencing(true)),
+        (
+            "kinds:shared",
+            ttl(5000).mode(lock_runtime::LockMode::Shared).fencing(true),
+        ),
+        ("kinds:held", ttl(5000).hold_at_least(Duration::from_millis(20))),
+    ] {
+        let guard = client.acquire(key, &options).await.unwrap();
+        let waiter = tokio::spawn({
+            let (other, options) = (
+                other.clone(),
+                options.clone().mode(lock_runtime::LockMode::Exclusive),
+            );
+            async move { other.acquire(key, &options.wait(10 * SECOND)).await }
+        });
+        lock_tests::joined_line(&other, key, 0).await;
+        assert!(guard.release().await.unwrap(), "{key}");
+        let next = waiter.await.unwrap().unwrap_or_else(|e| panic!("{key}: {e}"));
+        assert!(next.release().await.unwrap(), "{key}");
+    }
+
+    // Every right but one: the client is refused at its first acquire, even an uncontended one
+    // (a bare SET it could take), naming the right it lacks.
+    for missing in ["+evalsha", "+zadd", "+hdel", "+incrby"] {
+        let user = format!("without-{}", &missing[1..]);
+        let mut rules = vec![user.as_str()];
+        rules.extend(LOCKING_RIGHTS.iter().filter(|r| *r != &missing));
+        acl(&server, &rules).await;
+        let client = builder(&with_user(&server, &user)).build().await.unwrap();
+        let out = client.acquire("refused", &ttl(60_000)).await;
+        let Err(LockError::Refused { source, .. }) = &out else {
+            panic!("{missing}: {out:?}");
+        };
+        let named = source.to_string().to_ascii_lowercase();
+        assert!(named.contains(&missing[1..]), "{missing} not named: {named}");
+        let keys: Vec<String> = raw.keys("lock:{refused}*").await.unwrap();
+        assert!(keys.is_empty(), "{missing}: left behind {keys:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -325,6 +325,18 @@ impl Lease {
         }
     }
 
+    /// This lease after a renewal that asked for `renewed`: a lease is only ever lengthened
+    /// (`PEXPIRE … GT`), so each end is the later of the two.
+    fn lengthened(self, renewed: Lease) -> Lease {
+        match (self, renewed) {
+            (Lease::Until { lo, hi }, Lease::Until { lo: lo2, hi: hi2 }) => Lease::Until {
+                lo: lo.max(lo2),
+                hi: hi.max(hi2),
+            },
+            (_, renewed) => renewed,
+        }
+    }
+
     fn status(&self, w: Window) -> Status {
         match *self {
             Lease::Renewed { .. } => Status::Live,
@@ -914,8 +926,8 @@ impl Run {
                         if watchdog {
                             holder.lease = Lease::Renewed { max_left: LONG };
                         } else {
-                            holder.lease = Lease::timed(w, ttl);
-                            g.validity = holder.lease;
+                            holder.lease = holder.lease.lengthened(Lease::timed(w, ttl));
+                            g.validity = g.validity.lengthened(Lease::timed(w, ttl));
                         }
                         self.stats
                             .seen

@@ -14,7 +14,7 @@ use tokio::sync::{mpsc, Mutex};
 use tokio::time::Instant;
 
 use super::connection::{lock, Connection, Place, Timeouts};
-use super::scripts::{Call, Lua, ACQUIRE, RELEASE, RENEW, SHARE, UNLOCK};
+use super::scripts::{Call, Lua, ACQUIRE, RELEASE, RENEW, RIGHTS, SHARE, UNLOCK};
 use super::{Ask, Attempt, Kind, LockKeys, Stored};
 use crate::background::Background;
 use crate::error::TimedOut;
@@ -61,6 +61,8 @@ pub(crate) struct RedisBackend {
     replicas: Option<Replicas>,
     /// A Cluster: releases announce with `SPUBLISH`, on the lock's shard.
     sharded: bool,
+    /// Set once the rights check (`rights.lua`) passed: before the first lock, never at a release.
+    rights: tokio::sync::OnceCell<()>,
 }
 
 impl RedisBackend {
@@ -102,6 +104,7 @@ impl RedisBackend {
             subscriber,
             replicas,
             sharded,
+            rights: tokio::sync::OnceCell::new(),
         }
     }
 
@@ -191,12 +194,37 @@ impl RedisBackend {
         Ok(())
     }
 
+    /// Checks once, before this client's first lock, that its user may run everything the
+    /// protocol runs (`Refused` naming the command it may not); a check that fails for another
+    /// reason (Redis down) is made again at the next acquire.
+    async fn rights_checked(&self, keys: &LockKeys) -> Result<(), LockError> {
+        if self.rights.initialized() {
+            return Ok(());
+        }
+        self.rights
+            .get_or_try_init(|| async {
+                let probe = format!("{}:rights", keys.lock);
+                let names = [format!("{probe}:z"), format!("{probe}:h")];
+                let names = [probe.as_str(), names[0].as_str(), names[1].as_str()];
+                let (connection, within) = self.ordered();
+                let _: i64 = connection
+                    .request_within(within, |mut conn| async move {
+                        RIGHTS.call(&names).invoke(&mut conn).await
+                    })
+                    .await?;
+                Ok::<(), LockError>(())
+            })
+            .await
+            .map(|_| ())
+    }
+
     pub(crate) async fn acquire(
         &self,
         keys: &LockKeys,
         token: &str,
         ask: &Ask,
     ) -> Result<Attempt, LockError> {
+        self.rights_checked(keys).await?;
         if ask.shared {
             return self.share(keys, token, ask).await;
         }

@@ -1,4 +1,4 @@
-//! The five Lua scripts of the protocol (acquire and release prefixed with fence.lua, which
+//! The five Lua scripts of the protocol (and the rights check run once before them) (acquire and release prefixed with fence.lua, which
 //! they share), and how they are sent: by hash (`EVALSHA`), and on `NOSCRIPT` (a restarted
 //! server, a new primary after a failover, a node added to a cluster) once more with their
 //! source (`EVAL`), to the same node as any keyed command. redis-rs's own
@@ -23,6 +23,8 @@ pub(crate) static SHARE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!(
 /// The common release (a lock that is neither fair nor kept for a minimum hold): release.lua's
 /// work for that case, in a script small enough to cost Redis what a bare compare-and-delete does.
 pub(crate) static UNLOCK: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../scripts/unlock.lua")));
+/// Run once per client before its first lock: that it may run every command the others run.
+pub(crate) static RIGHTS: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../scripts/rights.lua")));
 pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(concat!(
         include_str!("../scripts/fence.lua"),
