@@ -823,30 +823,36 @@ impl Default for LockClientBuilder {
 impl std::fmt::Debug for LockClientBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // The URL may carry a password: show where it points, not who logs in.
-        let url = self.url.as_deref().map(hide_credentials);
+        let url = self.url.as_deref().map(crate::redact::hide_credentials);
         f.debug_struct("LockClientBuilder")
             .field("url", &url)
             .field("redis_client", &self.redis_client)
             .field(
                 "cluster",
-                &self
-                    .cluster
-                    .as_ref()
-                    .map(|urls| urls.iter().map(|u| hide_credentials(u)).collect::<Vec<_>>()),
+                &self.cluster.as_ref().map(|urls| {
+                    urls.iter()
+                        .map(|u| crate::redact::hide_credentials(u))
+                        .collect::<Vec<_>>()
+                }),
             )
             .field(
                 "sentinel",
-                &self
-                    .sentinel
-                    .as_ref()
-                    .map(|(urls, name)| (urls.iter().map(|u| hide_credentials(u)).collect::<Vec<_>>(), name)),
+                &self.sentinel.as_ref().map(|(urls, name)| {
+                    (
+                        urls.iter()
+                            .map(|u| crate::redact::hide_credentials(u))
+                            .collect::<Vec<_>>(),
+                        name,
+                    )
+                }),
             )
             .field(
                 "redlock",
-                &self
-                    .redlock
-                    .as_ref()
-                    .map(|urls| urls.iter().map(|u| hide_credentials(u)).collect::<Vec<_>>()),
+                &self.redlock.as_ref().map(|urls| {
+                    urls.iter()
+                        .map(|u| crate::redact::hide_credentials(u))
+                        .collect::<Vec<_>>()
+                }),
             )
             .field("wait_for_replicas", &self.replicas)
             .field("owner", &self.owner)
@@ -855,16 +861,6 @@ impl std::fmt::Debug for LockClientBuilder {
             .field("connect_timeout", &self.connect_timeout)
             .field("response_timeout", &self.response_timeout)
             .finish()
-    }
-}
-
-/// `url` with its user and password (if any) replaced by `<credentials>`.
-fn hide_credentials(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}<credentials>{}", &url[..scheme + 3], &url[at..])
-        }
-        _ => url.to_owned(),
     }
 }
 
@@ -1046,6 +1042,7 @@ impl LockClientBuilder {
     /// operation connects. A service can start while Redis is down: its operations fail with
     /// [`LockError::Unavailable`] until Redis is back, and then work.
     pub fn build_lazy(self) -> Result<LockClient, LockError> {
+        self.no_insecure_urls()?;
         if self.connect_timeout.is_zero() || self.response_timeout.is_zero() {
             return Err(LockError::invalid_options("timeouts must be greater than zero"));
         }
@@ -1081,6 +1078,31 @@ impl LockClientBuilder {
             owner,
             self.metrics_key_class,
         ))
+    }
+
+    /// Refuses a URL whose `#insecure` fragment would turn TLS certificate checks off (redis-rs
+    /// honours it when any crate in the build enables its insecure TLS feature): a lock that
+    /// guards money does not talk to whoever answers.
+    fn no_insecure_urls(&self) -> Result<(), LockError> {
+        let urls = self
+            .url
+            .iter()
+            .chain(self.cluster.iter().flatten())
+            .chain(self.sentinel.iter().flat_map(|(urls, _)| urls))
+            .chain(self.redlock.iter().flatten());
+        for url in urls {
+            if url
+                .split_once('#')
+                .is_some_and(|(_, fragment)| fragment.eq_ignore_ascii_case("insecure"))
+            {
+                return Err(LockError::invalid_options(format!(
+                    "{}: `#insecure` would turn TLS certificate verification off; trust a private \
+                     CA with .tls_root_ca(…) instead",
+                    crate::redact::hide_credentials(url)
+                )));
+            }
+        }
+        Ok(())
     }
 
     fn build_redlock(

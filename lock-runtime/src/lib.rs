@@ -48,6 +48,7 @@ mod guard;
 mod held;
 mod holder;
 mod options;
+mod redact;
 mod scope;
 mod telemetry;
 mod wakeups;

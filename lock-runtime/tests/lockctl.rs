@@ -299,6 +299,79 @@ async fn release_with_force_frees_the_lock_and_wakes_its_waiter() {
     assert_eq!(again["released"], false);
 }
 
+/// Issue 23: `release --force` deletes by comparing the key with what it read, in one script:
+/// a holder that took the lock in between (after the read, `--yes` or not) is never deleted.
+/// The window between read and delete is too short to hit from outside, so this runs the script
+/// lockctl sends, with the value read before the lock changed hands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_with_force_never_deletes_a_holder_that_took_the_lock_since() {
+    let redis = Redis::spawn();
+    let first = client(&redis, "billing-1").await;
+    let second = client(&redis, "billing-2").await;
+    let mut raw = redis.raw().await;
+    let guard = first.acquire("order:7", &minute()).await.unwrap();
+    let read: String = redis::cmd("GET")
+        .arg("lock:{order:7}")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert!(guard.release().await.unwrap());
+    let taken = second.acquire("order:7", &minute()).await.unwrap();
+    let force = redis::Script::new(include_str!("../src/bin/lockctl/force.lua"));
+    let conn = raw.clone();
+    let run = |kind: &'static str, value: String| {
+        let (force, mut raw) = (force.clone(), conn.clone());
+        async move {
+            force
+                .key("lock:{order:7}")
+                .key("lock:{order:7}:waiting")
+                .arg(kind)
+                .arg(value)
+                .arg("lock:{order:7}:released")
+                .invoke_async::<i64>(&mut raw)
+                .await
+                .unwrap()
+        }
+    };
+    assert_eq!(
+        run("string", read.clone()).await,
+        -1,
+        "changed hands: not deleted"
+    );
+    assert_eq!(run("hash", "read".into()).await, -1, "another type: not deleted");
+    let now = first.holder("order:7").await.unwrap().expect("still held");
+    assert_eq!(now.owner(), Some("billing-2"));
+    let current: String = redis::cmd("GET")
+        .arg("lock:{order:7}")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(
+        run("string", format!("{current}:released")).await,
+        1,
+        "kept for a hold: the same holder"
+    );
+    assert_eq!(run("string", current).await, 0, "gone already");
+    drop(taken);
+}
+
+/// Issue 23: keys, owners and values are request data; lockctl's text output shows control
+/// characters escaped, so a key cannot rewrite the operator's terminal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_output_escapes_what_it_prints() {
+    let redis = Redis::spawn();
+    let holder = client(&redis, "billing-1").await;
+    let _held = holder.acquire("evil\u{1b}[2J\nforged", &minute()).await.unwrap();
+    for args in [&["list"][..], &["show", "evil\u{1b}[2J\nforged"]] {
+        let out = stdout(&lockctl(&redis, args).await);
+        assert!(
+            !out.contains('\u{1b}'),
+            "{args:?}: a raw escape reached the terminal: {out:?}"
+        );
+        assert!(out.contains("evil\\u{1b}[2J\\u{a}forged"), "{args:?}: {out}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_asks_before_it_deletes() {
     let redis = Redis::spawn();

@@ -227,6 +227,31 @@ fn a_url_without_a_scheme_says_to_add_one() {
     assert!(reason.contains("redis://"), "{reason}");
 }
 
+/// Issue 23: `#insecure` would turn certificate checks off; credentials never show in `Debug`,
+/// whichever form the URL takes.
+#[test]
+fn insecure_urls_are_refused_and_credentials_never_shown() {
+    for builder in [
+        LockClient::builder().url("rediss://127.0.0.1:6380/#insecure"),
+        LockClient::builder().cluster(["redis://127.0.0.1:7000", "rediss://127.0.0.1:7001#insecure"]),
+        LockClient::builder().redlock(["redis://a:1", "redis://b:1", "rediss://c:1#insecure"]),
+    ] {
+        let out = builder.build_lazy();
+        let Err(LockError::InvalidOptions { reason }) = &out else {
+            panic!("{out:?}");
+        };
+        assert!(reason.contains("#insecure"), "{reason}");
+    }
+    for url in [
+        "redis://user:hunter2@127.0.0.1:6379/1",
+        "redis+unix:///run/redis.sock?db=1&pass=hunter2",
+        "unix:///run/redis.sock?user=me&password=hunter2",
+    ] {
+        let shown = format!("{:?}", LockClient::builder().url(url));
+        assert!(!shown.contains("hunter2"), "{shown}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acl_without_the_rights_locking_needs_is_refused() {
     let server = RedisServer::spawn();

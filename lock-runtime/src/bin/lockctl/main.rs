@@ -23,6 +23,9 @@ use clap::{Args, Parser, Subcommand};
 mod error;
 mod inspect;
 mod output;
+// The library's own (a file shared with it, so both hide the same credentials).
+#[path = "../../redact.rs"]
+mod redact;
 mod release;
 mod target;
 mod watch;

@@ -101,13 +101,35 @@ fn fence_json(fence: &Fence) -> Value {
     }
 }
 
+/// `text` as it may reach a terminal: keys, owners and values are request data, so control
+/// characters (an escape sequence that would recolour or rewrite the screen, a newline that would
+/// forge a line) and the invisible characters that reorder text are shown escaped (`\u{1b}`).
+pub(crate) fn clean(text: &str) -> String {
+    let hidden = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !text.chars().any(hidden) {
+        return text.to_owned();
+    }
+    text.chars()
+        .map(|c| {
+            if hidden(c) {
+                c.escape_unicode().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
 /// The `list` table: key, owner, ttl, fence, waiting.
 fn table(views: &[LockView]) -> String {
     let mut rows = vec![["KEY", "OWNER", "TTL", "FENCE", "WAITING"].map(str::to_owned)];
     rows.extend(views.iter().map(|v| {
         [
-            v.key.clone(),
-            holder_text(&v.holding),
+            clean(&v.key),
+            clean(&holder_text(&v.holding)),
             ttl_text(v.ttl_ms),
             fence_text(&v.fence),
             waiting_text(v),
@@ -136,21 +158,21 @@ fn table(views: &[LockView]) -> String {
 /// `show`'s text: one `name: value` line per fact, readers one per line.
 fn details(view: &LockView) -> String {
     let mut lines = vec![
-        format!("key:             {}", view.key),
-        format!("redis key:       {}", view.lock_key),
-        format!("state:           {}", state_text(&view.holding)),
+        format!("key:             {}", clean(&view.key)),
+        format!("redis key:       {}", clean(&view.lock_key)),
+        format!("state:           {}", clean(&state_text(&view.holding))),
     ];
     match &view.holding {
-        Holding::Exclusive { value, .. } => lines.push(format!("value:           {value}")),
+        Holding::Exclusive { value, .. } => lines.push(format!("value:           {}", clean(value))),
         Holding::Foreign {
             value: Some(value), ..
-        } => lines.push(format!("value:           {value}")),
+        } => lines.push(format!("value:           {}", clean(value))),
         Holding::Shared { readers } => lines.extend(readers.iter().map(|r| {
             format!(
                 "reader:          {} (ttl {}; value {})",
-                r.owner,
+                clean(&r.owner),
                 ttl_text(Some(r.ttl_ms)),
-                r.value
+                clean(&r.value)
             )
         })),
         Holding::Free | Holding::Foreign { value: None, .. } => {}
@@ -289,5 +311,14 @@ mod tests {
         assert_eq!(ttl_text(Some(725_000)), "12m05s");
         assert_eq!(ttl_text(Some(10_920_000)), "3h02m");
         assert_eq!(clock(86_400_000 + 3_723_004), "01:02:03.004");
+    }
+
+    #[test]
+    fn request_data_cannot_reach_the_terminal_raw() {
+        assert_eq!(clean("order:42"), "order:42");
+        assert_eq!(clean("a\u{1b}[2Jb"), "a\\u{1b}[2Jb");
+        assert_eq!(clean("x\nforged"), "x\\u{a}forged");
+        assert_eq!(clean("\u{202e}txt"), "\\u{202e}txt");
+        assert_eq!(clean("čaj ☕"), "čaj ☕");
     }
 }

@@ -1,5 +1,7 @@
-//! `lockctl release KEY --force`: deletes a lock whoever holds it, through the library's
-//! `force_release`, which also announces the release so that waiters take the lock at once.
+//! `lockctl release KEY --force`: deletes a lock whoever holds it, and announces the release so
+//! that waiters take the lock at once. The delete compares what the key holds with what was read
+//! (and shown) first, in one script on the same connection (`force.lua`): a lock that changed
+//! hands in between is not deleted, whether or not the operator was asked (`--yes`).
 
 use serde_json::json;
 
@@ -40,14 +42,62 @@ pub(crate) async fn release(target: &Target, key: &str, yes: bool, out: &mut Out
             return report(out, &before, false);
         }
         if !same_holder(&before.holding, &now.holding) {
-            return Err(Error::Failed(format!(
-                "{key} not released: it changed hands while you answered (now {}); run again",
-                holder_text(&now.holding)
-            )));
+            return Err(changed_hands(key, &now.holding));
         }
     }
-    let released = target.lock_client().await?.force_release(key).await?;
-    report(out, &before, released)
+    match compare_and_delete(&mut conn, target.prefix(), &before).await? {
+        Deleted::Yes => report(out, &before, true),
+        Deleted::Gone => report(out, &before, false),
+        Deleted::ChangedHands => {
+            let now = inspect::read_one(&mut conn, target.prefix(), key).await?;
+            Err(changed_hands(key, &now.holding))
+        }
+    }
+}
+
+fn changed_hands(key: &str, now: &Holding) -> Error {
+    Error::Failed(format!(
+        "{key} not released: it changed hands since it was read (now {}); run again",
+        holder_text(now)
+    ))
+}
+
+/// What `force.lua` did.
+enum Deleted {
+    Yes,
+    Gone,
+    ChangedHands,
+}
+
+/// Deletes the lock `view` describes if the key still holds that (see `force.lua`).
+async fn compare_and_delete(
+    conn: &mut redis::aio::MultiplexedConnection,
+    prefix: &str,
+    view: &LockView,
+) -> Result<Deleted, Error> {
+    static FORCE: std::sync::LazyLock<redis::Script> =
+        std::sync::LazyLock::new(|| redis::Script::new(include_str!("force.lua")));
+    let (kind, value) = match &view.holding {
+        Holding::Free => return Ok(Deleted::Gone),
+        Holding::Exclusive { value, .. } => ("string", value.as_str()),
+        Holding::Shared { .. } => ("hash", "read"),
+        Holding::Foreign { kind, .. } => (kind.as_str(), ""),
+    };
+    let lock = &view.lock_key;
+    debug_assert!(lock.starts_with(prefix));
+    let answer: i64 = FORCE
+        .key(lock)
+        .key(format!("{lock}:waiting"))
+        .arg(kind)
+        .arg(value)
+        .arg(format!("{lock}:released"))
+        .invoke_async(conn)
+        .await?;
+    Ok(match answer {
+        1 => Deleted::Yes,
+        0 => Deleted::Gone,
+        _ => Deleted::ChangedHands,
+    })
 }
 
 /// Whether the lock still has the holder the operator saw: the same value (kept or not for a

@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use lock_runtime::LockClient;
 use redis::aio::{MultiplexedConnection, PubSub};
 use redis::AsyncConnectionConfig;
 
@@ -79,17 +78,6 @@ impl Target {
             ))),
         }
     }
-
-    /// A lock client on the same server, prefix and timeouts (for `release`).
-    pub(crate) async fn lock_client(&self) -> Result<LockClient, Error> {
-        Ok(LockClient::builder()
-            .redis_client(self.client.clone())
-            .prefix(&self.prefix)
-            .connect_timeout(self.timeout)
-            .response_timeout(self.timeout)
-            .build()
-            .await?)
-    }
 }
 
 /// The `redis::Client` for the URL, with TLS material when given.
@@ -144,12 +132,4 @@ fn read_pem(path: &std::path::Path) -> Result<Vec<u8>, Error> {
     std::fs::read(path).map_err(|e| Error::Failed(format!("cannot read {}: {e}", path.display())))
 }
 
-/// `url` with its user and password (if any) replaced by `<credentials>`, for messages.
-pub(crate) fn hide_credentials(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            format!("{}<credentials>{}", &url[..scheme + 3], &url[at..])
-        }
-        _ => url.to_owned(),
-    }
-}
+pub(crate) use crate::redact::hide_credentials;

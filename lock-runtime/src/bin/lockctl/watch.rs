@@ -14,7 +14,7 @@ use serde_json::json;
 
 use crate::error::Error;
 use crate::inspect::{self, Holding, LockView};
-use crate::output::{clock, now_unix_ms, ttl_text, Out};
+use crate::output::{self, clock, now_unix_ms, ttl_text, Out};
 use crate::target::Target;
 
 /// A holder that vanished this close to the end of its ttl is said to have expired.
@@ -334,7 +334,12 @@ impl Event {
     }
 
     fn text(&self) -> String {
-        format!("{}  {}  {}", clock(self.at_ms), self.key, self.description())
+        format!(
+            "{}  {}  {}",
+            clock(self.at_ms),
+            output::clean(&self.key),
+            output::clean(&self.description())
+        )
     }
 
     fn description(&self) -> String {

@@ -1,0 +1,33 @@
+-- `lockctl release --force`: deletes the lock at KEYS[1] only if it still holds what the
+-- operator was shown and agreed to release, with its waiting mark (KEYS[2]), and announces the
+-- release on channel ARGV[3] so that a waiter takes the lock at once. One script on the
+-- connection lockctl read with: no holder that took the lock in between is deleted.
+-- ARGV[1] the key's Redis type when read ('string', 'hash', or a foreign value's type), ARGV[2]
+-- for a string the value read (its ':released' suffix, a lock kept for its minimum hold, is not
+-- a change of hands), for a hash 'read' when it was a read-write lock's readers (which come and
+-- go: any readers' hash is the same lock) and '' when foreign.
+-- Returns 1 when deleted, 0 when the key was already gone, -1 when it changed hands.
+local kind = redis.call('TYPE', KEYS[1]).ok
+if kind == 'none' then
+  return 0
+end
+if kind ~= ARGV[1] then
+  return -1
+end
+if kind == 'string' then
+  local function token(value)
+    return (string.gsub(value, ':released$', ''))
+  end
+  if token(redis.call('GET', KEYS[1])) ~= token(ARGV[2]) then
+    return -1
+  end
+elseif kind == 'hash' then
+  local readers = redis.call('HGET', KEYS[1], 'mode') == 'read'
+  if readers ~= (ARGV[2] == 'read') then
+    return -1
+  end
+end
+redis.call('DEL', KEYS[1], KEYS[2])
+-- Best effort, as in the library's release: without channel rights waiters wake on their timers.
+redis.pcall('PUBLISH', ARGV[3], 'released')
+return 1
