@@ -59,11 +59,12 @@ pub enum LockError {
         #[source]
         source: BoxError,
     },
-    /// The acquire took the lock, but fewer replicas than
-    /// [`wait_for_replicas`](crate::LockClientBuilder::wait_for_replicas) asked for acknowledged
-    /// it within its timeout, so a failover could lose it: the lock was given back. Worth
-    /// retrying once the replicas catch up.
-    #[error("lock `{key}`: {acked} of {wanted} replicas acknowledged the acquire; the lock was given back")]
+    /// Fewer replicas than [`wait_for_replicas`](crate::LockClientBuilder::wait_for_replicas)
+    /// asked for acknowledged a write within its timeout, so a failover could lose it. From an
+    /// acquire: the lock was given back. From [`LockGuard::extend`](crate::LockGuard::extend):
+    /// the lock is still held, with the validity it had before (the extend does not count).
+    /// Worth retrying once the replicas catch up.
+    #[error("lock `{key}`: {acked} of {wanted} replicas acknowledged the write in time")]
     NotReplicated {
         /// The user's key, without the prefix.
         key: String,

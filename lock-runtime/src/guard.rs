@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::backend::{Kind, LockKeys};
+use crate::backend::{Kind, LockKeys, Renewal};
 use crate::options::{ceil_millis, drift, MIN_TTL};
 use crate::telemetry::{self, Labels};
 use crate::{LockClient, LockError, LockOptions, OnLost};
@@ -320,8 +320,10 @@ impl LockGuard {
     /// Makes the lock expire no sooner than `ttl` from now, if it is still ours;
     /// [`LockError::Lost`] if not. A lease is only ever lengthened: `extend(2 s)` after
     /// `extend(60 s)` keeps the 60 s, in the store and in [`is_lost`](LockGuard::is_lost). With
-    /// a [maximum hold](LockOptions::hold_at_most), no further than it. The watchdog, if any,
-    /// goes on renewing with the original ttl.
+    /// a [maximum hold](LockOptions::hold_at_most), no further than it. With
+    /// [replica acknowledgement](crate::LockClientBuilder::wait_for_replicas), an extend too few
+    /// replicas acknowledged is [`LockError::NotReplicated`], and the lock keeps the validity it
+    /// had. The watchdog, if any, goes on renewing with the original ttl.
     pub async fn extend(&self, ttl: Duration) -> Result<(), LockError> {
         if ttl < MIN_TTL || ttl > crate::options::MAX_DURATION {
             return Err(LockError::invalid_options(format!(
@@ -341,15 +343,30 @@ impl LockGuard {
             .renew(&self.state.keys, &self.state.token, ceil_millis(ttl))
             .await
             .inspect_err(|_| telemetry::renewal_failed())?;
-        if renewed {
-            self.state.renewed(sent, ttl);
-            telemetry::renewed(1);
-            Ok(())
-        } else {
-            if self.state.mark_lost() {
-                tracing::warn!(key = %self.state.key, "lock lost: found gone or taken on extend");
+        match renewed {
+            Renewal::Renewed => {
+                self.state.renewed(sent, ttl);
+                telemetry::renewed(1);
+                Ok(())
             }
-            Err(self.lost_error())
+            Renewal::Gone => {
+                if self.state.mark_lost() {
+                    tracing::warn!(key = %self.state.key, "lock lost: found gone or taken on extend");
+                }
+                Err(self.lost_error())
+            }
+            Renewal::Undecided => {
+                telemetry::renewal_failed();
+                Err(LockError::unavailable(crate::backend::Undecided))
+            }
+            Renewal::NotReplicated { acked, wanted } => {
+                telemetry::renewal_failed();
+                Err(LockError::NotReplicated {
+                    key: self.state.key.clone(),
+                    acked,
+                    wanted,
+                })
+            }
         }
     }
 

@@ -8,7 +8,9 @@
 //! early only moves its expiry later), in scripts of up to [`BATCH`] locks sent together. Each
 //! lock's validity counts from its own batch's send time, and a lock found gone or taken is lost
 //! alone. Transient errors are retried every ttl/20 (5–500 ms) while a lock is still valid; the
-//! renew script never re-creates a missing key. A lock with a maximum hold is renewed for at most
+//! renew script never re-creates a missing key. With replica acknowledgement, a renewal too few
+//! replicas acknowledged moves no validity: it is retried like a failed one, and the lock is lost
+//! when its acknowledged validity ends. A lock with a maximum hold is renewed for at most
 //! what is left of it, and not at all once it is reached.
 
 use std::collections::HashMap;
@@ -20,6 +22,7 @@ use futures_util::future::join_all;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::backend::Renewal;
 use crate::background::Background;
 use crate::guard::LockState;
 use crate::options::{ceil_millis, MIN_TTL};
@@ -180,7 +183,9 @@ impl Watchdog {
             .collect();
         let answer = client.backend().renew_many(&locks).await;
         match &answer {
-            Ok(renewed) => telemetry::renewed(renewed.iter().filter(|r| **r == Some(true)).count() as u64),
+            Ok(renewed) => {
+                telemetry::renewed(renewed.iter().filter(|r| **r == Renewal::Renewed).count() as u64)
+            }
             Err(_) => telemetry::renewal_failed(),
         }
         let mut held = self.held();
@@ -189,29 +194,36 @@ impl Watchdog {
             let Some(watched) = held.get_mut(id) else {
                 continue; // released meanwhile
             };
+            let retry_soon = |watched: &mut Watched| watched.due = Instant::now() + retry(watched.lease);
             match &answer {
-                Ok(renewed) if renewed.get(i).copied().flatten() == Some(true) => {
-                    state.renewed(sent, leases[i]);
-                    watched.due = sent + interval(state.ttl);
-                    watched.lease = state.ttl;
-                    tracing::trace!(key = %state.key, "lock renewed");
-                    if watched.once {
+                Ok(renewed) => match renewed.get(i).copied().unwrap_or(Renewal::Undecided) {
+                    Renewal::Renewed => {
+                        state.renewed(sent, leases[i]);
+                        watched.due = sent + interval(state.ttl);
+                        watched.lease = state.ttl;
+                        tracing::trace!(key = %state.key, "lock renewed");
+                        if watched.once {
+                            gone.push(*id);
+                        }
+                    }
+                    Renewal::Gone => {
+                        if state.mark_lost() {
+                            tracing::warn!(key = %state.key, "lock lost: its key is gone or holds another token");
+                        }
                         gone.push(*id);
                     }
-                }
-                Ok(renewed) if renewed.get(i).copied().flatten() == Some(false) => {
-                    if state.mark_lost() {
-                        tracing::warn!(key = %state.key, "lock lost: its key is gone or holds another token");
+                    Renewal::Undecided => {
+                        tracing::warn!(key = %state.key, "lock renewal undecided (its Cluster shard, or too many RedLock masters, did not answer); retrying while the lock is valid");
+                        retry_soon(watched);
                     }
-                    gone.push(*id);
-                }
-                Ok(_) => {
-                    tracing::warn!(key = %state.key, "lock renewal undecided (too few RedLock masters answered); retrying while the lock is valid");
-                    watched.due = Instant::now() + retry(watched.lease);
-                }
+                    Renewal::NotReplicated { acked, wanted } => {
+                        tracing::warn!(key = %state.key, acked, wanted, "lock renewal not acknowledged by enough replicas; its validity does not move, retrying while it lasts");
+                        retry_soon(watched);
+                    }
+                },
                 Err(e) => {
                     tracing::warn!(key = %state.key, error = %e, "lock renewal failed; retrying while the lock is valid");
-                    watched.due = Instant::now() + retry(watched.lease);
+                    retry_soon(watched);
                 }
             }
         }

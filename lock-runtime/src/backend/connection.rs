@@ -156,6 +156,17 @@ pub(crate) enum Place {
     Cluster(std::sync::Arc<super::cluster::ClusterPlace>),
 }
 
+impl Place {
+    /// A Redis Cluster (one connection per node, kept by redis-rs).
+    pub(crate) fn is_cluster(&self) -> bool {
+        #[cfg(feature = "cluster")]
+        if let Place::Cluster(_) = self {
+            return true;
+        }
+        false
+    }
+}
+
 /// An open request connection: the same commands work on each; only scripts followed by `WAIT`
 /// need to know which it is (see [`Conn::then_wait`]).
 #[derive(Clone)]
@@ -357,7 +368,12 @@ impl Connection {
                     return Err(e.into());
                 }
                 Err(_) => {
-                    if self.unanswered.fetch_add(1, Ordering::Relaxed) + 1 >= SILENT_AFTER {
+                    // Not a Cluster's: redis-rs keeps one connection per node inside it and
+                    // replaces a node's by itself; one slow shard must not drop every other
+                    // shard's connection.
+                    if !self.place.is_cluster()
+                        && self.unanswered.fetch_add(1, Ordering::Relaxed) + 1 >= SILENT_AFTER
+                    {
                         tracing::warn!(
                             requests = SILENT_AFTER,
                             "Redis connection silent; the next request opens a new one"

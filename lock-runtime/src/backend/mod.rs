@@ -150,9 +150,36 @@ pub(crate) enum Stored {
     Shares(Vec<Vec<u8>>),
 }
 
+/// What one renewal found for one lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Renewal {
+    /// Still ours, and its lease set (acknowledged by the replicas asked for, if any).
+    Renewed,
+    /// Gone or someone else's: the lock is lost.
+    Gone,
+    /// No answer either way for this lock: its Cluster shard failed while others answered, or
+    /// a RedLock majority neither renewed it nor found it gone. Retried while the lock is valid.
+    Undecided,
+    /// Renewed on the primary, but fewer replicas than `wait_for_replicas` asked for
+    /// acknowledged it: the holder's validity does not move (a failover to a replica could bring
+    /// back the earlier expiry). Retried while the acknowledged validity lasts.
+    NotReplicated { acked: usize, wanted: usize },
+}
+
+impl Renewal {
+    /// A store's yes or no.
+    pub(crate) fn from_ours(ours: bool) -> Renewal {
+        if ours {
+            Renewal::Renewed
+        } else {
+            Renewal::Gone
+        }
+    }
+}
+
 /// A renewal that neither a majority renewed nor a majority found gone.
 #[derive(Debug, thiserror::Error)]
-#[error("too few RedLock masters answered the renewal either way")]
+#[error("the renewal was not answered either way (too few RedLock masters, or its Cluster shard, answered)")]
 pub(crate) struct Undecided;
 
 #[derive(Debug)]
@@ -203,28 +230,29 @@ impl Backend {
         }
     }
 
-    /// Sets the lock's ttl to `ttl_ms` if it still holds `token`; `false` if it does not.
-    pub(crate) async fn renew(&self, keys: &LockKeys, token: &str, ttl_ms: u64) -> Result<bool, LockError> {
+    /// Lengthens the lock's lease to `ttl_ms` if it still holds `token` (never shortens it).
+    pub(crate) async fn renew(
+        &self,
+        keys: &LockKeys,
+        token: &str,
+        ttl_ms: u64,
+    ) -> Result<Renewal, LockError> {
         let renewed = self.renew_many(&[(keys, token, ttl_ms)]).await?;
-        match renewed.first().copied().flatten() {
-            Some(ours) => Ok(ours),
-            None => Err(LockError::unavailable(Undecided)),
-        }
+        Ok(renewed.first().copied().unwrap_or(Renewal::Undecided))
     }
 
-    /// [`renew`](Self::renew) for many locks in one request: whether each was still ours
-    /// (`None`: undecided, as when a RedLock majority neither renewed it nor found it gone; try
-    /// again while the lock is valid).
+    /// [`renew`](Self::renew) for many locks in one request (per Cluster slot): what it found
+    /// for each.
     pub(crate) async fn renew_many(
         &self,
         locks: &[(&LockKeys, &str, u64)],
-    ) -> Result<Vec<Option<bool>>, LockError> {
+    ) -> Result<Vec<Renewal>, LockError> {
         match self {
-            Backend::Redis(b) => Ok(b.renew_many(locks).boxed().await?.into_iter().map(Some).collect()),
+            Backend::Redis(b) => b.renew_many(locks).boxed().await,
             Backend::Redlock(b) => b.renew_many(locks).boxed().await,
             Backend::Memory(b) => Ok(locks
                 .iter()
-                .map(|(keys, token, ttl_ms)| Some(b.renew(keys, token, *ttl_ms)))
+                .map(|(keys, token, ttl_ms)| Renewal::from_ours(b.renew(keys, token, *ttl_ms)))
                 .collect()),
         }
     }

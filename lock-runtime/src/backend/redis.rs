@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use super::connection::{lock, Connection, Place, Timeouts};
 use super::scripts::{Call, Lua, ACQUIRE, RELEASE, RENEW, RIGHTS, SHARE, UNLOCK};
-use super::{Ask, Attempt, Kind, LockKeys, Stored};
+use super::{Ask, Attempt, Kind, LockKeys, Renewal, Stored};
 use crate::background::Background;
 use crate::error::TimedOut;
 use crate::options::{ceil_millis, FAIR_PLACE_KEPT};
@@ -415,7 +415,14 @@ impl RedisBackend {
         Ok((renewed.first() == Some(&1), acked))
     }
 
-    pub(crate) async fn renew_many(&self, locks: &[(&LockKeys, &str, u64)]) -> Result<Vec<bool>, LockError> {
+    /// What the renewal found for each lock. With replica acknowledgement asked for, the renew
+    /// script is followed by `WAIT` in the same round trip, on the acquire connection (so the
+    /// `WAIT` has the renewal's write to wait for; on a Cluster, per slot's primary): a renewal
+    /// too few replicas acknowledged is [`Renewal::NotReplicated`], and moves no validity.
+    pub(crate) async fn renew_many(
+        &self,
+        locks: &[(&LockKeys, &str, u64)],
+    ) -> Result<Vec<Renewal>, LockError> {
         #[cfg(feature = "cluster")]
         if self.sharded && locks.len() > 1 {
             return self.renew_by_slot(locks).await;
@@ -424,9 +431,11 @@ impl RedisBackend {
     }
 
     /// On a Cluster one script may only touch keys of one slot: a batch is cut by slot, and the
-    /// parts are sent at once (each to its slot's primary).
+    /// parts are sent at once (each to its slot's primary). Each part is judged on its own: a
+    /// shard that failed leaves its locks undecided, not the locks of the shards that renewed
+    /// theirs; only when every part failed is the whole renewal an error.
     #[cfg(feature = "cluster")]
-    async fn renew_by_slot(&self, locks: &[(&LockKeys, &str, u64)]) -> Result<Vec<bool>, LockError> {
+    async fn renew_by_slot(&self, locks: &[(&LockKeys, &str, u64)]) -> Result<Vec<Renewal>, LockError> {
         use redis::cluster_routing::Slot;
         let mut by_slot: std::collections::HashMap<Slot, Vec<usize>> = std::collections::HashMap::new();
         for (i, (keys, _, _)) in locks.iter().enumerate() {
@@ -434,31 +443,68 @@ impl RedisBackend {
         }
         let parts = by_slot.into_values().map(|indices| async move {
             let part: Vec<_> = indices.iter().map(|&i| locks[i]).collect();
-            self.renew_together(&part).await.map(|renewed| (indices, renewed))
+            (self.renew_together(&part).await, indices)
         });
-        let mut renewed = vec![false; locks.len()];
-        for part in futures_util::future::join_all(parts).await {
-            let (indices, answers) = part?;
-            for (i, answer) in indices.into_iter().zip(answers) {
-                renewed[i] = answer;
+        let mut renewed = vec![Renewal::Undecided; locks.len()];
+        let (mut answered, mut failure) = (false, None);
+        for (answer, indices) in futures_util::future::join_all(parts).await {
+            match answer {
+                Ok(answers) => {
+                    answered = true;
+                    for (i, answer) in indices.into_iter().zip(answers) {
+                        renewed[i] = answer;
+                    }
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, locks = indices.len(), "renewal of one slot's locks failed");
+                    failure = Some(e);
+                }
             }
         }
-        Ok(renewed)
+        match failure {
+            Some(e) if !answered => Err(e),
+            _ => Ok(renewed),
+        }
     }
 
-    async fn renew_together(&self, locks: &[(&LockKeys, &str, u64)]) -> Result<Vec<bool>, LockError> {
-        let renewed: Vec<i64> = self
-            .conn
-            .request(|mut conn| async move {
-                let named: Vec<&str> = locks.iter().map(|(keys, _, _)| keys.lock.as_str()).collect();
-                let mut call = RENEW.call(&named);
-                for (_, token, ttl_ms) in locks {
-                    call.arg(*token).arg(*ttl_ms);
-                }
-                call.invoke(&mut conn).await
+    /// One renew script for `locks` (of one slot, on a Cluster), acknowledged by replicas when
+    /// they are asked for.
+    async fn renew_together(&self, locks: &[(&LockKeys, &str, u64)]) -> Result<Vec<Renewal>, LockError> {
+        let call = || {
+            let named: Vec<&str> = locks.iter().map(|(keys, _, _)| keys.lock.as_str()).collect();
+            let mut call = RENEW.call(&named);
+            for (_, token, ttl_ms) in locks {
+                call.arg(*token).arg(*ttl_ms);
+            }
+            call
+        };
+        let Some(replicas) = self.replicas else {
+            let renewed: Vec<i64> = self
+                .conn
+                .request(|mut conn| async move { call().invoke(&mut conn).await })
+                .await?;
+            return Ok(renewed.into_iter().map(|r| Renewal::from_ours(r == 1)).collect());
+        };
+        let (renewed, acked): (Vec<i64>, _) = self.run_acknowledged(call).await?;
+        let acked = acked.unwrap_or(0);
+        if acked < replicas.wanted {
+            tracing::debug!(
+                acked,
+                wanted = replicas.wanted,
+                "too few replicas acknowledged a renewal"
+            );
+        }
+        Ok(renewed
+            .into_iter()
+            .map(|r| match (r == 1, acked >= replicas.wanted) {
+                (false, _) => Renewal::Gone,
+                (true, true) => Renewal::Renewed,
+                (true, false) => Renewal::NotReplicated {
+                    acked,
+                    wanted: replicas.wanted,
+                },
             })
-            .await?;
-        Ok(renewed.into_iter().map(|r| r == 1).collect())
+            .collect())
     }
 
     pub(crate) async fn leave_queue(

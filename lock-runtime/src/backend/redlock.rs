@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use super::connection::{lock, Place, Timeouts};
 use super::redis::RedisBackend;
-use super::{Ask, Attempt, LockKeys, Stored};
+use super::{Ask, Attempt, LockKeys, Renewal, Stored};
 use crate::error::TimedOut;
 use crate::wakeups::{Registration, Wakeups};
 use crate::LockError;
@@ -218,12 +218,12 @@ impl RedlockBackend {
         futures_util::future::join_all(releases).await;
     }
 
-    /// Per lock: `Some(true)` renewed on a majority, `Some(false)` gone on a majority, `None`
-    /// undecided (too few answers): retried while the lock is valid.
+    /// Per lock: renewed on a majority, gone on a majority, or undecided (too few answers either
+    /// way): retried while the lock is valid.
     pub(crate) async fn renew_many(
         &self,
         locks: &[(&LockKeys, &str, u64)],
-    ) -> Result<Vec<Option<bool>>, LockError> {
+    ) -> Result<Vec<Renewal>, LockError> {
         // A slow master (paused, or reconnecting) must not hold up the renewal on the others
         // past the locks' validity: it is given what an acquire is.
         let shortest = locks.iter().map(|(_, _, ttl_ms)| *ttl_ms).min().unwrap_or(0);
@@ -244,10 +244,10 @@ impl RedlockBackend {
                 Ok(per_lock) => {
                     answered += 1;
                     for (i, ours) in per_lock.into_iter().enumerate().take(locks.len()) {
-                        if ours {
-                            renewed[i] += 1;
-                        } else {
-                            gone[i] += 1;
+                        match ours {
+                            Renewal::Renewed => renewed[i] += 1,
+                            Renewal::Gone => gone[i] += 1,
+                            Renewal::Undecided | Renewal::NotReplicated { .. } => {}
                         }
                     }
                 }
@@ -262,11 +262,11 @@ impl RedlockBackend {
             .zip(gone)
             .map(|(renewed, gone)| {
                 if renewed >= self.quorum {
-                    Some(true)
+                    Renewal::Renewed
                 } else if gone >= self.quorum {
-                    Some(false)
+                    Renewal::Gone
                 } else {
-                    None
+                    Renewal::Undecided
                 }
             })
             .collect())
