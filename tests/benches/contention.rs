@@ -103,6 +103,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lock_runtime::{LockClient, LockOptions};
+use lock_tests::process::{clock_tick, cpu_time};
 use lock_tests::{affinity, RedisServer};
 use redis::aio::MultiplexedConnection;
 use serde_json::{json, Value};
@@ -961,25 +962,6 @@ impl ThreadCpu {
     }
 }
 
-/// utime + stime of this process.
-fn cpu_time(tick: f64) -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat")
-        .unwrap_or_else(|e| panic!("cannot read /proc/self/stat: {e}"));
-    // After the command name in parentheses: field 3 (state) is the first; utime and stime are
-    // fields 14 and 15.
-    let (_, rest) = stat
-        .rsplit_once(')')
-        .unwrap_or_else(|| panic!("unexpected /proc/self/stat: {stat}"));
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| -> u64 {
-        fields
-            .get(i)
-            .and_then(|f| f.parse().ok())
-            .unwrap_or_else(|| panic!("unexpected /proc/self/stat: {stat}"))
-    };
-    Duration::from_secs_f64((ticks(11) + ticks(12)) as f64 / tick)
-}
-
 /// VmRSS of this process, in bytes.
 fn rss() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status")
@@ -990,17 +972,6 @@ fn rss() -> u64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map(|kb| kb * 1024)
         .unwrap_or_else(|| panic!("no VmRSS in /proc/self/status"))
-}
-
-/// Clock ticks per second, for `/proc/self/stat` (`getconf CLK_TCK`; 100 if that fails).
-fn clock_tick() -> f64 {
-    std::process::Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|out| String::from_utf8(out.stdout).ok())
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(100.0)
 }
 
 /// Scenario 6 for every `(locks, window)` size: first the memory pass (for each size,

@@ -18,6 +18,7 @@ use lock_runtime::{LockClient, LockClientBuilder, LockOptions};
 pub mod affinity;
 mod cluster;
 pub mod hand_written;
+pub mod process;
 mod proxy;
 mod sentinel;
 mod tls;

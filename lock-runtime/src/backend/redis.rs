@@ -195,13 +195,16 @@ impl RedisBackend {
     }
 
     /// Checks once, before this client's first lock, that its user may run everything the
-    /// protocol runs (`Refused` naming the command it may not); a check that fails for another
-    /// reason (Redis down) is made again at the next acquire.
+    /// protocol runs (`Refused` naming the command it may not). A check that fails for another
+    /// reason (Redis down, a Cluster slot migrating: a script naming keys that do not exist
+    /// there is refused with `TRYAGAIN` until it ends) does not hold the acquire up: it is made
+    /// again at the next one.
     async fn rights_checked(&self, keys: &LockKeys) -> Result<(), LockError> {
         if self.rights.initialized() {
             return Ok(());
         }
-        self.rights
+        let checked = self
+            .rights
             .get_or_try_init(|| async {
                 let probe = format!("{}:rights", keys.lock);
                 let names = [format!("{probe}:z"), format!("{probe}:h")];
@@ -214,8 +217,15 @@ impl RedisBackend {
                     .await?;
                 Ok::<(), LockError>(())
             })
-            .await
-            .map(|_| ())
+            .await;
+        match checked {
+            Err(e @ LockError::Refused { .. }) => Err(e),
+            Err(e) => {
+                tracing::debug!(error = %e, "the rights check failed; made again at the next acquire");
+                Ok(())
+            }
+            Ok(()) => Ok(()),
+        }
     }
 
     pub(crate) async fn acquire(
