@@ -462,7 +462,17 @@ pub(crate) fn release_in_background(client: LockClient, lock: Abandoned) {
         let released = match &lock {
             Abandoned::Held(state) => release_state(&client, state).await,
             Abandoned::InFlight { key, keys, token, kind } => {
-                release_lock(&client, key, keys, token, None, *kind).await
+                match release_lock(&client, key, keys, token, None, *kind).await {
+                    // Nothing there yet: the acquire may still be on its way on a connection
+                    // that was replaced meanwhile (a release on the new one is not ordered
+                    // after it). Once its answer would have come, give it back again. (A
+                    // RedLock release waits for each master's attempt instead.)
+                    Ok(false) => {
+                        tokio::time::sleep(client.backend().response_timeout()).await;
+                        release_lock(&client, key, keys, token, None, *kind).await
+                    }
+                    released => released,
+                }
             }
         };
         if let Err(e) = released {

@@ -470,7 +470,8 @@ async fn renewals_are_acknowledged_and_a_stalled_replica_ends_the_lease() {
     let client = LockClient::builder()
         .url(&primary.url())
         .response_timeout(RESPONSE)
-        .wait_for_replicas(1, Duration::from_millis(200))
+        // Long enough for a healthy replica on a loaded 2-core machine.
+        .wait_for_replicas(1, SECOND)
         .build()
         .await
         .unwrap();
@@ -544,7 +545,8 @@ async fn a_failover_to_a_lagging_replica_never_lets_a_second_holder_in_early() {
         .url(&primary.url())
         .connect_timeout(SECOND)
         .response_timeout(RESPONSE)
-        .wait_for_replicas(1, Duration::from_millis(200))
+        // Long enough for a healthy replica on a loaded 2-core machine.
+        .wait_for_replicas(1, SECOND)
         .build()
         .await
         .unwrap();

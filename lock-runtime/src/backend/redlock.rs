@@ -125,7 +125,14 @@ impl RedlockBackend {
         // majority to answer, and the stragglers go on to set the key (it is ours, renewed and
         // released with the rest) without holding up the caller.
         let (tx, mut answers) = mpsc::unbounded_channel();
-        let mut stragglers = Vec::with_capacity(self.masters.len());
+        // Registered for the release of this token if this future is dropped before it decides
+        // (a cancelled call): that release then waits for every attempt, instead of overtaking
+        // one that is still on its way to its master.
+        let mut stragglers = Stragglers {
+            backend: self,
+            token,
+            tasks: Vec::with_capacity(self.masters.len()),
+        };
         for master in &self.masters {
             let (master, keys, token, ask, tx) = (
                 Arc::clone(master),
@@ -134,7 +141,7 @@ impl RedlockBackend {
                 *ask,
                 tx.clone(),
             );
-            stragglers.push(tokio::spawn(async move {
+            stragglers.tasks.push(tokio::spawn(async move {
                 let _ = tx.send(tokio::time::timeout(bound, master.acquire(&keys, &token, &ask)).await);
             }));
         }
@@ -172,18 +179,12 @@ impl RedlockBackend {
         let ttl = Duration::from_millis(ask.ttl_ms);
         let drift = ttl / 100 + Duration::from_millis(2);
         if yes >= self.quorum && started.elapsed() + drift < ttl {
-            if stragglers.iter().any(|s| !s.is_finished()) {
-                let mut waiting = lock(&self.stragglers);
-                // Locks released by now (or never to be, their guard dropped without a runtime)
-                // leave only finished tasks behind.
-                waiting.retain(|_, tasks| tasks.iter().any(|t| !t.is_finished()));
-                waiting.insert(token.to_owned(), stragglers);
-            }
+            stragglers.register();
             return Ok(Attempt::Acquired { fence: None });
         }
         // Not held: give back what was taken, on every master, after every attempt has ended
         // (each is bounded), so that no release overtakes the acquire it must undo.
-        futures_util::future::join_all(stragglers).await;
+        futures_util::future::join_all(std::mem::take(&mut stragglers.tasks)).await;
         self.release_everywhere(keys, token).await;
         if yes >= self.quorum {
             // Taken, but too slowly to be of use: try again at once, within the wait.
@@ -205,6 +206,18 @@ impl RedlockBackend {
             });
         }
         Err(self.no_quorum(yes + held, last_error))
+    }
+
+    /// Keeps the attempts still on their way for `token`'s release, which waits for them.
+    fn keep_stragglers(&self, token: &str, tasks: Vec<JoinHandle<()>>) {
+        if tasks.iter().all(JoinHandle::is_finished) {
+            return;
+        }
+        let mut waiting = lock(&self.stragglers);
+        // Locks released by now (or never to be, their guard dropped without a runtime) leave
+        // only finished tasks behind.
+        waiting.retain(|_, tasks| tasks.iter().any(|t| !t.is_finished()));
+        waiting.insert(token.to_owned(), tasks);
     }
 
     /// Token-checked release on every master, errors ignored (a master that is down keeps the
@@ -452,5 +465,29 @@ impl RedlockBackend {
             .collect();
         let all = futures_util::future::join_all(subscribing);
         let _ = tokio::time::timeout(LISTEN_WAIT.min(self.timeouts.response), all).await;
+    }
+}
+
+/// One acquire's per-master attempts, in master order: kept for the token's release when the
+/// lock is taken or the acquire is dropped undecided, so that the release goes to each master
+/// only after that master's attempt ended.
+struct Stragglers<'a> {
+    backend: &'a RedlockBackend,
+    token: &'a str,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Stragglers<'_> {
+    fn register(&mut self) {
+        self.backend
+            .keep_stragglers(self.token, std::mem::take(&mut self.tasks));
+    }
+}
+
+impl Drop for Stragglers<'_> {
+    fn drop(&mut self) {
+        if !self.tasks.is_empty() {
+            self.register();
+        }
     }
 }
