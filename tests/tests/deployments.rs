@@ -529,6 +529,42 @@ async fn renewals_are_acknowledged_and_a_stalled_replica_ends_the_lease() {
     assert!(plain.release().await.unwrap());
 }
 
+/// Issue 29 on a Cluster with a replica per primary: renewals are acknowledged per slot's
+/// primary. When one primary's replica stalls, the lock on that shard is stopped by the end of
+/// its acknowledged lease, while a lock on another shard, whose replica acknowledges, goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_a_stalled_replica_ends_only_its_shards_lock() {
+    let cluster = RedisCluster::spawn(3, 1);
+    let client = cluster_builder(&cluster).wait_for_replicas(1, SECOND).build().await.unwrap();
+    let keys = keys_on_every_primary(&cluster, "acked");
+    let owners: Vec<usize> = keys
+        .iter()
+        .map(|key| cluster.primary_of_key(&format!("lock:{{{key}}}")))
+        .collect();
+    let stalled_key = &keys[0];
+    let Some(healthy) = keys.iter().zip(&owners).find(|(_, o)| **o != owners[0]).map(|(k, _)| k) else {
+        panic!("no key on another primary");
+    };
+    let stalled_replica = cluster.replica_of(owners[0]);
+    // Long against the 1 s WAIT: the healthy shard's answers come with the stalled one's, up to
+    // a WAIT later, in one batch.
+    let lease = Duration::from_secs(3);
+    let watched = lock_runtime::LockOptions::new(lease).watchdog(true);
+    let on_stalled = client.acquire(stalled_key, &watched).await.unwrap();
+    let on_healthy = client.acquire(healthy, &watched).await.unwrap();
+    tokio::time::sleep(2 * lease).await;
+    assert!(!on_stalled.is_lost() && !on_healthy.is_lost(), "acknowledged renewals keep both");
+
+    cluster.node(stalled_replica).pause();
+    tokio::time::timeout(3 * lease, on_stalled.lost())
+        .await
+        .expect("stopped by the end of its acknowledged lease");
+    assert!(!on_healthy.is_lost(), "the other shard's replica acknowledges its renewals");
+    cluster.node(stalled_replica).resume();
+    assert!(on_healthy.release().await.unwrap());
+    let _ = on_stalled.release().await;
+}
+
 /// Issue 29, the headline: a lock kept by the watchdog for several ttls; its replica made to lag
 /// (its stream dropped) for most of a ttl, then the primary killed and the replica promoted. The holder
 /// believed it held the lock only as long as the replica had it: no second holder gets in at the

@@ -39,7 +39,7 @@ struct Store {
     /// lapses. No new reader enters while one stands.
     claims: HashMap<String, HashMap<String, Instant>>,
     /// Fencing counters: the last token and when the counter expires (as fence.lua's, an hour
-    /// after its last token, or the lease if longer).
+    /// after its last token, or the lease if longer). A key's first token is 1.
     fences: HashMap<String, (u64, Instant)>,
     /// Fair queues, by queue key.
     queues: HashMap<String, Queue>,
@@ -52,6 +52,10 @@ struct Store {
     /// costs O(1) per acquire and nothing expired outlives long what Redis would keep.
     since_sweep: usize,
     kept_by_sweep: usize,
+    /// The highest token of every counter that expired: a counter made anew starts above it,
+    /// so a key's tokens rise across its counter's expiry (as fence.lua floors them by the
+    /// server's clock).
+    expired_tokens: u64,
 }
 
 /// The fewest acquires between two sweeps.
@@ -60,9 +64,7 @@ const SWEEP_AFTER: usize = 1024;
 /// How long a fencing counter outlives its last token, at least (fence.lua's hour).
 const FENCE_KEPT: Duration = Duration::from_secs(3600);
 
-/// Tokens are at least the microseconds since this instant (as fence.lua floors them by the
-/// server's clock), so a counter that expired restarts above every token it handed out.
-static EPOCH: std::sync::LazyLock<std::time::Instant> = std::sync::LazyLock::new(std::time::Instant::now);
+
 
 /// Fair waiters of one lock: tokens by arrival, and when each one's place lapses.
 #[derive(Debug, Default)]
@@ -150,11 +152,15 @@ impl Store {
     /// Takes the key's next fencing token, for a lock held `lease` (the counter is kept at least
     /// that long after it).
     fn next_fence(&mut self, keys: &LockKeys, now: Instant, lease: Duration) -> u64 {
+        let name = keys.fence();
+        if let Some(&(expired, _)) = self.fences.get(&name).filter(|(_, at)| *at <= now) {
+            self.fences.remove(&name);
+            self.expired_tokens = self.expired_tokens.max(expired);
+        }
         let last = self.fence(keys, now);
-        let floor = u64::try_from(EPOCH.elapsed().as_micros()).unwrap_or(u64::MAX);
-        let fence = (last + 1).max(floor);
+        let fence = (last + 1).max(self.expired_tokens + 1);
         let expires_at = now + lease.max(FENCE_KEPT) + Duration::from_secs(1);
-        self.fences.insert(keys.fence(), (fence, expires_at));
+        self.fences.insert(name, (fence, expires_at));
         fence
     }
 
@@ -179,7 +185,15 @@ impl Store {
             queue.purge(now);
             !queue.places.is_empty()
         });
-        self.fences.retain(|_, (_, expires_at)| *expires_at > now);
+        let mut expired_tokens = self.expired_tokens;
+        self.fences.retain(|_, (fence, expires_at)| {
+            let keep = *expires_at > now;
+            if !keep {
+                expired_tokens = expired_tokens.max(*fence);
+            }
+            keep
+        });
+        self.expired_tokens = expired_tokens;
         self.kept_by_sweep =
             self.locks.len() + self.shares.len() + self.claims.len() + self.queues.len() + self.fences.len();
     }
