@@ -12,7 +12,7 @@ use crate::backend::memory::MemoryBackend;
 use crate::backend::redis::RedisBackend;
 use crate::backend::redis::Replicas;
 use crate::backend::redlock::RedlockBackend;
-use crate::backend::{Ask, Attempt, Backend, Kind, LockKeys};
+use crate::backend::{Ask, Attempt, Backend, Kind, LockKeys, Pinned};
 use crate::error::ShutDown;
 use crate::guard::{release_in_background, release_state, Abandoned, LockGuard, LockState};
 use crate::held::HeldLocks;
@@ -333,7 +333,7 @@ impl LockClient {
                 let first = at_once.take();
                 let started = first.unwrap_or_else(Instant::now);
                 let pending = PendingAcquire::new(self, (key, &keys), &token, &ask);
-                let answer = backend.acquire(&keys, &token, &ask).await;
+                let answer = backend.acquire(&keys, &token, &ask, &pending.pin).await;
                 deciding = Decided {
                     attempt: started.elapsed(),
                     at_once: first.is_some(),
@@ -617,6 +617,8 @@ struct PendingAcquire<'a> {
     kind: Kind,
     may_claim: bool,
     settled: bool,
+    /// The connection the attempt went on, for its release if its answer never comes.
+    pin: Arc<Pinned>,
 }
 
 impl<'a> PendingAcquire<'a> {
@@ -629,6 +631,7 @@ impl<'a> PendingAcquire<'a> {
             kind: Kind::of(ask.fair, ask.shared),
             may_claim: ask.join && !ask.fair && !ask.shared,
             settled: false,
+            pin: Arc::default(),
         }
     }
 
@@ -649,6 +652,7 @@ impl Drop for PendingAcquire<'_> {
                     keys: self.keys.clone(),
                     token: self.token.to_owned(),
                     kind: self.kind,
+                    pin: Arc::clone(&self.pin),
                 },
             );
             if self.may_claim {

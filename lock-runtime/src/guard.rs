@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::backend::{Kind, LockKeys, Renewal};
+use crate::backend::{Kind, LockKeys, Pinned, Renewal};
 use crate::options::{ceil_millis, drift, MIN_TTL};
 use crate::telemetry::{self, Labels};
 use crate::{LockClient, LockError, LockOptions, OnLost};
@@ -461,18 +461,21 @@ pub(crate) fn release_in_background(client: LockClient, lock: Abandoned) {
         let _releasing = releasing;
         let released = match &lock {
             Abandoned::Held(state) => release_state(&client, state).await,
-            Abandoned::InFlight { key, keys, token, kind } => {
-                match release_lock(&client, key, keys, token, None, *kind).await {
-                    // Nothing there yet: the acquire may still be on its way on a connection
-                    // that was replaced meanwhile (a release on the new one is not ordered
-                    // after it). Once its answer would have come, give it back again. (A
-                    // RedLock release waits for each master's attempt instead.)
-                    Ok(false) => {
-                        tokio::time::sleep(client.backend().response_timeout()).await;
-                        release_lock(&client, key, keys, token, None, *kind).await
-                    }
-                    released => released,
+            Abandoned::InFlight {
+                key,
+                keys,
+                token,
+                kind,
+                pin,
+            } => {
+                // After the acquire, on its connection, even if that was replaced meanwhile: a
+                // release on a newer one could reach Redis first, and the acquire would then
+                // take the lock for nobody.
+                let released = client.backend().release_after(keys, token, *kind, pin).await;
+                if matches!(released, Ok(false)) {
+                    tracing::debug!(key, "an abandoned acquire had not taken the lock");
                 }
+                released.inspect_err(|_| telemetry::release_failed())
             }
         };
         if let Err(e) = released {
@@ -492,6 +495,8 @@ pub(crate) enum Abandoned {
         keys: LockKeys,
         token: String,
         kind: Kind,
+        /// The connection it went on: its release follows it there.
+        pin: Arc<Pinned>,
     },
 }
 

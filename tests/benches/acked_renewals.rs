@@ -122,7 +122,7 @@ async fn main() {
         }
     }
     println!("{LOCKS} watchdog locks, ttl {TTL:?}, {WINDOW:?} windows, one primary + one replica; median of {ROUNDS} rounds");
-    println!("{:<28}{:>16}{:>16}", "", "plain", "wait_for_replicas");
+    println!("{:<28}{:>12}{:>20}", "", "plain", "wait_for_replicas");
     let column =
         |f: fn(&(f64, f64, f64, usize)) -> f64| results.each_ref().map(|r| median(r.iter().map(f).collect()));
     for (label, values) in [
@@ -136,7 +136,7 @@ async fn main() {
                 .map(|r| r.iter().map(|x| x.3 as f64).fold(0.0, f64::max)),
         ),
     ] {
-        println!("{label:<28}{:>16.2}{:>16.2}", values[0], values[1]);
+        println!("{label:<28}{:>12.2}{:>20.2}", values[0], values[1]);
     }
     drop(replica);
 }

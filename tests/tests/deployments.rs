@@ -535,14 +535,23 @@ async fn renewals_are_acknowledged_and_a_stalled_replica_ends_the_lease() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_cluster_a_stalled_replica_ends_only_its_shards_lock() {
     let cluster = RedisCluster::spawn(3, 1);
-    let client = cluster_builder(&cluster).wait_for_replicas(1, SECOND).build().await.unwrap();
+    let client = cluster_builder(&cluster)
+        .wait_for_replicas(1, SECOND)
+        .build()
+        .await
+        .unwrap();
     let keys = keys_on_every_primary(&cluster, "acked");
     let owners: Vec<usize> = keys
         .iter()
         .map(|key| cluster.primary_of_key(&format!("lock:{{{key}}}")))
         .collect();
     let stalled_key = &keys[0];
-    let Some(healthy) = keys.iter().zip(&owners).find(|(_, o)| **o != owners[0]).map(|(k, _)| k) else {
+    let Some(healthy) = keys
+        .iter()
+        .zip(&owners)
+        .find(|(_, o)| **o != owners[0])
+        .map(|(k, _)| k)
+    else {
         panic!("no key on another primary");
     };
     let stalled_replica = cluster.replica_of(owners[0]);
@@ -553,13 +562,19 @@ async fn on_a_cluster_a_stalled_replica_ends_only_its_shards_lock() {
     let on_stalled = client.acquire(stalled_key, &watched).await.unwrap();
     let on_healthy = client.acquire(healthy, &watched).await.unwrap();
     tokio::time::sleep(2 * lease).await;
-    assert!(!on_stalled.is_lost() && !on_healthy.is_lost(), "acknowledged renewals keep both");
+    assert!(
+        !on_stalled.is_lost() && !on_healthy.is_lost(),
+        "acknowledged renewals keep both"
+    );
 
     cluster.node(stalled_replica).pause();
     tokio::time::timeout(3 * lease, on_stalled.lost())
         .await
         .expect("stopped by the end of its acknowledged lease");
-    assert!(!on_healthy.is_lost(), "the other shard's replica acknowledges its renewals");
+    assert!(
+        !on_healthy.is_lost(),
+        "the other shard's replica acknowledges its renewals"
+    );
     cluster.node(stalled_replica).resume();
     assert!(on_healthy.release().await.unwrap());
     let _ = on_stalled.release().await;

@@ -626,6 +626,59 @@ async fn a_renewal_applied_after_a_release_with_a_minimum_hold_cannot_extend_it(
     assert!(after <= left, "{after} > {left}");
 }
 
+/// Issue 23: the release of an acquire abandoned in flight goes after it, on the connection it
+/// went on, even when that connection was replaced meanwhile. Here the acquire's `SET` is held
+/// up in a proxy, the connection counts as silent (two requests unanswered) and is replaced,
+/// and the acquire is cancelled: before, its release went on the new connection, reached Redis
+/// first and found nothing, and the `SET` then took the lock for nobody, for its whole ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_acquires_release_is_not_overtaken_on_a_new_connection() {
+    let server = RedisServer::spawn();
+    let proxy = lock_tests::FaultProxy::start(server.port());
+    let client = connect(&proxy.url()).await; // answers within 500 ms
+    client.run("warm", &ttl(1000), async {}).await.unwrap();
+    proxy.delay(Duration::from_millis(1500)); // each way
+    let started = Instant::now();
+    let probes = tokio::spawn({
+        let client = client.clone();
+        async move { tokio::join!(client.is_locked("probe-1"), client.is_locked("probe-2")) }
+    });
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let acquiring = tokio::spawn({
+        let client = client.clone();
+        async move { client.acquire("overtaken", &ttl(60_000)).await }
+    });
+    let (first, second) = probes.await.unwrap();
+    assert!(
+        is_unavailable(&first) && is_unavailable(&second),
+        "{first:?} {second:?}"
+    );
+    // The connection is silent now: the next request opens a new one, which the proxy relays
+    // at once, while the acquire's SET still waits in it on the old one.
+    proxy.relay();
+    assert!(
+        !acquiring.is_finished(),
+        "the acquire gave up before it was cancelled: {:?}",
+        started.elapsed()
+    );
+    acquiring.abort();
+    let mut raw = server.raw().await;
+    eventually(
+        5 * SECOND,
+        "the lock the abandoned acquire took is given back",
+        || {
+            let mut raw = raw.clone();
+            async move {
+                // Past the delay, so the SET has reached Redis.
+                started.elapsed() > Duration::from_millis(2500)
+                    && !raw.exists::<_, bool>("lock:{overtaken}").await.unwrap()
+            }
+        },
+    )
+    .await;
+    let _: () = raw.del("lock:{overtaken}").await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_waits_for_an_acquire_on_the_wire() {
     // The acquire has reached Redis (the key is set) but its answer is still on its way when

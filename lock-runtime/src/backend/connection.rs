@@ -271,6 +271,24 @@ pub(crate) struct Connection {
     unanswered: AtomicU32,
 }
 
+/// The connection the requests of one acquire went on (the last of them, if one was sent again
+/// on a new connection), so that the release of an acquire whose answer never came follows it
+/// there: TCP keeps the two in order, where a release on a connection opened since (the first
+/// one went silent and was replaced) could reach Redis before the acquire, which would then
+/// take the lock for nobody. Holding it keeps that connection open until the release is sent.
+#[derive(Debug, Default)]
+pub(crate) struct Pinned(std::sync::Mutex<Option<Live>>);
+
+impl Pinned {
+    fn set(&self, live: &Live) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(live.clone());
+    }
+
+    fn get(&self) -> Option<Live> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
 #[derive(Clone)]
 struct Live {
     generation: u64,
@@ -346,9 +364,27 @@ impl Connection {
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
+        self.request_pinned(None, within, send).await
+    }
+
+    /// [`request_within`](Self::request_within), recording in `pin` the connection each try is
+    /// sent on.
+    pub(crate) async fn request_pinned<T, F, Fut>(
+        &self,
+        pin: Option<&Pinned>,
+        within: Duration,
+        send: F,
+    ) -> Result<T, LockError>
+    where
+        F: Fn(Conn) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
         let mut retried = false;
         loop {
             let live = self.current().await?;
+            if let Some(pin) = pin {
+                pin.set(&live);
+            }
             match tokio::time::timeout(within, send(live.conn)).await {
                 Ok(Ok(answer)) => {
                     self.unanswered.store(0, Ordering::Relaxed);
@@ -383,6 +419,49 @@ impl Connection {
                     return Err(LockError::unavailable(TimedOut { after: within }));
                 }
             }
+        }
+    }
+
+    /// Sends on the connection `pin` recorded (after what was sent there), even if it has been
+    /// replaced since; without one, or if it broke (then Redis has run what it received on it,
+    /// or never will), as [`request_within`](Self::request_within) does.
+    pub(crate) async fn request_after<T, F, Fut>(
+        &self,
+        pin: &Pinned,
+        within: Duration,
+        send: F,
+    ) -> Result<T, LockError>
+    where
+        F: Fn(Conn) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        if let Some(live) = pin.get() {
+            match tokio::time::timeout(within, send(live.conn)).await {
+                Ok(Err(e)) if broke(&e) => {
+                    tracing::debug!(error = %e, "the acquire's connection broke; releasing on the current one");
+                }
+                Ok(answer) => return answer.map_err(LockError::from),
+                // Still in order behind the acquire on that connection, if Redis ever reads it.
+                Err(_) => return Err(LockError::unavailable(TimedOut { after: within })),
+            }
+        }
+        self.request_within(within, send).await
+    }
+
+    /// [`request_after`](Self::request_after) with a pin, else [`request_within`](Self::request_within).
+    pub(crate) async fn request_ordered<T, F, Fut>(
+        &self,
+        pin: Option<&Pinned>,
+        within: Duration,
+        send: F,
+    ) -> Result<T, LockError>
+    where
+        F: Fn(Conn) -> Fut,
+        Fut: Future<Output = RedisResult<T>>,
+    {
+        match pin {
+            Some(pin) => self.request_after(pin, within, send).await,
+            None => self.request_within(within, send).await,
         }
     }
 

@@ -64,8 +64,6 @@ const SWEEP_AFTER: usize = 1024;
 /// How long a fencing counter outlives its last token, at least (fence.lua's hour).
 const FENCE_KEPT: Duration = Duration::from_secs(3600);
 
-
-
 /// Fair waiters of one lock: tokens by arrival, and when each one's place lapses.
 #[derive(Debug, Default)]
 struct Queue {

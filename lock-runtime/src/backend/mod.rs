@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crate::wakeups::{Registration, Wakeups};
 use crate::LockError;
+pub(crate) use connection::Pinned;
 
 #[cfg(feature = "cluster")]
 pub(crate) mod cluster;
@@ -196,15 +197,17 @@ pub(crate) enum Backend {
 // spawned fn that acquires and releases) overflowed rustc's default query depth. One allocation
 // per request; the contention and pair_cost benches measure it.
 impl Backend {
-    /// One attempt; idempotent for one token.
+    /// One attempt; idempotent for one token. `pin` records the connection it went on, for the
+    /// release of an attempt whose answer never comes ([`release_after`](Self::release_after)).
     pub(crate) async fn acquire(
         &self,
         keys: &LockKeys,
         token: &str,
         ask: &Ask,
+        pin: &Pinned,
     ) -> Result<Attempt, LockError> {
         match self {
-            Backend::Redis(b) => b.acquire(keys, token, ask).boxed().await,
+            Backend::Redis(b) => b.acquire(keys, token, ask, pin).boxed().await,
             Backend::Redlock(b) => b.acquire(keys, token, ask).boxed().await,
             Backend::Memory(b) => Ok(b.acquire(keys, token, ask)),
         }
@@ -273,6 +276,25 @@ impl Backend {
             Backend::Redis(b) => b.release(keys, token, hold_ms, kind).boxed().await,
             Backend::Redlock(b) => b.release(keys, token, hold_ms).boxed().await,
             Backend::Memory(b) => Ok(b.release(keys, token, hold_ms, kind == Kind::Fair)),
+        }
+    }
+
+    /// [`release`](Self::release) of an acquire whose answer never came: after it, on the
+    /// connection it went on (a RedLock release waits for each master's attempt instead).
+    pub(crate) async fn release_after(
+        &self,
+        keys: &LockKeys,
+        token: &str,
+        kind: Kind,
+        pin: &Pinned,
+    ) -> Result<bool, LockError> {
+        match self {
+            Backend::Redis(b) => {
+                b.release_after(keys, token, 0, kind, Some(pin), false)
+                    .boxed()
+                    .await
+            }
+            _ => self.release(keys, token, 0, kind).await,
         }
     }
 

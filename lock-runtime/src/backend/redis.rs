@@ -13,7 +13,7 @@ use redis::{AsyncCommands, FromRedisValue, RedisResult};
 use tokio::sync::{mpsc, Mutex};
 use tokio::time::Instant;
 
-use super::connection::{lock, Connection, Place, Timeouts};
+use super::connection::{lock, Connection, Pinned, Place, Timeouts};
 use super::scripts::{Call, Lua, ACQUIRE, RELEASE, RENEW, RIGHTS, SHARE, UNLOCK};
 use super::{Ask, Attempt, Kind, LockKeys, Renewal, Stored};
 use crate::background::Background;
@@ -129,6 +129,7 @@ impl RedisBackend {
     /// round trip: the answer and whether enough replicas acknowledged it.
     async fn run_acknowledged<T: FromRedisValue + Send>(
         &self,
+        pin: Option<&Pinned>,
         call: impl Fn() -> Call,
     ) -> Result<(T, Option<usize>), LockError> {
         let call = &call;
@@ -136,13 +137,17 @@ impl RedisBackend {
         match self.replicas {
             None => {
                 let answer = connection
-                    .request_within(within, |mut conn| async move { call().invoke(&mut conn).await })
+                    .request_pinned(
+                        pin,
+                        within,
+                        |mut conn| async move { call().invoke(&mut conn).await },
+                    )
                     .await?;
                 Ok((answer, None))
             }
             Some(replicas) => {
                 let (answer, acked) = connection
-                    .request_within(within, |mut conn| async move {
+                    .request_pinned(pin, within, |mut conn| async move {
                         call()
                             .invoke_then_wait(&mut conn, replicas.wanted, replicas.timeout)
                             .await
@@ -228,18 +233,20 @@ impl RedisBackend {
         }
     }
 
+    /// One attempt; `pin` records the connection it went on (see [`Pinned`]).
     pub(crate) async fn acquire(
         &self,
         keys: &LockKeys,
         token: &str,
         ask: &Ask,
+        pin: &Pinned,
     ) -> Result<Attempt, LockError> {
         self.rights_checked(keys).await?;
         if ask.shared {
-            return self.share(keys, token, ask).await;
+            return self.share(keys, token, ask, pin).await;
         }
         if !ask.fencing && !ask.waiting && !ask.fair {
-            return self.try_set(keys, token, ask.ttl_ms).await;
+            return self.try_set(keys, token, ask.ttl_ms, pin).await;
         }
         let place_kept = if ask.fair {
             ceil_millis(FAIR_PLACE_KEPT).to_string()
@@ -248,7 +255,7 @@ impl RedisBackend {
         };
         let (place_kept, sharded) = (&place_kept, self.sharded);
         let (answer, acked): (Vec<i64>, _) = self
-            .run_acknowledged(|| {
+            .run_acknowledged(Some(pin), || {
                 let mut named = vec![keys.lock.clone()];
                 if ask.fencing || ask.fair {
                     named.push(keys.fence());
@@ -309,9 +316,15 @@ impl RedisBackend {
     }
 
     /// One attempt at a share of a read-write lock (share.lua).
-    async fn share(&self, keys: &LockKeys, token: &str, ask: &Ask) -> Result<Attempt, LockError> {
+    async fn share(
+        &self,
+        keys: &LockKeys,
+        token: &str,
+        ask: &Ask,
+        pin: &Pinned,
+    ) -> Result<Attempt, LockError> {
         let (answer, acked): (Vec<i64>, _) = self
-            .run_acknowledged(|| {
+            .run_acknowledged(Some(pin), || {
                 let mut named = vec![keys.lock.clone(), keys.writers()];
                 if ask.fencing {
                     named.push(keys.fence());
@@ -351,7 +364,13 @@ impl RedisBackend {
     /// The cheapest attempt, one command: `SET NX PX … GET` answers the value it found, so a
     /// retried request recognises its own token, and any other value (or another type, which
     /// `GET` refuses with `WRONGTYPE`) is someone else's. It does not learn the holder's ttl.
-    async fn try_set(&self, keys: &LockKeys, token: &str, ttl_ms: u64) -> Result<Attempt, LockError> {
+    async fn try_set(
+        &self,
+        keys: &LockKeys,
+        token: &str,
+        ttl_ms: u64,
+        pin: &Pinned,
+    ) -> Result<Attempt, LockError> {
         let set = || {
             let mut set = redis::Cmd::with_capacity(7, keys.lock.len() + token.len() + 40);
             set.arg("SET")
@@ -367,14 +386,13 @@ impl RedisBackend {
         let (connection, within) = self.ordered();
         let found: Result<(Option<Vec<u8>>, Option<usize>), LockError> = match self.replicas {
             None => connection
-                .request_within(
-                    within,
-                    |mut conn| async move { set().query_async(&mut conn).await },
-                )
+                .request_pinned(Some(pin), within, |mut conn| async move {
+                    set().query_async(&mut conn).await
+                })
                 .await
                 .map(|found| (found, None)),
             Some(replicas) => connection
-                .request_within(within, |mut conn| async move {
+                .request_pinned(Some(pin), within, |mut conn| async move {
                     conn.then_wait(set(), keys.lock.as_bytes(), replicas.wanted, replicas.timeout)
                         .await
                 })
@@ -393,7 +411,7 @@ impl RedisBackend {
                 // Already ours: sent again after a broken connection, or left by an earlier
                 // attempt of this call on a RedLock master. Its expiry must count from this
                 // attempt, and a `WAIT` must have a write of this connection to wait for.
-                let renewed = self.renew_acknowledged(keys, token, ttl_ms).await?;
+                let renewed = self.renew_acknowledged(keys, token, ttl_ms, pin).await?;
                 match renewed {
                     (true, acked) => (Attempt::Acquired { fence: None }, acked),
                     (false, _) => return Ok(held),
@@ -414,9 +432,10 @@ impl RedisBackend {
         keys: &LockKeys,
         token: &str,
         ttl_ms: u64,
+        pin: &Pinned,
     ) -> Result<(bool, Option<usize>), LockError> {
         let (renewed, acked): (Vec<i64>, _) = self
-            .run_acknowledged(|| {
+            .run_acknowledged(Some(pin), || {
                 let mut call = RENEW.call(&[&keys.lock]);
                 call.arg(token).arg(ttl_ms);
                 call
@@ -495,7 +514,7 @@ impl RedisBackend {
                 .await?;
             return Ok(renewed.into_iter().map(|r| Renewal::from_ours(r == 1)).collect());
         };
-        let (renewed, acked): (Vec<i64>, _) = self.run_acknowledged(call).await?;
+        let (renewed, acked): (Vec<i64>, _) = self.run_acknowledged(None, call).await?;
         let acked = acked.unwrap_or(0);
         if acked < replicas.wanted {
             tracing::debug!(
@@ -556,30 +575,34 @@ impl RedisBackend {
         hold_ms: u64,
         kind: Kind,
     ) -> Result<bool, LockError> {
-        let released = self.give_back(keys, token, hold_ms, kind).await?;
+        self.release_after(keys, token, hold_ms, kind, None, false).await
+    }
+
+    /// [`release`](Self::release), after what was sent on the connection `pin` recorded (the
+    /// release of an acquire whose answer never came); `quietly`: without waking this client's
+    /// own next waiter (a RedLock client releases on every master and wakes it once).
+    pub(crate) async fn release_after(
+        &self,
+        keys: &LockKeys,
+        token: &str,
+        hold_ms: u64,
+        kind: Kind,
+        pin: Option<&Pinned>,
+        quietly: bool,
+    ) -> Result<bool, LockError> {
+        let released = self.give_back(keys, token, hold_ms, kind, pin).await?;
         if released == SHARE_LEFT {
             // Other readers still share the lock: nobody can enter because this one left.
             return Ok(true);
         }
         let released = released != 0;
-        if released && kind != Kind::Fair {
+        if released && kind != Kind::Fair && !quietly {
             // This client's own next waiter need not hear it from Redis (its subscriber skips
             // the announcement, which carries this client's id). A fair release names the next
             // waiter instead, wherever it is.
             self.subscriber.wakeups.notify(&keys.channel);
         }
         Ok(released)
-    }
-
-    /// [`release`](Self::release) without waking this client's own next waiter (a RedLock
-    /// client releases on every master and wakes it once).
-    pub(crate) async fn release_quietly(
-        &self,
-        keys: &LockKeys,
-        token: &str,
-        hold_ms: u64,
-    ) -> Result<bool, LockError> {
-        Ok(self.give_back(keys, token, hold_ms, Kind::Plain).await? != 0)
     }
 
     /// A call of `lua` on a lock whose release announces itself only if a waiter marked it: the
@@ -603,6 +626,7 @@ impl RedisBackend {
         token: &str,
         hold_ms: u64,
         kind: Kind,
+        pin: Option<&Pinned>,
     ) -> Result<i64, LockError> {
         let announcement = &self.subscriber.announcement;
         let sharded = self.sharded;
@@ -612,7 +636,7 @@ impl RedisBackend {
         let (connection, within) = self.ordered();
         if kind == Kind::Plain && hold_ms == 0 {
             let released: i64 = connection
-                .request_within(within, |mut conn| async move {
+                .request_ordered(pin, within, |mut conn| async move {
                     let mut unlock = self.call_marked(&UNLOCK, keys);
                     unlock.arg(token).arg(announcement);
                     if sharded {
@@ -629,7 +653,7 @@ impl RedisBackend {
             }
         }
         let released: i64 = connection
-            .request_within(within, |mut conn| async move {
+            .request_ordered(pin, within, |mut conn| async move {
                 let mut release = match (fair, sharded) {
                     // Only a fair release reads the line (and may take the next holder's
                     // fencing token); it always announces, naming the next in line.

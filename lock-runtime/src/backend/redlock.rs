@@ -16,9 +16,9 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::connection::{lock, Place, Timeouts};
+use super::connection::{lock, Pinned, Place, Timeouts};
 use super::redis::RedisBackend;
-use super::{Ask, Attempt, LockKeys, Renewal, Stored};
+use super::{Ask, Attempt, Kind, LockKeys, Renewal, Stored};
 use crate::error::TimedOut;
 use crate::wakeups::{Registration, Wakeups};
 use crate::LockError;
@@ -38,7 +38,7 @@ pub(crate) struct RedlockBackend {
     /// Per token of a held lock, the acquire tasks (one per master, by index) that had not
     /// finished when the lock was taken: a release on a master waits for that master's acquire,
     /// so that it cannot overtake it and leave the key behind.
-    stragglers: std::sync::Mutex<HashMap<String, Vec<JoinHandle<()>>>>,
+    stragglers: std::sync::Mutex<HashMap<String, Vec<Attempted>>>,
     quorum: usize,
     timeouts: Timeouts,
 }
@@ -141,9 +141,13 @@ impl RedlockBackend {
                 *ask,
                 tx.clone(),
             );
-            stragglers.tasks.push(tokio::spawn(async move {
-                let _ = tx.send(tokio::time::timeout(bound, master.acquire(&keys, &token, &ask)).await);
-            }));
+            let pin = Arc::new(Pinned::default());
+            let pinned = Arc::clone(&pin);
+            let task = tokio::spawn(async move {
+                let attempt = master.acquire(&keys, &token, &ask, &pinned);
+                let _ = tx.send(tokio::time::timeout(bound, attempt).await);
+            });
+            stragglers.tasks.push(Attempted { task, pin });
         }
         drop(tx);
         let (mut yes, mut held, mut failed) = (0, 0, 0);
@@ -184,8 +188,8 @@ impl RedlockBackend {
         }
         // Not held: give back what was taken, on every master, after every attempt has ended
         // (each is bounded), so that no release overtakes the acquire it must undo.
-        futures_util::future::join_all(std::mem::take(&mut stragglers.tasks)).await;
-        self.release_everywhere(keys, token).await;
+        let attempts = std::mem::take(&mut stragglers.tasks);
+        self.release_everywhere(keys, token, attempts).await;
         if yes >= self.quorum {
             // Taken, but too slowly to be of use: try again at once, within the wait.
             return Ok(Attempt::Held {
@@ -209,25 +213,24 @@ impl RedlockBackend {
     }
 
     /// Keeps the attempts still on their way for `token`'s release, which waits for them.
-    fn keep_stragglers(&self, token: &str, tasks: Vec<JoinHandle<()>>) {
-        if tasks.iter().all(JoinHandle::is_finished) {
-            return;
-        }
+    fn keep_stragglers(&self, token: &str, tasks: Vec<Attempted>) {
         let mut waiting = lock(&self.stragglers);
         // Locks released by now (or never to be, their guard dropped without a runtime) leave
-        // only finished tasks behind.
-        waiting.retain(|_, tasks| tasks.iter().any(|t| !t.is_finished()));
+        // only finished tasks behind: their connections need no pin any more.
+        waiting.retain(|_, tasks| tasks.iter().any(|t| !t.task.is_finished()));
         waiting.insert(token.to_owned(), tasks);
     }
 
     /// Token-checked release on every master, errors ignored (a master that is down keeps the
     /// key until its ttl): how a failed acquire cleans up.
-    async fn release_everywhere(&self, keys: &LockKeys, token: &str) {
+    async fn release_everywhere(&self, keys: &LockKeys, token: &str, attempts: Vec<Attempted>) {
         let bound = self.timeouts.response;
-        let releases = self
-            .masters
-            .iter()
-            .map(|m| tokio::time::timeout(bound, m.release_quietly(keys, token, 0)));
+        let releases = self.masters.iter().zip(attempts).map(|(m, attempt)| async move {
+            // After the attempt ended (each is bounded), on its connection.
+            let _ = attempt.task.await;
+            let release = m.release_after(keys, token, 0, Kind::Plain, Some(&attempt.pin), true);
+            tokio::time::timeout(bound, release).await
+        });
         futures_util::future::join_all(releases).await;
     }
 
@@ -305,15 +308,19 @@ impl RedlockBackend {
             let (master, keys, token, tx) = (Arc::clone(master), keys.clone(), token.to_owned(), tx.clone());
             let acquire = acquiring.next();
             tokio::spawn(async move {
-                if let Some(acquire) = acquire {
-                    // Bounded: the acquire gives up after its own timeout.
-                    let _ = acquire.await;
-                }
-                let answer =
-                    match tokio::time::timeout(bound, master.release_quietly(&keys, &token, hold_ms)).await {
-                        Ok(answer) => answer,
-                        Err(_) => Err(LockError::unavailable(TimedOut { after: bound })),
-                    };
+                let pin = match acquire {
+                    Some(acquire) => {
+                        // Bounded: the acquire gives up after its own timeout.
+                        let _ = acquire.task.await;
+                        Some(acquire.pin)
+                    }
+                    None => None,
+                };
+                let release = master.release_after(&keys, &token, hold_ms, Kind::Plain, pin.as_deref(), true);
+                let answer = match tokio::time::timeout(bound, release).await {
+                    Ok(answer) => answer,
+                    Err(_) => Err(LockError::unavailable(TimedOut { after: bound })),
+                };
                 let _ = tx.send(answer);
             });
         }
@@ -468,13 +475,20 @@ impl RedlockBackend {
     }
 }
 
+/// One master's attempt of an acquire: its task, and the connection it went on.
+#[derive(Debug)]
+struct Attempted {
+    task: JoinHandle<()>,
+    pin: Arc<Pinned>,
+}
+
 /// One acquire's per-master attempts, in master order: kept for the token's release when the
 /// lock is taken or the acquire is dropped undecided, so that the release goes to each master
-/// only after that master's attempt ended.
+/// only after that master's attempt ended, and on the connection it went on.
 struct Stragglers<'a> {
     backend: &'a RedlockBackend,
     token: &'a str,
-    tasks: Vec<JoinHandle<()>>,
+    tasks: Vec<Attempted>,
 }
 
 impl Stragglers<'_> {
