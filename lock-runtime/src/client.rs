@@ -1029,14 +1029,17 @@ impl LockClientBuilder {
 
     /// Connects, so that a server that is down or refuses this client is reported at start:
     /// [`LockError::Unavailable`] when it cannot be reached within the connect timeout,
-    /// [`LockError::Refused`] when it answers but refuses (credentials, database index), and
+    /// [`LockError::Refused`] when it answers but refuses (credentials, database index, an ACL
+    /// without a right locking needs: checked here, on keys under the prefix), and
     /// [`LockError::InvalidOptions`] for a missing or malformed URL, bad TLS material or a zero
     /// timeout.
     pub async fn build(self) -> Result<LockClient, LockError> {
         let client = self.build_lazy()?;
+        // The rights check's keys: under the prefix, where the user's key rights are.
+        let probe = LockKeys::new(client.prefix(), "rights-check");
         match client.backend() {
-            Backend::Redis(backend) => backend.connect().await?,
-            Backend::Redlock(backend) => backend.connect().await?,
+            Backend::Redis(backend) => backend.connect(&probe).await?,
+            Backend::Redlock(backend) => backend.connect(&probe).await?,
             Backend::Memory(_) => {}
         }
         Ok(client)

@@ -261,9 +261,13 @@ async fn an_acl_without_the_rights_locking_needs_is_refused() {
         &["noscripts", "on", ">pw", "~*", "&*", "+@all", "-evalsha", "-eval"],
     )
     .await;
-    let client = builder(&with_user(&server, "noscripts")).build().await.unwrap();
-    // An uncontended acquire is a plain SET, which this user may send; but the release is a
-    // script: the rights check refuses the client before it takes a lock it could not release.
+    // Checked at build, which fails with the refusal...
+    let built = builder(&with_user(&server, "noscripts")).build().await;
+    assert!(matches!(built, Err(LockError::Refused { .. })), "{built:?}");
+    // ... and, for a client built lazily, at its first acquire. An uncontended acquire is a
+    // plain SET, which this user may send; but the release is a script: the rights check
+    // refuses the client before it takes a lock it could not release.
+    let client = builder(&with_user(&server, "noscripts")).build_lazy().unwrap();
     let out = client.acquire("acl", &ttl(1000)).await;
     let Err(LockError::Refused { reason, .. }) = &out else {
         panic!("{out:?}");
@@ -277,7 +281,9 @@ async fn an_acl_without_the_rights_locking_needs_is_refused() {
 
     // Scripts, but not on the lock's keys.
     acl(&server, &["otherkeys", "on", ">pw", "~cache:*", "&*", "+@all"]).await;
-    let client = builder(&with_user(&server, "otherkeys")).build().await.unwrap();
+    let built = builder(&with_user(&server, "otherkeys")).build().await;
+    assert!(matches!(built, Err(LockError::Refused { .. })), "{built:?}");
+    let client = builder(&with_user(&server, "otherkeys")).build_lazy().unwrap();
     let out = client.acquire("acl", &ttl(1000)).await;
     assert!(matches!(out, Err(LockError::Refused { .. })), "{out:?}");
 }
@@ -347,13 +353,17 @@ async fn a_user_without_a_right_is_refused_before_its_first_lock() {
         let mut rules = vec![user.as_str()];
         rules.extend(LOCKING_RIGHTS.iter().filter(|r| *r != &missing));
         acl(&server, &rules).await;
-        let client = builder(&with_user(&server, &user)).build().await.unwrap();
+        // At build; and for a client built lazily, at its first acquire.
+        let built = builder(&with_user(&server, &user)).build().await;
+        let client = builder(&with_user(&server, &user)).build_lazy().unwrap();
         let out = client.acquire("refused", &ttl(60_000)).await;
-        let Err(LockError::Refused { source, .. }) = &out else {
-            panic!("{missing}: {out:?}");
-        };
-        let named = source.to_string().to_ascii_lowercase();
-        assert!(named.contains(&missing[1..]), "{missing} not named: {named}");
+        for out in [built.map(|_| ()), out.map(|_| ())] {
+            let Err(LockError::Refused { source, .. }) = &out else {
+                panic!("{missing}: {out:?}");
+            };
+            let named = source.to_string().to_ascii_lowercase();
+            assert!(named.contains(&missing[1..]), "{missing} not named: {named}");
+        }
         let keys: Vec<String> = raw.keys("lock:{refused}*").await.unwrap();
         assert!(keys.is_empty(), "{missing}: left behind {keys:?}");
     }

@@ -190,13 +190,15 @@ impl RedisBackend {
         })
     }
 
-    /// Opens the request connection now: a server that is down or refuses us fails here.
-    pub(crate) async fn connect(&self) -> Result<(), LockError> {
+    /// Opens the request connection now, and checks the client's rights on `probe`'s keys (see
+    /// `rights.lua`): a server that is down or refuses us fails here, and the acquires of a
+    /// client built this way find the rights checked already.
+    pub(crate) async fn connect(&self, probe: &LockKeys) -> Result<(), LockError> {
         self.conn.ensure_open().await?;
         if let Some(acked) = &self.acked {
             acked.ensure_open().await?;
         }
-        Ok(())
+        self.rights_checked(probe).await
     }
 
     /// Checks once, before this client's first lock, that its user may run everything the

@@ -82,8 +82,8 @@ impl RedlockBackend {
     }
 
     /// Connects to every master; fails unless a majority is reachable.
-    pub(crate) async fn connect(&self) -> Result<(), LockError> {
-        let answers = futures_util::future::join_all(self.masters.iter().map(|m| m.connect())).await;
+    pub(crate) async fn connect(&self, probe: &LockKeys) -> Result<(), LockError> {
+        let answers = futures_util::future::join_all(self.masters.iter().map(|m| m.connect(probe))).await;
         let reached = answers.iter().filter(|a| a.is_ok()).count();
         if reached >= self.quorum {
             return Ok(());
