@@ -11,7 +11,6 @@
 //! commandstats` over the window. Both clients take turns, 3 rounds each; the figures are the
 //! median round. Progress goes to stderr.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockGuard, LockOptions};
@@ -23,30 +22,16 @@ const TTL: Duration = Duration::from_secs(3);
 const WINDOW: Duration = Duration::from_secs(6);
 const ROUNDS: usize = 3;
 
-type Counts = BTreeMap<String, u64>;
-
-async fn commandstats(raw: &mut redis::aio::MultiplexedConnection) -> Counts {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(raw)
-        .await
-        .unwrap_or_else(|e| panic!("INFO commandstats failed: {e}"));
-    info.lines()
-        .filter_map(|line| {
-            let (name, fields) = line.strip_prefix("cmdstat_")?.split_once(':')?;
-            let calls = fields.split(',').find_map(|f| f.strip_prefix("calls="))?;
-            Some((name.to_owned(), calls.parse().ok()?))
-        })
-        .collect()
-}
-
 /// One window: (locks renewed per script, WAITs per script, CPU µs per lock renewal, lost).
-async fn window(
-    client: &LockClient,
-    raw: &mut redis::aio::MultiplexedConnection,
-    name: &str,
-    tick: f64,
-) -> (f64, f64, f64, usize) {
+async fn window(client: &LockClient, primary: &RedisServer, name: &str, tick: f64) -> (f64, f64, f64, usize) {
+    const COUNTED: [&str; 4] = ["evalsha", "eval", "pexpire", "wait"];
+    let counts = || async {
+        let mut counts = [0; 4];
+        for (count, command) in counts.iter_mut().zip(COUNTED) {
+            *count = primary.command_calls(command).await;
+        }
+        counts
+    };
     let options = LockOptions::new(TTL).watchdog(true);
     let mut guards: Vec<LockGuard> = Vec::with_capacity(LOCKS);
     for i in 0..LOCKS {
@@ -57,22 +42,22 @@ async fn window(
                 .unwrap_or_else(|e| panic!("{name}: {e}")),
         );
     }
-    let before = commandstats(raw).await;
+    let before = counts().await;
     let cpu_before = cpu_time(tick);
     tokio::time::sleep(WINDOW).await;
     let cpu = cpu_time(tick).saturating_sub(cpu_before);
-    let after = commandstats(raw).await;
+    let after = counts().await;
     let lost = guards.iter().filter(|g| g.is_lost()).count();
     for guard in guards {
         let _ = guard.release().await;
     }
-    let delta = |name: &str| after.get(name).copied().unwrap_or(0) - before.get(name).copied().unwrap_or(0);
-    let scripts = delta("evalsha") + delta("eval");
-    let renewed = delta("pexpire");
+    let delta = |i: usize| after[i] - before[i];
+    let scripts = delta(0) + delta(1);
+    let renewed = delta(2);
     let per = |n: u64, d: u64| if d == 0 { 0.0 } else { n as f64 / d as f64 };
     (
         per(renewed, scripts),
-        per(delta("wait"), scripts),
+        per(delta(3), scripts),
         cpu.as_secs_f64() * 1e6 / renewed.max(1) as f64,
         lost,
     )
@@ -118,7 +103,7 @@ async fn main() {
                 "round {}/{ROUNDS}: {name}, {LOCKS} locks for {WINDOW:?}",
                 round + 1
             );
-            results[i].push(window(client, &mut raw, &format!("{name}{round}"), tick).await);
+            results[i].push(window(client, &primary, &format!("{name}{round}"), tick).await);
         }
     }
     println!("{LOCKS} watchdog locks, ttl {TTL:?}, {WINDOW:?} windows, one primary + one replica; median of {ROUNDS} rounds");

@@ -423,11 +423,12 @@ impl Connection {
     }
 
     /// Sends on the connection `pin` recorded (after what was sent there), even if it has been
-    /// replaced since; without one, or if it broke (then Redis has run what it received on it,
-    /// or never will), as [`request_within`](Self::request_within) does.
+    /// replaced since; without a pin or a recorded connection, or if it broke (then Redis has
+    /// run what it received on it, or never will), as [`request_within`](Self::request_within)
+    /// does.
     pub(crate) async fn request_after<T, F, Fut>(
         &self,
-        pin: &Pinned,
+        pin: Option<&Pinned>,
         within: Duration,
         send: F,
     ) -> Result<T, LockError>
@@ -435,7 +436,7 @@ impl Connection {
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
-        if let Some(live) = pin.get() {
+        if let Some(live) = pin.and_then(Pinned::get) {
             match tokio::time::timeout(within, send(live.conn)).await {
                 Ok(Err(e)) if broke(&e) => {
                     tracing::debug!(error = %e, "the acquire's connection broke; releasing on the current one");
@@ -446,23 +447,6 @@ impl Connection {
             }
         }
         self.request_within(within, send).await
-    }
-
-    /// [`request_after`](Self::request_after) with a pin, else [`request_within`](Self::request_within).
-    pub(crate) async fn request_ordered<T, F, Fut>(
-        &self,
-        pin: Option<&Pinned>,
-        within: Duration,
-        send: F,
-    ) -> Result<T, LockError>
-    where
-        F: Fn(Conn) -> Fut,
-        Fut: Future<Output = RedisResult<T>>,
-    {
-        match pin {
-            Some(pin) => self.request_after(pin, within, send).await,
-            None => self.request_within(within, send).await,
-        }
     }
 
     async fn current(&self) -> Result<Live, LockError> {

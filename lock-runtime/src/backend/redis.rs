@@ -638,7 +638,7 @@ impl RedisBackend {
         let (connection, within) = self.ordered();
         if kind == Kind::Plain && hold_ms == 0 {
             let released: i64 = connection
-                .request_ordered(pin, within, |mut conn| async move {
+                .request_after(pin, within, |mut conn| async move {
                     let mut unlock = self.call_marked(&UNLOCK, keys);
                     unlock.arg(token).arg(announcement);
                     if sharded {
@@ -655,7 +655,7 @@ impl RedisBackend {
             }
         }
         let released: i64 = connection
-            .request_ordered(pin, within, |mut conn| async move {
+            .request_after(pin, within, |mut conn| async move {
                 let mut release = match (fair, sharded) {
                     // Only a fair release reads the line (and may take the next holder's
                     // fencing token); it always announces, naming the next in line.

@@ -142,12 +142,17 @@ impl RedlockBackend {
                 tx.clone(),
             );
             let pin = Arc::new(Pinned::default());
-            let pinned = Arc::clone(&pin);
+            let answered = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let (pinned, answer) = (Arc::clone(&pin), Arc::clone(&answered));
             let task = tokio::spawn(async move {
                 let attempt = master.acquire(&keys, &token, &ask, &pinned);
-                let _ = tx.send(tokio::time::timeout(bound, attempt).await);
+                let attempt = tokio::time::timeout(bound, attempt).await;
+                if matches!(attempt, Ok(Ok(_))) {
+                    answer.store(true, std::sync::atomic::Ordering::Release);
+                }
+                let _ = tx.send(attempt);
             });
-            stragglers.tasks.push(Attempted { task, pin });
+            stragglers.tasks.push(Attempted { task, pin, answered });
         }
         drop(tx);
         let (mut yes, mut held, mut failed) = (0, 0, 0);
@@ -214,6 +219,14 @@ impl RedlockBackend {
 
     /// Keeps the attempts still on their way for `token`'s release, which waits for them.
     fn keep_stragglers(&self, token: &str, tasks: Vec<Attempted>) {
+        // Every master answered (the common case): Redis ran each attempt, and a release comes
+        // after them anyway.
+        if tasks
+            .iter()
+            .all(|t| t.answered.load(std::sync::atomic::Ordering::Acquire))
+        {
+            return;
+        }
         let mut waiting = lock(&self.stragglers);
         // Locks released by now (or never to be, their guard dropped without a runtime) leave
         // only finished tasks behind: their connections need no pin any more.
@@ -480,6 +493,8 @@ impl RedlockBackend {
 struct Attempted {
     task: JoinHandle<()>,
     pin: Arc<Pinned>,
+    /// Its master answered it (then Redis ran it: nothing of it is still on the way).
+    answered: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// One acquire's per-master attempts, in master order: kept for the token's release when the
