@@ -137,7 +137,9 @@ fn refusal(e: &redis::RedisError) -> Option<&'static str> {
     let text = e.to_string().to_ascii_lowercase();
     if matches!(code, "WRONGPASS" | "NOAUTH") || text.contains("wrongpass") || text.contains("noauth") {
         Some(CREDENTIALS)
-    } else if code == "NOPERM" || text.contains("noperm") || text.contains("can't run this command") {
+    } else if code == "NOPERM"
+        || (code != "WRONGTYPE" && (text.contains("noperm") || text.contains("can't run this command")))
+    {
         // (The last: a command a script runs that the user may not, as Redis 7 words it.)
         Some(ACL)
     } else if text.contains("db index is out of range") || text.contains("invalid db index") {

@@ -216,12 +216,12 @@ impl LockOptions {
         self.hold_at_least
     }
 
-    /// The minimum hold.
     /// The maximum hold, if any (see [`hold_at_most`](Self::hold_at_most)).
     pub fn get_hold_at_most(&self) -> Option<Duration> {
         self.hold_at_most
     }
 
+    /// The minimum hold.
     #[deprecated(since = "0.1.0", note = "renamed to `get_hold_at_least`, after its setter")]
     pub fn min_hold(&self) -> Duration {
         self.hold_at_least

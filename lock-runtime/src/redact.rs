@@ -11,13 +11,23 @@ pub(crate) fn hide_credentials(url: &str) -> String {
         Some(at) => url.split_at(at + 3),
         None => ("", url),
     };
-    // The authority ends at the first '/', '?' or '#'; credentials are what comes before its
-    // last '@'.
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let authority = match authority.rfind('@') {
-        Some(at) => format!("{HIDDEN}{}", &authority[at..]),
-        None => authority.to_owned(),
+    // Credentials are what comes before the last '@' (a password may hold a raw '/', '?' or
+    // '#': hiding too much is better than showing one); without one, the authority ends at the
+    // first '/', '?' or '#'.
+    let (authority, tail) = match rest.rfind('@') {
+        Some(at) => {
+            let end = rest[at..].find(['/', '?', '#']).map_or(rest.len(), |i| at + i);
+            let host = &rest[at..end];
+            if host.contains(['=', '&']) {
+                // The '@' was inside the query (`?user=a@b&pass=…`): show none of it.
+                return format!("{scheme}{HIDDEN}");
+            }
+            (format!("{HIDDEN}{host}"), &rest[end..])
+        }
+        None => {
+            let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+            (rest[..end].to_owned(), &rest[end..])
+        }
     };
     let (path, query_and_fragment) = match tail.find('?') {
         Some(at) => tail.split_at(at),
@@ -70,7 +80,15 @@ mod tests {
                 "unix:///run/redis.sock?user=<credentials>&password=<credentials>",
             ),
             ("redis://host/0?x=1#insecure", "redis://host/0?x=1#insecure"),
-            ("redis://u:p@ss@host/path@x", "redis://<credentials>@host/path@x"),
+            ("redis://u:p@ss@host/2", "redis://<credentials>@host/2"),
+            (
+                "redis://:p#ss/secret@host:6379",
+                "redis://<credentials>@host:6379",
+            ),
+            (
+                "redis+unix:///run/redis.sock?user=a@b&pass=secret",
+                "redis+unix://<credentials>",
+            ),
         ] {
             assert_eq!(hide_credentials(url), shown, "{url}");
             assert!(!hide_credentials(url).contains("secret"), "{url}");

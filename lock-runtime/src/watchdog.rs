@@ -25,7 +25,7 @@ use tokio::time::Instant;
 use crate::backend::Renewal;
 use crate::background::Background;
 use crate::guard::LockState;
-use crate::options::{ceil_millis, MIN_TTL};
+use crate::options::ceil_millis;
 use crate::telemetry;
 use crate::LockClient;
 
@@ -174,7 +174,9 @@ impl Watchdog {
         // Each for its ttl, or what is left of its maximum hold.
         let leases: Vec<Duration> = batch
             .iter()
-            .map(|(_, s)| s.renewal(s.ttl, sent).unwrap_or(MIN_TTL))
+            // A maximum hold reached since the lock was picked: 1 ms, which lengthens nothing
+            // (renewals never shorten a lease) and moves no validity.
+            .map(|(_, s)| s.renewal(s.ttl, sent).unwrap_or(Duration::from_millis(1)))
             .collect();
         let locks: Vec<_> = batch
             .iter()

@@ -352,6 +352,25 @@ async fn release_with_force_never_deletes_a_holder_that_took_the_lock_since() {
         "kept for a hold: the same holder"
     );
     assert_eq!(run("string", current).await, 0, "gone already");
+    // A foreign string (lockctl shows an excerpt of it) goes, unless a lock took its place.
+    let _: () = redis::cmd("SET")
+        .arg("lock:{order:7}")
+        .arg("not a lock")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(
+        run("string", String::new()).await,
+        1,
+        "a foreign string is deleted"
+    );
+    let again = second.acquire("order:7", &minute()).await.unwrap();
+    assert_eq!(
+        run("string", String::new()).await,
+        -1,
+        "a lock took the foreign value's place"
+    );
+    drop(again);
     drop(taken);
 }
 

@@ -4,7 +4,7 @@
 -- connection lockctl read with: no holder that took the lock in between is deleted.
 -- ARGV[1] the key's Redis type when read ('string', 'hash', or a foreign value's type), ARGV[2]
 -- for a string the value read (its ':released' suffix, a lock kept for its minimum hold, is not
--- a change of hands), for a hash 'read' when it was a read-write lock's readers (which come and
+-- a change of hands; '' for a foreign string: any value that is not a lock's), for a hash 'read' when it was a read-write lock's readers (which come and
 -- go: any readers' hash is the same lock) and '' when foreign.
 -- Returns 1 when deleted, 0 when the key was already gone, -1 when it changed hands.
 local kind = redis.call('TYPE', KEYS[1]).ok
@@ -18,7 +18,14 @@ if kind == 'string' then
   local function token(value)
     return (string.gsub(value, ':released$', ''))
   end
-  if token(redis.call('GET', KEYS[1])) ~= token(ARGV[2]) then
+  local held = redis.call('GET', KEYS[1])
+  if ARGV[2] == '' then
+    -- A foreign value (lockctl was shown an excerpt of it): any value but a lock's, whose
+    -- value starts with its 32-hex-digit token.
+    if string.match(held, '^' .. string.rep('%x', 32) .. ' ') then
+      return -1
+    end
+  elseif token(held) ~= token(ARGV[2]) then
     return -1
   end
 elseif kind == 'hash' then

@@ -12,8 +12,9 @@
 //! `<prefix>{k}:queue` and `<prefix>{k}:queue:kept`, waiting writers at `<prefix>{k}:writers`,
 //! the waiting mark at `<prefix>{k}:waiting`, and releases announced on `<prefix>{k}:released`.
 //! Every one of these keys carries an expiry: the lock its ttl, the counter an hour after its
-//! last token, the others about a second after the last waiter stopped asking. It never writes, except `release --force`, which goes through
-//! [`LockClient::force_release`](lock_runtime::LockClient::force_release).
+//! last token, the others about a second after the last waiter stopped asking. It never writes,
+//! except `release --force`, which deletes with one compare-and-delete script (`force.lua`) on the
+//! connection it read with.
 
 use std::process::ExitCode;
 use std::time::Duration;
