@@ -617,8 +617,9 @@ struct PendingAcquire<'a> {
     kind: Kind,
     may_claim: bool,
     settled: bool,
-    /// The connection the attempt went on, for its release if its answer never comes.
-    pin: Arc<Pinned>,
+    /// The connection the attempt went on, for its release if its answer never comes (kept
+    /// inline: nothing is allocated for it on the common path).
+    pin: Pinned,
 }
 
 impl<'a> PendingAcquire<'a> {
@@ -631,7 +632,7 @@ impl<'a> PendingAcquire<'a> {
             kind: Kind::of(ask.fair, ask.shared),
             may_claim: ask.join && !ask.fair && !ask.shared,
             settled: false,
-            pin: Arc::default(),
+            pin: Pinned::default(),
         }
     }
 
@@ -652,7 +653,7 @@ impl Drop for PendingAcquire<'_> {
                     keys: self.keys.clone(),
                     token: self.token.to_owned(),
                     kind: self.kind,
-                    pin: Arc::clone(&self.pin),
+                    pin: std::mem::take(&mut self.pin),
                 },
             );
             if self.may_claim {

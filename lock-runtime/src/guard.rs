@@ -496,7 +496,7 @@ pub(crate) enum Abandoned {
         token: String,
         kind: Kind,
         /// The connection it went on: its release follows it there.
-        pin: Arc<Pinned>,
+        pin: Pinned,
     },
 }
 

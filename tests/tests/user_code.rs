@@ -1,7 +1,7 @@
 //! Ordinary user code compiles with the compiler's default limits (issue 23).
 //!
-//! This file is its own crate, as a user's is, and raises no limit: no `recursion_limit`
-//! attribute anywhere in it. Each pattern below once failed to build with "queries overflow the
+//! This file is its own crate, as a user's is, and raises no compiler limit: it keeps the
+//! default recursion limit. Each pattern below once failed to build with "queries overflow the
 //! depth limit!" (the store's futures nested into every caller's, and proving a spawned task
 //! `Send` walked them all). The store's futures are now erased at the store seam, so a caller's
 //! future holds a pointer to them, not their whole state machines. Building this file is the

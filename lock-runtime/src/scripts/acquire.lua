@@ -27,8 +27,8 @@
 -- which it is kept: a release that hands the lock over names it (release.lua), so the waiter
 -- knows which of its attempts the lease counts from.
 -- Every check comes before the first write: a counter of another type (WRONGTYPE), or one that is
--- not a non-negative integer below 2^53, and a fair line or waiting writers' key of another type,
--- fail the script with nothing changed.
+-- not a non-negative integer below 2^53, or a helper key of another type, fails the script with
+-- nothing changed.
 local fencing = ARGV[3] == '1'
 local counter
 if fencing then
@@ -39,12 +39,11 @@ if fencing then
 end
 local writers = KEYS[tonumber(ARGV[8]) or 0]
 local mark = writers and KEYS[tonumber(ARGV[8]) + 1]
-local helpers = tonumber(ARGV[4]) and {KEYS[3], KEYS[4]} or {}
-helpers[#helpers + 1] = writers
-for _, helper in ipairs(helpers) do
-  if not kind_ok(helper, 'zset') then
-    return redis.error_reply('WRONGTYPE ' .. helper .. ' is not a sorted set (a lock helper key)')
-  end
+-- A caller that claimed the writers' turn removes its claim after it set the lock (unclaim):
+-- the writers' key is checked first. (The fair line needs no check: the fair path reads both of
+-- its keys before its first write, so a key of another type fails it with nothing changed.)
+if writers and ARGV[10] == '1' and not kind_ok(writers, 'zset') then
+  return redis.error_reply('WRONGTYPE ' .. writers .. ' is not a sorted set (a lock helper key)')
 end
 
 -- The lock was just set: the new fencing token, if asked for (fence.lua).
