@@ -61,6 +61,50 @@ async fn frozen_server_is_unavailable_within_the_response_timeout() {
     assert!(took < 3 * SECOND, "took {took:?}");
 }
 
+/// Not just the first request: after two unanswered ones the connection counts as silent and
+/// the next request opens a new one, which against a frozen server (the kernel still accepts,
+/// nothing answers) would wait the whole connect timeout. Each request stays within its
+/// response timeout, the open included; the open goes on in the background, and a request
+/// after the server thaws finds its connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_to_a_frozen_server_ends_within_the_response_timeout() {
+    let server = RedisServer::spawn();
+    let response = Duration::from_millis(500);
+    let client = lock_tests::test_builder(&server.url())
+        .connect_timeout(Duration::from_secs(20))
+        .response_timeout(response)
+        .build()
+        .await
+        .unwrap();
+    let held = client.acquire("frozen-held", &ttl(60_000)).await.unwrap();
+    server.pause();
+    // Far above the response timeout, far below the connect timeout.
+    let bound = response + 2 * SECOND;
+    let mut took = Vec::new();
+    for i in 0..6 {
+        let started = Instant::now();
+        let out = match i % 3 {
+            0 => client.acquire(&format!("frozen-{i}"), &ttl(1000)).await.map(drop),
+            1 => client.is_locked("frozen-held").await.map(drop),
+            _ => client.holder("frozen-held").await.map(drop),
+        };
+        took.push(started.elapsed());
+        assert!(is_unavailable(&out), "request {i}: {out:?}");
+    }
+    server.resume();
+    assert!(
+        took.iter().all(|t| *t < bound),
+        "a request waited past {bound:?}: {took:?}"
+    );
+    eventually(
+        5 * SECOND,
+        "requests work again once the server thaws",
+        || async { client.is_locked("frozen-held").await.is_ok_and(|locked| locked) },
+    )
+    .await;
+    held.release().await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frozen_server_past_the_ttl_means_lost() {
     let server = RedisServer::spawn();

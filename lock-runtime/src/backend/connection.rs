@@ -264,12 +264,18 @@ pub(crate) struct Connection {
     follower: crate::background::Background,
     /// Told when a sentinel announced a new primary (the subscriber connection follows too).
     switched: std::sync::Arc<tokio::sync::Notify>,
-    /// Held while a connection is opened, so that one open serves everyone waiting; it keeps the
-    /// last failure, which those who waited for that very attempt get instead of a new attempt.
-    opening: tokio::sync::Mutex<Option<Failure>>,
+    /// The open under way, if any, with its number. It runs as a task of its own (bounded by
+    /// the connect timeout), so one open serves every request that finds no connection, each
+    /// waiting for it only as long as its own deadline allows; it completes even if all of
+    /// them gave up, and a later request finds its connection.
+    opening: std::sync::Arc<Mutex<Option<(u64, Opening)>>>,
     /// Requests that timed out in a row on the current connection.
-    unanswered: AtomicU32,
+    unanswered: std::sync::Arc<AtomicU32>,
 }
+
+/// The shared outcome of one open.
+type Opening =
+    futures_util::future::Shared<futures_util::future::BoxFuture<'static, Result<Live, OpenError>>>;
 
 /// The connection the requests of one acquire went on (the last of them, if one was sent again
 /// on a new connection), so that the release of an acquire whose answer never came follows it
@@ -303,16 +309,12 @@ impl std::fmt::Debug for Live {
     }
 }
 
-#[derive(Debug)]
-struct Failure {
-    at: Instant,
-    error: OpenError,
-}
-
 #[derive(Debug, Clone)]
 enum OpenError {
     Redis(RedisError),
     TimedOut(Duration),
+    /// The task opening it was stopped (its runtime shut down) before it finished.
+    Stopped,
 }
 
 impl From<OpenError> for LockError {
@@ -320,6 +322,7 @@ impl From<OpenError> for LockError {
         match e {
             OpenError::Redis(e) => e.into(),
             OpenError::TimedOut(after) => LockError::unavailable(TimedOut { after }),
+            OpenError::Stopped => LockError::unavailable("the task opening the Redis connection was stopped"),
         }
     }
 }
@@ -333,18 +336,25 @@ impl Connection {
             live: std::sync::Arc::new(RwLock::new(None)),
             follower: crate::background::Background::default(),
             switched: std::sync::Arc::default(),
-            opening: tokio::sync::Mutex::new(None),
-            unanswered: AtomicU32::new(0),
+            opening: std::sync::Arc::default(),
+            unanswered: std::sync::Arc::default(),
         }
     }
 
     /// Opens the connection now unless it is open: for `build()`, which reports a server that
     /// is down or refuses us at start.
     pub(crate) async fn ensure_open(&self) -> Result<(), LockError> {
-        self.current().await.map(drop)
+        match self.current(None).await {
+            Ok(_) => Ok(()),
+            Err(Failed(e)) => Err(e),
+            Err(Late) => Err(LockError::unavailable(TimedOut {
+                after: self.timeouts.connect,
+            })),
+        }
     }
 
-    /// Sends one request, bounded by the response timeout. A request that fails because the
+    /// Sends one request, bounded by the response timeout (opening a connection first included:
+    /// a request never waits the longer connect timeout). A request that fails because the
     /// connection broke, or because it reached a replica (`READONLY`: the primary failed over
     /// and this connection still points at the old one), is sent once more on a fresh
     /// connection: every request of the lock protocol is idempotent for its token, so a retry
@@ -379,13 +389,17 @@ impl Connection {
         F: Fn(Conn) -> Fut,
         Fut: Future<Output = RedisResult<T>>,
     {
+        let deadline = Instant::now() + within;
         let mut retried = false;
         loop {
-            let live = self.current().await?;
+            let live = self.current(Some(deadline)).await.map_err(|e| match e {
+                Late => LockError::unavailable(TimedOut { after: within }),
+                Failed(e) => e,
+            })?;
             if let Some(pin) = pin {
                 pin.set(&live);
             }
-            match tokio::time::timeout(within, send(live.conn)).await {
+            match tokio::time::timeout_at(deadline, send(live.conn)).await {
                 Ok(Ok(answer)) => {
                     self.unanswered.store(0, Ordering::Relaxed);
                     return Ok(answer);
@@ -449,48 +463,70 @@ impl Connection {
         self.request_within(within, send).await
     }
 
-    async fn current(&self) -> Result<Live, LockError> {
-        if let Some(live) = read(&self.live).clone() {
-            return Ok(live);
-        }
-        let asked = Instant::now();
-        let mut last_failure = self.opening.lock().await;
-        if let Some(live) = read(&self.live).clone() {
-            return Ok(live);
-        }
-        if let Some(failure) = last_failure.as_ref().filter(|f| f.at >= asked) {
-            return Err(failure.error.clone().into());
-        }
-        match self.open().await {
-            Ok(live) => {
-                self.follow_failovers();
-                *last_failure = None;
-                self.unanswered.store(0, Ordering::Relaxed);
-                *write(&self.live) = Some(live.clone());
-                Ok(live)
+    /// The open connection, or the outcome of opening one (waited for until `deadline`).
+    async fn current(&self, deadline: Option<Instant>) -> Result<Live, NotOpen> {
+        let mut restarted = false;
+        loop {
+            if let Some(live) = read(&self.live).clone() {
+                return Ok(live);
             }
-            Err(error) => {
-                *last_failure = Some(Failure {
-                    at: Instant::now(),
-                    error: error.clone(),
-                });
-                Err(error.into())
+            let opening = self.opening();
+            let outcome = match deadline {
+                None => opening.await,
+                Some(deadline) => tokio::time::timeout_at(deadline, opening)
+                    .await
+                    .map_err(|_| Late)?,
+            };
+            match outcome {
+                Ok(live) => {
+                    self.follow_failovers();
+                    return Ok(live);
+                }
+                // Opened on a runtime that has shut down since: once more, on this one.
+                Err(OpenError::Stopped) if !restarted => restarted = true,
+                Err(e) => return Err(Failed(e.into())),
             }
         }
     }
 
-    async fn open(&self) -> Result<Live, OpenError> {
-        static GENERATION: AtomicU64 = AtomicU64::new(0);
-        let after = self.timeouts.connect;
-        let conn = match tokio::time::timeout(after, open_place(&self.place, after)).await {
-            Ok(Ok(conn)) => conn,
-            Ok(Err(e)) => return Err(OpenError::Redis(e)),
-            Err(_) => return Err(OpenError::TimedOut(after)),
-        };
-        Ok(Live {
-            generation: GENERATION.fetch_add(1, Ordering::Relaxed),
-            conn,
-        })
+    /// The open under way, or a new one.
+    fn opening(&self) -> Opening {
+        use futures_util::FutureExt;
+        static ATTEMPT: AtomicU64 = AtomicU64::new(0);
+        let mut slot = lock(&self.opening);
+        if let Some((_, opening)) = slot.as_ref() {
+            return opening.clone();
+        }
+        if let Some(live) = read(&self.live).clone() {
+            // Opened by the attempt that just left the slot.
+            return futures_util::future::ready(Ok(live)).boxed().shared();
+        }
+        let attempt = ATTEMPT.fetch_add(1, Ordering::Relaxed);
+        let (place, connect) = (self.place.clone(), self.timeouts.connect);
+        let (live, unanswered) = (self.live.clone(), self.unanswered.clone());
+        let task = tokio::spawn(async move {
+            let outcome = open(&place, connect).await;
+            if let Ok(opened) = &outcome {
+                unanswered.store(0, Ordering::Relaxed);
+                *write(&live) = Some(opened.clone());
+            }
+            outcome
+        });
+        let slot_of_task = std::sync::Arc::clone(&self.opening);
+        let opening = async move {
+            let outcome = task.await.unwrap_or(Err(OpenError::Stopped));
+            // Whoever sees the outcome first frees the slot (the connection, if any, is in
+            // `live` by now), so that the request after a failure tries again.
+            let mut slot = lock(&slot_of_task);
+            if slot.as_ref().is_some_and(|(a, _)| *a == attempt) {
+                *slot = None;
+            }
+            outcome
+        }
+        .boxed()
+        .shared();
+        *slot = Some((attempt, opening.clone()));
+        opening
     }
 
     /// Notified each time a sentinel announces that the primary moved.
@@ -541,6 +577,28 @@ impl Drop for Connection {
     fn drop(&mut self) {
         self.follower.stop();
     }
+}
+
+/// Why [`Connection::current`] has no connection.
+enum NotOpen {
+    /// The deadline came first (the open goes on).
+    Late,
+    Failed(LockError),
+}
+use NotOpen::{Failed, Late};
+
+/// Opens a connection to `place`, within `after`.
+async fn open(place: &Place, after: Duration) -> Result<Live, OpenError> {
+    static GENERATION: AtomicU64 = AtomicU64::new(0);
+    let conn = match tokio::time::timeout(after, open_place(place, after)).await {
+        Ok(Ok(conn)) => conn,
+        Ok(Err(e)) => return Err(OpenError::Redis(e)),
+        Err(_) => return Err(OpenError::TimedOut(after)),
+    };
+    Ok(Live {
+        generation: GENERATION.fetch_add(1, Ordering::Relaxed),
+        conn,
+    })
 }
 
 /// Opens a request connection to `place`, within `after` per connect.
