@@ -273,15 +273,20 @@ impl LockClient {
         let mut at_once = (!sleep_first).then_some(called);
         loop {
             if let Some(wakeup) = &wakeup {
-                // Never past the waiter's own deadline, however the subscriber fares.
-                let _ = tokio::time::timeout_at(deadline, backend.listen(wakeup)).await;
-                if std::mem::take(&mut sleep_first) {
-                    // A fair waiter or a claiming writer must ask again before its place lapses.
-                    let nap =
-                        nap(pttl_ms, fair || claimed).min(deadline.saturating_duration_since(Instant::now()));
+                // A fair waiter or a claiming writer must ask again before its place lapses:
+                // by the end of its nap, however the subscriber fares (a subscription cut short
+                // goes on by itself). Anyone else waits for it up to the own deadline.
+                let keeps_place = fair || claimed;
+                let nap_end = (keeps_place || sleep_first).then(|| {
+                    let now = Instant::now();
+                    now + nap(pttl_ms, keeps_place).min(deadline.saturating_duration_since(now))
+                });
+                let listen_until = nap_end.filter(|_| keeps_place).unwrap_or(deadline);
+                let _ = tokio::time::timeout_at(listen_until, backend.listen(wakeup)).await;
+                if let (true, Some(nap_end)) = (std::mem::take(&mut sleep_first), nap_end) {
                     tokio::select! {
                         () = wakeup.woken() => {}
-                        () = tokio::time::sleep(nap) => {}
+                        () = tokio::time::sleep_until(nap_end) => {}
                     }
                 }
             }

@@ -76,6 +76,7 @@ impl FaultProxy {
             mode: Mutex::new(Mode::Relay),
             accepted: AtomicUsize::new(0),
             dropped: AtomicUsize::new(0),
+            silence_new: AtomicBool::new(false),
         });
         let (commands, command_rx) = mpsc::unbounded_channel();
         let upstream = SocketAddr::from((Ipv4Addr::LOCALHOST, upstream_port));
@@ -162,6 +163,15 @@ impl FaultProxy {
         self.command(Command::ResetAll);
     }
 
+    /// While `on`, every connection accepted is silenced from the start, as
+    /// [`blackhole_existing`](Self::blackhole_existing) would silence it, whatever the mode;
+    /// the connections open before keep following the mode. Simulates a path on which new
+    /// connections hang (a connection-tracking table that is full, a host half gone) while
+    /// established ones work.
+    pub fn silence_new(&self, on: bool) {
+        self.shared.silence_new.store(on, Ordering::SeqCst);
+    }
+
     fn set_mode(&self, mode: Mode) {
         *self.shared.mode.lock().unwrap_or_else(PoisonError::into_inner) = mode;
     }
@@ -206,6 +216,8 @@ struct Shared {
     mode: Mutex<Mode>,
     accepted: AtomicUsize,
     dropped: AtomicUsize,
+    /// See [`FaultProxy::silence_new`].
+    silence_new: AtomicBool,
 }
 
 impl Shared {
@@ -282,7 +294,7 @@ async fn serve(
 
 fn spawn_conn(client: TcpStream, upstream: SocketAddr, shared: &Arc<Shared>) -> Conn {
     shared.accepted.fetch_add(1, Ordering::SeqCst);
-    let silenced = Arc::new(AtomicBool::new(false));
+    let silenced = Arc::new(AtomicBool::new(shared.silence_new.load(Ordering::SeqCst)));
     let (reset, reset_rx) = oneshot::channel();
     let ctl = Ctl {
         shared: Arc::clone(shared),

@@ -797,3 +797,45 @@ async fn the_common_release_hands_what_it_cannot_decide_to_the_full_one() {
     assert!(!raw.exists::<_, bool>("lock:{mine}:waiting").await.unwrap());
     assert_eq!(server.command_calls("publish").await, published + 1);
 }
+
+/// A fair waiter asks again at least every 300 ms, so that its place (kept a second after each
+/// ask) never lapses while it lives, even when the subscription it listens for releases on
+/// hangs: here every new connection through the proxy hangs (the subscriber's among them),
+/// for longer than the place is kept, while the request connection works. The first waiter
+/// in line must still be served first when the lock is released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_waiter_keeps_its_place_while_its_subscription_hangs() {
+    use lock_tests::FaultProxy;
+    let server = RedisServer::spawn();
+    let proxy = FaultProxy::start(server.port());
+    // Both bounds well past the second a place is kept.
+    let first = lock_tests::test_builder(&proxy.url())
+        .connect_timeout(3 * SECOND)
+        .response_timeout(2 * SECOND)
+        .build()
+        .await
+        .unwrap();
+    let other = connect(&server.url()).await;
+    let fair = ttl(30_000).fair(true).wait(20 * SECOND);
+    let holder = other.acquire("hung-sub", &ttl(30_000).fair(true)).await.unwrap();
+    proxy.silence_new(true);
+    let first_waiter = lock_tests::in_line(&first, "hung-sub", fair.clone()).await;
+    let second_waiter = lock_tests::in_line(&other, "hung-sub", fair).await;
+    // Longer than the first waiter's place would last if its asks waited behind the
+    // subscription (its first one hangs for the whole response timeout).
+    tokio::time::sleep(lock_runtime::FAIR_PLACE_KEPT + 2 * SECOND).await;
+    holder.release().await.unwrap();
+    let guard = tokio::time::timeout(10 * SECOND, first_waiter)
+        .await
+        .expect("the first in line never got the lock")
+        .unwrap()
+        .unwrap();
+    assert!(
+        !second_waiter.is_finished(),
+        "the second in line got the lock first"
+    );
+    guard.release().await.unwrap();
+    let second = second_waiter.await.unwrap().unwrap();
+    second.release().await.unwrap();
+    proxy.silence_new(false);
+}

@@ -823,7 +823,13 @@ impl RedisBackend {
     }
 
     pub(crate) async fn listen(&self, registration: &Registration) {
-        self.subscriber.listen(registration.channel()).await;
+        let channel = registration.channel();
+        if self.subscriber.listening(channel) {
+            return;
+        }
+        // As a task of its own: a waiter that must ask again before its place lapses stops
+        // waiting for a slow subscription, which goes on.
+        let _ = self.listen_detached(channel).await;
     }
 
     /// [`listen`](Self::listen) as a task of its own, which goes on if the caller stops waiting
@@ -1051,6 +1057,14 @@ impl Subscriber {
         if !self.stopped.load(Ordering::Relaxed) {
             self.upkeep.ensure(|| Arc::clone(self).upkeep());
         }
+    }
+
+    /// Whether [`listen`](Self::listen) has nothing to do for `channel`: it is subscribed, or
+    /// the subscriber is cooling down after a failure (and the upkeep task runs).
+    fn listening(&self, channel: &str) -> bool {
+        self.upkeep.is_running()
+            && (self.cooling_down()
+                || (self.dispatcher.is_running() && self.wakeups.is_subscribed(channel, self.listener)))
     }
 
     /// Subscribes `channel` unless it is already. Best effort: on failure the waiter wakes at
