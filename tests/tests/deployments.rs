@@ -188,6 +188,66 @@ async fn scripts_missing_on_a_node_are_sent_with_their_source_not_loaded_everywh
     assert_eq!(calls(owner, "script|load").await, loads_before, "no SCRIPT LOAD");
 }
 
+/// How many `TRYAGAIN` errors `server` has answered.
+async fn tryagains(server: &RedisServer) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("errorstats")
+        .query_async(&mut raw(server).await)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("errorstat_TRYAGAIN:count="))
+        .map_or(0, |n| n.trim().parse().unwrap())
+}
+
+/// A multi-key script meets a half-moved slot: a fenced acquire reads the lock and its
+/// counter, and the counter is at the slot's new owner already while the lock (held) is still
+/// at the old one. No node has both keys, so Redis answers `TRYAGAIN`; redis-rs asks again
+/// (three retries, 10-200 ms apart) and, with the slot still half moved after those, the caller
+/// gets `Unavailable` within its response timeout: never a wrong answer. Once every key of the
+/// lock has moved the script runs again (through `ASK`, then at the new owner), the held lock
+/// is kept, and the counter goes on rising.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_multi_key_script_on_a_half_moved_slot_is_retried_then_unavailable() {
+    let cluster = RedisCluster::spawn(3, 0);
+    let (client, other) = (cluster_client(&cluster).await, cluster_client(&cluster).await);
+    let (key, lock_key, fence_key) = ("half", "lock:{half}", "lock:{half}:fence");
+    let fenced = ttl(30_000).fencing(true);
+    let held = client.acquire(key, &fenced).await.unwrap();
+    let first_token = held.fencing_token().unwrap();
+    let from = cluster.primary_of_key(lock_key);
+    let to = another_primary(&cluster, from);
+
+    let migration = cluster.begin_migration(lock_key, to);
+    cluster.migrate_key(&migration, fence_key);
+    let before = tryagains(cluster.node(from)).await + tryagains(cluster.node(to)).await;
+    let started = Instant::now();
+    let out = other.acquire(key, &fenced).await;
+    let took = started.elapsed();
+    assert!(matches!(out, Err(LockError::Unavailable { .. })), "{out:?}");
+    assert!(took < RESPONSE + SECOND, "took {took:?}");
+    let after = tryagains(cluster.node(from)).await + tryagains(cluster.node(to)).await;
+    assert!(
+        after >= before + 4,
+        "TRYAGAIN asked again 3 times: {before} -> {after}"
+    );
+    assert!(!held.is_lost());
+
+    cluster.migrate_key(&migration, lock_key);
+    let out = other.acquire(key, &fenced).await;
+    assert!(matches!(out, Err(LockError::Busy { .. })), "through ASK: {out:?}");
+    cluster.finish_migration(migration);
+    assert!(held.release().await.unwrap(), "released at the new owner");
+    let next = other.acquire(key, &fenced).await.unwrap();
+    assert!(
+        next.fencing_token().unwrap() > first_token,
+        "the counter moved with the slot"
+    );
+    let exists: bool = raw(cluster.node(to)).await.exists(fence_key).await.unwrap();
+    assert!(exists);
+    next.release().await.unwrap();
+}
+
 /// A lock whose slot moves to another primary while it is held: renewed throughout (through
 /// ASK while the slot is half moved, MOVED after), released at its new home, and then free for
 /// another client at once.
