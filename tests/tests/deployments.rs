@@ -696,6 +696,61 @@ async fn a_failover_to_a_lagging_replica_never_lets_a_second_holder_in_early() {
     );
 }
 
+/// Fencing across a failover to a replica that missed the counter's last writes: the tokens
+/// the old primary handed out after the replica's stream was cut never reached the replica,
+/// and still the first token at the promoted replica is above every one of them (a token is at
+/// least the server's clock in microseconds, and the counter only ever raises it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_tokens_rise_across_a_failover_to_a_replica_that_missed_the_last_ones() {
+    let mut primary = RedisServer::spawn();
+    let stream = lock_tests::FaultProxy::start(primary.port());
+    let replica = replica_in_sync_through(&primary, stream.port()).await;
+    let client = lock_tests::connect(&primary.url()).await;
+    let fenced = ttl(10_000).fencing(true);
+    let replicated = client.acquire("fence-failover", &fenced).await.unwrap();
+    let mut highest = replicated.fencing_token().unwrap();
+    replicated.release().await.unwrap();
+    eventually(5 * SECOND, "the replica has the counter", || async {
+        let on_replica: Option<u64> = raw(&replica)
+            .await
+            .get("lock:{fence-failover}:fence")
+            .await
+            .unwrap();
+        on_replica == Some(highest)
+    })
+    .await;
+
+    stream.blackhole();
+    for _ in 0..5 {
+        let guard = client.acquire("fence-failover", &fenced).await.unwrap();
+        let token = guard.fencing_token().unwrap();
+        assert!(token > highest);
+        highest = token;
+        guard.release().await.unwrap();
+    }
+    primary.kill();
+    let on_replica: Option<u64> = raw(&replica)
+        .await
+        .get("lock:{fence-failover}:fence")
+        .await
+        .unwrap();
+    assert!(on_replica < Some(highest), "the replica missed the last tokens");
+    let _: () = redis::cmd("REPLICAOF")
+        .arg("NO")
+        .arg("ONE")
+        .query_async(&mut raw(&replica).await)
+        .await
+        .unwrap();
+    let promoted = lock_tests::connect(&replica.url()).await;
+    let guard = promoted.acquire("fence-failover", &fenced).await.unwrap();
+    let after = guard.fencing_token().unwrap();
+    assert!(
+        after > highest,
+        "token {after} after the failover, {highest} before it"
+    );
+    guard.release().await.unwrap();
+}
+
 #[tokio::test]
 async fn bad_deployment_options_are_refused_before_connecting() {
     let refused = |b: LockClientBuilder| match b.build_lazy() {
