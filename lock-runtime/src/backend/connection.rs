@@ -543,11 +543,11 @@ impl Connection {
             if self.follower.is_running() {
                 return;
             }
-            let (sentinels, live, connect) = (sentinels.clone(), self.live.clone(), self.timeouts.connect);
+            let (sentinels, live, timeouts) = (sentinels.clone(), self.live.clone(), self.timeouts);
             let switched = std::sync::Arc::clone(&self.switched);
             self.follower.ensure(move || async move {
                 loop {
-                    match sentinels.switched(connect).await {
+                    match sentinels.switched(timeouts.connect, timeouts.response).await {
                         Ok(()) => {
                             tracing::info!("Sentinel announced a new primary; reconnecting");
                             *write(&live) = None;

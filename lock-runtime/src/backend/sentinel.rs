@@ -11,6 +11,9 @@ use tokio::sync::Mutex;
 use super::connection::{tcp_settings, TlsMaterial};
 use crate::LockError;
 
+/// How often the sentinel that failovers are heard from is pinged.
+const SENTINEL_PING: Duration = Duration::from_secs(1);
+
 /// The sentinels of one monitored primary.
 pub(crate) struct Sentinels {
     /// redis-rs's client keeps a connection to the sentinel that last answered.
@@ -84,9 +87,11 @@ impl Sentinels {
     }
 
     /// Waits until a sentinel announces a failover of this primary (`+switch-master`), trying
-    /// the sentinels in turn; returns when one is heard. Errors only when no sentinel can be
-    /// subscribed to.
-    pub(crate) async fn switched(&self, connect: Duration) -> Result<(), LockError> {
+    /// the sentinels in turn; returns when one is heard. The sentinel listened to is pinged
+    /// every [`SENTINEL_PING`]: one that closed the connection, or answers no ping within
+    /// `response`, is left for the next (a silent sentinel would otherwise swallow every later
+    /// announcement without an error). Errors only when no sentinel can be listened to.
+    pub(crate) async fn switched(&self, connect: Duration, response: Duration) -> Result<(), LockError> {
         use futures_util::StreamExt;
         let mut last = None;
         for sentinel in &self.urls {
@@ -102,18 +107,43 @@ impl Sentinels {
                 }
             };
             let (mut sink, mut stream) = pubsub.split();
-            if let Err(e) = sink.subscribe("+switch-master").await {
-                last = Some(e.into());
-                continue;
-            }
-            while let Some(message) = stream.next().await {
-                // "<master name> <old ip> <old port> <new ip> <new port>"
-                let said = message.get_payload_bytes();
-                if said.split(|&b| b == b' ').next() == Some(self.master_name.as_bytes()) {
-                    return Ok(());
+            match tokio::time::timeout(response, sink.subscribe("+switch-master")).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    last = Some(e.into());
+                    continue;
+                }
+                Err(_) => {
+                    last = Some(LockError::unavailable(crate::error::TimedOut { after: response }));
+                    continue;
                 }
             }
-            // This sentinel went away: listen to the next one.
+            let mut ping = tokio::time::interval(SENTINEL_PING);
+            ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            ping.tick().await;
+            loop {
+                tokio::select! {
+                    message = stream.next() => {
+                        let Some(message) = message else {
+                            tracing::debug!("a sentinel closed the connection; listening to the next");
+                            break;
+                        };
+                        // "<master name> <old ip> <old port> <new ip> <new port>"
+                        let said = message.get_payload_bytes();
+                        if said.split(|&b| b == b' ').next() == Some(self.master_name.as_bytes()) {
+                            return Ok(());
+                        }
+                    }
+                    _ = ping.tick() => {
+                        let answered = tokio::time::timeout(response, sink.ping::<redis::Value>()).await;
+                        if !matches!(answered, Ok(Ok(_))) {
+                            tracing::warn!("a sentinel stopped answering; listening to the next for failovers");
+                            last = Some(LockError::unavailable(crate::error::TimedOut { after: response }));
+                            break;
+                        }
+                    }
+                }
+            }
         }
         Err(last.unwrap_or_else(|| LockError::invalid_options("no Sentinel URL")))
     }
