@@ -1,20 +1,33 @@
-//! Model-based tests: seeded random sequences of operations (acquire with each option, release,
-//! extend, drop, cancel, force release, time passing, and the queries) run against the in-memory
+//! Model-based tests: seeded random sequences of operations (acquire with each option: ttl,
+//! watchdog, fencing, minimum hold, fair, shared (read) or exclusive; release, extend, drop,
+//! cancel, force release, time passing, and the queries) run against the in-memory
 //! backend and a spawned redis-server, and every answer is compared with a small model of the
 //! contract in the README. On a disagreement the sequence is shrunk (chunks, then single ops, then
 //! simpler options, each candidate on a fresh store) and the test fails with the seed, the shrunk
 //! sequence and a trace of its failing run.
 //!
-//! The model: per key, who holds it (a guard, or nobody but a released lock's minimum hold) and
-//! until when, and the highest fencing token seen (each new one must be above it: Redis hands
-//! out microsecond timestamps, memory 1, 2, 3); per guard, its local validity, whether it knows
-//! it is lost, and its minimum hold. From those it predicts every answer: an acquire is `Busy`
-//! exactly while the key is held; `release` is `Ok(true)` exactly while the key holds the guard's
+//! The model: per key, who holds it exclusively (a guard, or nobody but a released lock's
+//! minimum hold) or which readers share it, each until when, and the highest fencing token seen
+//! (each new writer's must be above it: Redis hands out microsecond timestamps, memory 1, 2, 3;
+//! a reader takes none and reads the last one, 0 without a counter); per guard, its local
+//! validity, whether it knows it is lost, and its minimum hold. From those it predicts every
+//! answer: options a read lock refuses (fair, a minimum hold) are `InvalidOptions`, exactly;
+//! an exclusive acquire is `Busy` exactly while the key is held, by a writer or a reader, and a
+//! shared one exactly while a writer holds it (readers share); a fair acquire that does not
+//! wait is a plain one. Waiting acquires are only cancelled: a cancelled waiting writer's claim
+//! (no new reader while a writer waits) and a cancelled fair waiter's place (no fair acquire
+//! ahead of it, and a fair release hands it the lock) may stand until they lapse
+//! (`FAIR_PLACE_KEPT`), so in that window what they would decide is undecided;
+//! `release` is `Ok(true)` exactly while the key holds the guard's
 //! token (then the key is deleted, or kept until the minimum hold ends); `extend` is `Ok` while
 //! the guard is not lost and the key is its own, `Err(Lost)` otherwise; `is_lost()` is true once
-//! its validity passed (or it was told so) and false while valid; `is_locked`,
-//! `remaining_ttl` and `force_release` follow the key. A dropped guard, and an acquire abandoned
-//! by a 0 ms timeout, must leave the key free once their background release lands (within
+//! its validity passed (or it was told so) and false while valid; a reader's release, extend and
+//! `is_lost()` follow its own share. `is_locked`, `remaining_ttl` (the writer's, or the last
+//! share's), `holder` (a writer's owner label, `is_released()` exactly for a minimum
+//! hold kept after its release; for readers `is_shared()` and one entry per share) and `force_release` (every
+//! share too) follow the key. A dropped guard, and an acquire abandoned
+//! by a 0 ms timeout, must leave the key free (a reader: its share gone) once their background
+//! release lands (within
 //! `SETTLE`, plus any minimum hold). After every step each key's `is_locked` and each guard's
 //! `is_lost()` are checked too; at the end every guard is dropped and every key must come free,
 //! with nothing left waiting or watched.
@@ -36,7 +49,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_runtime::{LockClient, LockError, LockGuard, LockOptions};
+use lock_runtime::{LockClient, LockError, LockGuard, LockMode, LockOptions, FAIR_PLACE_KEPT};
 use lock_tests::{Dice, Target};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
@@ -108,6 +121,9 @@ struct Acq {
     class: Class,
     fencing: bool,
     hold: bool,
+    /// A read lock (`LockMode::Shared`).
+    shared: bool,
+    fair: bool,
 }
 
 impl Acq {
@@ -120,14 +136,26 @@ impl Acq {
     }
 
     fn options(&self) -> LockOptions {
+        let mode = if self.shared {
+            LockMode::Shared
+        } else {
+            LockMode::Exclusive
+        };
         let options = LockOptions::new(self.ttl())
             .fencing(self.fencing)
-            .watchdog(self.class == Class::Dog);
+            .watchdog(self.class == Class::Dog)
+            .fair(self.fair)
+            .mode(mode);
         if self.hold {
             options.hold_at_least(HOLD)
         } else {
             options
         }
+    }
+
+    /// The library refuses these options: a read lock is neither fair nor held for a minimum.
+    fn invalid(&self) -> bool {
+        self.shared && (self.fair || self.hold)
     }
 }
 
@@ -174,6 +202,10 @@ enum Op {
         client: usize,
         key: usize,
     },
+    Holder {
+        client: usize,
+        key: usize,
+    },
     ForceRelease {
         client: usize,
         key: usize,
@@ -186,16 +218,25 @@ impl Op {
         let key = d.below(KEYS.len() as u64) as usize;
         let guard = d.below(8) as usize;
         let roll = d.below(100);
-        let acq = |d: &mut Dice| Acq {
-            client,
-            key,
-            class: match d.below(100) {
+        let acq = |d: &mut Dice| {
+            let class = match d.below(100) {
                 0..=39 => Class::Short,
                 40..=74 => Class::Long,
                 _ => Class::Dog,
-            },
-            fencing: d.chance(50),
-            hold: d.chance(25),
+            };
+            let shared = d.chance(35);
+            // A reader is rarely asked to be fair or to hold a minimum (refused): readers
+            // mostly meet readers.
+            let rarely = if shared { 10 } else { 25 };
+            Acq {
+                client,
+                key,
+                class,
+                fencing: d.chance(50),
+                hold: d.chance(rarely),
+                shared,
+                fair: d.chance(rarely + 5),
+            }
         };
         match roll {
             0..=29 => Op::Acquire(acq(d)),
@@ -211,8 +252,9 @@ impl Op {
             },
             65..=71 => Op::Drop { guard },
             72..=81 => Op::Sleep,
-            82..=87 => Op::IsLocked { client, key },
-            88..=93 => Op::RemainingTtl { client, key },
+            82..=85 => Op::IsLocked { client, key },
+            86..=89 => Op::Holder { client, key },
+            90..=94 => Op::RemainingTtl { client, key },
             _ => Op::ForceRelease { client, key },
         }
     }
@@ -227,6 +269,12 @@ impl Op {
             }
             if a.hold {
                 v.push(Acq { hold: false, ..*a });
+            }
+            if a.shared {
+                v.push(Acq { shared: false, ..*a });
+            }
+            if a.fair {
+                v.push(Acq { fair: false, ..*a });
             }
             if a.class != Class::Long {
                 v.push(Acq {
@@ -372,28 +420,54 @@ fn from_now(t: Instant) -> String {
     }
 }
 
-/// Who holds a key in the store.
+/// Who holds a key exclusively in the store.
 #[derive(Debug, Clone, Copy)]
 struct Holder {
-    /// The guard whose token is in the key; `None` after a release that left a minimum hold.
+    /// The guard whose token is in the key; `None` after a release that left a minimum hold,
+    /// or (`waiter`) for a lock a fair release handed to a cancelled waiter.
     owner: Option<usize>,
     lease: Lease,
+    /// Handed by a fair release to a waiter that was cancelled (its place had not lapsed yet):
+    /// it gives the lock back in the background, or its place lapses.
+    waiter: bool,
 }
 
 impl Holder {
     fn show(&self) -> String {
         match self.owner {
             Some(id) => format!("g{id}, lease {}", self.lease.show()),
+            None if self.waiter => format!("a cancelled fair waiter, {}", self.lease.show()),
             None => format!("a released lock's minimum hold, {}", self.lease.show()),
         }
     }
 }
 
+/// One reader's share of a key.
+#[derive(Debug, Clone, Copy)]
+struct Share {
+    owner: usize,
+    lease: Lease,
+}
+
 #[derive(Debug, Default)]
 struct KeyModel {
+    /// The exclusive holder; never at once with `readers` (an acquire of either kind that
+    /// succeeds shows the other gone).
     holder: Option<Holder>,
-    /// The highest fencing token seen for the key: every later one must be greater.
+    /// The shared holders.
+    readers: Vec<Share>,
+    /// The highest fencing token seen for the key: every later writer's must be greater, and a
+    /// reader reads the last one (0 without a counter).
     last_fence: Option<u64>,
+    /// Tokens may have been taken that the model never saw (by a fenced acquire abandoned in
+    /// flight, or for a fair waiter a release handed the lock to): a reader's may then be
+    /// higher than the last one seen.
+    unseen_fences: bool,
+    /// Until when a waiting acquire that was cancelled may still stand in the store: a waiting
+    /// writer's claim (no new reader enters), a fair waiter's place (no fair acquire goes ahead
+    /// of it, and a fair release hands it the lock). Each lapses `FAIR_PLACE_KEPT` after its
+    /// attempt at the latest, and goes sooner when the background leave lands.
+    waiter_until: Option<Instant>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -412,6 +486,10 @@ struct GuardModel {
     id: usize,
     key: usize,
     watchdog: bool,
+    /// A reader's share.
+    shared: bool,
+    /// Its release hands the lock to the next fair waiter.
+    fair: bool,
     /// When its minimum hold ends, if it has one.
     hold: Option<(Instant, Instant)>,
     /// Its local validity (the instant past which `is_lost()` is true).
@@ -438,13 +516,14 @@ struct Slot {
     model: GuardModel,
 }
 
-/// What the model says of a key in a window.
-#[derive(Debug, Clone, Copy)]
+/// What the model says of a key (or of one side of it: its writer, its readers) in a window.
+#[derive(Debug, Clone)]
 enum KeyNow {
     Free,
-    Held(Holder),
+    /// Held: by whom.
+    Held(String),
     /// Held until a lease end that may fall inside the window.
-    Maybe(Holder),
+    Maybe,
 }
 
 #[derive(Debug, Default, Clone)]
@@ -534,14 +613,15 @@ impl Run {
         }
     }
 
-    /// The key's state in `w`; a lease surely over is forgotten on the way.
-    fn key_now(&mut self, key: usize, w: Window) -> KeyNow {
+    /// The state of the key's exclusive holder in `w`; a lease surely over is forgotten on the
+    /// way.
+    fn writer_now(&mut self, key: usize, w: Window) -> KeyNow {
         let Some(holder) = self.keys[key].holder else {
             return KeyNow::Free;
         };
         match holder.lease.status(w) {
-            Status::Live => KeyNow::Held(holder),
-            Status::Undecided => KeyNow::Maybe(holder),
+            Status::Live => KeyNow::Held(holder.show()),
+            Status::Undecided => KeyNow::Maybe,
             Status::Over => {
                 if holder.owner.is_some() {
                     self.hit("a guard's lease ran out in the store");
@@ -549,6 +629,53 @@ impl Run {
                 self.keys[key].holder = None;
                 KeyNow::Free
             }
+        }
+    }
+
+    /// The state of the key's readers in `w`: held while a share surely is; shares surely over
+    /// are forgotten on the way.
+    fn readers_now(&mut self, key: usize, w: Window) -> KeyNow {
+        let before = self.keys[key].readers.len();
+        self.keys[key]
+            .readers
+            .retain(|r| r.lease.status(w) != Status::Over);
+        if self.keys[key].readers.len() < before {
+            self.hit("a reader's share ran out in the store");
+        }
+        let readers = &self.keys[key].readers;
+        let live: Vec<String> = readers
+            .iter()
+            .filter(|r| r.lease.status(w) == Status::Live)
+            .map(|r| format!("g{}", r.owner))
+            .collect();
+        if !live.is_empty() {
+            KeyNow::Held(format!("reader(s) {}", live.join(", ")))
+        } else if readers.is_empty() {
+            KeyNow::Free
+        } else {
+            KeyNow::Maybe
+        }
+    }
+
+    /// The key's state in `w`: held by its writer or by a reader.
+    fn key_now(&mut self, key: usize, w: Window) -> KeyNow {
+        match (self.writer_now(key, w), self.readers_now(key, w)) {
+            (KeyNow::Held(h), _) | (_, KeyNow::Held(h)) => KeyNow::Held(h),
+            (KeyNow::Free, KeyNow::Free) => KeyNow::Free,
+            _ => KeyNow::Maybe,
+        }
+    }
+
+    /// Whether a cancelled waiter may still stand at the key in `w` (see
+    /// [`KeyModel::waiter_until`]).
+    fn waiter_stands(&mut self, key: usize, w: Window) -> bool {
+        match self.keys[key].waiter_until {
+            Some(until) if w.lo <= until + MARGIN => true,
+            Some(_) => {
+                self.keys[key].waiter_until = None;
+                false
+            }
+            None => false,
         }
     }
 
@@ -567,27 +694,37 @@ impl Run {
                 self.decided(true);
                 ensure!(
                     held,
-                    "{what}: `{}` is free, but the model has it held by {}",
-                    KEYS[key],
-                    h.show()
+                    "{what}: `{}` is free, but the model has it held by {h}",
+                    KEYS[key]
                 );
             }
-            KeyNow::Maybe(_) => {
+            KeyNow::Maybe => {
                 self.decided(false);
                 if !held {
                     self.keys[key].holder = None;
+                    self.keys[key].readers.clear();
                 }
             }
         }
         Ok(())
     }
 
-    /// The store's state of `g`'s lock: live (the key holds its token), over, or undecided.
+    /// The store's state of `g`'s lock (or share): live (the key holds its token), over, or
+    /// undecided.
     fn owned(&self, g: &GuardModel, w: Window) -> Status {
-        match self.keys[g.key].holder {
+        let k = &self.keys[g.key];
+        if g.shared {
+            return k
+                .readers
+                .iter()
+                .find(|r| r.owner == g.id)
+                .map_or(Status::Over, |r| r.lease.status(w));
+        }
+        match k.holder {
             Some(Holder {
                 owner: Some(owner),
                 lease,
+                ..
             }) if owner == g.id => lease.status(w),
             _ => Status::Over,
         }
@@ -615,6 +752,35 @@ impl Run {
         }
         self.decided(true);
         self.keys[key].holder = None;
+        self.keys[key].readers.clear();
+        Ok(())
+    }
+
+    /// Waits until `key` has no more shares than the model's surely live ones (a share given
+    /// back in the background, or taken by an acquire abandoned in flight, is gone), at most
+    /// `within`.
+    async fn settles_shares(&mut self, key: usize, within: Duration, what: &str) -> Result<(), String> {
+        let deadline = Instant::now() + within;
+        loop {
+            let (w, found) = timed(self.clients[0].holder(KEYS[key])).await;
+            let found = found.map_err(|e| format!("{what}: holder failed: {e:?}"))?;
+            let shares = found.as_ref().map_or(0, |h| h.readers().len());
+            let live = self.keys[key]
+                .readers
+                .iter()
+                .filter(|r| r.lease.status(w) == Status::Live)
+                .count();
+            if shares <= live {
+                break;
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "{what}: `{}` still has {shares} share(s) after {within:?}, the model {live}",
+                KEYS[key]
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        self.decided(true);
         Ok(())
     }
 
@@ -634,6 +800,52 @@ impl Run {
         lease.max(hold)
     }
 
+    /// How long past now `key` may legitimately stay held: by its holder, its readers' leases,
+    /// or (its holder's release handing it over) a cancelled fair waiter.
+    fn key_may_stay(&self, key: usize) -> Duration {
+        let now = Instant::now();
+        let k = &self.keys[key];
+        let mut stay = k.holder.map_or(Duration::ZERO, |h| self.may_stay(&h));
+        for r in &k.readers {
+            if let Lease::Until { hi, .. } = r.lease {
+                stay = stay.max(hi.saturating_duration_since(now));
+            }
+        }
+        if let Some(until) = k.waiter_until {
+            stay = stay.max((until + MARGIN).saturating_duration_since(now));
+        }
+        stay
+    }
+
+    /// Checks a remaining ttl the store gave for `key` in `w`: within the holder's lease, or
+    /// the last reader's.
+    fn check_left(&self, key: usize, w: Window, left: Duration, what: &str) -> Result<(), String> {
+        let k = &self.keys[key];
+        let leases: Vec<Lease> = match k.holder {
+            Some(h) => vec![h.lease],
+            None => k.readers.iter().map(|r| r.lease).collect(),
+        };
+        if leases.is_empty() {
+            return Ok(());
+        }
+        let (mut least, mut most) = (Duration::ZERO, Duration::ZERO);
+        for lease in leases {
+            match lease {
+                Lease::Until { lo, hi } => {
+                    most = most.max(hi.saturating_duration_since(w.lo) + MARGIN);
+                    least = least.max(lo.saturating_duration_since(w.hi).saturating_sub(MARGIN));
+                }
+                Lease::Renewed { max_left } => most = most.max(max_left + MARGIN),
+            }
+        }
+        ensure!(
+            least <= left && left <= most,
+            "{what} of `{}` is {left:?}, the model expects {least:?}..={most:?}",
+            KEYS[key]
+        );
+        Ok(())
+    }
+
     /// Checks an acquire's answer; on success records the new guard and returns its slot.
     fn acquired(
         &mut self,
@@ -642,19 +854,45 @@ impl Run {
         result: Result<LockGuard, LockError>,
     ) -> Result<(Option<usize>, String), String> {
         let key = KEYS[a.key];
-        let now = self.key_now(a.key, w);
+        if a.invalid() {
+            self.decided(true);
+            return match result {
+                Err(LockError::InvalidOptions { .. }) => {
+                    self.hit("acquire: invalid options refused");
+                    Ok((None, "InvalidOptions".into()))
+                }
+                other => Err(format!(
+                    "acquire of `{key}` answered {other:?}, the model expects InvalidOptions (a \
+                     read lock is neither fair nor held for a minimum)"
+                )),
+            };
+        }
+        // A reader is kept out by a writer (and a waiting writer's claim), a writer by anyone
+        // (and a fair one by a fair waiter's place).
+        let mut now = if a.shared {
+            self.writer_now(a.key, w)
+        } else {
+            self.key_now(a.key, w)
+        };
+        if matches!(now, KeyNow::Free) && (a.shared || a.fair) && self.waiter_stands(a.key, w) {
+            now = KeyNow::Maybe;
+        }
         match result {
             Ok(guard) => {
-                self.hit("acquire: taken");
+                self.hit(match (a.shared, a.fair) {
+                    (true, _) => "acquire: taken, shared",
+                    (_, true) => "acquire: taken, fair",
+                    _ => "acquire: taken",
+                });
+                if a.shared && !self.keys[a.key].readers.is_empty() {
+                    self.hit("acquire: shared with other readers");
+                }
                 match now {
                     KeyNow::Held(h) => {
                         self.decided(true);
-                        return Err(format!(
-                            "acquired `{key}` while the model has it held by {}",
-                            h.show()
-                        ));
+                        return Err(format!("acquired `{key}` while the model has it held by {h}"));
                     }
-                    KeyNow::Maybe(_) => self.decided(false),
+                    KeyNow::Maybe => self.decided(false),
                     KeyNow::Free => self.decided(true),
                 }
                 ensure!(guard.key() == key, "the guard's key is `{}`", guard.key());
@@ -664,7 +902,27 @@ impl Run {
                     let Some(token) = token else {
                         return Err(format!("a fenced acquire of `{key}` has no fencing token"));
                     };
-                    if let Some(last) = model.last_fence {
+                    if a.shared {
+                        // A reader takes no token of its own: it reads the last writer's.
+                        let last = model.last_fence.unwrap_or(0);
+                        if model.unseen_fences {
+                            ensure!(
+                                token >= last,
+                                "a reader of `{key}` read fencing token {token}, below the last one {last}"
+                            );
+                        } else {
+                            ensure!(
+                                token == last,
+                                "a reader of `{key}` read fencing token {token}, the model expects \
+                                 the last writer's, {last}"
+                            );
+                        }
+                        *self
+                            .stats
+                            .seen
+                            .entry("acquire: a reader read the last writer's token")
+                            .or_default() += 1;
+                    } else if let Some(last) = model.last_fence {
                         *self
                             .stats
                             .seen
@@ -686,26 +944,43 @@ impl Run {
                 } else {
                     Lease::timed(w, a.ttl())
                 };
-                model.holder = Some(Holder {
-                    owner: Some(id),
-                    lease,
-                });
+                if a.shared {
+                    model.holder = None;
+                    model.readers.push(Share { owner: id, lease });
+                } else {
+                    model.readers.clear();
+                    model.holder = Some(Holder {
+                        owner: Some(id),
+                        lease,
+                        waiter: false,
+                    });
+                }
                 self.guards.push(Slot {
                     real: guard,
                     model: GuardModel {
                         id,
                         key: a.key,
                         watchdog: a.class == Class::Dog,
+                        shared: a.shared,
+                        fair: a.fair,
                         hold: a.hold.then(|| (w.lo + HOLD, w.hi + HOLD)),
                         validity: lease,
                         lost: Lost::No,
                     },
                 });
-                Ok((Some(self.guards.len() - 1), format!("Ok(g{id}, fence {token:?})")))
+                let kind = if a.shared { ", shared" } else { "" };
+                Ok((
+                    Some(self.guards.len() - 1),
+                    format!("Ok(g{id}{kind}, fence {token:?})"),
+                ))
             }
             Err(LockError::Busy { key: busy }) => {
                 ensure!(busy == key, "Busy names `{busy}`");
-                self.hit("acquire: busy");
+                self.hit(if a.shared {
+                    "acquire: busy, shared"
+                } else {
+                    "acquire: busy"
+                });
                 match now {
                     KeyNow::Free => {
                         self.decided(true);
@@ -715,7 +990,7 @@ impl Run {
                         self.decided(true);
                         Ok((None, "Busy".into()))
                     }
-                    KeyNow::Maybe(_) => {
+                    KeyNow::Maybe => {
                         self.decided(false);
                         Ok((None, "Busy".into()))
                     }
@@ -725,12 +1000,56 @@ impl Run {
         }
     }
 
+    /// A fair guard's token left `key` (released, or given back in the background): a fair
+    /// release hands the lock to the next waiter in line, which may be a cancelled one whose
+    /// place has not lapsed yet. Then the key stays held until that waiter gives it back or its
+    /// place lapses.
+    fn fair_release(&mut self, key: usize, w: Window) {
+        if !self.waiter_stands(key, w) {
+            return;
+        }
+        let until = self.keys[key].waiter_until.unwrap_or(w.hi);
+        self.hit("release: fair, a cancelled waiter may be handed the lock");
+        self.keys[key].unseen_fences = true;
+        self.keys[key].holder = Some(Holder {
+            owner: None,
+            lease: Lease::Until {
+                lo: w.lo,
+                hi: until + MARGIN,
+            },
+            waiter: true,
+        });
+    }
+
     /// Drops the guard in `slot`; if its token may still be in the key, waits for the
-    /// background release (and its minimum hold) to free the key.
+    /// background release (and its minimum hold) to free the key, or a reader's share to go.
     async fn drop_guard(&mut self, slot: usize) -> Result<String, String> {
         let Slot { real, model: g } = self.guards.remove(slot);
         let w = Window::now();
         let status = self.owned(&g, w);
+        if g.shared {
+            let lease = self.keys[g.key]
+                .readers
+                .iter()
+                .find(|r| r.owner == g.id)
+                .map(|r| r.lease);
+            self.keys[g.key].readers.retain(|r| r.owner != g.id);
+            drop(real);
+            if status == Status::Over {
+                self.hit("drop: not the holder");
+                return Ok(format!("dropped g{} (not a reader)", g.id));
+            }
+            let stay = match lease {
+                Some(Lease::Until { hi, .. }) if status == Status::Undecided => {
+                    hi.saturating_duration_since(w.hi)
+                }
+                _ => Duration::ZERO,
+            };
+            let what = format!("g{} dropped", g.id);
+            self.settles_shares(g.key, SETTLE + stay, &what).await?;
+            self.hit("drop: a reader, its share given back in the background");
+            return Ok(format!("dropped g{}, its share gone", g.id));
+        }
         let stay = match (status, g.hold) {
             (Status::Over, _) => None,
             (_, Some((_, hold_hi))) => Some(hold_hi.saturating_duration_since(w.hi)),
@@ -752,6 +1071,11 @@ impl Run {
                 Ok(format!("dropped g{} (not the holder)", g.id))
             }
             Some(stay) => {
+                let mut stay = stay;
+                if g.fair && self.waiter_stands(g.key, w) {
+                    self.keys[g.key].unseen_fences = true;
+                    stay = stay.max(self.key_may_stay(g.key));
+                }
                 let what = format!("g{} dropped", g.id);
                 self.settles_free(g.key, SETTLE + stay, &what).await?;
                 self.hit("drop: the holder, freed in the background");
@@ -811,28 +1135,49 @@ impl Run {
                         }
                         (None, got) => got,
                     },
-                    Err(_elapsed) => match self.key_now(a.key, w) {
-                        KeyNow::Held(_) => {
-                            self.hit(if waiting {
-                                "cancel: abandoned while waiting for a held key"
-                            } else {
-                                "cancel: abandoned on a held key"
-                            });
-                            "cancelled".to_owned()
+                    Err(_elapsed) => {
+                        if waiting && (a.fair || !a.shared) {
+                            // Its claim or its place may stand until it lapses.
+                            let until = w.hi + FAIR_PLACE_KEPT;
+                            let k = &mut self.keys[a.key];
+                            k.waiter_until = Some(k.waiter_until.map_or(until, |u| u.max(until)));
                         }
-                        KeyNow::Free => {
-                            self.hit("cancel: abandoned on a free key, the key freed");
-                            self.settles_free(a.key, SETTLE, "after a cancelled acquire")
-                                .await?;
-                            "cancelled, key free".to_owned()
+                        if a.fencing && !a.shared {
+                            self.keys[a.key].unseen_fences = true;
                         }
-                        KeyNow::Maybe(h) => {
-                            let within = SETTLE + self.may_stay(&h);
-                            self.settles_free(a.key, within, "after a cancelled acquire")
-                                .await?;
-                            "cancelled, key free".to_owned()
+                        let writer_held = matches!(self.writer_now(a.key, w), KeyNow::Held(_));
+                        match self.key_now(a.key, w) {
+                            KeyNow::Held(_) if a.shared && !writer_held => {
+                                // Readers hold it: it may have taken a share too, given back in
+                                // the background.
+                                self.hit("cancel: a reader abandoned on a shared key");
+                                let within = SETTLE + self.key_may_stay(a.key);
+                                self.settles_shares(a.key, within, "after a cancelled acquire")
+                                    .await?;
+                                "cancelled, no share left".to_owned()
+                            }
+                            KeyNow::Held(_) => {
+                                self.hit(if waiting {
+                                    "cancel: abandoned while waiting for a held key"
+                                } else {
+                                    "cancel: abandoned on a held key"
+                                });
+                                "cancelled".to_owned()
+                            }
+                            KeyNow::Free => {
+                                self.hit("cancel: abandoned on a free key, the key freed");
+                                self.settles_free(a.key, SETTLE, "after a cancelled acquire")
+                                    .await?;
+                                "cancelled, key free".to_owned()
+                            }
+                            KeyNow::Maybe => {
+                                let within = SETTLE + self.key_may_stay(a.key);
+                                self.settles_free(a.key, within, "after a cancelled acquire")
+                                    .await?;
+                                "cancelled, key free".to_owned()
+                            }
                         }
-                    },
+                    }
                 };
                 let deadline = Instant::now() + SETTLE;
                 while c.waiting_channels() != 0 {
@@ -862,7 +1207,15 @@ impl Run {
                             g.id,
                             self.keys[g.key].holder.map_or("free".to_owned(), |h| h.show())
                         );
-                        self.hit("release: Ok(true)");
+                        self.hit(if g.shared {
+                            "release: Ok(true), a reader"
+                        } else {
+                            "release: Ok(true)"
+                        });
+                        if g.shared {
+                            self.keys[g.key].readers.retain(|r| r.owner != g.id);
+                            return Ok(format!("g{}: {result:?}", g.id));
+                        }
                         // With a minimum hold still ahead, the key stays until it ends.
                         self.keys[g.key].holder = match g.hold {
                             Some((hold_lo, hold_hi)) if w.lo <= hold_hi => Some(Holder {
@@ -871,11 +1224,14 @@ impl Run {
                                     lo: w.lo.max(hold_lo),
                                     hi: w.hi.max(hold_hi + (w.hi - w.lo) + Duration::from_millis(1)),
                                 },
+                                waiter: false,
                             }),
                             _ => None,
                         };
                         if self.keys[g.key].holder.is_some() {
                             self.hit("release: Ok(true), key kept for the minimum hold");
+                        } else if g.fair {
+                            self.fair_release(g.key, w);
                         }
                     }
                     Ok(false) => {
@@ -885,7 +1241,9 @@ impl Run {
                             "release of g{} said it was not ours, but the model has it held by it",
                             g.id
                         );
-                        if status == Status::Undecided {
+                        if g.shared {
+                            self.keys[g.key].readers.retain(|r| r.owner != g.id);
+                        } else if status == Status::Undecided {
                             self.keys[g.key].holder = None;
                         }
                     }
@@ -918,15 +1276,18 @@ impl Run {
                             local.map(|ok| !ok)
                         );
                         let key = self.guards[slot].model.key;
-                        let holder = self.keys[key]
-                            .holder
-                            .as_mut()
-                            .ok_or_else(|| format!("extend of g{id} succeeded on a free key"))?;
+                        let k = &mut self.keys[key];
+                        let lease = if self.guards[slot].model.shared {
+                            k.readers.iter_mut().find(|r| r.owner == id).map(|r| &mut r.lease)
+                        } else {
+                            k.holder.as_mut().map(|h| &mut h.lease)
+                        }
+                        .ok_or_else(|| format!("extend of g{id} succeeded on a free key"))?;
                         let g = &mut self.guards[slot].model;
                         if watchdog {
-                            holder.lease = Lease::Renewed { max_left: LONG };
+                            *lease = Lease::Renewed { max_left: LONG };
                         } else {
-                            holder.lease = holder.lease.lengthened(Lease::timed(w, ttl));
+                            *lease = lease.lengthened(Lease::timed(w, ttl));
                             g.validity = g.validity.lengthened(Lease::timed(w, ttl));
                         }
                         self.stats
@@ -971,26 +1332,58 @@ impl Run {
                 let (w, result) = timed(self.clients[client].remaining_ttl(KEYS[key])).await;
                 let left = result.map_err(|e| format!("remaining_ttl failed: {e:?}"))?;
                 self.observe_held(key, w, left.is_some(), "remaining_ttl")?;
-                if let (Some(left), Some(holder)) = (left, self.keys[key].holder) {
+                if let Some(left) = left {
                     self.hit("remaining_ttl: Some");
-                    match holder.lease {
-                        Lease::Until { lo, hi } => {
-                            let most = hi.saturating_duration_since(w.lo) + MARGIN;
-                            let least = lo.saturating_duration_since(w.hi).saturating_sub(MARGIN);
-                            ensure!(
-                                least <= left && left <= most,
-                                "remaining_ttl of `{}` is {left:?}, the model expects {least:?}..={most:?}",
-                                KEYS[key]
-                            );
-                        }
-                        Lease::Renewed { max_left } => ensure!(
-                            left <= max_left + MARGIN,
-                            "remaining_ttl of the watched `{}` is {left:?}, above its ttl {max_left:?}",
-                            KEYS[key]
-                        ),
-                    }
+                    self.check_left(key, w, left, "remaining_ttl")?;
                 }
                 Ok(format!("{left:?}"))
+            }
+            Op::Holder { client, key } => {
+                let (w, result) = timed(self.clients[client].holder(KEYS[key])).await;
+                let found = result.map_err(|e| format!("holder failed: {e:?}"))?;
+                self.observe_held(key, w, found.is_some(), "holder")?;
+                let Some(found) = found else {
+                    return Ok("None".into());
+                };
+                let name = KEYS[key];
+                let holder = self.keys[key].holder;
+                let all = self.keys[key].readers.len();
+                let live = self.keys[key]
+                    .readers
+                    .iter()
+                    .filter(|r| r.lease.status(w) == Status::Live)
+                    .count();
+                if let Some(h) = holder {
+                    self.hit("holder: a writer");
+                    ensure!(
+                        !found.is_shared() && found.readers().is_empty() && found.owner().is_some(),
+                        "holder of `{name}` is {found:?}, the model has it held by {}",
+                        h.show()
+                    );
+                    let released = h.owner.is_none() && !h.waiter;
+                    ensure!(
+                        found.is_released() == released,
+                        "holder of `{name}` is {found:?}, the model has it held by {}",
+                        h.show()
+                    );
+                } else if all > 0 {
+                    self.hit("holder: readers");
+                    let n = found.readers().len();
+                    ensure!(
+                        found.is_shared() && found.owner().is_none() && live <= n && n <= all,
+                        "holder of `{name}` is {found:?}, the model has {live}..={all} reader(s)"
+                    );
+                }
+                let left = found
+                    .remaining()
+                    .ok_or_else(|| format!("holder of `{name}` has no remaining ttl"))?;
+                self.check_left(key, w, left, "the holder's remaining ttl")?;
+                Ok(format!(
+                    "shared {}, {} reader(s), released {}, {left:?} left",
+                    found.is_shared(),
+                    found.readers().len(),
+                    found.is_released()
+                ))
             }
             Op::ForceRelease { client, key } => {
                 let (w, result) = timed(self.clients[client].force_release(KEYS[key])).await;
@@ -1001,10 +1394,13 @@ impl Run {
                     "force_release: false"
                 });
                 self.observe_held(key, w, removed, "force_release")?;
-                if let Some(Holder {
-                    owner: Some(owner), ..
-                }) = self.keys[key].holder
-                {
+                let owners: Vec<usize> = self.keys[key]
+                    .holder
+                    .and_then(|h| h.owner)
+                    .into_iter()
+                    .chain(self.keys[key].readers.iter().map(|r| r.owner))
+                    .collect();
+                for owner in owners {
                     if let Some(s) = self.guards.iter_mut().find(|s| s.model.id == owner) {
                         if s.model.watchdog {
                             *self
@@ -1022,6 +1418,7 @@ impl Run {
                     }
                 }
                 self.keys[key].holder = None;
+                self.keys[key].readers.clear();
                 Ok(format!("{removed}"))
             }
         }
@@ -1080,8 +1477,8 @@ impl Run {
     async fn finish(&mut self) -> Result<(), String> {
         let mut stays = [None; 3];
         for (key, stay) in stays.iter_mut().enumerate() {
-            if let Some(holder) = self.keys[key].holder {
-                *stay = Some(self.may_stay(&holder));
+            if self.keys[key].holder.is_some() || !self.keys[key].readers.is_empty() {
+                *stay = Some(self.key_may_stay(key));
             }
         }
         self.guards.clear();
