@@ -1,6 +1,7 @@
 //! Model-based tests: seeded random sequences of operations (acquire with each option: ttl,
-//! watchdog, fencing, minimum hold, fair, shared (read) or exclusive; release, extend, drop,
-//! cancel, force release, time passing, and the queries) run against the in-memory
+//! watchdog, fencing, minimum hold, fair, shared (read) or exclusive; `run` with each `on_lost`
+//! policy; release, extend, drop, cancel, force release, time passing, and the queries) run
+//! against the in-memory
 //! backend and a spawned redis-server, and every answer is compared with a small model of the
 //! contract in the README. On a disagreement the sequence is shrunk (chunks, then single ops, then
 //! simpler options, each candidate on a fresh store) and the test fails with the seed, the shrunk
@@ -25,7 +26,13 @@
 //! `is_lost()` follow its own share. `is_locked`, `remaining_ttl` (the writer's, or the last
 //! share's), `holder` (a writer's owner label, `is_released()` exactly for a minimum
 //! hold kept after its release; for readers `is_shared()` and one entry per share) and `force_release` (every
-//! share too) follow the key. A dropped guard, and an acquire abandoned
+//! share too) follow the key. A `run` holds its lock like a guard (its `is_lost()` is
+//! `current()`'s, from inside the body) while its body waits to be told to finish: with
+//! `OnLost::Continue` the call never ends before that (lost or not) and then answers `Ok`; with
+//! `OnLost::Abort` it never ends while the lock is not lost, ends with `Lost` within `SETTLE`
+//! once `is_lost()` is true, and answers `Ok` when told to finish while valid (its release at
+//! the loss honours a minimum hold, so the key may stay until the hold ends); dropping it
+//! cancels the call. A dropped guard, and an acquire abandoned
 //! by a 0 ms timeout, must leave the key free (a reader: its share gone) once their background
 //! release lands (within
 //! `SETTLE`, plus any minimum hold). After every step each key's `is_locked` and each guard's
@@ -49,7 +56,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_runtime::{LockClient, LockError, LockGuard, LockMode, LockOptions, FAIR_PLACE_KEPT};
+use lock_runtime::{
+    LockClient, LockError, LockGuard, LockInfo, LockMode, LockOptions, OnLost, FAIR_PLACE_KEPT,
+};
 use lock_tests::{Dice, Target};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
@@ -166,6 +175,12 @@ impl Acq {
 enum Op {
     /// `acquire` with wait 0.
     Acquire(Acq),
+    /// `run` with wait 0 and `on_lost` abort (else continue), its body (in a task of its own)
+    /// running until a `Release` of it tells it to finish; a `Drop` cancels the call.
+    Run {
+        acq: Acq,
+        abort: bool,
+    },
     /// The same acquire inside `tokio::time::timeout(0 ms, …)`, which fires at the timer's next
     /// millisecond tick: in memory the acquire is always answered at its first poll; on Redis it
     /// is abandoned unanswered (not yet sent, or in flight) or, when Redis is quick, answered.
@@ -239,7 +254,11 @@ impl Op {
             }
         };
         match roll {
-            0..=29 => Op::Acquire(acq(d)),
+            0..=23 => Op::Acquire(acq(d)),
+            24..=29 => Op::Run {
+                acq: acq(d),
+                abort: d.chance(50),
+            },
             30..=39 => Op::Cancel {
                 acq: acq(d),
                 waiting: d.chance(35),
@@ -289,6 +308,13 @@ impl Op {
         };
         match *self {
             Op::Acquire(a) => out.extend(acq_simpler(&a).into_iter().map(Op::Acquire)),
+            Op::Run { acq, abort } => {
+                out.push(Op::Acquire(acq));
+                if !abort {
+                    out.push(Op::Run { acq, abort: true });
+                }
+                out.extend(acq_simpler(&acq).into_iter().map(|acq| Op::Run { acq, abort }));
+            }
             Op::Cancel { acq, waiting, stall } => {
                 if waiting {
                     out.push(Op::Cancel {
@@ -511,8 +537,57 @@ impl GuardModel {
     }
 }
 
+/// What holds a lock taken by a step: a guard, or a body running under `LockClient::run`.
+enum Real {
+    Guard(LockGuard),
+    Run(Running),
+}
+
+/// A body running under `LockClient::run` in a task of its own, until told to finish.
+struct Running {
+    /// `lock_runtime::current()` from inside the body.
+    info: LockInfo,
+    /// `OnLost::Abort` (else `Continue`).
+    abort: bool,
+    finish: Option<tokio::sync::oneshot::Sender<()>>,
+    /// `None` once its outcome was checked.
+    task: Option<tokio::task::JoinHandle<Result<(), LockError>>>,
+}
+
+impl Drop for Running {
+    /// Dropping it cancels the call (its guard releases in the background).
+    fn drop(&mut self) {
+        if let Some(task) = &self.task {
+            task.abort();
+        }
+    }
+}
+
+impl Real {
+    fn key(&self) -> &str {
+        match self {
+            Real::Guard(g) => g.key(),
+            Real::Run(r) => r.info.key(),
+        }
+    }
+
+    fn fencing_token(&self) -> Option<u64> {
+        match self {
+            Real::Guard(g) => g.fencing_token(),
+            Real::Run(r) => r.info.fencing_token(),
+        }
+    }
+
+    fn is_lost(&self) -> bool {
+        match self {
+            Real::Guard(g) => g.is_lost(),
+            Real::Run(r) => r.info.is_lost(),
+        }
+    }
+}
+
 struct Slot {
-    real: LockGuard,
+    real: Real,
     model: GuardModel,
 }
 
@@ -851,7 +926,7 @@ impl Run {
         &mut self,
         a: &Acq,
         w: Window,
-        result: Result<LockGuard, LockError>,
+        result: Result<Real, LockError>,
     ) -> Result<(Option<usize>, String), String> {
         let key = KEYS[a.key];
         if a.invalid() {
@@ -862,8 +937,9 @@ impl Run {
                     Ok((None, "InvalidOptions".into()))
                 }
                 other => Err(format!(
-                    "acquire of `{key}` answered {other:?}, the model expects InvalidOptions (a \
-                     read lock is neither fair nor held for a minimum)"
+                    "acquire of `{key}` answered {:?}, the model expects InvalidOptions (a \
+                     read lock is neither fair nor held for a minimum)",
+                    other.map(|r| format!("Ok(guard of `{}`)", r.key()))
                 )),
             };
         }
@@ -944,6 +1020,17 @@ impl Run {
                 } else {
                     Lease::timed(w, a.ttl())
                 };
+                // A run with `OnLost::Abort` releases its lock as soon as its validity ends,
+                // which is a little before the key's expiry (the drift): with a minimum hold,
+                // that release keeps the key until the hold ends.
+                let aborts = matches!(guard, Real::Run(Running { abort: true, .. }));
+                let key_lease = match lease {
+                    Lease::Until { lo, hi } if aborts && a.hold => Lease::Until {
+                        lo,
+                        hi: hi.max(w.hi + HOLD),
+                    },
+                    lease => lease,
+                };
                 if a.shared {
                     model.holder = None;
                     model.readers.push(Share { owner: id, lease });
@@ -951,7 +1038,7 @@ impl Run {
                     model.readers.clear();
                     model.holder = Some(Holder {
                         owner: Some(id),
-                        lease,
+                        lease: key_lease,
                         waiter: false,
                     });
                 }
@@ -1019,6 +1106,55 @@ impl Run {
             },
             waiter: true,
         });
+    }
+
+    /// Tells a run's body to finish and checks the call's answer under its lost-lock policy:
+    /// `Ok` unless it was lost with `OnLost::Abort` (then it answers `Lost`, and most often
+    /// had already, found at a check); then the key comes free as for a dropped guard.
+    async fn finish_run(&mut self, slot: usize) -> Result<String, String> {
+        let id = self.guards[slot].model.id;
+        let Real::Run(run) = &mut self.guards[slot].real else {
+            unreachable!("only a run is finished")
+        };
+        let abort = run.abort;
+        if let Some(finish) = run.finish.take() {
+            let _ = finish.send(());
+        }
+        let outcome = match run.task.take() {
+            None => "its call had ended with Lost".to_owned(),
+            Some(task) => {
+                let (w, joined) = timed(task).await;
+                let result = joined.map_err(|e| format!("g{id}'s run failed: {e}"))?;
+                let expected = self.guards[slot].model.expect_lost(w);
+                self.decided(expected.is_some() || !abort);
+                match (&result, abort) {
+                    (Ok(()), false) => self.hit("run: on_lost continue, its body finished"),
+                    (Ok(()), true) => {
+                        ensure!(
+                            expected != Some(true),
+                            "g{id}'s run (on_lost abort) finished its body, but the model has it lost"
+                        );
+                        self.hit("run: on_lost abort, its body finished while held");
+                    }
+                    (Err(LockError::Lost { .. }), true) => {
+                        ensure!(
+                            expected != Some(false),
+                            "g{id}'s run (on_lost abort) answered Lost, but the model has it valid"
+                        );
+                        self.hit("run: on_lost abort, lost as its body finished");
+                    }
+                    _ => {
+                        return Err(format!(
+                            "g{id}'s run (on_lost {}) answered {result:?}",
+                            if abort { "abort" } else { "continue" }
+                        ))
+                    }
+                }
+                format!("{result:?}")
+            }
+        };
+        let freed = self.drop_guard(slot).await?;
+        Ok(format!("g{id} finished: {outcome}; {freed}"))
     }
 
     /// Drops the guard in `slot`; if its token may still be in the key, waits for the
@@ -1089,6 +1225,43 @@ impl Run {
             Op::Acquire(a) => {
                 let c = self.clients[a.client].clone();
                 let (w, result) = timed(c.acquire(KEYS[a.key], &a.options())).await;
+                Ok(self.acquired(&a, w, result.map(Real::Guard))?.1)
+            }
+            Op::Run { acq: a, abort } => {
+                let c = self.clients[a.client].clone();
+                let policy = if abort { OnLost::Abort } else { OnLost::Continue };
+                let options = a.options().on_lost(policy);
+                let (started, info) = tokio::sync::oneshot::channel::<LockInfo>();
+                let (finish, finished) = tokio::sync::oneshot::channel::<()>();
+                let key = KEYS[a.key];
+                let lo = Instant::now();
+                let mut task = tokio::spawn(async move {
+                    c.run(key, &options, async move {
+                        if let Some(info) = lock_runtime::current() {
+                            let _ = started.send(info);
+                        }
+                        let _ = finished.await;
+                    })
+                    .await
+                });
+                let result = match info.await {
+                    Ok(info) => Ok(Real::Run(Running {
+                        info,
+                        abort,
+                        finish: Some(finish),
+                        task: Some(task),
+                    })),
+                    // The body never ran: the call's answer says why.
+                    Err(_) => match (&mut task).await {
+                        Ok(Ok(())) => return Err("the run's body ran outside any lock".into()),
+                        Ok(Err(e)) => Err(e),
+                        Err(e) => return Err(format!("the run's task failed: {e}")),
+                    },
+                };
+                let w = Window {
+                    lo,
+                    hi: Instant::now(),
+                };
                 Ok(self.acquired(&a, w, result)?.1)
             }
             Op::Cancel {
@@ -1128,7 +1301,7 @@ impl Run {
                     self.hit("cancel: abandoned while stalled in flight");
                 }
                 let outcome = match result {
-                    Ok(result) => match self.acquired(&a, w, result)? {
+                    Ok(result) => match self.acquired(&a, w, result.map(Real::Guard))? {
                         (Some(slot), got) => {
                             self.hit("cancel: completed before the timeout, guard dropped");
                             format!("{got}, then {}", self.drop_guard(slot).await?)
@@ -1194,7 +1367,13 @@ impl Run {
                 let Some(slot) = self.pick(guard) else {
                     return Ok("no guard".into());
                 };
+                if matches!(self.guards[slot].real, Real::Run(_)) {
+                    return self.finish_run(slot).await;
+                }
                 let Slot { real, model: g } = self.guards.remove(slot);
+                let Real::Guard(real) = real else {
+                    unreachable!("a run is finished above")
+                };
                 let (w, result) = timed(real.release()).await;
                 let status = self.owned(&g, w);
                 self.decided(status != Status::Undecided);
@@ -1257,7 +1436,10 @@ impl Run {
                 };
                 let watchdog = self.guards[slot].model.watchdog;
                 let ttl = if long || watchdog { LONG } else { SHORT };
-                let (w, result) = timed(self.guards[slot].real.extend(ttl)).await;
+                let Real::Guard(guard) = &self.guards[slot].real else {
+                    return Ok("a run's lock: no extend".into());
+                };
+                let (w, result) = timed(guard.extend(ttl)).await;
                 let g = &self.guards[slot].model;
                 let id = g.id;
                 let local = g.expect_lost(w).map(|lost| !lost);
@@ -1433,6 +1615,11 @@ impl Run {
         }
         let mut outcomes = Vec::new();
         for s in &mut self.guards {
+            // Read before `is_lost()`: a run's call ends only after its lock was lost.
+            let ended = match &s.real {
+                Real::Run(run) => run.task.as_ref().map(|t| t.is_finished()),
+                Real::Guard(_) => None,
+            };
             let lo = Instant::now();
             let lost = s.real.is_lost();
             let w = Window {
@@ -1465,6 +1652,47 @@ impl Run {
                 s.model.lost = Lost::Yes;
             } else if s.model.lost == Lost::Unsettled {
                 s.model.lost = Lost::No;
+            }
+            // The lost-lock policy of a run: with `Continue` the call goes on until its body
+            // is told to finish; with `Abort` it ends exactly when the lock is lost (the body
+            // dropped, `Lost` answered), soon after `is_lost()` says so, and never before.
+            let (Real::Run(run), Some(ended)) = (&mut s.real, ended) else {
+                continue;
+            };
+            let id = s.model.id;
+            if !run.abort {
+                ensure!(
+                    !ended,
+                    "g{id}'s run (on_lost continue) ended before its body was told to finish"
+                );
+                if lost {
+                    *self
+                        .stats
+                        .seen
+                        .entry("run: on_lost continue, lost and going on")
+                        .or_default() += 1;
+                }
+                continue;
+            }
+            ensure!(
+                !ended || lost,
+                "g{id}'s run (on_lost abort) ended, but its lock is not lost"
+            );
+            if lost {
+                let task = run.task.take().expect("a task not yet checked");
+                let joined = tokio::time::timeout(SETTLE, task).await.map_err(|_| {
+                    format!("g{id}'s lock is lost, but its run (on_lost abort) goes on after {SETTLE:?}")
+                })?;
+                let result = joined.map_err(|e| format!("g{id}'s run failed: {e}"))?;
+                ensure!(
+                    matches!(result, Err(LockError::Lost { .. })),
+                    "g{id}'s run (on_lost abort) lost its lock and answered {result:?}"
+                );
+                *self
+                    .stats
+                    .seen
+                    .entry("run: on_lost abort, the call ended with Lost")
+                    .or_default() += 1;
             }
         }
         for decided in outcomes {
