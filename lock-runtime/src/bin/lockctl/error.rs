@@ -46,6 +46,12 @@ impl From<redis::RedisError> for Error {
     }
 }
 
+impl From<redis::ParsingError> for Error {
+    fn from(e: redis::ParsingError) -> Self {
+        Error::Failed(format!("unexpected answer from Redis: {e}"))
+    }
+}
+
 impl From<LockError> for Error {
     fn from(e: LockError) -> Self {
         Error::Lock(e)

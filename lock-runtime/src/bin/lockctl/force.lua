@@ -1,6 +1,8 @@
 -- `lockctl release --force`: deletes the lock at KEYS[1] only if it still holds what the
 -- operator was shown and agreed to release, with its waiting mark (KEYS[2]), and announces the
--- release on channel ARGV[3] so that a waiter takes the lock at once. One script on the
+-- release on channel ARGV[3] so that a waiter takes the lock at once: with sharded pub/sub
+-- (SPUBLISH, on the lock's shard) when ARGV[4] is '1' (a Redis Cluster, whose waiters listen
+-- with SSUBSCRIBE), as the library's release.lua does. One script on the
 -- connection lockctl read with: no holder that took the lock in between is deleted.
 -- ARGV[1] the key's Redis type when read ('string', 'hash', or a foreign value's type), ARGV[2]
 -- for a string the value read (its ':released' suffix, a lock kept for its minimum hold, is not
@@ -36,5 +38,5 @@ elseif kind == 'hash' then
 end
 redis.call('DEL', KEYS[1], KEYS[2])
 -- Best effort, as in the library's release: without channel rights waiters wake on their timers.
-redis.pcall('PUBLISH', ARGV[3], 'released')
+redis.pcall(ARGV[4] == '1' and 'SPUBLISH' or 'PUBLISH', ARGV[3], 'released')
 return 1

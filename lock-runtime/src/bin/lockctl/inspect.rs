@@ -1,18 +1,22 @@
-//! Reading locks: which keys are locks (SCAN), and what each one holds, in one atomic
-//! MULTI/EXEC per page of keys; and the `list` and `show` commands over them.
+//! Reading locks: which keys are locks (SCAN, on every primary of a Cluster), and what each one
+//! holds, in one atomic MULTI/EXEC per page of keys (per key on a Cluster, where a transaction
+//! stays in one slot); and the `list` and `show` commands over them.
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::Instant;
 
-use redis::aio::MultiplexedConnection;
+use futures_util::{StreamExt, TryStreamExt};
 use redis::{FromRedisValue, Value};
 
 use crate::error::Error;
 use crate::output::Out;
-use crate::target::Target;
+use crate::target::{Conn, Target};
 
-/// How many keys one SCAN call looks at, and how many locks one read covers.
+/// How many keys one SCAN call looks at, and how many locks one read covers (on one server).
 const PAGE: usize = 500;
+
+/// How many reads are in flight at once (on a Cluster, one per key).
+const READS_IN_FLIGHT: usize = 16;
 
 /// What a release kept for its minimum hold appends to the holder's value.
 const RELEASED: &str = ":released";
@@ -103,26 +107,26 @@ pub(crate) fn check_key(key: &str) -> Result<(), Error> {
 }
 
 /// The locks held now whose keys match `pattern`, sorted by key.
-pub(crate) async fn held(
-    conn: &mut MultiplexedConnection,
-    prefix: &str,
-    pattern: &str,
-) -> Result<Vec<LockView>, Error> {
+pub(crate) async fn held(conn: &mut Conn, prefix: &str, pattern: &str) -> Result<Vec<LockView>, Error> {
     let keys = scan(conn, prefix, pattern).await?;
-    let mut views = Vec::with_capacity(keys.len());
-    for page in keys.chunks(PAGE) {
-        let found = read(conn, prefix, page).await?;
-        views.extend(found.into_iter().filter(|v| v.holding != Holding::Free));
-    }
-    Ok(views)
+    let per_read = conn.keys_per_transaction(PAGE);
+    let pages: Vec<Vec<LockView>> = futures_util::stream::iter(keys.chunks(per_read))
+        .map(|page| {
+            let mut conn = conn.clone();
+            async move { read(&mut conn, prefix, page).await }
+        })
+        .buffered(READS_IN_FLIGHT)
+        .try_collect()
+        .await?;
+    Ok(pages
+        .into_iter()
+        .flatten()
+        .filter(|v| v.holding != Holding::Free)
+        .collect())
 }
 
 /// What one key holds now.
-pub(crate) async fn read_one(
-    conn: &mut MultiplexedConnection,
-    prefix: &str,
-    key: &str,
-) -> Result<LockView, Error> {
+pub(crate) async fn read_one(conn: &mut Conn, prefix: &str, key: &str) -> Result<LockView, Error> {
     let mut found = read(conn, prefix, &[key.to_owned()]).await?;
     found
         .pop()
@@ -130,27 +134,30 @@ pub(crate) async fn read_one(
 }
 
 /// The user keys of the lock keys matching `pattern`, sorted and without repeats (SCAN may
-/// return a key twice). SCAN, not KEYS: it does not block the server on a large keyspace.
-async fn scan(conn: &mut MultiplexedConnection, prefix: &str, pattern: &str) -> Result<Vec<String>, Error> {
+/// return a key twice). SCAN, not KEYS: it does not block the server on a large keyspace. On a
+/// Cluster every primary is walked (each holds the keys of its slots).
+async fn scan(conn: &mut Conn, prefix: &str, pattern: &str) -> Result<Vec<String>, Error> {
     let matching = format!("{}{{{pattern}}}", glob_escape(prefix));
     let mut keys = BTreeSet::new();
-    let mut cursor: u64 = 0;
-    loop {
-        let (next, batch): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(&matching)
-            .arg("COUNT")
-            .arg(PAGE)
-            .query_async(conn)
-            .await?;
-        let names = batch.into_iter().filter_map(|name| String::from_utf8(name).ok());
-        keys.extend(names.filter_map(|name| user_key(prefix, &name).map(str::to_owned)));
-        if next == 0 {
-            return Ok(keys.into_iter().collect());
+    for node in conn.nodes().await? {
+        let mut cursor: u64 = 0;
+        loop {
+            let mut scan = redis::cmd("SCAN");
+            scan.arg(cursor)
+                .arg("MATCH")
+                .arg(&matching)
+                .arg("COUNT")
+                .arg(PAGE);
+            let (next, batch): (u64, Vec<Vec<u8>>) = conn.on_node(&node, scan).await?;
+            let names = batch.into_iter().filter_map(|name| String::from_utf8(name).ok());
+            keys.extend(names.filter_map(|name| user_key(prefix, &name).map(str::to_owned)));
+            if next == 0 {
+                break;
+            }
+            cursor = next;
         }
-        cursor = next;
     }
+    Ok(keys.into_iter().collect())
 }
 
 /// The user's key of a lock key `<prefix>{key}`; `None` for anything else, the auxiliary keys
@@ -175,13 +182,13 @@ pub(crate) fn glob_escape(text: &str) -> String {
 const READS_PER_KEY: usize = 7;
 
 /// What each of `keys` holds, read in one MULTI/EXEC so that every key is seen at one instant
-/// (a lock is not seen free by one command and held by the next).
-async fn read(
-    conn: &mut MultiplexedConnection,
-    prefix: &str,
-    keys: &[String],
-) -> Result<Vec<LockView>, Error> {
-    let now_ms = server_time_ms(conn).await?;
+/// (a lock is not seen free by one command and held by the next). On a Cluster, `keys` is one
+/// key, and the transaction goes to the primary owning its slot.
+async fn read(conn: &mut Conn, prefix: &str, keys: &[String]) -> Result<Vec<LockView>, Error> {
+    let Some(first) = keys.first() else {
+        return Ok(Vec::new());
+    };
+    let now_ms = server_time_ms(conn, &lock_key(prefix, first)).await?;
     let mut pipe = redis::pipe();
     pipe.atomic().ignore_errors();
     for key in keys {
@@ -236,9 +243,9 @@ pub(crate) fn lock_key(prefix: &str, key: &str) -> String {
     format!("{prefix}{{{key}}}")
 }
 
-/// The server's clock in milliseconds (shares and fair places expire by it).
-async fn server_time_ms(conn: &mut MultiplexedConnection) -> Result<u64, Error> {
-    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(conn).await?;
+/// The clock in milliseconds of the server holding `key` (shares and fair places expire by it).
+async fn server_time_ms(conn: &mut Conn, key: &str) -> Result<u64, Error> {
+    let (secs, micros) = conn.time_at(key).await?;
     Ok(secs * 1000 + micros / 1000)
 }
 

@@ -7,6 +7,14 @@
 //! lockctl watch [PATTERN]        acquisitions and releases as they happen
 //! ```
 //!
+//! Where the locks live, as the library's builder says it: one server (`--url`, as `.url`), a
+//! Redis Cluster (`--cluster`, the `--url` values its seed nodes, as `.cluster(urls)`), or the
+//! primary that Redis Sentinels name (`--sentinel --master-name NAME`, the `--url` values the
+//! sentinels, as `.sentinel(urls, master_name)`). On a Cluster, `list` and `watch` walk every
+//! primary, one key's reads (and `force.lua`) go to the primary owning its slot, `release`
+//! announces with `SPUBLISH` and `watch` hears releases by `SSUBSCRIBE` to the channel of each
+//! lock it has seen held, as the library's waiters there do (see `target.rs`).
+//!
 //! It reads the data model the library writes (see the crate docs): the lock of key `k` at
 //! `<prefix>{k}`, its fencing counter at `<prefix>{k}:fence`, fair waiters at
 //! `<prefix>{k}:queue` and `<prefix>{k}:queue:kept`, waiting writers at `<prefix>{k}:writers`,
@@ -49,16 +57,41 @@ struct Cli {
 #[derive(Debug, Args)]
 #[command(next_help_heading = "Global options")]
 struct Global {
-    /// The Redis server (`redis://[user:password@]host:port[/db]`, `rediss://…` for TLS).
+    /// The Redis server (`redis://[user:password@]host:port[/db]`, `rediss://…` for TLS); with
+    /// `--cluster` or `--sentinel`, one of several (repeat it, or separate URLs with commas).
     #[arg(
         long,
-        help = "The Redis server: redis://[user:password@]host:port[/db], or rediss://… for TLS",
+        help = "The Redis server: redis://[user:password@]host:port[/db], or rediss://… for TLS; \
+                with --cluster the seed nodes, with --sentinel the sentinels (repeat --url, or \
+                separate the URLs with commas)",
         global = true,
         env = "REDIS_URL",
         hide_env_values = true,
-        default_value = "redis://127.0.0.1:6379"
+        default_value = "redis://127.0.0.1:6379",
+        action = clap::ArgAction::Append
     )]
-    url: String,
+    url: Vec<String>,
+    /// The URLs are seed nodes of a Redis Cluster (the library's `.cluster(urls)`).
+    #[arg(
+        long,
+        global = true,
+        conflicts_with = "sentinel",
+        help = "The --url values are seed nodes of a Redis Cluster (as the library's .cluster(urls)): \
+                list and watch walk every primary, release announces with SPUBLISH"
+    )]
+    cluster: bool,
+    /// The URLs are Redis Sentinels; the locks live on the primary they name.
+    #[arg(
+        long,
+        global = true,
+        requires = "master_name",
+        help = "The --url values are Redis Sentinels; the locks live on the primary they name for \
+                --master-name (as the library's .sentinel(urls, master_name))"
+    )]
+    sentinel: bool,
+    /// The name the sentinels monitor the primary under (`master_name` of `.sentinel`).
+    #[arg(long, global = true, value_name = "NAME", requires = "sentinel")]
+    master_name: Option<String>,
     /// The key prefix the services' lock clients use.
     #[arg(long, global = true, default_value = lock_runtime::DEFAULT_PREFIX)]
     prefix: String,
@@ -118,7 +151,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let shown_url = target::hide_credentials(&cli.global.url);
+    let shown_url = target::shown(&cli.global);
     match run(cli) {
         Ok(()) | Err(Error::Closed) => ExitCode::SUCCESS,
         Err(e) => {

@@ -1,5 +1,5 @@
 //! `lockctl release KEY --force`: deletes a lock whoever holds it, and announces the release so
-//! that waiters take the lock at once. The delete compares what the key holds with what was read
+//! that waiters take the lock at once (on a Cluster with `SPUBLISH`, as the library does). The delete compares what the key holds with what was read
 //! (and shown) first, in one script on the same connection (`force.lua`): a lock that changed
 //! hands in between is not deleted, whether or not the operator was asked (`--yes`).
 
@@ -8,7 +8,7 @@ use serde_json::json;
 use crate::error::Error;
 use crate::inspect::{self, Holding, LockView};
 use crate::output::{holder_text, view_json, Out};
-use crate::target::Target;
+use crate::target::{Conn, Target};
 
 /// The answer to `release` without `--force`.
 pub(crate) fn refusal(key: &str) -> Error {
@@ -70,11 +70,7 @@ enum Deleted {
 }
 
 /// Deletes the lock `view` describes if the key still holds that (see `force.lua`).
-async fn compare_and_delete(
-    conn: &mut redis::aio::MultiplexedConnection,
-    prefix: &str,
-    view: &LockView,
-) -> Result<Deleted, Error> {
+async fn compare_and_delete(conn: &mut Conn, prefix: &str, view: &LockView) -> Result<Deleted, Error> {
     static FORCE: std::sync::LazyLock<redis::Script> =
         std::sync::LazyLock::new(|| redis::Script::new(include_str!("force.lua")));
     let (kind, value) = match &view.holding {
@@ -91,6 +87,9 @@ async fn compare_and_delete(
         .arg(kind)
         .arg(value)
         .arg(format!("{lock}:released"))
+        // As the library's release script: sharded pub/sub on a Cluster, where its waiters
+        // listen with SSUBSCRIBE.
+        .arg(if conn.is_cluster() { "1" } else { "0" })
         .invoke_async(conn)
         .await?;
     Ok(match answer {

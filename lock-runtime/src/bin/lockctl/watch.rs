@@ -1,21 +1,24 @@
 //! `lockctl watch`: looks at the locks every interval and prints what changed; a release
-//! announced on a lock's channel (PSUBSCRIBE `<prefix>{PATTERN}:released`) is looked at and
-//! printed at once (releases are announced when someone waits for them; the others are seen at
-//! the next look). A lock taken and given back between two looks is not seen.
+//! announced on a lock's channel (PSUBSCRIBE `<prefix>{PATTERN}:released`; on a Cluster,
+//! SSUBSCRIBE to the channel of each lock seen held, as sharded pub/sub has no patterns) is
+//! looked at and printed at once (releases are announced when someone waits for them, and on a
+//! Cluster always; the others are seen at the next look). A lock taken and given back between
+//! two looks is not seen.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
 use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
-use redis::aio::MultiplexedConnection;
-use redis::Msg;
+use redis::cluster_async::ClusterConnection;
+use redis::{Msg, PushInfo};
 use serde_json::json;
+use tokio::sync::mpsc;
 
 use crate::error::Error;
 use crate::inspect::{self, Holding, LockView};
 use crate::output::{self, clock, now_unix_ms, ttl_text, Out};
-use crate::target::Target;
+use crate::target::{Conn, Listener, Target};
 
 /// A holder that vanished this close to the end of its ttl is said to have expired.
 const EXPIRY_SLACK: Duration = Duration::from_millis(50);
@@ -38,8 +41,9 @@ type Seen = BTreeMap<String, LockView>;
 pub(crate) async fn watch(target: &Target, plan: &Plan, out: &mut Out) -> Result<(), Error> {
     let prefix = target.prefix();
     let mut conn = target.connection().await?;
-    let mut announcements = announcements(target, &plan.pattern).await?;
+    let mut announcements = Announcements::open(target, &plan.pattern).await?;
     let mut seen = look(&mut conn, prefix, &plan.pattern).await?;
+    announcements.follow(prefix, &seen).await?;
     eprintln!(
         "lockctl: watching locks matching {} ({} held now; a look every {} ms); Ctrl-C to stop",
         plan.pattern,
@@ -62,33 +66,131 @@ pub(crate) async fn watch(target: &Target, plan: &Plan, out: &mut Out) -> Result
                 let now = look(&mut conn, prefix, &plan.pattern).await?;
                 print(out, changes(&seen, &now))?;
                 seen = now;
+                announcements.follow(prefix, &seen).await?;
             }
-            message = announcements.next() => {
-                let message = message
-                    .ok_or_else(|| Error::Failed("the pub/sub connection to Redis closed".to_owned()))?;
-                if let Some(key) = announced_key(prefix, message.get_channel_name()) {
+            channel = announcements.next() => {
+                if let Some(key) = announced_key(prefix, &channel?) {
                     look_again(&mut conn, prefix, key, &mut seen, out).await?;
+                    announcements.follow(prefix, &seen).await?;
                 }
             }
         }
     }
 }
 
-/// The release announcements of the locks matching `pattern`; none (with a warning) when the
-/// Redis user may not subscribe to them: releases then show at the next look.
-async fn announcements(target: &Target, pattern: &str) -> Result<BoxStream<'static, Msg>, Error> {
-    let channels = format!("{}{{{pattern}}}:released", inspect::glob_escape(target.prefix()));
-    let mut pubsub = target.pubsub().await?;
-    match pubsub.psubscribe(&channels).await {
-        Ok(()) => Ok(pubsub.into_on_message().boxed()),
-        Err(e) if is_no_permission(&e) => {
-            eprintln!(
-                "lockctl: this Redis user may not PSUBSCRIBE {channels}; releases show at the next look"
-            );
-            Ok(futures_util::stream::pending().boxed())
+/// Where release announcements are heard.
+enum Announcements {
+    /// A pattern subscription on one server (or the primary the sentinels named): every
+    /// matching lock's releases.
+    Pattern(BoxStream<'static, Msg>),
+    /// Sharded subscriptions on a Cluster, where the library announces releases with
+    /// `SPUBLISH` and sharded pub/sub has no patterns: one `SSUBSCRIBE` (on its slot's node) per
+    /// lock seen held, kept while it is held.
+    Sharded {
+        conn: ClusterConnection,
+        heard: mpsc::UnboundedReceiver<PushInfo>,
+        /// The channels subscribed to.
+        subscribed: BTreeSet<String>,
+    },
+    /// Nothing (the Redis user may not subscribe): releases show at the next look.
+    Unheard,
+}
+
+impl Announcements {
+    /// Subscribes to the release announcements of the locks matching `pattern` (on a Cluster,
+    /// [`follow`](Self::follow) subscribes lock by lock); none, with a warning, when the Redis
+    /// user may not subscribe to them.
+    async fn open(target: &Target, pattern: &str) -> Result<Announcements, Error> {
+        let pubsub = match target.listener().await? {
+            Listener::Pattern(pubsub) => pubsub,
+            Listener::Sharded(conn, heard) => {
+                return Ok(Announcements::Sharded {
+                    conn,
+                    heard,
+                    subscribed: BTreeSet::new(),
+                })
+            }
+        };
+        let channels = format!("{}{{{pattern}}}:released", inspect::glob_escape(target.prefix()));
+        let mut pubsub = pubsub;
+        match pubsub.psubscribe(&channels).await {
+            Ok(()) => Ok(Announcements::Pattern(pubsub.into_on_message().boxed())),
+            Err(e) if is_no_permission(&e) => {
+                eprintln!(
+                    "lockctl: this Redis user may not PSUBSCRIBE {channels}; releases show at the next look"
+                );
+                Ok(Announcements::Unheard)
+            }
+            Err(e) => Err(e.into()),
         }
-        Err(e) => Err(e.into()),
     }
+
+    /// On a Cluster, subscribes to the release channel of every lock in `seen` not subscribed
+    /// to yet, and leaves those of locks no longer held; nothing elsewhere. A release between a
+    /// look and this subscription shows at the next look.
+    async fn follow(&mut self, prefix: &str, seen: &Seen) -> Result<(), Error> {
+        let Announcements::Sharded { conn, subscribed, .. } = self else {
+            return Ok(());
+        };
+        let wanted: BTreeSet<String> = seen.keys().map(|key| channel_of(prefix, key)).collect();
+        let left: Vec<String> = subscribed.difference(&wanted).cloned().collect();
+        for channel in left {
+            conn.sunsubscribe(&channel).await?;
+            subscribed.remove(&channel);
+        }
+        let new: Vec<String> = wanted.difference(subscribed).cloned().collect();
+        for channel in new {
+            match conn.ssubscribe(&channel).await {
+                Ok(()) => {
+                    subscribed.insert(channel);
+                }
+                Err(e) if is_no_permission(&e) => {
+                    eprintln!(
+                        "lockctl: this Redis user may not SSUBSCRIBE {channel}; releases show at the next look"
+                    );
+                    *self = Announcements::Unheard;
+                    return Ok(());
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// The channel of the next release announced; never, when nothing is subscribed to.
+    async fn next(&mut self) -> Result<String, Error> {
+        let closed = || Error::Failed("the pub/sub connection to Redis closed".to_owned());
+        match self {
+            Announcements::Pattern(messages) => {
+                let message = messages.next().await.ok_or_else(closed)?;
+                Ok(message.get_channel_name().to_owned())
+            }
+            Announcements::Sharded {
+                heard, subscribed, ..
+            } => loop {
+                let push = heard.recv().await.ok_or_else(closed)?;
+                let channel = match push.data.first() {
+                    Some(redis::Value::BulkString(bytes)) => String::from_utf8_lossy(bytes).into_owned(),
+                    _ => continue,
+                };
+                match push.kind {
+                    redis::PushKind::SMessage => return Ok(channel),
+                    // The server ended it (the slot moved): subscribed again after the next look.
+                    redis::PushKind::SUnsubscribe => {
+                        subscribed.remove(&channel);
+                    }
+                    // redis-rs subscribes again by itself after a reconnect.
+                    _ => {}
+                }
+            },
+            Announcements::Unheard => std::future::pending().await,
+        }
+    }
+}
+
+/// The release channel of the lock on `key`, as the library names it.
+fn channel_of(prefix: &str, key: &str) -> String {
+    format!("{}:released", inspect::lock_key(prefix, key))
 }
 
 /// The ACL refuses the command, key or channel.
@@ -106,7 +208,7 @@ async fn stop_after(after: Option<Duration>) {
 
 /// Looks at `key` at once, its release having been announced, and prints what changed.
 async fn look_again(
-    conn: &mut MultiplexedConnection,
+    conn: &mut Conn,
     prefix: &str,
     key: &str,
     seen: &mut Seen,
@@ -120,7 +222,7 @@ async fn look_again(
 }
 
 /// The locks held now whose keys match `pattern`.
-async fn look(conn: &mut MultiplexedConnection, prefix: &str, pattern: &str) -> Result<Seen, Error> {
+async fn look(conn: &mut Conn, prefix: &str, pattern: &str) -> Result<Seen, Error> {
     let views = inspect::held(conn, prefix, pattern).await?;
     Ok(views.into_iter().map(|v| (v.key.clone(), v)).collect())
 }
