@@ -8,15 +8,18 @@
 //! `cargo test -p lock-runtime --features cli --test lockctl`.
 //!
 //! The servers come from a small spawner below, not from the test kit (`lock-tests` depends on
-//! this crate). No test sleeps and hopes: each waits for what it needs, with a deadline.
+//! this crate): one server, a Redis Cluster of three primaries made by hand (`CLUSTER
+//! ADDSLOTSRANGE`, `CLUSTER MEET`), and a primary with one Redis Sentinel. No test sleeps and
+//! hopes: each waits for what it needs, with a deadline.
 
 #![cfg(feature = "cli")]
 // A test fails by panicking, with what it was doing.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdout, Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -497,6 +500,193 @@ async fn watch_stops_after_for_ms_and_when_stdout_closes() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Redis Cluster (--cluster) and Sentinel (--sentinel)
+
+/// Issue 30: on a Cluster, `list` walks every primary: locks whose slots three different
+/// primaries own are all listed (and `show` reads any of them), from any seed node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_list_shows_the_locks_of_every_shard() {
+    let cluster = Cluster::spawn().await;
+    let locks = cluster_client(&cluster, "billing-1").await;
+    let keys = cluster.keys_on_every_shard("order").await;
+    let mut held = Vec::new();
+    for key in &keys {
+        held.push(locks.acquire(key, &minute().fencing(true)).await.unwrap());
+    }
+    let _other = locks.acquire("invoice:1", &minute()).await.unwrap();
+
+    let listed = json(&lockctl_at(&cluster.target(), &["--json", "list", "order:*"]).await);
+    let mut expected: Vec<&str> = keys.iter().map(String::as_str).collect();
+    expected.sort_unstable();
+    assert_eq!(keys_of(&listed), expected, "{listed}");
+    for (lock, guard) in listed.as_array().unwrap().iter().zip(sorted(&held)) {
+        assert_eq!(lock["owner"], "billing-1", "{lock}");
+        assert_eq!(lock["fence"].as_u64(), guard.fencing_token(), "{lock}");
+    }
+    // Seed nodes given one --url each, and a single seed: the same locks.
+    let repeated: Vec<String> = cluster
+        .nodes
+        .iter()
+        .flat_map(|n| ["--url".to_owned(), n.url()])
+        .chain(["--cluster".to_owned()])
+        .collect();
+    let again = json(&lockctl_at(&repeated, &["--json", "list"]).await);
+    assert_eq!(keys_of(&again).len(), keys.len() + 1, "{again}");
+    let one_seed = ["--cluster".to_owned(), "--url".to_owned(), cluster.nodes[2].url()];
+    for key in &keys {
+        let shown = json(&lockctl_at(&one_seed, &["--json", "show", key]).await);
+        assert_eq!(shown["state"], "held", "{shown}");
+        assert_eq!(shown["owner"], "billing-1", "{shown}");
+    }
+}
+
+/// Issue 30: on a Cluster the library's waiters listen with SSUBSCRIBE, so `release --force`
+/// announces with SPUBLISH, as the library's own release does. The operator answers just after
+/// one of the waiter's attempts: its next attempt of its own would come a nap later, at least
+/// 1.7 s (`MAX_WAIT_NAP` less its 15% of jitter; the holder's ttl is a minute), so taking the lock
+/// within 1 s of that attempt is the announcement's doing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_release_with_force_wakes_a_waiter_of_the_library_at_once() {
+    let cluster = Cluster::spawn().await;
+    let holder = cluster_client(&cluster, "billing-1").await;
+    let _stuck = holder.acquire("order:5", &minute()).await.unwrap();
+    let waiter = cluster_client(&cluster, "billing-2").await;
+    let waiting = tokio::spawn(async move {
+        let got = waiter.acquire("order:5", &minute().wait(DEADLINE)).await;
+        (Instant::now(), got)
+    });
+    let shard = cluster.node_of("lock:{order:5}").await;
+    eventually("the waiter listens on the lock's shard (SSUBSCRIBE)", || async {
+        let channels: Vec<String> = redis::cmd("PUBSUB")
+            .arg("SHARDCHANNELS")
+            .query_async(&mut shard.raw().await)
+            .await
+            .unwrap();
+        channels.iter().any(|c| c == "lock:{order:5}:released")
+    })
+    .await;
+
+    let command = bin_command_at(&cluster.target(), &["--json", "release", "order:5", "--force"]);
+    let asking = Asking::start(&command, "[y/N]");
+    let before = shard.script_calls().await;
+    eventually("the waiter asks again, on its timer", || async {
+        shard.script_calls().await > before
+    })
+    .await;
+    let attempted_at = Instant::now();
+    let out = asking.answer("y\n");
+    assert!(out.status.success(), "{out:?}");
+    let report = json(&out);
+    assert_eq!(report["released"], true, "{report}");
+    assert_eq!(report["previous"]["owner"], "billing-1");
+    let (got_at, got) = tokio::time::timeout(DEADLINE, waiting).await.unwrap().unwrap();
+    let guard = got.expect("the waiter takes the lock");
+    let after = got_at.saturating_duration_since(attempted_at);
+    assert!(
+        after < lock_runtime::MAX_WAIT_NAP / 2,
+        "woken by the SPUBLISH, not by its timer: took the lock {after:?} after its last attempt"
+    );
+    let now = holder
+        .holder("order:5")
+        .await
+        .unwrap()
+        .expect("held by the waiter");
+    assert_eq!(now.owner(), Some("billing-2"));
+    drop(guard);
+}
+
+/// Issue 30: on a Cluster `watch` hears releases by SSUBSCRIBE to the channel of each lock it
+/// saw held (sharded pub/sub has no patterns), on every shard. It looks only once here (the
+/// interval is ten minutes), so each release it prints was heard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_watch_prints_releases_as_they_are_announced() {
+    let cluster = Cluster::spawn().await;
+    let locks = cluster_client(&cluster, "billing-1").await;
+    let keys = cluster.keys_on_every_shard("order").await;
+    let mut held = Vec::new();
+    for key in &keys {
+        held.push(locks.acquire(key, &minute()).await.unwrap());
+    }
+    let command = bin_command_at(
+        &cluster.target(),
+        &["--json", "watch", "order:*", "--interval-ms", "600000"],
+    );
+    let mut watch = Watch::start_command(&command);
+    for (key, guard) in keys.iter().zip(held) {
+        assert!(guard.release().await.unwrap());
+        let released = watch.next_event();
+        assert_eq!(
+            event_of(&released),
+            ["released", key.as_str(), "billing-1"],
+            "{released}"
+        );
+        assert_eq!(released["announced"], true, "{released}");
+    }
+    watch.stop();
+}
+
+/// Issue 30: with `--sentinel`, the URLs are sentinels; list, show and release work on the
+/// primary they name (and release wakes a waiter there).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_sentinels_list_show_and_release_reach_the_primary() {
+    let sentinel = Sentinel::spawn().await;
+    let holder = sentinel.client("billing-1").await;
+    let fenced = holder.acquire("order:5", &minute().fencing(true)).await.unwrap();
+    let target = sentinel.target();
+
+    let listed = json(&lockctl_at(&target, &["--json", "list"]).await);
+    assert_eq!(keys_of(&listed), ["order:5"], "{listed}");
+    assert_eq!(listed[0]["owner"], "billing-1");
+    assert_eq!(listed[0]["fence"].as_u64(), fenced.fencing_token());
+    let shown = json(&lockctl_at(&target, &["--json", "show", "order:5"]).await);
+    assert_eq!(shown["state"], "held", "{shown}");
+
+    let waiter = sentinel.client("billing-2").await;
+    let waiting = tokio::spawn(async move { waiter.acquire("order:5", &minute().wait(DEADLINE)).await });
+    let report = json(&lockctl_at(&target, &["--json", "release", "order:5", "--force", "--yes"]).await);
+    assert_eq!(report["released"], true, "{report}");
+    let guard = tokio::time::timeout(DEADLINE, waiting)
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the waiter takes the lock");
+    let now = holder
+        .holder("order:5")
+        .await
+        .unwrap()
+        .expect("held by the waiter");
+    assert_eq!(now.owner(), Some("billing-2"));
+    let direct = json(&lockctl(&sentinel.primary, &["--json", "list"]).await);
+    assert_eq!(
+        direct[0]["owner"], "billing-2",
+        "the sentinel named this primary: {direct}"
+    );
+    drop(guard);
+}
+
+/// Deployment options that do not fit together are usage errors (exit code 2), said before
+/// anything connects.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deployment_options_that_do_not_fit_are_usage_errors() {
+    let url = "redis://127.0.0.1:1".to_owned();
+    for (target, says) in [
+        (vec!["--url", &url, "--url", &url], "--cluster"),
+        (vec!["--url", &url, "--sentinel"], "--master-name"),
+        (vec!["--url", &url, "--master-name", "mymaster"], "--sentinel"),
+        (
+            vec!["--url", &url, "--cluster", "--sentinel", "--master-name", "m"],
+            "--cluster",
+        ),
+        (vec!["--url", "127.0.0.1:1", "--cluster"], "no scheme"),
+    ] {
+        let target: Vec<String> = target.into_iter().map(str::to_owned).collect();
+        let out = run(&bin_command_at(&target, &["list"]), "");
+        assert_eq!(out.status.code(), Some(2), "{target:?}: {out:?}");
+        assert!(stderr(&out).contains(says), "{target:?}: {}", stderr(&out));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // errors
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -581,13 +771,28 @@ async fn lockctl_raw(redis: &Redis, args: &[&str], input: &str) -> Output {
 
 /// The binary's command line.
 fn bin_command(url: &str, args: &[&str]) -> Vec<String> {
-    let mut command = vec![
-        env!("CARGO_BIN_EXE_lockctl").to_owned(),
-        "--url".to_owned(),
-        url.to_owned(),
-    ];
+    bin_command_at(&["--url".to_owned(), url.to_owned()], args)
+}
+
+/// The binary's command line, with `target` (the options that say where the locks are) first.
+fn bin_command_at(target: &[String], args: &[&str]) -> Vec<String> {
+    let mut command = vec![env!("CARGO_BIN_EXE_lockctl").to_owned()];
+    command.extend(target.iter().cloned());
     command.extend(args.iter().map(|a| (*a).to_owned()));
     command
+}
+
+/// `lockctl TARGET ARGS`, which must succeed, off the async workers.
+async fn lockctl_at(target: &[String], args: &[&str]) -> Output {
+    let command = bin_command_at(target, args);
+    let out = tokio::task::spawn_blocking(move || run(&command, ""))
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "lockctl {target:?} {args:?} failed: {out:?}"
+    );
+    out
 }
 
 /// Runs `command` with `input` on stdin; killed and failed if it has not ended by the deadline.
@@ -675,7 +880,11 @@ impl Watch {
     /// Starts it and waits until it says it is watching (subscribed, first look taken), so
     /// that whatever the test does next is a change it sees.
     fn start(redis: &Redis, args: &[&str]) -> Watch {
-        let command = bin_command(&redis.url(), args);
+        Watch::start_command(&bin_command(&redis.url(), args))
+    }
+
+    /// [`start`](Self::start) with a whole command line (another deployment's options).
+    fn start_command(command: &[String]) -> Watch {
         let mut child = Command::new(&command[0])
             .args(&command[1..])
             .stdin(Stdio::null())
@@ -766,6 +975,238 @@ fn lines_of(from: impl Read + Send + 'static) -> mpsc::Receiver<String> {
     receive
 }
 
+fn keys_of(listed: &Value) -> Vec<&str> {
+    keys(listed.as_array().expect("an array"))
+}
+
+/// Guards in the order of their keys.
+fn sorted(guards: &[LockGuard]) -> Vec<&LockGuard> {
+    let mut sorted: Vec<&LockGuard> = guards.iter().collect();
+    sorted.sort_by(|a, b| a.key().cmp(b.key()));
+    sorted
+}
+
+/// A lock client of `cluster` (`.cluster(urls)`) with owner label `owner`.
+async fn cluster_client(cluster: &Cluster, owner: &str) -> LockClient {
+    LockClient::builder()
+        .cluster(cluster.nodes.iter().map(Redis::url))
+        .owner(owner)
+        .build()
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to the cluster: {e}"))
+}
+
+/// A Redis Cluster of three primaries without replicas, made by hand (`CLUSTER ADDSLOTSRANGE`,
+/// `CLUSTER MEET`): node `i` serves the `i`-th third of the slots.
+struct Cluster {
+    nodes: Vec<Redis>,
+}
+
+impl Cluster {
+    const SLOTS: u16 = 16384;
+
+    /// Starts it and waits until every node says `cluster_state:ok` and knows the others.
+    async fn spawn() -> Cluster {
+        let nodes: Vec<Redis> = (0..3)
+            .map(|_| {
+                Redis::spawn_with(|dir, _| {
+                    vec![
+                        "--cluster-enabled".into(),
+                        "yes".into(),
+                        "--cluster-config-file".into(),
+                        dir.join("nodes.conf").into_os_string(),
+                        "--cluster-node-timeout".into(),
+                        "5000".into(),
+                    ]
+                })
+            })
+            .collect();
+        for (i, node) in nodes.iter().enumerate() {
+            let slots = Cluster::slots_of(i);
+            node.run(&[
+                // Distinct epochs before meeting, as `redis-cli --cluster create` sets them.
+                &["CLUSTER", "SET-CONFIG-EPOCH", &(i + 1).to_string()],
+                &[
+                    "CLUSTER",
+                    "ADDSLOTSRANGE",
+                    &slots.start.to_string(),
+                    &(slots.end - 1).to_string(),
+                ],
+            ])
+            .await;
+        }
+        for node in &nodes[1..] {
+            let port = node.port.to_string();
+            nodes[0].run(&[&["CLUSTER", "MEET", "127.0.0.1", &port]]).await;
+        }
+        let cluster = Cluster { nodes };
+        eventually("every node to serve the whole settled cluster", || async {
+            for node in &cluster.nodes {
+                let info: String = redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query_async(&mut node.raw().await)
+                    .await
+                    .unwrap();
+                if !(info.contains("cluster_state:ok") && info.contains("cluster_known_nodes:3")) {
+                    return false;
+                }
+            }
+            true
+        })
+        .await;
+        cluster
+    }
+
+    /// The slots node `i` serves.
+    fn slots_of(i: usize) -> std::ops::Range<u16> {
+        let third = |i: usize| u16::try_from(i * usize::from(Cluster::SLOTS) / 3).unwrap();
+        third(i)..third(i + 1)
+    }
+
+    /// `--cluster --url <every node, comma-separated>`.
+    fn target(&self) -> Vec<String> {
+        let urls: Vec<String> = self.nodes.iter().map(Redis::url).collect();
+        vec!["--cluster".to_owned(), "--url".to_owned(), urls.join(",")]
+    }
+
+    /// The node serving the slot of `redis_key`.
+    async fn node_of(&self, redis_key: &str) -> &Redis {
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(redis_key)
+            .query_async(&mut self.nodes[0].raw().await)
+            .await
+            .unwrap();
+        let i = (0..3).find(|&i| Cluster::slots_of(i).contains(&slot)).unwrap();
+        &self.nodes[i]
+    }
+
+    /// Lock keys `<stem>:1`, `<stem>:2`, … until each node serves at least one of them.
+    async fn keys_on_every_shard(&self, stem: &str) -> Vec<String> {
+        let mut keys = Vec::new();
+        let mut served = std::collections::BTreeSet::new();
+        for n in 1..100 {
+            let key = format!("{stem}:{n}");
+            let node = self.node_of(&format!("lock:{{{key}}}")).await;
+            if served.insert(node.port) {
+                keys.push(key);
+            }
+            if served.len() == self.nodes.len() {
+                return keys;
+            }
+        }
+        panic!("no keys found on every shard");
+    }
+}
+
+/// A primary and one Redis Sentinel monitoring it as `mymaster`.
+struct Sentinel {
+    primary: Redis,
+    sentinel: Redis,
+}
+
+impl Sentinel {
+    const MASTER_NAME: &'static str = "mymaster";
+
+    /// Starts both and waits until the sentinel names the primary.
+    async fn spawn() -> Sentinel {
+        let primary = Redis::spawn();
+        let primary_port = primary.port;
+        let sentinel = Redis::spawn_with(move |dir, port| {
+            let config = dir.join("sentinel.conf");
+            let text = format!(
+                "port {port}\nbind 127.0.0.1\nsentinel monitor {} 127.0.0.1 {primary_port} 1\n",
+                Sentinel::MASTER_NAME
+            );
+            std::fs::write(&config, text).unwrap();
+            vec![config.into_os_string(), "--sentinel".into()]
+        });
+        let setup = Sentinel { primary, sentinel };
+        eventually("the sentinel to name the primary", || async {
+            let address: Option<(String, u16)> = redis::cmd("SENTINEL")
+                .arg("GET-MASTER-ADDR-BY-NAME")
+                .arg(Sentinel::MASTER_NAME)
+                .query_async(&mut setup.sentinel.raw().await)
+                .await
+                .unwrap();
+            address.is_some_and(|(_, port)| port == primary_port)
+        })
+        .await;
+        setup
+    }
+
+    /// `--sentinel --master-name mymaster --url <the sentinel>`.
+    fn target(&self) -> Vec<String> {
+        ["--sentinel", "--master-name", Sentinel::MASTER_NAME, "--url"]
+            .into_iter()
+            .map(str::to_owned)
+            .chain([self.sentinel.url()])
+            .collect()
+    }
+
+    /// A lock client through the sentinel (`.sentinel(urls, master_name)`).
+    async fn client(&self, owner: &str) -> LockClient {
+        LockClient::builder()
+            .sentinel([self.sentinel.url()], Sentinel::MASTER_NAME)
+            .owner(owner)
+            .build()
+            .await
+            .unwrap_or_else(|e| panic!("cannot connect through the sentinel: {e}"))
+    }
+}
+
+/// A running lockctl that has asked a question on stderr and waits for the answer.
+struct Asking {
+    child: Child,
+    command: Vec<String>,
+}
+
+impl Asking {
+    /// Starts `command` and waits until its stderr shows `question`.
+    fn start(command: &[String], question: &str) -> Asking {
+        let mut child = Command::new(&command[0])
+            .args(&command[1..])
+            .env_remove("REDIS_URL")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The question ends without a newline: read byte by byte until it is there.
+        let mut stderr = child.stderr.take().unwrap();
+        let mut said = Vec::new();
+        let started = Instant::now();
+        while !String::from_utf8_lossy(&said).contains(question) {
+            assert!(
+                started.elapsed() < DEADLINE,
+                "{command:?} did not ask {question:?}: {}",
+                String::from_utf8_lossy(&said)
+            );
+            let mut byte = [0u8; 1];
+            match stderr.read(&mut byte) {
+                Ok(1) => said.push(byte[0]),
+                _ => panic!(
+                    "{command:?} ended before asking: {}",
+                    String::from_utf8_lossy(&said)
+                ),
+            }
+        }
+        child.stderr = Some(stderr);
+        Asking {
+            child,
+            command: command.to_vec(),
+        }
+    }
+
+    /// Answers, and waits for it to end.
+    fn answer(mut self, answer: &str) -> Output {
+        let mut stdin = self.child.stdin.take().unwrap();
+        stdin.write_all(answer.as_bytes()).unwrap();
+        drop(stdin);
+        wait_with_deadline(self.child, &self.command)
+    }
+}
+
 /// A `redis-server` on a free loopback port, without persistence, killed on drop.
 struct Redis {
     child: Child,
@@ -775,6 +1216,12 @@ struct Redis {
 
 impl Redis {
     fn spawn() -> Redis {
+        Redis::spawn_with(|_, _| Vec::new())
+    }
+
+    /// A `redis-server` whose command line starts with `leading(dir, port)` (a config file, or
+    /// more options), before the options every test server has.
+    fn spawn_with(leading: impl Fn(&Path, u16) -> Vec<OsString>) -> Redis {
         for attempt in 0..20 {
             let port = free_port();
             let dir =
@@ -782,6 +1229,7 @@ impl Redis {
             std::fs::create_dir_all(&dir).unwrap();
             let binary = std::env::var_os("REDIS_SERVER").unwrap_or_else(|| "redis-server".into());
             let child = Command::new(&binary)
+                .args(leading(&dir, port))
                 .args([
                     "--port",
                     &port.to_string(),
@@ -805,7 +1253,7 @@ impl Redis {
             if redis.answers() {
                 return redis;
             }
-            // Most likely the port was taken meanwhile: another one.
+            // Most likely the port (or a cluster node's bus port) was taken meanwhile: another.
             drop(redis);
         }
         panic!("redis-server did not start in 20 tries");
@@ -852,6 +1300,27 @@ impl Redis {
                 .await
                 .unwrap_or_else(|e| panic!("{command:?}: {e}"));
         }
+    }
+
+    /// How many scripts it has run (`EVAL`, `EVALSHA` and their read-only forms, from `INFO
+    /// commandstats`): the library's attempts to acquire.
+    async fn script_calls(&self) -> u64 {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut self.raw().await)
+            .await
+            .unwrap();
+        info.lines()
+            .filter(|line| line.starts_with("cmdstat_eval"))
+            .filter_map(|line| {
+                line.split_once("calls=")?
+                    .1
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum()
     }
 
     /// The server's clock in milliseconds.
