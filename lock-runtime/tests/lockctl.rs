@@ -625,6 +625,58 @@ async fn on_a_cluster_watch_prints_releases_as_they_are_announced() {
     watch.stop();
 }
 
+/// The rights the README names for lockctl on a Cluster, word for word, are enough for `list`,
+/// `watch` (hearing releases) and `release --force` (its SPUBLISH, which the script sends with
+/// `pcall`, included: no node logs a refusal).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_the_rights_the_readme_names_are_enough() {
+    let cluster = Cluster::spawn().await;
+    let readme = include_str!("../../README.md");
+    let rules = readme
+        .lines()
+        .find(|l| l.starts_with("ACL SETUSER lockctl ") && l.contains("+spublish"))
+        .expect("the README names lockctl's rights on a Cluster");
+    let words: Vec<&str> = rules.split_whitespace().collect();
+    for node in &cluster.nodes {
+        node.run(&[&words]).await;
+    }
+    let urls: Vec<String> = cluster
+        .nodes
+        .iter()
+        .map(|n| format!("redis://lockctl:secret@127.0.0.1:{}", n.port))
+        .collect();
+    let target = vec!["--cluster".to_owned(), "--url".to_owned(), urls.join(",")];
+    let locks = cluster_client(&cluster, "billing-1").await;
+    let keys = cluster.keys_on_every_shard("order").await;
+    let mut held = Vec::new();
+    for key in &keys {
+        held.push(locks.acquire(key, &minute()).await.unwrap());
+    }
+
+    let listed = json(&lockctl_at(&target, &["--json", "list"]).await);
+    assert_eq!(keys_of(&listed).len(), keys.len(), "{listed}");
+    let command = bin_command_at(&target, &["--json", "watch", "--interval-ms", "600000"]);
+    let mut watch = Watch::start_command(&command);
+    let first = held.remove(0);
+    assert!(first.release().await.unwrap());
+    let released = watch.next_event();
+    assert_eq!(released["announced"], true, "heard: {released}");
+    watch.stop();
+    let report = json(&lockctl_at(&target, &["--json", "release", &keys[1], "--force", "--yes"]).await);
+    assert_eq!(report["released"], true, "{report}");
+    for node in &cluster.nodes {
+        let refusals: Vec<Value> = redis::cmd("ACL")
+            .arg("LOG")
+            .query_async::<Vec<redis::Value>>(&mut node.raw().await)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|entry| Value::String(format!("{entry:?}")))
+            .collect();
+        assert!(refusals.is_empty(), "node {}: {refusals:?}", node.port);
+    }
+}
+
 /// Issue 30: with `--sentinel`, the URLs are sentinels; list, show and release work on the
 /// primary they name (and release wakes a waiter there).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
