@@ -677,6 +677,59 @@ async fn on_a_cluster_the_rights_the_readme_names_are_enough() {
     }
 }
 
+/// Issue 30: the rights the README names for lockctl on one server, word for word, are enough
+/// for `list`, `show`, `watch` (hearing releases by `PSUBSCRIBE`) and `release --force` (its
+/// `PUBLISH` included: the server logs no refusal).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_rights_the_readme_names_are_enough() {
+    let redis = Redis::spawn();
+    let readme = include_str!("../../README.md");
+    let rules = readme
+        .lines()
+        .find(|l| l.starts_with("ACL SETUSER lockctl ") && l.contains("+publish"))
+        .expect("the README names lockctl's rights on one server");
+    let words: Vec<&str> = rules.split_whitespace().collect();
+    redis.run(&[&words]).await;
+    let target = vec![
+        "--url".to_owned(),
+        format!("redis://lockctl:secret@127.0.0.1:{}", redis.port),
+    ];
+    let locks = client(&redis, "billing-1").await;
+    let _plain = locks.acquire("order:1", &minute()).await.unwrap();
+    let _fenced = locks.acquire("order:2", &minute().fencing(true)).await.unwrap();
+    let _read = locks
+        .acquire("order:3", &minute().mode(lock_runtime::LockMode::Shared))
+        .await
+        .unwrap();
+    let fair = locks.acquire("order:4", &minute().fair(true)).await.unwrap();
+
+    let listed = json(&lockctl_at(&target, &["--json", "list"]).await);
+    assert_eq!(
+        keys_of(&listed),
+        ["order:1", "order:2", "order:3", "order:4"],
+        "{listed}"
+    );
+    let shown = json(&lockctl_at(&target, &["--json", "show", "order:2"]).await);
+    assert_eq!(shown["state"], "held", "{shown}");
+    let command = bin_command_at(&target, &["--json", "watch", "--interval-ms", "600000"]);
+    let mut watch = Watch::start_command(&command);
+    // A fair release always announces (a plain one only when someone waits).
+    assert!(fair.release().await.unwrap());
+    let released = watch.next_event();
+    assert_eq!(released["announced"], true, "heard: {released}");
+    watch.stop();
+    for key in ["order:1", "order:2", "order:3"] {
+        let report = json(&lockctl_at(&target, &["--json", "release", key, "--force", "--yes"]).await);
+        assert_eq!(report["released"], true, "{key}: {report}");
+    }
+    let refusals: Vec<redis::Value> = redis::cmd("ACL")
+        .arg("LOG")
+        .query_async(&mut redis.raw().await)
+        .await
+        .unwrap();
+    assert!(refusals.is_empty(), "{refusals:?}");
+}
+
 /// Issue 30: with `--sentinel`, the URLs are sentinels; list, show and release work on the
 /// primary they name (and release wakes a waiter there).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
