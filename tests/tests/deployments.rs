@@ -855,6 +855,12 @@ async fn sentinel_subscribers(sentinel: &RedisServer) -> usize {
         .count()
 }
 
+/// `client` takes `key` and gives it back: it reaches a primary.
+async fn takes_and_gives_back(client: &LockClient, key: &str) {
+    let guard = client.acquire(key, &ttl(10_000)).await.unwrap();
+    assert!(guard.release().await.unwrap(), "{key} released");
+}
+
 /// Sentinel, `+switch-master` alone: once the sentinels announce a failover, the client drops
 /// its connection to the old primary by itself, before any request of its own meets a
 /// `READONLY` or a broken connection there.
@@ -862,13 +868,7 @@ async fn sentinel_subscribers(sentinel: &RedisServer) -> usize {
 async fn a_sentinel_switch_announcement_alone_moves_the_client() {
     let mut setup = SentinelSetup::spawn(1, 1);
     let client = sentinel_builder(&setup).build().await.unwrap();
-    assert!(client
-        .acquire("announced", &ttl(10_000))
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap());
+    takes_and_gives_back(&client, "announced").await;
     let old = setup.primary_index();
     eventually(5 * SECOND, "the client listens to the sentinel", || async {
         sentinel_subscribers(&setup.sentinels()[0]).await == 1
@@ -882,13 +882,7 @@ async fn a_sentinel_switch_announcement_alone_moves_the_client() {
         || async { client_connections(&setup.nodes()[old]).await == 0 },
     )
     .await;
-    assert!(client
-        .acquire("announced", &ttl(10_000))
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap());
+    takes_and_gives_back(&client, "announced").await;
 }
 
 /// Sentinel, a silent sentinel: the one the client listens to for failovers stops answering
@@ -940,13 +934,7 @@ async fn a_readonly_answer_sends_the_request_again_on_a_new_connection() {
     let server = RedisServer::spawn();
     let other = RedisServer::spawn();
     let client = lock_tests::connect(&server.url()).await;
-    assert!(client
-        .acquire("readonly", &ttl(10_000))
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap());
+    takes_and_gives_back(&client, "readonly").await;
     let _: () = redis::cmd("REPLICAOF")
         .arg("127.0.0.1")
         .arg(other.port())
@@ -974,13 +962,7 @@ async fn a_readonly_answer_sends_the_request_again_on_a_new_connection() {
         .query_async(&mut raw(&server).await)
         .await
         .unwrap();
-    assert!(client
-        .acquire("readonly", &ttl(10_000))
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap());
+    takes_and_gives_back(&client, "readonly").await;
 }
 
 /// How many connections `server` has accepted.
@@ -1003,13 +985,7 @@ async fn a_broken_connection_alone_moves_a_sentinel_client() {
     let mut setup = SentinelSetup::spawn(1, 1);
     deny_announcements(&setup);
     let client = sentinel_builder(&setup).build().await.unwrap();
-    assert!(client
-        .acquire("broken", &ttl(10_000))
-        .await
-        .unwrap()
-        .release()
-        .await
-        .unwrap());
+    takes_and_gives_back(&client, "broken").await;
     let new_port = setup.kill_primary_and_wait_failover();
     // The sentinels may still count the new primary as down for a moment (redis-rs then finds
     // no valid primary): Unavailable, worth retrying, until they do.
