@@ -900,16 +900,22 @@ async fn lockctl_at(target: &[String], args: &[&str]) -> Output {
     out
 }
 
-/// Runs `command` with `input` on stdin; killed and failed if it has not ended by the deadline.
-fn run(command: &[String], input: &str) -> Output {
-    let mut child = Command::new(&command[0])
+/// Starts `command` (lockctl, without `$REDIS_URL` from the test's environment) with its
+/// stdin, stdout and stderr piped to the test.
+fn spawn_piped(command: &[String]) -> Child {
+    Command::new(&command[0])
         .args(&command[1..])
         .env_remove("REDIS_URL")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap();
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", command[0]))
+}
+
+/// Runs `command` with `input` on stdin; killed and failed if it has not ended by the deadline.
+fn run(command: &[String], input: &str) -> Output {
+    let mut child = spawn_piped(command);
     let mut stdin = child.stdin.take().unwrap();
     // A command that does not read its input closes the pipe: that is no error here.
     let _ = stdin.write_all(input.as_bytes());
@@ -1269,14 +1275,7 @@ struct Asking {
 impl Asking {
     /// Starts `command` and waits until its stderr shows `question`.
     fn start(command: &[String], question: &str) -> Asking {
-        let mut child = Command::new(&command[0])
-            .args(&command[1..])
-            .env_remove("REDIS_URL")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = spawn_piped(command);
         // The question ends without a newline: read byte by byte until it is there.
         let mut stderr = child.stderr.take().unwrap();
         let mut said = Vec::new();
