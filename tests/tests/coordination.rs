@@ -42,6 +42,7 @@ mod one_counter {
         a_fair_waiter_that_gives_up_leaves_the_line_at_once,
         a_lock_handed_over_in_line_is_kept_for_its_whole_ttl,
         a_fencing_waiter_handed_a_lock_without_a_counter_gets_a_token,
+        a_release_without_fair_reaches_a_fair_waiter_at_its_next_attempt,
     );
 }
 
@@ -938,4 +939,30 @@ async fn a_continuing_body_can_see_its_lock_lost(t: Target) {
         })
         .await;
     assert_eq!(out.ok(), Some("finished"));
+}
+
+/// A holder that did not ask for `fair` releases without announcing to a fair waiter (a fair
+/// waiter sets no waiting mark, and the release does not look at the line), so the waiter finds
+/// the lock free at its next attempt: within the 300 ms a fair waiter asks again at the most
+/// (plus slack for a loaded machine), never at the end of a plain waiter's nap (1.7 s or more)
+/// or of the holder's ttl (a minute).
+async fn a_release_without_fair_reaches_a_fair_waiter_at_its_next_attempt(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let holder = c.acquire("unfair-release", &ttl(60_000)).await.unwrap();
+    let waiter = in_line(
+        &other,
+        "unfair-release",
+        ttl(5000).fair(true).wait(Duration::from_secs(30)),
+    )
+    .await;
+    let released_at = Instant::now();
+    assert!(holder.release().await.unwrap());
+    let guard = waiter.await.unwrap().unwrap();
+    let took = released_at.elapsed();
+    let bound = Duration::from_millis(300 + 400);
+    assert!(
+        took < bound,
+        "the fair waiter took {took:?} after the release (bound {bound:?})"
+    );
+    guard.release().await.unwrap();
 }
