@@ -24,6 +24,7 @@ lock_tests::on_every_deployment!(
     a_cancelled_waiter_does_not_take_the_next_wake_up_with_it,
     after_a_hand_off_between_clients_the_next_release_still_wakes_the_rest,
     a_nested_call_keeps_its_own_lost_policy,
+    an_outer_abort_stops_a_continuing_nested_call,
     a_nested_minimum_hold_extends_the_outer_one,
     nested_calls_joined_in_one_body_take_turns,
     a_continuing_body_can_see_its_lock_lost,
@@ -849,6 +850,37 @@ async fn a_nested_call_keeps_its_own_lost_policy(t: Target) {
     assert!(
         !finished.load(Ordering::SeqCst),
         "the nested body was aborted, as it asked"
+    );
+}
+
+/// The converse: the outer call aborts when its lock is lost, and a nested call that asked to
+/// continue is inside the outer body, so it stops too (its body is dropped with the outer one).
+async fn an_outer_abort_stops_a_continuing_nested_call(t: Target) {
+    let c = t.client();
+    let finished = AtomicBool::new(false);
+    let outer = c
+        .run(
+            "outer-abort",
+            &ttl(150).on_lost(lock_runtime::OnLost::Abort),
+            async {
+                // No watchdog: the 150 ms lease runs out while the nested body sleeps.
+                c.run(
+                    "outer-abort",
+                    &ttl(150).on_lost(lock_runtime::OnLost::Continue),
+                    async {
+                        tokio::time::sleep(Duration::from_millis(400)).await;
+                        finished.store(true, Ordering::SeqCst);
+                    },
+                )
+                .await
+            },
+        )
+        .await;
+    assert!(matches!(outer, Err(LockError::Lost { .. })), "{outer:?}");
+    // The body borrowed `finished` and is gone with the call: it never got to its end.
+    assert!(
+        !finished.load(Ordering::SeqCst),
+        "the outer call waited for the nested body instead of aborting it"
     );
 }
 
