@@ -344,13 +344,7 @@ impl Connection {
     /// Opens the connection now unless it is open: for `build()`, which reports a server that
     /// is down or refuses us at start.
     pub(crate) async fn ensure_open(&self) -> Result<(), LockError> {
-        match self.current(None).await {
-            Ok(_) => Ok(()),
-            Err(Failed(e)) => Err(e),
-            Err(Late) => Err(LockError::unavailable(TimedOut {
-                after: self.timeouts.connect,
-            })),
-        }
+        self.current(None).await.map(drop)
     }
 
     /// Sends one request, bounded by the response timeout (opening a connection first included:
@@ -392,10 +386,7 @@ impl Connection {
         let deadline = Instant::now() + within;
         let mut retried = false;
         loop {
-            let live = self.current(Some(deadline)).await.map_err(|e| match e {
-                Late => LockError::unavailable(TimedOut { after: within }),
-                Failed(e) => e,
-            })?;
+            let live = self.current(Some((deadline, within))).await?;
             if let Some(pin) = pin {
                 pin.set(&live);
             }
@@ -463,19 +454,21 @@ impl Connection {
         self.request_within(within, send).await
     }
 
-    /// The open connection, or the outcome of opening one (waited for until `deadline`).
-    async fn current(&self, deadline: Option<Instant>) -> Result<Live, NotOpen> {
+    /// The open connection, or the outcome of opening one, waited for until the request's
+    /// deadline if it has one (`Unavailable` after `within` then; the open goes on).
+    async fn current(&self, deadline: Option<(Instant, Duration)>) -> Result<Live, LockError> {
         let mut restarted = false;
         loop {
             if let Some(live) = read(&self.live).clone() {
                 return Ok(live);
             }
-            let opening = self.opening();
+            // None: opened by the attempt that just left the slot.
+            let Some(opening) = self.opening() else { continue };
             let outcome = match deadline {
                 None => opening.await,
-                Some(deadline) => tokio::time::timeout_at(deadline, opening)
+                Some((deadline, within)) => tokio::time::timeout_at(deadline, opening)
                     .await
-                    .map_err(|_| Late)?,
+                    .map_err(|_| LockError::unavailable(TimedOut { after: within }))?,
             };
             match outcome {
                 Ok(live) => {
@@ -484,22 +477,21 @@ impl Connection {
                 }
                 // Opened on a runtime that has shut down since: once more, on this one.
                 Err(OpenError::Stopped) if !restarted => restarted = true,
-                Err(e) => return Err(Failed(e.into())),
+                Err(e) => return Err(e.into()),
             }
         }
     }
 
-    /// The open under way, or a new one.
-    fn opening(&self) -> Opening {
+    /// The open under way, or a new one; `None` if a connection is open now.
+    fn opening(&self) -> Option<Opening> {
         use futures_util::FutureExt;
         static ATTEMPT: AtomicU64 = AtomicU64::new(0);
         let mut slot = lock(&self.opening);
         if let Some((_, opening)) = slot.as_ref() {
-            return opening.clone();
+            return Some(opening.clone());
         }
-        if let Some(live) = read(&self.live).clone() {
-            // Opened by the attempt that just left the slot.
-            return futures_util::future::ready(Ok(live)).boxed().shared();
+        if read(&self.live).is_some() {
+            return None;
         }
         let attempt = ATTEMPT.fetch_add(1, Ordering::Relaxed);
         let (place, connect) = (self.place.clone(), self.timeouts.connect);
@@ -526,7 +518,7 @@ impl Connection {
         .boxed()
         .shared();
         *slot = Some((attempt, opening.clone()));
-        opening
+        Some(opening)
     }
 
     /// Notified each time a sentinel announces that the primary moved.
@@ -578,14 +570,6 @@ impl Drop for Connection {
         self.follower.stop();
     }
 }
-
-/// Why [`Connection::current`] has no connection.
-enum NotOpen {
-    /// The deadline came first (the open goes on).
-    Late,
-    Failed(LockError),
-}
-use NotOpen::{Failed, Late};
 
 /// Opens a connection to `place`, within `after`.
 async fn open(place: &Place, after: Duration) -> Result<Live, OpenError> {
