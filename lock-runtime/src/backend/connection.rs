@@ -14,8 +14,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 use std::time::Duration;
 
-use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Cmd, FromRedisValue, RedisError, RedisFuture, RedisResult, Value};
+use redis::{AsyncConnectionConfig, Cmd, FromRedisValue, RedisError, RedisResult, Value};
 use tokio::time::Instant;
 
 use crate::error::TimedOut;
@@ -169,45 +168,7 @@ impl Place {
 
 /// An open request connection: the same commands work on each; only scripts followed by `WAIT`
 /// need to know which it is (see [`Conn::then_wait`]).
-#[derive(Clone)]
-// Cloned for every request: boxing the larger variant would allocate each time.
-#[allow(clippy::large_enum_variant)]
-pub(crate) enum Conn {
-    Server(MultiplexedConnection),
-    #[cfg(feature = "cluster")]
-    Cluster(redis::cluster_async::ClusterConnection),
-}
-
-impl redis::aio::ConnectionLike for Conn {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Conn::Server(c) => c.req_packed_command(cmd),
-            #[cfg(feature = "cluster")]
-            Conn::Cluster(c) => c.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a redis::Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Conn::Server(c) => c.req_packed_commands(pipeline, offset, count),
-            #[cfg(feature = "cluster")]
-            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            Conn::Server(c) => c.get_db(),
-            #[cfg(feature = "cluster")]
-            Conn::Cluster(c) => c.get_db(),
-        }
-    }
-}
+pub(crate) use super::conn::Conn;
 
 impl Conn {
     /// Sends `cmd` and then `WAIT replicas timeout` on the same node (the one owning `key`'s

@@ -13,6 +13,7 @@ pub(crate) use connection::Pinned;
 
 #[cfg(feature = "cluster")]
 pub(crate) mod cluster;
+pub(crate) mod conn;
 pub(crate) mod connection;
 pub(crate) mod memory;
 pub(crate) mod redis;

@@ -29,6 +29,9 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
+// The library's connection type (a file shared with it).
+#[path = "../../backend/conn.rs"]
+mod conn;
 mod error;
 mod inspect;
 mod output;

@@ -8,12 +8,12 @@
 
 use std::time::Duration;
 
-use redis::aio::{ConnectionLike, MultiplexedConnection, PubSub};
+use redis::aio::{MultiplexedConnection, PubSub};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
-use redis::{AsyncConnectionConfig, Cmd, FromRedisValue, IntoConnectionInfo, PushInfo, RedisFuture, Value};
+use redis::{AsyncConnectionConfig, Cmd, FromRedisValue, IntoConnectionInfo, PushInfo, Value};
 use tokio::sync::mpsc;
 
 use crate::error::Error;
@@ -210,13 +210,9 @@ impl Target {
 }
 
 /// A connection of one command: to one server (or the primary the sentinels named), or to a
-/// Cluster. Requests go through it as through redis-rs's own connections (it is one, for
-/// `query_async` and scripts); what a deployment changes is in its methods.
-#[derive(Clone)]
-pub(crate) enum Conn {
-    Server(MultiplexedConnection),
-    Cluster(ClusterConnection),
-}
+/// Cluster, the library's own type. Requests go through it as through redis-rs's own
+/// connections; what a deployment changes is in its methods below.
+pub(crate) use crate::conn::Conn;
 
 /// A node whose keys a SCAN walks.
 #[derive(Debug, Clone)]
@@ -303,34 +299,6 @@ impl Conn {
             }
         };
         Ok(FromRedisValue::from_redis_value(answer)?)
-    }
-}
-
-impl ConnectionLike for Conn {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Conn::Server(c) => c.req_packed_command(cmd),
-            Conn::Cluster(c) => c.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a redis::Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Conn::Server(c) => c.req_packed_commands(pipeline, offset, count),
-            Conn::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            Conn::Server(c) => c.get_db(),
-            Conn::Cluster(c) => c.get_db(),
-        }
     }
 }
 
