@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Notify;
 
-use crate::guard::LockState;
+use crate::state::LockState;
 
 /// Shards of the registry: every acquire and release touches it, from every task of the client
 /// at once, so one lock would be contended.

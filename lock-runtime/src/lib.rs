@@ -40,27 +40,33 @@
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
+mod acquire;
 mod backend;
 mod background;
+mod builder;
 mod client;
+mod core;
 mod error;
 mod guard;
 mod held;
 mod holder;
+pub mod keys;
 mod options;
 mod redact;
 mod scope;
+mod state;
 mod telemetry;
 mod wakeups;
 mod watchdog;
 
-pub use client::{
-    default_client, set_default_client, LockClient, LockClientBuilder, DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT, MAX_KEY_LEN, MAX_WAIT_NAP,
-};
+pub use acquire::MAX_WAIT_NAP;
+pub use backend::connection::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT};
+pub use builder::LockClientBuilder;
+pub use client::{default_client, set_default_client, LockClient};
 pub use error::{BoxError, LockError, ShutDown, TimedOut};
 pub use guard::LockGuard;
 pub use holder::Holder;
+pub use keys::{DEFAULT_PREFIX, MAX_KEY_LEN};
 pub use options::{LockMode, LockOptions, OnLost, FAIR_PLACE_KEPT, MAX_DURATION, MIN_TTL, MIN_WATCHDOG_TTL};
 pub use scope::{current, LockInfo};
 

@@ -7,7 +7,7 @@
 use std::future::Future;
 use std::sync::Arc;
 
-use crate::guard::LockState;
+use crate::state::LockState;
 
 /// The lock held around the current code: see [`current`].
 #[derive(Clone)]

@@ -22,12 +22,11 @@ use futures_util::future::join_all;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::backend::Renewal;
+use crate::backend::{Renewal, Store};
 use crate::background::Background;
-use crate::guard::LockState;
 use crate::options::ceil_millis;
+use crate::state::LockState;
 use crate::telemetry;
-use crate::LockClient;
 
 /// The most locks one renew script extends.
 pub(crate) const BATCH: usize = 200;
@@ -78,7 +77,7 @@ impl Watchdog {
     /// [`unwatch`](Self::unwatch) takes.
     pub(crate) fn watch(
         self: &Arc<Self>,
-        client: &LockClient,
+        store: &Arc<dyn Store>,
         state: Arc<LockState>,
         (sent, lease): (Instant, Duration),
         once: bool,
@@ -93,7 +92,7 @@ impl Watchdog {
             once,
         };
         self.held().insert(id, watched);
-        self.start(client);
+        self.start(store);
         self.changed.notify_one();
         id
     }
@@ -110,8 +109,10 @@ impl Watchdog {
         self.held().len()
     }
 
-    fn start(self: &Arc<Self>, client: &LockClient) {
-        self.task.ensure(|| Arc::clone(self).run(client.downgrade()));
+    /// Starts the task (if it is not running on a live runtime); it holds the store weakly, and
+    /// ends once the client is gone.
+    fn start(self: &Arc<Self>, store: &Arc<dyn Store>) {
+        self.task.ensure(|| Arc::clone(self).run(Arc::downgrade(store)));
     }
 
     /// Stops the task and forgets every lock (the client is gone, or shut down).
@@ -120,7 +121,7 @@ impl Watchdog {
         self.held().clear();
     }
 
-    async fn run(self: Arc<Self>, client: Weak<crate::client::Inner>) {
+    async fn run(self: Arc<Self>, store: Weak<dyn Store>) {
         loop {
             let earliest = self.held().values().map(|w| w.due).min();
             match earliest {
@@ -136,15 +137,15 @@ impl Watchdog {
                     continue;
                 }
             }
-            let Some(client) = LockClient::upgrade(&client) else {
+            let Some(store) = store.upgrade() else {
                 return;
             };
-            self.renew_due(&client).await;
+            self.renew_due(&*store).await;
         }
     }
 
     /// Renews every lock due now or within the next half interval, in batches sent together.
-    async fn renew_due(&self, client: &LockClient) {
+    async fn renew_due(&self, store: &dyn Store) {
         let now = Instant::now();
         let mut due = Vec::new();
         self.held().retain(|&id, watched| {
@@ -165,11 +166,11 @@ impl Watchdog {
             }
             true
         });
-        let batches = due.chunks(BATCH).map(|batch| self.renew_batch(client, batch));
+        let batches = due.chunks(BATCH).map(|batch| self.renew_batch(store, batch));
         join_all(batches).await;
     }
 
-    async fn renew_batch(&self, client: &LockClient, batch: &[(u64, Arc<LockState>)]) {
+    async fn renew_batch(&self, store: &dyn Store, batch: &[(u64, Arc<LockState>)]) {
         let sent = Instant::now();
         // Each for its ttl, or what is left of its maximum hold.
         let leases: Vec<Duration> = batch
@@ -183,7 +184,7 @@ impl Watchdog {
             .zip(&leases)
             .map(|((_, s), lease)| (&s.keys, s.token.as_str(), ceil_millis(*lease)))
             .collect();
-        let answer = client.backend().renew_many(&locks).await;
+        let answer = store.renew_many(&locks).await;
         match &answer {
             Ok(renewed) => {
                 telemetry::renewed(renewed.iter().filter(|r| **r == Renewal::Renewed).count() as u64)

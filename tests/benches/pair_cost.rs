@@ -32,7 +32,7 @@ const TTL_MS: u64 = 10_000;
 const ROUNDS: usize = 30;
 const SLICE: Duration = Duration::from_millis(300);
 /// The common release script, as the library sends it.
-const UNLOCK_LUA: &str = include_str!("../../lock-runtime/src/scripts/unlock.lua");
+const UNLOCK_LUA: &str = include_str!("../../lock-runtime/src/backend/scripts/unlock.lua");
 const NAMES: [&str; 4] = [
     "hand-written",
     "hand-written, our traffic",
@@ -53,8 +53,8 @@ impl Contender {
     /// Pairs on `key` until `until`.
     async fn pairs(&self, key: &str, until: Instant) -> u64 {
         // What the library names the lock and its waiting mark for `key` (default prefix).
-        let lock = format!("lock:{{{key}}}");
-        let mark = format!("{lock}:waiting");
+        let names = lock_runtime::keys::LockKeys::new(lock_runtime::DEFAULT_PREFIX, key);
+        let (lock, mark) = (names.lock().to_owned(), names.waiting());
         let mut done = 0;
         while Instant::now() < until {
             let token = lock_tests::hand_written::token();

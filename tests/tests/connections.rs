@@ -599,8 +599,8 @@ async fn the_acquire_script_is_idempotent_for_its_token() {
     let server = RedisServer::spawn();
     let mut raw = server.raw().await;
     let acquire = redis::Script::new(concat!(
-        include_str!("../../lock-runtime/src/scripts/fence.lua"),
-        include_str!("../../lock-runtime/src/scripts/acquire.lua")
+        include_str!("../../lock-runtime/src/backend/scripts/fence.lua"),
+        include_str!("../../lock-runtime/src/backend/scripts/acquire.lua")
     ));
     let call = |token: &'static str| {
         let mut invocation = acquire.prepare_invoke();

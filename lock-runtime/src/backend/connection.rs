@@ -20,6 +20,13 @@ use tokio::time::Instant;
 use crate::error::TimedOut;
 use crate::LockError;
 
+/// How long [`LockClientBuilder::build`](crate::LockClientBuilder::build) waits for a connection
+/// by default.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long any one request may take by default before it fails as
+/// [`LockError::Unavailable`].
+pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// How long to wait for a connection, and for any one answer.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Timeouts {

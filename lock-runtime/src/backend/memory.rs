@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Ask, Attempt, LockKeys, Stored};
+use super::{Answer, Ask, Attempt, Capabilities, Kind, LockKeys, Pinned, Renewal, Store, Stored};
 use crate::options::{ceil_millis, FAIR_PLACE_KEPT};
-use crate::wakeups::{HandedOver, Wakeups};
+use crate::wakeups::{HandedOver, Registration, Wakeups};
 
 #[derive(Debug)]
 struct Held {
@@ -31,7 +31,7 @@ impl Shares {
 }
 
 #[derive(Debug, Default)]
-struct Store {
+struct Table {
     locks: HashMap<String, Held>,
     /// Read-write locks held by readers, by lock key (a key is in `locks` or here, never both).
     shares: HashMap<String, Shares>,
@@ -99,7 +99,7 @@ impl Queue {
     }
 }
 
-impl Store {
+impl Table {
     /// The live holder of `key`; an expired one is removed on the way, as Redis would.
     fn live(&mut self, key: &str, now: Instant) -> Option<&mut Held> {
         if self.locks.get(key).is_some_and(|h| h.expires_at <= now) {
@@ -209,7 +209,7 @@ fn ms_until(at: Instant, now: Instant) -> u64 {
 
 #[derive(Debug)]
 pub(crate) struct MemoryBackend {
-    store: Mutex<Store>,
+    store: Mutex<Table>,
     wakeups: Arc<Wakeups>,
 }
 
@@ -221,13 +221,9 @@ impl MemoryBackend {
         }
     }
 
-    fn store(&self) -> MutexGuard<'_, Store> {
+    fn store(&self) -> MutexGuard<'_, Table> {
         // Every update below is a single step, so a poisoned store is still consistent.
         self.store.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    pub(crate) fn wakeups(&self) -> &Arc<Wakeups> {
-        &self.wakeups
     }
 
     pub(crate) fn acquire(&self, keys: &LockKeys, token: &str, ask: &Ask) -> Attempt {
@@ -519,6 +515,96 @@ impl MemoryBackend {
             self.wakeups.notify(&keys.channel);
         }
         removed
+    }
+}
+
+/// Every call is answered when first polled (there is no request to wait for).
+impl Store for MemoryBackend {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            name: "in-memory",
+            ..Capabilities::ALL
+        }
+    }
+
+    fn connect<'a>(&'a self, _: &'a LockKeys) -> Answer<'a, ()> {
+        Box::pin(async move { Ok(()) })
+    }
+
+    fn attempt<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+        ask: &'a Ask,
+        _: &'a Pinned,
+    ) -> Answer<'a, Attempt> {
+        Box::pin(async move { Ok(self.acquire(keys, token, ask)) })
+    }
+
+    fn renew_many<'a>(&'a self, locks: &'a [(&'a LockKeys, &'a str, u64)]) -> Answer<'a, Vec<Renewal>> {
+        Box::pin(async move {
+            Ok(locks
+                .iter()
+                .map(|(keys, token, ttl_ms)| Renewal::from_ours(self.renew(keys, token, *ttl_ms)))
+                .collect())
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+        hold_ms: u64,
+        kind: Kind,
+        _: Option<&'a Pinned>,
+    ) -> Answer<'a, bool> {
+        Box::pin(async move {
+            Ok(MemoryBackend::release(
+                self,
+                keys,
+                token,
+                hold_ms,
+                kind == Kind::Fair,
+            ))
+        })
+    }
+
+    fn leave_queue<'a>(&'a self, keys: &'a LockKeys, token: &'a str, claimed: bool) -> Answer<'a, ()> {
+        Box::pin(async move {
+            MemoryBackend::leave_queue(self, keys, token, claimed);
+            Ok(())
+        })
+    }
+
+    fn holder<'a>(&'a self, keys: &'a LockKeys) -> Answer<'a, Option<(Stored, Option<Duration>)>> {
+        Box::pin(async move { Ok(MemoryBackend::holder(self, keys)) })
+    }
+
+    fn is_locked<'a>(&'a self, keys: &'a LockKeys) -> Answer<'a, bool> {
+        Box::pin(async move { Ok(MemoryBackend::is_locked(self, keys)) })
+    }
+
+    fn remaining_ttl<'a>(&'a self, keys: &'a LockKeys) -> Answer<'a, Option<Duration>> {
+        Box::pin(async move { Ok(MemoryBackend::remaining_ttl(self, keys)) })
+    }
+
+    fn force_release<'a>(&'a self, keys: &'a LockKeys) -> Answer<'a, bool> {
+        Box::pin(async move { Ok(MemoryBackend::force_release(self, keys)) })
+    }
+
+    fn response_timeout(&self) -> Duration {
+        super::connection::DEFAULT_RESPONSE_TIMEOUT
+    }
+
+    fn wakeups(&self) -> &Arc<Wakeups> {
+        &self.wakeups
+    }
+
+    fn listen<'a>(
+        &'a self,
+        _: &'a Registration,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>> {
+        Box::pin(std::future::ready(()))
     }
 }
 

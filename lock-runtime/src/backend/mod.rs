@@ -1,83 +1,33 @@
-//! Where locks live. The guard, the watchdog and the wait loop speak only to [`Backend`], so a
-//! quorum of independent masters or a Redis Cluster plugs in as one more variant with the same
-//! five operations, without touching them or the public API.
+//! Where locks live. The guard, the watchdog and the wait loop speak only to a [`Store`]: what
+//! one attempt, renewal and release do in it, how waiters hear of releases, and what it offers
+//! ([`Capabilities`]), which the client checks once per call against the options. A store is one
+//! module implementing the trait: Redis (one server, Sentinel and Cluster, one implementation
+//! whose [`Deployment`](deployment::Deployment) knows where requests go and how releases are
+//! announced), RedLock (over Redis stores) and the in-memory store.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
-
-use futures_util::FutureExt as _;
 use std::time::Duration;
 
+pub(crate) use crate::keys::LockKeys;
 use crate::wakeups::{Registration, Wakeups};
-use crate::LockError;
+use crate::{LockError, LockMode, LockOptions};
 pub(crate) use connection::Pinned;
 
 #[cfg(feature = "cluster")]
 pub(crate) mod cluster;
 pub(crate) mod conn;
 pub(crate) mod connection;
+pub(crate) mod deployment;
 pub(crate) mod memory;
 pub(crate) mod redis;
 pub(crate) mod redlock;
+pub(crate) mod replicas;
 pub(crate) mod scripts;
 #[cfg(feature = "sentinel")]
 pub(crate) mod sentinel;
-
-/// The names one lock uses in its store: all share the `{key}` hash tag, so Redis Cluster puts
-/// them in one slot. The two every lock uses are kept; the others are made when needed.
-#[derive(Debug, Clone)]
-pub(crate) struct LockKeys {
-    /// `<prefix>{<key>}`: holds the holder's token.
-    pub(crate) lock: String,
-    /// `<prefix>{<key>}:released`: told of every release.
-    pub(crate) channel: String,
-}
-
-/// The suffix of a lock's wake-up channel.
-const RELEASED: &str = ":released";
-
-impl LockKeys {
-    pub(crate) fn new(prefix: &str, key: &str) -> Self {
-        // Sized once: these are made for every acquire.
-        let mut lock = String::with_capacity(prefix.len() + key.len() + 2);
-        lock.push_str(prefix);
-        lock.push('{');
-        lock.push_str(key);
-        lock.push('}');
-        let mut channel = String::with_capacity(lock.len() + RELEASED.len());
-        channel.push_str(&lock);
-        channel.push_str(RELEASED);
-        LockKeys { lock, channel }
-    }
-
-    /// `<prefix>{<key>}:fence`: the fencing counter.
-    pub(crate) fn fence(&self) -> String {
-        format!("{}:fence", self.lock)
-    }
-
-    /// `<prefix>{<key>}:queue`: fair waiters' tokens, in the order they arrived.
-    pub(crate) fn queue(&self) -> String {
-        format!("{}:queue", self.lock)
-    }
-
-    /// `<prefix>{<key>}:queue:kept`: fair waiters' tokens, by when their places lapse.
-    pub(crate) fn kept(&self) -> String {
-        format!("{}:queue:kept", self.lock)
-    }
-
-    /// `<prefix>{<key>}:writers`: the tokens of writers waiting for a read-write lock's readers
-    /// to leave, by when their claims lapse; no new reader enters while one stands.
-    pub(crate) fn writers(&self) -> String {
-        format!("{}:writers", self.lock)
-    }
-
-    /// `<prefix>{<key>}:waiting`: set by a refused attempt of a caller that will wait, so that
-    /// the release announces itself; a release that finds no mark skips the `PUBLISH` (most
-    /// releases: nobody waits). Not on a Redis Cluster, where a script naming a key that does
-    /// not exist is refused while its slot migrates: there every release announces.
-    pub(crate) fn waiting(&self) -> String {
-        format!("{}:waiting", self.lock)
-    }
-}
+pub(crate) mod subscriber;
 
 /// Which release a held lock needs: it picks the script and the keys it is given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -184,57 +134,87 @@ impl Renewal {
 #[error("the renewal was not answered either way (too few RedLock masters, or its Cluster shard, answered)")]
 pub(crate) struct Undecided;
 
-#[derive(Debug)]
-pub(crate) enum Backend {
-    Redis(Box<redis::RedisBackend>),
-    /// A quorum over independent masters.
-    Redlock(Box<redlock::RedlockBackend>),
-    Memory(Box<memory::MemoryBackend>),
-}
+/// What a store's request answers. Boxed, as a `dyn Future + Send`, at the seam: a caller's
+/// future then holds a pointer, not the store's state machines (redis-rs's are deep), so proving
+/// a user's spawned task `Send` (and laying out its future) stops at the box. Without it,
+/// ordinary user code (a spawned fn that acquires and releases) overflowed rustc's default query
+/// depth. One allocation per request; the contention and pair_cost benches measure it.
+pub(crate) type Answer<'a, T> = Pin<Box<dyn Future<Output = Result<T, LockError>> + Send + 'a>>;
 
-// Every call into a networked store is boxed as a `dyn Future + Send` here, at the seam: a
-// caller's future then holds a pointer, not redis-rs's state machines, so proving a user's spawned
-// task `Send` (and laying out its future) stops at the box. Without it, ordinary user code (a
-// spawned fn that acquires and releases) overflowed rustc's default query depth. One allocation
-// per request; the contention and pair_cost benches measure it.
-impl Backend {
+/// Where locks live: what one attempt, renewal and release do there. Every method is one request
+/// (or one quorum of them), bounded by the store's response timeout; the client does the waiting,
+/// the renewing, the validity and the bookkeeping around them, the same for every store.
+pub(crate) trait Store: Send + Sync + std::fmt::Debug {
+    /// What this store offers; the client refuses options it does not, before any request.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Connects now, and checks on `probe`'s names that this client may run everything the
+    /// protocol runs ([`LockClientBuilder::build`](crate::LockClientBuilder::build)).
+    fn connect<'a>(&'a self, probe: &'a LockKeys) -> Answer<'a, ()>;
+
     /// One attempt; idempotent for one token. `pin` records the connection it went on, for the
-    /// release of an attempt whose answer never comes ([`release_after`](Self::release_after)).
-    pub(crate) async fn acquire(
-        &self,
-        keys: &LockKeys,
-        token: &str,
-        ask: &Ask,
-        pin: &Pinned,
-    ) -> Result<Attempt, LockError> {
-        match self {
-            Backend::Redis(b) => b.acquire(keys, token, ask, pin).boxed().await,
-            Backend::Redlock(b) => b.acquire(keys, token, ask).boxed().await,
-            Backend::Memory(b) => Ok(b.acquire(keys, token, ask)),
-        }
-    }
+    /// release of an attempt whose answer never comes ([`release`](Self::release) `after` it).
+    fn attempt<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+        ask: &'a Ask,
+        pin: &'a Pinned,
+    ) -> Answer<'a, Attempt>;
 
-    /// Gives up `token`'s place in the fair queue and its claim as a waiting writer (a waiter
+    /// Lengthens each lock's lease to its ttl if it still holds its token (never shortens it),
+    /// in one request where the store allows: what it found for each.
+    fn renew_many<'a>(&'a self, locks: &'a [(&'a LockKeys, &'a str, u64)]) -> Answer<'a, Vec<Renewal>>;
+
+    /// Deletes the lock (or, with `hold_ms > 0`, lets it expire in `hold_ms`) if it still holds
+    /// `token`, and wakes a waiter (a fair lock: the head of the line); `false` if it was no
+    /// longer ours. A share of a read-write lock is recognised by its token: it goes, and the
+    /// last share to go wakes a waiter ([`Kind`] is a hint that spares a first try; without it
+    /// the release is right all the same). `after`: the release of an acquire whose answer never
+    /// came, sent after it (on the connection it went on, where that matters).
+    fn release<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+        hold_ms: u64,
+        kind: Kind,
+        after: Option<&'a Pinned>,
+    ) -> Answer<'a, bool>;
+
+    /// Gives up `token`'s place in the fair line and its claim as a waiting writer (a waiter
     /// that stops waiting). `claimed`: it may have claimed the writers' turn, so readers held
     /// back by the claim are told to try again.
-    pub(crate) async fn leave_queue(
-        &self,
-        keys: &LockKeys,
-        token: &str,
-        claimed: bool,
-    ) -> Result<(), LockError> {
-        match self {
-            Backend::Redis(b) => b.leave_queue(keys, token, claimed).boxed().await,
-            // Fair mode and read-write locks are refused on RedLock: there is no line to leave.
-            Backend::Redlock(_) => Ok(()),
-            Backend::Memory(b) => {
-                b.leave_queue(keys, token, claimed);
-                Ok(())
-            }
-        }
+    fn leave_queue<'a>(&'a self, keys: &'a LockKeys, token: &'a str, claimed: bool) -> Answer<'a, ()>;
+
+    /// The lock's stored value(s) and remaining life, if it is held.
+    fn holder<'a>(&'a self, keys: &'a LockKeys) -> Answer<'a, Option<(Stored, Option<Duration>)>>;
+
+    /// Whether anyone holds the lock.
+    fn is_locked<'a>(&'a self, keys: &'a LockKeys) -> Answer<'a, bool> {
+        Box::pin(async move { Ok(self.holder(keys).await?.is_some()) })
     }
 
-    /// Lengthens the lock's lease to `ttl_ms` if it still holds `token` (never shortens it).
+    /// The lock's remaining life, `None` when it is not held (or never expires).
+    fn remaining_ttl<'a>(&'a self, keys: &'a LockKeys) -> Answer<'a, Option<Duration>> {
+        Box::pin(async move { Ok(self.holder(keys).await?.and_then(|(_, life)| life)) })
+    }
+
+    /// Deletes the lock whoever holds it, and wakes its waiters; `true` if there was one.
+    fn force_release<'a>(&'a self, keys: &'a LockKeys) -> Answer<'a, bool>;
+
+    /// How long one request may take.
+    fn response_timeout(&self) -> Duration;
+
+    /// This client's waiters, by lock: the store wakes them as it hears of releases.
+    fn wakeups(&self) -> &Arc<Wakeups>;
+
+    /// Makes sure releases of the registration's lock reach it (Redis: the channel is
+    /// subscribed). Best effort: on failure the waiter still wakes at the holder's expiry.
+    fn listen<'a>(&'a self, registration: &'a Registration) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+}
+
+impl dyn Store {
+    /// [`renew_many`](Store::renew_many) of one lock.
     pub(crate) async fn renew(
         &self,
         keys: &LockKeys,
@@ -244,133 +224,64 @@ impl Backend {
         let renewed = self.renew_many(&[(keys, token, ttl_ms)]).await?;
         Ok(renewed.first().copied().unwrap_or(Renewal::Undecided))
     }
+}
 
-    /// [`renew`](Self::renew) for many locks in one request (per Cluster slot): what it found
-    /// for each.
-    pub(crate) async fn renew_many(
-        &self,
-        locks: &[(&LockKeys, &str, u64)],
-    ) -> Result<Vec<Renewal>, LockError> {
-        match self {
-            Backend::Redis(b) => b.renew_many(locks).boxed().await,
-            Backend::Redlock(b) => b.renew_many(locks).boxed().await,
-            Backend::Memory(b) => Ok(locks
-                .iter()
-                .map(|(keys, token, ttl_ms)| Renewal::from_ours(b.renew(keys, token, *ttl_ms)))
-                .collect()),
-        }
-    }
+/// Whether a store offers something; when not, why (said in the `InvalidOptions` refusal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Offered {
+    Yes,
+    No(&'static str),
+}
 
-    /// Deletes the lock (or, with `hold_ms > 0`, lets it expire in `hold_ms`) if it still holds
-    /// `token`, and wakes a waiter (a fair lock: the head of the queue); `false` if it was no
-    /// longer ours. A share of a read-write lock is recognised by its token: it goes, and the
-    /// last share to go wakes a waiter ([`Kind::Shared`] says it is one, sparing Redis a first
-    /// try at the common release; without it the release is right all the same).
-    pub(crate) async fn release(
-        &self,
-        keys: &LockKeys,
-        token: &str,
-        hold_ms: u64,
-        kind: Kind,
-    ) -> Result<bool, LockError> {
-        match self {
-            Backend::Redis(b) => b.release(keys, token, hold_ms, kind).boxed().await,
-            Backend::Redlock(b) => b.release(keys, token, hold_ms).boxed().await,
-            Backend::Memory(b) => Ok(b.release(keys, token, hold_ms, kind == Kind::Fair)),
-        }
-    }
+/// What a store offers beyond the plain exclusive lock that every store has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Capabilities {
+    /// The store's name, as users configure it ("redis", "redlock", "in-memory").
+    pub(crate) name: &'static str,
+    /// Fencing tokens: one counter per key, raised with every acquire.
+    pub(crate) fencing: Offered,
+    /// Fair mode: one line per key, the head comes first.
+    pub(crate) fair: Offered,
+    /// Read-write locks (shares).
+    pub(crate) shared: Offered,
+    /// A fair release hands the lock to the next in line, who may hold it without asking (not
+    /// where every acquire must be acknowledged by replicas: the release's write was not
+    /// waited for, so the waiter asks, and its attempt is acknowledged).
+    pub(crate) hand_over: bool,
+    /// Every acquire and renewal is acknowledged by replicas before it counts.
+    pub(crate) replica_acknowledgement: bool,
+}
 
-    /// [`release`](Self::release) of an acquire whose answer never came: after it, on the
-    /// connection it went on (a RedLock release waits for each master's attempt instead).
-    pub(crate) async fn release_after(
-        &self,
-        keys: &LockKeys,
-        token: &str,
-        kind: Kind,
-        pin: &Pinned,
-    ) -> Result<bool, LockError> {
-        match self {
-            Backend::Redis(b) => {
-                b.release_after(keys, token, 0, kind, Some(pin), false)
-                    .boxed()
-                    .await
+impl Capabilities {
+    /// Everything (the in-memory store; Redis without replica acknowledgement).
+    pub(crate) const ALL: Capabilities = Capabilities {
+        name: "redis",
+        fencing: Offered::Yes,
+        fair: Offered::Yes,
+        shared: Offered::Yes,
+        hand_over: true,
+        replica_acknowledgement: false,
+    };
+
+    /// Refuses options this store does not offer, saying why.
+    pub(crate) fn check(&self, options: &LockOptions) -> Result<(), LockError> {
+        let asked = [
+            (options.is_fencing(), self.fencing, "fencing"),
+            (options.is_fair(), self.fair, "fair mode"),
+            (
+                options.get_mode() == LockMode::Shared,
+                self.shared,
+                "read-write locks",
+            ),
+        ];
+        for (asked, offered, what) in asked {
+            if let (true, Offered::No(why)) = (asked, offered) {
+                return Err(LockError::invalid_options(format!(
+                    "a {} client offers no {what} ({why})",
+                    self.name
+                )));
             }
-            _ => self.release(keys, token, 0, kind).await,
         }
-    }
-
-    pub(crate) async fn is_locked(&self, keys: &LockKeys) -> Result<bool, LockError> {
-        match self {
-            Backend::Redis(b) => b.is_locked(keys).boxed().await,
-            Backend::Redlock(b) => b.is_locked(keys).boxed().await,
-            Backend::Memory(b) => Ok(b.is_locked(keys)),
-        }
-    }
-
-    /// The lock's remaining life, `None` when it is not held (or never expires).
-    pub(crate) async fn remaining_ttl(&self, keys: &LockKeys) -> Result<Option<Duration>, LockError> {
-        match self {
-            Backend::Redis(b) => b.remaining_ttl(keys).boxed().await,
-            Backend::Redlock(b) => b.remaining_ttl(keys).boxed().await,
-            Backend::Memory(b) => Ok(b.remaining_ttl(keys)),
-        }
-    }
-
-    /// The lock's stored value(s) and remaining life, if it is held.
-    pub(crate) async fn holder(
-        &self,
-        keys: &LockKeys,
-    ) -> Result<Option<(Stored, Option<Duration>)>, LockError> {
-        match self {
-            Backend::Redis(b) => b.holder(keys).boxed().await,
-            Backend::Redlock(b) => b.holder(keys).boxed().await,
-            Backend::Memory(b) => Ok(b.holder(keys)),
-        }
-    }
-
-    pub(crate) async fn force_release(&self, keys: &LockKeys) -> Result<bool, LockError> {
-        match self {
-            Backend::Redis(b) => b.force_release(keys).boxed().await,
-            Backend::Redlock(b) => b.force_release(keys).boxed().await,
-            Backend::Memory(b) => Ok(b.force_release(keys)),
-        }
-    }
-
-    /// How long one request may take.
-    pub(crate) fn response_timeout(&self) -> Duration {
-        match self {
-            Backend::Redis(b) => b.response_timeout(),
-            Backend::Redlock(b) => b.response_timeout(),
-            Backend::Memory(_) => crate::DEFAULT_RESPONSE_TIMEOUT,
-        }
-    }
-
-    /// Whether a lock a fair release handed over may be held as it is: not when replicas must
-    /// acknowledge every acquire (the release's write was not waited for; the waiter asks, and
-    /// its attempt is acknowledged).
-    pub(crate) fn takes_hand_overs(&self) -> bool {
-        match self {
-            Backend::Redis(b) => !b.waits_for_replicas(),
-            Backend::Redlock(_) => false,
-            Backend::Memory(_) => true,
-        }
-    }
-
-    pub(crate) fn wakeups(&self) -> &Arc<Wakeups> {
-        match self {
-            Backend::Redis(b) => b.wakeups(),
-            Backend::Redlock(b) => b.wakeups(),
-            Backend::Memory(b) => b.wakeups(),
-        }
-    }
-
-    /// Makes sure releases of the registration's lock reach it (Redis: the channel is
-    /// subscribed). Best effort: on failure the waiter still wakes at the holder's expiry.
-    pub(crate) async fn listen(&self, registration: &Registration) {
-        match self {
-            Backend::Redis(b) => b.listen(registration).boxed().await,
-            Backend::Redlock(b) => b.listen(registration).boxed().await,
-            Backend::Memory(_) => {}
-        }
+        Ok(())
     }
 }

@@ -9,6 +9,8 @@
 //! so a release heard from any of them wakes the next waiter.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +20,7 @@ use tokio::time::Instant;
 
 use super::connection::{lock, Pinned, Place, Timeouts};
 use super::redis::RedisBackend;
-use super::{Ask, Attempt, Kind, LockKeys, Renewal, Stored};
+use super::{Answer, Ask, Attempt, Capabilities, Kind, LockKeys, Offered, Renewal, Store, Stored};
 use crate::error::TimedOut;
 use crate::wakeups::{Registration, Wakeups};
 use crate::LockError;
@@ -465,14 +467,6 @@ impl RedlockBackend {
         Ok((count, answered))
     }
 
-    pub(crate) fn wakeups(&self) -> &Arc<Wakeups> {
-        &self.wakeups
-    }
-
-    pub(crate) fn response_timeout(&self) -> Duration {
-        self.timeouts.response
-    }
-
     /// Subscribes the lock's channel on every master at once, waiting a short while for the
     /// subscriptions (a release between them and the next attempt is then heard); a master that
     /// takes longer (down, reconnecting) subscribes in the background, and meanwhile the others,
@@ -518,5 +512,84 @@ impl Drop for Stragglers<'_> {
         if !self.tasks.is_empty() {
             self.register();
         }
+    }
+}
+
+impl Store for RedlockBackend {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            name: "RedLock",
+            fencing: Offered::No("no single counter"),
+            fair: Offered::No("no single line"),
+            shared: Offered::No(
+                "shares on a majority of masters could not keep writers out across a master's restart",
+            ),
+            hand_over: false,
+            replica_acknowledgement: false,
+        }
+    }
+
+    fn connect<'a>(&'a self, probe: &'a LockKeys) -> Answer<'a, ()> {
+        Box::pin(RedlockBackend::connect(self, probe))
+    }
+
+    fn attempt<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+        ask: &'a Ask,
+        _: &'a Pinned,
+    ) -> Answer<'a, Attempt> {
+        Box::pin(self.acquire(keys, token, ask))
+    }
+
+    fn renew_many<'a>(&'a self, locks: &'a [(&'a LockKeys, &'a str, u64)]) -> Answer<'a, Vec<Renewal>> {
+        Box::pin(RedlockBackend::renew_many(self, locks))
+    }
+
+    /// A release after an acquire whose answer never came waits for each master's attempt
+    /// (the stragglers) instead of following it on its connection.
+    fn release<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+        hold_ms: u64,
+        _: Kind,
+        _: Option<&'a Pinned>,
+    ) -> Answer<'a, bool> {
+        Box::pin(RedlockBackend::release(self, keys, token, hold_ms))
+    }
+
+    /// Fair mode and read-write locks are refused on RedLock: there is no line to leave.
+    fn leave_queue<'a>(&'a self, _: &'a LockKeys, _: &'a str, _: bool) -> Answer<'a, ()> {
+        Box::pin(std::future::ready(Ok(())))
+    }
+
+    fn holder<'a>(&'a self, keys: &'a LockKeys) -> Answer<'a, Option<(Stored, Option<Duration>)>> {
+        Box::pin(RedlockBackend::holder(self, keys))
+    }
+
+    fn is_locked<'a>(&'a self, keys: &'a LockKeys) -> Answer<'a, bool> {
+        Box::pin(RedlockBackend::is_locked(self, keys))
+    }
+
+    fn remaining_ttl<'a>(&'a self, keys: &'a LockKeys) -> Answer<'a, Option<Duration>> {
+        Box::pin(RedlockBackend::remaining_ttl(self, keys))
+    }
+
+    fn force_release<'a>(&'a self, keys: &'a LockKeys) -> Answer<'a, bool> {
+        Box::pin(RedlockBackend::force_release(self, keys))
+    }
+
+    fn response_timeout(&self) -> Duration {
+        self.timeouts.response
+    }
+
+    fn wakeups(&self) -> &Arc<Wakeups> {
+        &self.wakeups
+    }
+
+    fn listen<'a>(&'a self, registration: &'a Registration) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
+        Box::pin(RedlockBackend::listen(self, registration))
     }
 }

@@ -12,25 +12,17 @@ use redis::{Cmd, FromRedisValue, RedisResult, ToRedisArgs};
 
 use super::connection::Conn;
 
-pub(crate) static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(concat!(
-        include_str!("../scripts/fence.lua"),
-        include_str!("../scripts/acquire.lua")
-    ))
-});
-pub(crate) static RENEW: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../scripts/renew.lua")));
-pub(crate) static SHARE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../scripts/share.lua")));
+pub(crate) static ACQUIRE: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(concat!(include_str!("fence.lua"), include_str!("acquire.lua"))));
+pub(crate) static RENEW: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("renew.lua")));
+pub(crate) static SHARE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("share.lua")));
 /// The common release (a lock that is neither fair nor kept for a minimum hold): release.lua's
 /// work for that case, in a script small enough to cost Redis what a bare compare-and-delete does.
-pub(crate) static UNLOCK: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../scripts/unlock.lua")));
+pub(crate) static UNLOCK: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("unlock.lua")));
 /// Run once per client before its first lock: that it may run every command the others run.
-pub(crate) static RIGHTS: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("../scripts/rights.lua")));
-pub(crate) static RELEASE: LazyLock<Lua> = LazyLock::new(|| {
-    Lua::new(concat!(
-        include_str!("../scripts/fence.lua"),
-        include_str!("../scripts/release.lua")
-    ))
-});
+pub(crate) static RIGHTS: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("rights.lua")));
+pub(crate) static RELEASE: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(concat!(include_str!("fence.lua"), include_str!("release.lua"))));
 
 /// A script's source and its SHA1.
 #[derive(Debug)]

@@ -1,0 +1,415 @@
+//! The wait loop: one acquire call, from its first attempt to a guard or an error. It attempts,
+//! listens for releases when refused, sleeps until woken or until the holder's expiry, keeps a
+//! fair waiter's place or a waiting writer's claim, takes a lock a fair release handed over, and
+//! gives back what an abandoned call may have taken. The same for every store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::backend::{Ask, Attempt, Kind, LockKeys, Pinned};
+use crate::core::{release_in_background, Abandoned, Core};
+use crate::error::ShutDown;
+use crate::guard::LockGuard;
+use crate::state::LockState;
+use crate::telemetry::{self, Labels};
+use crate::wakeups::Registration;
+use crate::{LockError, LockMode, LockOptions, FAIR_PLACE_KEPT};
+
+/// The longest a waiter sleeps between attempts: it is woken by the holder's release, or at the
+/// holder's expiry, and at the latest after this, in case a release message was missed.
+pub const MAX_WAIT_NAP: Duration = Duration::from_secs(2);
+
+/// One acquire call on a checked key.
+pub(crate) struct Acquire<'a> {
+    pub(crate) core: &'a Arc<Core>,
+    /// The key as the caller gave it.
+    pub(crate) key: &'a str,
+    pub(crate) keys: LockKeys,
+    pub(crate) options: &'a LockOptions,
+}
+
+impl Acquire<'_> {
+    /// Attempts until the lock is taken or the wait runs out. Every way out goes through
+    /// `outcome`, which records it (a plain fn: a wrapping `async fn` would nest this future one
+    /// level deeper in every caller's, and deep futures overflow rustc's layout query limit).
+    pub(crate) async fn run(self) -> Result<LockGuard, LockError> {
+        let Acquire {
+            core,
+            key,
+            keys,
+            options,
+        } = self;
+        let called = Instant::now();
+        let shared = options.get_mode() == LockMode::Shared;
+        // How long the attempt that decided the call took, and whether the call made it at once.
+        let mut deciding = Decided::default();
+        let outcome = |result: Result<LockGuard, LockError>, deciding: Decided| {
+            let labels = Labels::new(shared, key, core.metrics_key_class);
+            // A call its first attempt decided took that attempt's time (one clock read fewer
+            // on the common path).
+            let whole = if deciding.at_once {
+                deciding.attempt
+            } else {
+                called.elapsed()
+            };
+            telemetry::acquire(&labels, telemetry::outcome(&result), deciding.attempt, whole);
+            result
+        };
+        let backend = &*core.store;
+        let deadline = called + options.get_wait();
+        let will_wait = !options.get_wait().is_zero();
+        let fair = options.is_fair();
+        // One token for every attempt of this call: it is also a fair waiter's place in line.
+        let token = crate::holder::new_value(&core.owner);
+        // A fair waiter's place in line, or a waiting writer's claim on a read-write lock: given
+        // up if the call ends without the lock.
+        let mut place = (fair && will_wait).then(|| QueuePlace::new(core, &keys, &token).fair());
+        let mut claimed = false;
+        let mut wakeup: Option<Registration> = None;
+        // Until refused once, no holder's expiry is known.
+        let mut pttl_ms = None;
+        // The place a fair waiter's last refused attempt kept (its stamp), and when that attempt
+        // was sent: a lock handed over for that place is valid from then.
+        let mut last_kept: Option<(u64, Instant)> = None;
+        // Local waiters queue in order: a newcomer that would wait joins the end of the queue
+        // instead of barging in ahead of waiters already there, and tries when woken. (A fair
+        // waiter asks at once: its place in line is taken in the store.)
+        let mut sleep_first = false;
+        if will_wait && !fair && backend.wakeups().queued(&keys.channel) > 0 {
+            wakeup = Some(backend.wakeups().register(&keys.channel, None));
+            sleep_first = true;
+        }
+        // An attempt made at once is sent as the call began (as far as a lock's validity, which
+        // counts from the send, can tell): one clock read fewer on the common path.
+        let mut at_once = (!sleep_first).then_some(called);
+        loop {
+            if let Some(wakeup) = &wakeup {
+                // A fair waiter or a claiming writer must ask again before its place lapses:
+                // by the end of its nap, however the subscriber fares (a subscription cut short
+                // goes on by itself). Anyone else waits for it up to the own deadline.
+                let keeps_place = fair || claimed;
+                let nap_end = (keeps_place || sleep_first).then(|| {
+                    let now = Instant::now();
+                    now + nap(pttl_ms, keeps_place).min(deadline.saturating_duration_since(now))
+                });
+                let listen_until = nap_end.filter(|_| keeps_place).unwrap_or(deadline);
+                let _ = tokio::time::timeout_at(listen_until, backend.listen(wakeup)).await;
+                if let (true, Some(nap_end)) = (std::mem::take(&mut sleep_first), nap_end) {
+                    tokio::select! {
+                        () = wakeup.woken() => {}
+                        () = tokio::time::sleep_until(nap_end) => {}
+                    }
+                }
+            }
+            // A fair release may have handed this waiter the lock: it holds it without asking,
+            // when the hand-over was for the place its last attempt kept (one for an earlier
+            // place may have lapsed since, and gone to the next in line; a fencing waiter the
+            // release could take no token for, and one whose locks replicas must acknowledge,
+            // ask instead: the lock is theirs already, if it still is).
+            let handed = wakeup.as_ref().and_then(Registration::handed_over);
+            let lease = FAIR_PLACE_KEPT.min(options.ttl());
+            let handed = match (handed, last_kept) {
+                // Enough of the lease left to be worth holding (else asking extends it to the
+                // ttl).
+                (Some(handed), Some((kept, sent)))
+                    if handed.kept == kept
+                        && Instant::now() + lease / 2 < sent + lease
+                        && !(options.is_fencing() && handed.fence == 0)
+                        && backend.capabilities().hand_over =>
+                {
+                    Some((handed.fence, sent))
+                }
+                _ => None,
+            };
+            // Counted before the check, so shutdown either refuses this attempt or waits for it
+            // (until its lock, if it takes one, is registered). A lock handed over is given back
+            // as the place is dropped.
+            let in_flight = core.held.acquiring();
+            if core.held.is_closed() {
+                return outcome(Err(LockError::unavailable(ShutDown)), deciding);
+            }
+            // The lock's validity counts from `valid_from` for `lease`: when the attempt that
+            // took it was sent, for its ttl; for a lock handed over, when the attempt whose place
+            // it was handed over for was sent, for what was left of that place.
+            let (attempt, started, (valid_from, lease)) = if let Some((fence, sent)) = handed {
+                tracing::debug!(key, "lock handed over by a fair release");
+                deciding = Decided::default(); // no request decided it
+                let fence = options.is_fencing().then_some(fence);
+                (Attempt::Acquired { fence }, Instant::now(), (sent, lease))
+            } else {
+                let ask = Ask {
+                    ttl_ms: options.ttl_ms(),
+                    fencing: options.is_fencing(),
+                    waiting: wakeup.is_some(),
+                    fair,
+                    join: will_wait,
+                    shared,
+                    claimed,
+                };
+                let first = at_once.take();
+                let started = first.unwrap_or_else(Instant::now);
+                let pending = PendingAcquire::new(core, (key, &keys), &token, &ask);
+                let answer = backend.attempt(&keys, &token, &ask, &pending.pin).await;
+                deciding = Decided {
+                    attempt: started.elapsed(),
+                    at_once: first.is_some(),
+                };
+                match answer {
+                    Ok(answer) => {
+                        pending.settled();
+                        (answer, started, (started, options.ttl()))
+                    }
+                    Err(e) => return outcome(Err(e), deciding), // `pending` releases in the background as it drops
+                }
+            };
+            match attempt {
+                Attempt::Acquired { fence } => {
+                    match wakeup {
+                        // A reader passes the wake-up on: the next waiter may be a reader too.
+                        Some(wakeup) if shared => drop(wakeup),
+                        Some(wakeup) => wakeup.acquired(),
+                        None => {}
+                    }
+                    if let Some(place) = place {
+                        place.taken();
+                    }
+                    tracing::debug!(key, fence, "lock acquired");
+                    // Taken at `started` (a minimum hold and the hold time count from there:
+                    // after the release, for a lock handed over).
+                    let mut state =
+                        LockState::new(key, keys, token, fence, options, started, (valid_from, lease));
+                    state.by_key_class = core.metrics_key_class;
+                    let guard = LockGuard::new(
+                        Arc::clone(core),
+                        state,
+                        options.is_watchdog(),
+                        (valid_from, lease),
+                    );
+                    drop(in_flight); // registered: shutdown will find it
+                    return outcome(Ok(guard), deciding);
+                }
+                Attempt::Held {
+                    pttl_ms: left,
+                    behind,
+                    claimed: claim,
+                    kept,
+                } => {
+                    if claim && !claimed {
+                        claimed = true;
+                        place = Some(
+                            place
+                                .take()
+                                .unwrap_or_else(|| QueuePlace::new(core, &keys, &token))
+                                .claimed(),
+                        );
+                    }
+                    if Instant::now() >= deadline {
+                        tracing::debug!(key, "lock busy");
+                        return outcome(Err(LockError::Busy { key: key.to_owned() }), deciding);
+                    }
+                    // The call goes on: it will not have taken only this attempt's time.
+                    deciding.at_once = false;
+                    pttl_ms = left;
+                    last_kept = kept.map(|kept| (kept, started));
+                    if wakeup.is_none() {
+                        // First refusal: listen for the release, then try again at once, so a
+                        // release between that attempt and the subscription is not missed. An
+                        // uncontended acquire never pays for the subscription. A fair waiter
+                        // with others ahead in line need not: no release before its turn names it.
+                        let name = fair.then_some(token.as_str());
+                        wakeup = Some(backend.wakeups().register(&keys.channel, name));
+                        sleep_first = behind;
+                    } else {
+                        sleep_first = true;
+                    }
+                }
+                Attempt::NotReplicated { acked, wanted } => {
+                    // Given back by the backend already.
+                    let refused = LockError::NotReplicated {
+                        key: key.to_owned(),
+                        acked,
+                        wanted,
+                    };
+                    return outcome(Err(refused), deciding);
+                }
+            }
+        }
+    }
+}
+
+/// An acquire request in flight. If it is dropped before its answer is seen (the caller was
+/// cancelled, or the answer timed out), the script may still have taken the lock on the server,
+/// with nobody to release it for a whole ttl: so the token-checked release is sent in the
+/// background. It follows the acquire on the same connection, and is harmless if the lock was
+/// never taken. An attempt that may have claimed the writers' turn of a read-write lock gives
+/// the claim up too, so that it does not hold readers back until it lapses.
+struct PendingAcquire<'a> {
+    core: &'a Arc<Core>,
+    key: &'a str,
+    keys: &'a LockKeys,
+    token: &'a str,
+    kind: Kind,
+    may_claim: bool,
+    settled: bool,
+    /// The connection the attempt went on, for its release if its answer never comes (kept
+    /// inline: nothing is allocated for it on the common path).
+    pin: Pinned,
+}
+
+impl<'a> PendingAcquire<'a> {
+    fn new(core: &'a Arc<Core>, (key, keys): (&'a str, &'a LockKeys), token: &'a str, ask: &Ask) -> Self {
+        PendingAcquire {
+            core,
+            key,
+            keys,
+            token,
+            kind: Kind::of(ask.fair, ask.shared),
+            may_claim: ask.join && !ask.fair && !ask.shared,
+            settled: false,
+            pin: Pinned::default(),
+        }
+    }
+
+    /// An answer came: `Acquired` hands the lock to a guard, `Held` took nothing. An error is not
+    /// an answer (a timed-out script may still have run), so it leaves the release armed.
+    fn settled(mut self) {
+        self.settled = true;
+    }
+}
+
+impl Drop for PendingAcquire<'_> {
+    fn drop(&mut self) {
+        if !self.settled {
+            release_in_background(
+                Arc::clone(self.core),
+                Abandoned::InFlight {
+                    key: self.key.to_owned(),
+                    keys: self.keys.clone(),
+                    token: self.token.to_owned(),
+                    kind: self.kind,
+                    pin: std::mem::take(&mut self.pin),
+                },
+            );
+            if self.may_claim {
+                drop(QueuePlace::new(self.core, self.keys, self.token).claimed());
+            }
+        }
+    }
+}
+
+/// The attempt that decided an acquire call: how long it took, and whether it was made as the
+/// call began (then the call took that long too).
+#[derive(Debug, Clone, Copy, Default)]
+struct Decided {
+    attempt: Duration,
+    at_once: bool,
+}
+
+/// A fair waiter's place in the store's queue, or a waiting writer's claim on a read-write lock
+/// (see [`Attempt::Held`]). Unless the lock was taken with it, it is given up
+/// in the background when the waiter stops (its wait ran out, an error, a cancelled caller), so
+/// the waiters behind it do not wait for the place to lapse.
+struct QueuePlace {
+    core: Arc<Core>,
+    keys: LockKeys,
+    token: String,
+    /// It may hold a writer's claim: leaving tells the readers it held back.
+    claimed: bool,
+    /// A place in the fair line: a release may have handed the lock to it meanwhile, so
+    /// leaving also gives that back (to the next in line).
+    fair: bool,
+    taken: bool,
+}
+
+impl QueuePlace {
+    fn new(core: &Arc<Core>, keys: &LockKeys, token: &str) -> Self {
+        QueuePlace {
+            core: Arc::clone(core),
+            keys: keys.clone(),
+            token: token.to_owned(),
+            claimed: false,
+            fair: false,
+            taken: false,
+        }
+    }
+
+    fn claimed(mut self) -> Self {
+        self.claimed = true;
+        self
+    }
+
+    fn fair(mut self) -> Self {
+        self.fair = true;
+        self
+    }
+
+    /// The lock was taken: the acquire script already removed the place.
+    fn taken(mut self) {
+        self.taken = true;
+    }
+}
+
+impl Drop for QueuePlace {
+    fn drop(&mut self) {
+        if self.taken {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (core, keys, token, claimed, fair) = (
+            Arc::clone(&self.core),
+            self.keys.clone(),
+            std::mem::take(&mut self.token),
+            self.claimed,
+            self.fair,
+        );
+        runtime.spawn(async move {
+            if let Err(e) = core.store.leave_queue(&keys, &token, claimed).await {
+                tracing::debug!(redis_key = %keys.lock, error = %e, "could not leave the fair queue; the place lapses");
+            }
+            // Out of line now, so no later release hands it the lock; one before may have
+            // (token-checked: nothing happens if none did).
+            if fair {
+                if let Err(e) = core.store.release(&keys, &token, 0, Kind::Fair, None).await {
+                    tracing::debug!(redis_key = %keys.lock, error = %e, "could not give back a lock handed over to a waiter that left; it lapses with the waiter's place");
+                }
+            }
+        });
+    }
+}
+
+/// How long a waiter sleeps before trying again, unless a release wakes it first: until the
+/// holder's key expires (never past [`MAX_WAIT_NAP`]; a fair waiter, never past [`FAIR_NAP`],
+/// which keeps its place in line), less up to 15% of jitter so that waiters on one lock do not
+/// all retry at the same instant.
+fn nap(pttl_ms: Option<u64>, fair: bool) -> Duration {
+    let longest = if fair { FAIR_NAP } else { MAX_WAIT_NAP };
+    let until_expiry = pttl_ms.map_or(longest, Duration::from_millis);
+    until_expiry.min(longest).mul_f64(rand::random_range(0.85..=1.0))
+}
+
+/// The longest a fair waiter sleeps between attempts: well within [`FAIR_PLACE_KEPT`], so a
+/// live waiter never loses its place.
+const FAIR_NAP: Duration = Duration::from_millis(300);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn naps_end_by_the_holders_expiry_and_are_bounded() {
+        for _ in 0..100 {
+            let n = nap(Some(100), false);
+            assert!(
+                n <= Duration::from_millis(100) && n >= Duration::from_millis(85),
+                "{n:?}"
+            );
+            assert!(nap(None, false) <= MAX_WAIT_NAP);
+            assert!(nap(Some(60_000), false) <= MAX_WAIT_NAP);
+            assert!(nap(None, true) <= FAIR_NAP && FAIR_NAP * 3 < crate::FAIR_PLACE_KEPT);
+        }
+    }
+}

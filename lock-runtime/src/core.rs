@@ -1,0 +1,194 @@
+//! What every part of a client shares: its store, its prefix and owner label, the locks it holds
+//! and the watchdog that renews them. The client's facade, the wait loop and the guards hold it;
+//! it knows none of them.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use crate::backend::{Kind, LockKeys, Pinned, Store};
+use crate::held::HeldLocks;
+use crate::keys::MAX_KEY_LEN;
+use crate::options::ceil_millis;
+use crate::state::LockState;
+use crate::telemetry;
+use crate::watchdog::Watchdog;
+use crate::{LockError, LockOptions};
+
+/// One client's shared inside.
+#[derive(Debug)]
+pub(crate) struct Core {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) prefix: String,
+    /// Stored with every lock this client takes (see [`LockClient::holder`](crate::LockClient::holder)).
+    pub(crate) owner: String,
+    /// Metrics carry the key's class (see
+    /// [`LockClientBuilder::metrics_key_class`](crate::LockClientBuilder::metrics_key_class)).
+    pub(crate) metrics_key_class: bool,
+    pub(crate) watchdog: Arc<Watchdog>,
+    pub(crate) held: Arc<HeldLocks>,
+}
+
+impl Drop for Core {
+    fn drop(&mut self) {
+        self.watchdog.stop();
+    }
+}
+
+impl Core {
+    pub(crate) fn new(store: Arc<dyn Store>, prefix: String, owner: String, metrics_key_class: bool) -> Core {
+        Core {
+            store,
+            prefix,
+            owner,
+            metrics_key_class,
+            watchdog: Arc::default(),
+            held: Arc::default(),
+        }
+    }
+
+    /// Which client a held lock belongs to, for reentrancy.
+    pub(crate) fn id(self: &Arc<Self>) -> usize {
+        Arc::as_ptr(self) as usize
+    }
+
+    /// The names of the lock on `key`, once the key is found valid.
+    pub(crate) fn keys(&self, key: &str) -> Result<LockKeys, LockError> {
+        let reason = if key.is_empty() {
+            "the key is empty"
+        } else if key.len() > MAX_KEY_LEN {
+            "the key is longer than 1024 bytes"
+        } else {
+            return Ok(LockKeys::new(&self.prefix, key));
+        };
+        let mut end = key.len().min(64);
+        while !key.is_char_boundary(end) {
+            end -= 1;
+        }
+        Err(LockError::InvalidKey {
+            key: key[..end].to_owned(),
+            reason,
+        })
+    }
+
+    /// The key's names, once the key is found valid and the options valid and offered by the
+    /// store (checked here, once per call: nothing below asks which store it is).
+    pub(crate) fn checked(&self, key: &str, options: &LockOptions) -> Result<LockKeys, LockError> {
+        let keys = self.keys(key)?;
+        options.validate()?;
+        self.store.capabilities().check(options)?;
+        Ok(keys)
+    }
+}
+
+/// The token-checked release of a held lock (its minimum hold honoured).
+pub(crate) async fn release_state(core: &Core, state: &LockState) -> Result<bool, LockError> {
+    let released = release_lock(
+        core,
+        &state.key,
+        &state.keys,
+        &state.token,
+        Some(state.hold_until()).filter(|until| *until > state.taken_at),
+        state.kind,
+    )
+    .await;
+    // A lock kept for its minimum hold answers a second release (shutdown's, then the guard's)
+    // as released too: its hold time is recorded once.
+    if matches!(released, Ok(true))
+        && !state.release_seen.swap(true, Ordering::Relaxed)
+        && (cfg!(feature = "metrics") || tracing::enabled!(tracing::Level::DEBUG))
+    {
+        let held = state.taken_at.elapsed();
+        telemetry::released(&state.labels(), held);
+        tracing::debug!(key = %state.key, held_ms = ceil_millis(held), "lock released");
+    }
+    released
+}
+
+/// The token-checked release; with a minimum hold (`hold_until`) left, the lock is kept until
+/// then.
+async fn release_lock(
+    core: &Core,
+    key: &str,
+    keys: &LockKeys,
+    token: &str,
+    hold_until: Option<Instant>,
+    kind: Kind,
+) -> Result<bool, LockError> {
+    let hold_ms = hold_until.map_or(0, |until| {
+        ceil_millis(until.saturating_duration_since(Instant::now()))
+    });
+    let released = core
+        .store
+        .release(keys, token, hold_ms, kind, None)
+        .await
+        .inspect_err(|_| telemetry::release_failed())?;
+    if !released {
+        tracing::debug!(key, "lock had expired or been taken before its release");
+    } else if hold_ms > 0 {
+        tracing::debug!(key, hold_ms, "lock kept for its minimum hold");
+    }
+    Ok(released)
+}
+
+/// Releases from a spawned task: for a dropped guard (`state`), and for an acquire abandoned in
+/// flight (`key`, `keys`, `token`). Outside a tokio runtime there is nothing to send it from, and
+/// the lock is left to expire at its ttl.
+pub(crate) fn release_in_background(core: Arc<Core>, lock: Abandoned) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        tracing::debug!(key = %lock.key(), "no tokio runtime to release from; the lock is left to expire");
+        return;
+    };
+    let releasing = core.held.releasing();
+    runtime.spawn(async move {
+        let _releasing = releasing;
+        let released = match &lock {
+            Abandoned::Held(state) => release_state(&core, state).await,
+            Abandoned::InFlight {
+                key,
+                keys,
+                token,
+                kind,
+                pin,
+            } => {
+                // After the acquire, on its connection, even if that was replaced meanwhile: a
+                // release on a newer one could reach Redis first, and the acquire would then
+                // take the lock for nobody.
+                let released = core.store.release(keys, token, 0, *kind, Some(pin)).await;
+                if matches!(released, Ok(false)) {
+                    tracing::debug!(key, "an abandoned acquire had not taken the lock");
+                }
+                released.inspect_err(|_| telemetry::release_failed())
+            }
+        };
+        if let Err(e) = released {
+            tracing::warn!(key = %lock.key(), error = %e, "background lock release failed; the lock will expire");
+        }
+    });
+}
+
+/// A lock to release in the background.
+#[derive(Debug)]
+pub(crate) enum Abandoned {
+    /// A held lock whose guard was dropped.
+    Held(Arc<LockState>),
+    /// An acquire whose answer never came: it may have taken the lock.
+    InFlight {
+        key: String,
+        keys: LockKeys,
+        token: String,
+        kind: Kind,
+        /// The connection it went on: its release follows it there.
+        pin: Pinned,
+    },
+}
+
+impl Abandoned {
+    fn key(&self) -> &str {
+        match self {
+            Abandoned::Held(state) => &state.key,
+            Abandoned::InFlight { key, .. } => key,
+        }
+    }
+}
