@@ -6,6 +6,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::Instant;
 
 use futures_util::{StreamExt, TryStreamExt};
+use lock_runtime::keys::LockKeys;
 use redis::{FromRedisValue, Value};
 
 use crate::error::Error;
@@ -137,7 +138,7 @@ pub(crate) async fn read_one(conn: &mut Conn, prefix: &str, key: &str) -> Result
 /// return a key twice). SCAN, not KEYS: it does not block the server on a large keyspace. On a
 /// Cluster every primary is walked (each holds the keys of its slots).
 async fn scan(conn: &mut Conn, prefix: &str, pattern: &str) -> Result<Vec<String>, Error> {
-    let matching = format!("{}{{{pattern}}}", glob_escape(prefix));
+    let matching = LockKeys::new(&glob_escape(prefix), pattern).lock().to_owned();
     let mut keys = BTreeSet::new();
     for node in conn.nodes().await? {
         let mut cursor: u64 = 0;
@@ -150,7 +151,7 @@ async fn scan(conn: &mut Conn, prefix: &str, pattern: &str) -> Result<Vec<String
                 .arg(PAGE);
             let (next, batch): (u64, Vec<Vec<u8>>) = conn.on_node(&node, scan).await?;
             let names = batch.into_iter().filter_map(|name| String::from_utf8(name).ok());
-            keys.extend(names.filter_map(|name| user_key(prefix, &name).map(str::to_owned)));
+            keys.extend(names.filter_map(|name| LockKeys::user_key(prefix, &name).map(str::to_owned)));
             if next == 0 {
                 break;
             }
@@ -158,12 +159,6 @@ async fn scan(conn: &mut Conn, prefix: &str, pattern: &str) -> Result<Vec<String
         }
     }
     Ok(keys.into_iter().collect())
-}
-
-/// The user's key of a lock key `<prefix>{key}`; `None` for anything else, the auxiliary keys
-/// included (`…}:fence`, `…}:queue`, `…}:queue:kept`, `…}:writers` end after the brace).
-pub(crate) fn user_key<'a>(prefix: &str, name: &'a str) -> Option<&'a str> {
-    name.strip_prefix(prefix)?.strip_prefix('{')?.strip_suffix('}')
 }
 
 /// `text` with Redis glob's special characters escaped, to match it literally.
@@ -188,28 +183,23 @@ async fn read(conn: &mut Conn, prefix: &str, keys: &[String]) -> Result<Vec<Lock
     let Some(first) = keys.first() else {
         return Ok(Vec::new());
     };
-    let now_ms = server_time_ms(conn, &lock_key(prefix, first)).await?;
+    let now_ms = server_time_ms(conn, LockKeys::new(prefix, first).lock()).await?;
     let mut pipe = redis::pipe();
     pipe.atomic().ignore_errors();
     for key in keys {
-        let lock = lock_key(prefix, key);
+        let names = LockKeys::new(prefix, key);
+        let lock = names.lock();
         // A command of the wrong type for what the key holds answers with an error, which
         // `ignore_errors` leaves in its place: GET of a hash, HGETALL of a string.
-        pipe.cmd("TYPE").arg(&lock);
-        pipe.cmd("GET").arg(&lock);
-        pipe.cmd("HGETALL").arg(&lock);
-        pipe.cmd("PTTL").arg(&lock);
-        pipe.cmd("GET").arg(format!("{lock}:fence"));
+        pipe.cmd("TYPE").arg(lock);
+        pipe.cmd("GET").arg(lock);
+        pipe.cmd("HGETALL").arg(lock);
+        pipe.cmd("PTTL").arg(lock);
+        pipe.cmd("GET").arg(names.fence());
         // Fair places and writers' claims are scored by when they lapse: count the live ones.
         let live = format!("({now_ms}");
-        pipe.cmd("ZCOUNT")
-            .arg(format!("{lock}:queue:kept"))
-            .arg(&live)
-            .arg("+inf");
-        pipe.cmd("ZCOUNT")
-            .arg(format!("{lock}:writers"))
-            .arg(&live)
-            .arg("+inf");
+        pipe.cmd("ZCOUNT").arg(names.kept()).arg(&live).arg("+inf");
+        pipe.cmd("ZCOUNT").arg(names.writers()).arg(&live).arg("+inf");
     }
     let answers: Vec<Value> = pipe.query_async(conn).await?;
     if let Some(e) = answers.iter().find_map(unexpected_error) {
@@ -238,11 +228,6 @@ fn unexpected_error(answer: &Value) -> Option<redis::RedisError> {
     }
 }
 
-/// The Redis key of the lock on `key`.
-pub(crate) fn lock_key(prefix: &str, key: &str) -> String {
-    format!("{prefix}{{{key}}}")
-}
-
 /// The clock in milliseconds of the server holding `key` (shares and fair places expire by it).
 async fn server_time_ms(conn: &mut Conn, key: &str) -> Result<u64, Error> {
     let (secs, micros) = conn.time_at(key).await?;
@@ -269,7 +254,7 @@ fn parse(prefix: &str, key: &str, answers: &[Value], now_ms: u64, read_at: Insta
     let ttl_ms = answer::<i64>(&answers[3]).and_then(|pttl| u64::try_from(pttl).ok());
     LockView {
         key: key.to_owned(),
-        lock_key: lock_key(prefix, key),
+        lock_key: LockKeys::new(prefix, key).lock().to_owned(),
         ttl_ms: if holding == Holding::Free { None } else { ttl_ms },
         holding,
         fence: parse_fence(&answers[4]),
@@ -373,8 +358,8 @@ mod tests {
 
     #[test]
     fn lock_keys_and_auxiliary_keys_are_told_apart() {
-        assert_eq!(user_key("lock:", "lock:{order:5}"), Some("order:5"));
-        assert_eq!(user_key("lock:", "lock:{a}b}"), Some("a}b"));
+        assert_eq!(LockKeys::user_key("lock:", "lock:{order:5}"), Some("order:5"));
+        assert_eq!(LockKeys::user_key("lock:", "lock:{a}b}"), Some("a}b"));
         for aux in [
             "lock:{order:5}:fence",
             "lock:{order:5}:queue",
@@ -382,7 +367,7 @@ mod tests {
             "lock:x",
             "other",
         ] {
-            assert_eq!(user_key("lock:", aux), None, "{aux}");
+            assert_eq!(LockKeys::user_key("lock:", aux), None, "{aux}");
         }
         assert_eq!(glob_escape("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
     }

@@ -3,6 +3,7 @@
 //! (and shown) first, in one script on the same connection (`force.lua`): a lock that changed
 //! hands in between is not deleted, whether or not the operator was asked (`--yes`).
 
+use lock_runtime::keys::LockKeys;
 use serde_json::json;
 
 use crate::error::Error;
@@ -79,14 +80,14 @@ async fn compare_and_delete(conn: &mut Conn, prefix: &str, view: &LockView) -> R
         Holding::Shared { .. } => ("hash", "read"),
         Holding::Foreign { kind, .. } => (kind.as_str(), ""),
     };
-    let lock = &view.lock_key;
-    debug_assert!(lock.starts_with(prefix));
+    let names = LockKeys::new(prefix, &view.key);
+    debug_assert_eq!(names.lock(), view.lock_key);
     let answer: i64 = FORCE
-        .key(lock)
-        .key(format!("{lock}:waiting"))
+        .key(names.lock())
+        .key(names.waiting())
         .arg(kind)
         .arg(value)
-        .arg(format!("{lock}:released"))
+        .arg(names.channel())
         // As the library's release script: sharded pub/sub on a Cluster, where its waiters
         // listen with SSUBSCRIBE.
         .arg(if conn.is_cluster() { "1" } else { "0" })

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
+use lock_runtime::keys::LockKeys;
 use redis::cluster_async::ClusterConnection;
 use redis::{Msg, PushInfo};
 use serde_json::json;
@@ -111,7 +112,9 @@ impl Announcements {
                 })
             }
         };
-        let channels = format!("{}{{{pattern}}}:released", inspect::glob_escape(target.prefix()));
+        let channels = LockKeys::new(&inspect::glob_escape(target.prefix()), pattern)
+            .channel()
+            .to_owned();
         let mut pubsub = pubsub;
         match pubsub.psubscribe(&channels).await {
             Ok(()) => Ok(Announcements::Pattern(pubsub.into_on_message().boxed())),
@@ -190,7 +193,7 @@ impl Announcements {
 
 /// The release channel of the lock on `key`, as the library names it.
 fn channel_of(prefix: &str, key: &str) -> String {
-    format!("{}:released", inspect::lock_key(prefix, key))
+    LockKeys::new(prefix, key).channel().to_owned()
 }
 
 /// The ACL refuses the command, key or channel.
@@ -238,7 +241,7 @@ fn update(seen: &mut Seen, view: LockView) {
 
 /// The user's key of a release channel `<prefix>{key}:released`.
 fn announced_key<'a>(prefix: &str, channel: &'a str) -> Option<&'a str> {
-    inspect::user_key(prefix, channel.strip_suffix(":released")?)
+    LockKeys::user_key_of_channel(prefix, channel)
 }
 
 fn print(out: &mut Out, events: Vec<Event>) -> Result<(), Error> {
