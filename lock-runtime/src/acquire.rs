@@ -61,6 +61,8 @@ impl Acquire<'_> {
         let deadline = called + options.get_wait();
         let will_wait = !options.get_wait().is_zero();
         let fair = options.is_fair();
+        // Which release the lock needs (derived here only).
+        let kind = Kind::of(fair, shared);
         // One token for every attempt of this call: it is also a fair waiter's place in line.
         let token = crate::holder::new_value(&core.owner);
         // A fair waiter's place in line, or a waiting writer's claim on a read-write lock: given
@@ -150,7 +152,7 @@ impl Acquire<'_> {
                 };
                 let first = at_once.take();
                 let started = first.unwrap_or_else(Instant::now);
-                let pending = PendingAcquire::new(core, (key, &keys), &token, &ask);
+                let pending = PendingAcquire::new(core, (key, &keys), &token, (&ask, kind));
                 let answer = backend.attempt(&keys, &token, &ask, &pending.pin).await;
                 deciding = Decided {
                     attempt: started.elapsed(),
@@ -178,8 +180,15 @@ impl Acquire<'_> {
                     tracing::debug!(key, fence, "lock acquired");
                     // Taken at `started` (a minimum hold and the hold time count from there:
                     // after the release, for a lock handed over).
-                    let mut state =
-                        LockState::new(key, keys, token, fence, options, started, (valid_from, lease));
+                    let mut state = LockState::new(
+                        key,
+                        (keys, kind),
+                        token,
+                        fence,
+                        options,
+                        started,
+                        (valid_from, lease),
+                    );
                     state.by_key_class = core.metrics_key_class;
                     let guard = LockGuard::new(
                         Arc::clone(core),
@@ -259,13 +268,18 @@ struct PendingAcquire<'a> {
 }
 
 impl<'a> PendingAcquire<'a> {
-    fn new(core: &'a Arc<Core>, (key, keys): (&'a str, &'a LockKeys), token: &'a str, ask: &Ask) -> Self {
+    fn new(
+        core: &'a Arc<Core>,
+        (key, keys): (&'a str, &'a LockKeys),
+        token: &'a str,
+        (ask, kind): (&Ask, Kind),
+    ) -> Self {
         PendingAcquire {
             core,
             key,
             keys,
             token,
-            kind: Kind::of(ask.fair, ask.shared),
+            kind,
             may_claim: ask.join && !ask.fair && !ask.shared,
             settled: false,
             pin: Pinned::default(),

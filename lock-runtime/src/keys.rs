@@ -128,6 +128,12 @@ impl LockKeys {
         LockKeys::user_key(prefix, channel.strip_suffix(RELEASED)?)
     }
 
+    /// The three names `rights.lua` writes for a moment (a string, a sorted set and a hash),
+    /// to check a client's rights beside a lock it is about to take.
+    pub(crate) fn rights_probes(&self) -> [String; 3] {
+        [":rights", ":rights:z", ":rights:h"].map(|suffix| self.helper(suffix))
+    }
+
     fn helper(&self, suffix: &str) -> String {
         let mut name = String::with_capacity(self.lock.len() + suffix.len());
         name.push_str(&self.lock);

@@ -200,12 +200,6 @@ impl LockOptions {
         self.wait
     }
 
-    /// How long an acquire keeps trying.
-    #[deprecated(since = "0.1.0", note = "renamed to `get_wait`, after its setter")]
-    pub fn wait_time(&self) -> Duration {
-        self.wait
-    }
-
     /// Whether a fencing token is taken.
     pub fn is_fencing(&self) -> bool {
         self.fencing
@@ -221,20 +215,8 @@ impl LockOptions {
         self.hold_at_most
     }
 
-    /// The minimum hold.
-    #[deprecated(since = "0.1.0", note = "renamed to `get_hold_at_least`, after its setter")]
-    pub fn min_hold(&self) -> Duration {
-        self.hold_at_least
-    }
-
     /// The lost-lock policy (see [`on_lost`](Self::on_lost)).
     pub fn get_on_lost(&self) -> OnLost {
-        self.on_lost
-    }
-
-    /// The lost-lock policy.
-    #[deprecated(since = "0.1.0", note = "renamed to `get_on_lost`, after its setter")]
-    pub fn lost_policy(&self) -> OnLost {
         self.on_lost
     }
 

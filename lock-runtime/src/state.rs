@@ -57,7 +57,7 @@ impl LockState {
     /// that place (which may be sooner than its ttl).
     pub(crate) fn new(
         key: &str,
-        keys: LockKeys,
+        (keys, kind): (LockKeys, Kind),
         token: String,
         fence: Option<u64>,
         options: &LockOptions,
@@ -73,7 +73,7 @@ impl LockState {
             token,
             fence,
             ttl,
-            kind: Kind::of(options.is_fair(), options.get_mode() == crate::LockMode::Shared),
+            kind,
             taken_at: started,
             by_key_class: false,
             hold_limit,
@@ -244,7 +244,7 @@ mod tests {
     fn state(ttl: Duration, started: Instant) -> LockState {
         LockState::new(
             "k",
-            LockKeys::new("lock:", "k"),
+            (LockKeys::new("lock:", "k"), Kind::Plain),
             "t".into(),
             None,
             &LockOptions::new(ttl),

@@ -600,6 +600,7 @@ async fn the_acquire_script_is_idempotent_for_its_token() {
     let mut raw = server.raw().await;
     let acquire = redis::Script::new(concat!(
         include_str!("../../lock-runtime/src/backend/scripts/fence.lua"),
+        include_str!("../../lock-runtime/src/backend/scripts/taking.lua"),
         include_str!("../../lock-runtime/src/backend/scripts/acquire.lua")
     ));
     let call = |token: &'static str| {

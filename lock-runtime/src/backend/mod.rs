@@ -285,3 +285,6 @@ impl Capabilities {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;

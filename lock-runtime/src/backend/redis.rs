@@ -13,22 +13,15 @@ use tokio::sync::mpsc;
 use super::connection::{Connection, Pinned, Place, Timeouts};
 use super::deployment::Deployment;
 use super::replicas::{Acknowledged, Replicas};
-use super::scripts::{Call, Lua, ACQUIRE, RELEASE, RENEW, RIGHTS, SHARE, UNLOCK};
+use super::scripts::acquire;
+use super::scripts::release::{Release, Released, Unlock};
+use super::scripts::share::Share;
+use super::scripts::{renew, Call, RIGHTS};
 use super::subscriber::Subscriber;
 use super::{Answer, Ask, Attempt, Capabilities, Kind, LockKeys, Renewal, Store, Stored};
-use crate::options::{ceil_millis, FAIR_PLACE_KEPT};
+
 use crate::wakeups::{Registration, Wakeups};
 use crate::LockError;
-
-/// What the release script answers when it released the lock but Redis refused to let it
-/// announce the release (an ACL without rights on the channel).
-const RELEASED_UNANNOUNCED: i64 = 2;
-/// What the release script answers when it gave back a share of a read-write lock that other
-/// readers still share: nothing was announced, since nobody can enter because of it.
-const SHARE_LEFT: i64 = 3;
-/// unlock.lua's answer when release.lua must decide (another type at the key, or our token
-/// marked released).
-const NOT_PLAIN: i64 = -1;
 
 #[derive(Debug)]
 pub(crate) struct RedisBackend {
@@ -145,13 +138,12 @@ impl RedisBackend {
         let checked = self
             .rights
             .get_or_try_init(|| async {
-                let probe = format!("{}:rights", keys.lock);
-                let names = [format!("{probe}:z"), format!("{probe}:h")];
-                let names = [probe.as_str(), names[0].as_str(), names[1].as_str()];
+                let probes = keys.rights_probes();
+                let names = &probes;
                 let (connection, within) = self.ordered();
                 let _: i64 = connection
                     .request_within(within, |mut conn| async move {
-                        RIGHTS.call(&names).invoke(&mut conn).await
+                        RIGHTS.call(names).invoke(&mut conn).await
                     })
                     .await?;
                 Ok::<(), LockError>(())
@@ -182,71 +174,37 @@ impl RedisBackend {
         if !ask.fencing && !ask.waiting && !ask.fair {
             return self.try_set(keys, token, ask.ttl_ms, pin).await;
         }
-        let place_kept = if ask.fair {
-            ceil_millis(FAIR_PLACE_KEPT).to_string()
+        let ((answer, acked), kind): ((Vec<i64>, _), _) = if ask.fair {
+            let fair = acquire::Fair {
+                keys,
+                token,
+                ttl_ms: ask.ttl_ms,
+                fencing: ask.fencing,
+                join: ask.join,
+                claimed: ask.claimed,
+                sharded: self.deployment.sharded(),
+            };
+            (
+                self.run_acknowledged(Some(pin), || fair.call()).await?,
+                Kind::Fair,
+            )
         } else {
-            String::new()
+            let exclusive = acquire::Exclusive {
+                keys,
+                token,
+                ttl_ms: ask.ttl_ms,
+                fencing: ask.fencing,
+                join: ask.join,
+                marks: self.deployment.marks(),
+                claimed: ask.claimed,
+            };
+            (
+                self.run_acknowledged(Some(pin), || exclusive.call()).await?,
+                Kind::Plain,
+            )
         };
-        let (place_kept, sharded, marks) = (&place_kept, self.deployment.sharded(), self.deployment.marks());
-        let (answer, acked): (Vec<i64>, _) = self
-            .run_acknowledged(Some(pin), || {
-                let mut named = vec![keys.lock.clone()];
-                if ask.fencing || ask.fair {
-                    named.push(keys.fence());
-                }
-                if ask.fair {
-                    named.extend([keys.queue(), keys.kept()]);
-                }
-                // A caller that will wait may claim the writers' turn of a read-write lock, and
-                // marks the lock as waited for when refused (after the writers' key; a fair
-                // one need not: a fair release always announces).
-                let writers = if ask.join {
-                    named.push(keys.writers());
-                    let at = named.len().to_string();
-                    if marks && !ask.fair {
-                        named.push(keys.waiting());
-                    }
-                    at
-                } else {
-                    String::new()
-                };
-                let mut call = ACQUIRE.call(&named);
-                call.arg(token)
-                    .arg(ask.ttl_ms)
-                    .arg(if ask.fencing { "1" } else { "0" })
-                    .arg(place_kept)
-                    .arg(if ask.join { "1" } else { "0" })
-                    .arg(&keys.channel)
-                    .arg(if sharded { "1" } else { "0" });
-                if ask.join {
-                    call.arg(writers)
-                        .arg(ceil_millis(FAIR_PLACE_KEPT))
-                        .arg(if ask.claimed { "1" } else { "0" });
-                }
-                call
-            })
-            .await?;
-        let (taken, n) = (
-            answer.first().copied().unwrap_or(0),
-            answer.get(1).copied().unwrap_or(-1),
-        );
-        let attempt = if taken == 1 {
-            Attempt::Acquired {
-                fence: ask.fencing.then_some(n.unsigned_abs()),
-            }
-        } else {
-            Attempt::Held {
-                pttl_ms: u64::try_from(n).ok(),
-                behind: answer.get(2).is_some_and(|&ahead| ahead > 0),
-                claimed: answer.get(3) == Some(&1),
-                kept: answer
-                    .get(4)
-                    .and_then(|&kept| u64::try_from(kept).ok())
-                    .filter(|&kept| kept > 0),
-            }
-        };
-        self.unless_replicated(attempt, acked, keys, token, Kind::of(ask.fair, false))
-            .await
+        let attempt = acquire::attempt(&answer, ask.fencing);
+        self.unless_replicated(attempt, acked, keys, token, kind).await
     }
 
     /// One attempt at a share of a read-write lock (share.lua).
@@ -257,40 +215,15 @@ impl RedisBackend {
         ask: &Ask,
         pin: &Pinned,
     ) -> Result<Attempt, LockError> {
-        let (answer, acked): (Vec<i64>, _) = self
-            .run_acknowledged(Some(pin), || {
-                let mut named = vec![keys.lock.clone(), keys.writers()];
-                if ask.fencing {
-                    named.push(keys.fence());
-                }
-                // A reader that will wait marks the lock as waited for when refused.
-                let mark = if ask.join && self.deployment.marks() {
-                    named.push(keys.waiting());
-                    named.len().to_string()
-                } else {
-                    String::new()
-                };
-                let mut call = SHARE.call(&named);
-                call.arg(token)
-                    .arg(ask.ttl_ms)
-                    .arg(if ask.fencing { "1" } else { "0" })
-                    .arg(mark);
-                call
-            })
-            .await?;
-        let n = answer.get(1).copied().unwrap_or(-1);
-        let attempt = if answer.first() == Some(&1) {
-            Attempt::Acquired {
-                fence: ask.fencing.then_some(n.unsigned_abs()),
-            }
-        } else {
-            Attempt::Held {
-                pttl_ms: u64::try_from(n).ok(),
-                behind: false,
-                claimed: false,
-                kept: None,
-            }
+        let share = Share {
+            keys,
+            token,
+            ttl_ms: ask.ttl_ms,
+            fencing: ask.fencing,
+            marks: ask.join && self.deployment.marks(),
         };
+        let (answer, acked): (Vec<i64>, _) = self.run_acknowledged(Some(pin), || share.call()).await?;
+        let attempt = acquire::attempt(&answer, ask.fencing);
         self.unless_replicated(attempt, acked, keys, token, Kind::Shared)
             .await
     }
@@ -354,14 +287,9 @@ impl RedisBackend {
         ttl_ms: u64,
         pin: &Pinned,
     ) -> Result<(bool, Option<usize>), LockError> {
-        let (renewed, acked): (Vec<i64>, _) = self
-            .run_acknowledged(Some(pin), || {
-                let mut call = RENEW.call(&[&keys.lock]);
-                call.arg(token).arg(ttl_ms);
-                call
-            })
-            .await?;
-        Ok((renewed.first() == Some(&1), acked))
+        let one = [(keys, token, ttl_ms)];
+        let (renewed, acked): (Vec<i64>, _) = self.run_acknowledged(Some(pin), || renew::call(&one)).await?;
+        Ok((renewed.first().is_some_and(|&r| renew::renewed(r)), acked))
     }
 
     /// What the renewal found for each lock. With replica acknowledgement asked for, the renew
@@ -418,16 +346,7 @@ impl RedisBackend {
     /// asked for, it is followed by `WAIT` in the same round trip, on the acquire connection
     /// (so the `WAIT` has the renewal's write to wait for).
     async fn renew_together(&self, locks: &[(&LockKeys, &str, u64)]) -> Result<Vec<Renewal>, LockError> {
-        let (renewed, acked): (Vec<i64>, _) = self
-            .run_acknowledged(None, || {
-                let named: Vec<&str> = locks.iter().map(|(keys, _, _)| keys.lock.as_str()).collect();
-                let mut call = RENEW.call(&named);
-                for (_, token, ttl_ms) in locks {
-                    call.arg(*token).arg(*ttl_ms);
-                }
-                call
-            })
-            .await?;
+        let (renewed, acked): (Vec<i64>, _) = self.run_acknowledged(None, || renew::call(locks)).await?;
         Ok(self.acknowledged.renewals(renewed, acked))
     }
 
@@ -475,12 +394,12 @@ impl RedisBackend {
         pin: Option<&Pinned>,
         quietly: bool,
     ) -> Result<bool, LockError> {
-        let released = self.give_back(keys, token, hold_ms, kind, pin).await?;
-        if released == SHARE_LEFT {
+        let released = match self.give_back(keys, token, hold_ms, kind, pin).await? {
+            Released::NotOurs => false,
             // Other readers still share the lock: nobody can enter because this one left.
-            return Ok(true);
-        }
-        let released = released != 0;
+            Released::ShareLeft => return Ok(true),
+            Released::Ours | Released::Unannounced | Released::Undecided => true,
+        };
         if released && kind != Kind::Fair && !quietly {
             // This client's own next waiter need not hear it from Redis (its subscriber skips
             // the announcement, which carries this client's id). A fair release names the next
@@ -490,21 +409,10 @@ impl RedisBackend {
         Ok(released)
     }
 
-    /// A call of `lua` on a lock whose release announces itself only if a waiter marked it: the
-    /// lock key and its waiting mark, but on a Redis Cluster the lock alone (every release
-    /// announces there).
-    fn call_marked(&self, lua: &'static Lua, keys: &LockKeys) -> Call {
-        if !self.deployment.marks() {
-            lua.call(&[&keys.lock])
-        } else {
-            lua.call(&[keys.lock.as_str(), keys.waiting().as_str()])
-        }
-    }
-
-    /// The release script's answer: 0 not ours, [`SHARE_LEFT`] a share given back while others
-    /// remain, else released (and announced if Redis let us). [`Kind::Shared`] is only a hint:
-    /// the common release, tried first for a plain lock not kept for a minimum hold, hands
-    /// anything it cannot decide (a read share too) to the full one.
+    /// Gives the lock back: the common release (`unlock.lua`) first for a plain lock not kept
+    /// for a minimum hold, and the full one (`release.lua`) for everything else and whatever
+    /// the common one cannot decide ([`Kind::Shared`] is only a hint: a read share given to the
+    /// common release is handed on). Never [`Released::Undecided`].
     async fn give_back(
         &self,
         keys: &LockKeys,
@@ -512,63 +420,55 @@ impl RedisBackend {
         hold_ms: u64,
         kind: Kind,
         pin: Option<&Pinned>,
-    ) -> Result<i64, LockError> {
-        let announcement = &self.subscriber.announcement;
-        let sharded = self.deployment.sharded();
-        let fair = kind == Kind::Fair;
+    ) -> Result<Released, LockError> {
+        let (announcement, marks, sharded) = (
+            self.subscriber.announcement.as_str(),
+            self.deployment.marks(),
+            self.deployment.sharded(),
+        );
         // On the acquire connection: a release sent after an acquire whose answer never came
         // (cancelled, timed out) must reach Redis after it.
         let (connection, within) = self.ordered();
         if kind == Kind::Plain && hold_ms == 0 {
+            let unlock = &Unlock {
+                keys,
+                token,
+                announcement,
+                marks,
+                sharded,
+            };
             let released: i64 = connection
                 .request_after(pin, within, |mut conn| async move {
-                    let mut unlock = self.call_marked(&UNLOCK, keys);
-                    unlock.arg(token).arg(announcement);
-                    if sharded {
-                        unlock.arg("1");
-                    }
-                    unlock.invoke(&mut conn).await
+                    unlock.call().invoke(&mut conn).await
                 })
                 .await?;
-            if released != NOT_PLAIN {
-                if released == RELEASED_UNANNOUNCED {
+            match Released::from_answer(released) {
+                Released::Undecided => {}
+                Released::Unannounced => {
                     self.subscriber.pubsub_denied();
+                    return Ok(Released::Unannounced);
                 }
-                return Ok(released);
+                released => return Ok(released),
             }
         }
+        let release = &Release {
+            keys,
+            token,
+            hold_ms,
+            announcement,
+            // Only a fair release reads the line (and may take the next holder's fencing
+            // token); it always announces, naming the next in line.
+            fair: kind == Kind::Fair,
+            marks,
+            sharded,
+        };
         let released: i64 = connection
             .request_after(pin, within, |mut conn| async move {
-                let mut release = match (fair, sharded) {
-                    // Only a fair release reads the line (and may take the next holder's
-                    // fencing token); it always announces, naming the next in line.
-                    (true, false) => RELEASE.call(&[
-                        keys.lock.clone(),
-                        keys.queue(),
-                        keys.kept(),
-                        keys.fence(),
-                        keys.waiting(),
-                    ]),
-                    (true, true) => {
-                        RELEASE.call(&[keys.lock.clone(), keys.queue(), keys.kept(), keys.fence()])
-                    }
-                    (false, _) => self.call_marked(&RELEASE, keys),
-                };
-                release
-                    .arg(token)
-                    .arg(hold_ms)
-                    .arg(announcement)
-                    .arg(&keys.channel);
-                if fair || sharded {
-                    release.arg(if fair { "1" } else { "0" });
-                }
-                if sharded {
-                    release.arg("1");
-                }
-                release.invoke(&mut conn).await
+                release.call().invoke(&mut conn).await
             })
             .await?;
-        if released == RELEASED_UNANNOUNCED {
+        let released = Released::from_answer(released);
+        if released == Released::Unannounced {
             self.subscriber.pubsub_denied();
         }
         Ok(released)

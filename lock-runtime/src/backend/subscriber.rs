@@ -15,20 +15,11 @@ use tokio::sync::{mpsc, Mutex};
 use tokio::time::Instant;
 
 use super::connection::{lock, Place, Timeouts};
+use super::scripts::release::Said;
 use crate::background::Background;
 use crate::error::TimedOut;
-use crate::wakeups::{HandedOver, Wakeups};
+use crate::wakeups::Wakeups;
 use crate::LockError;
-
-/// A fair release's hand-over, `g:<fence>:<kept>:<token>`: the fencing token taken for the
-/// waiter (0: none, the key has no counter), the stamp of the place it was handed over for, and
-/// the waiter's token.
-fn handed_over(said: &[u8]) -> Option<(HandedOver, &[u8])> {
-    let mut parts = said.strip_prefix(b"g:")?.splitn(3, |&b| b == b':');
-    let mut number = || -> Option<u64> { std::str::from_utf8(parts.next()?).ok()?.parse().ok() };
-    let (fence, kept) = (number()?, number()?);
-    Some((HandedOver { fence, kept }, parts.next()?))
-}
 
 async fn bounded<T>(after: Duration, request: impl Future<Output = RedisResult<T>>) -> Result<T, LockError> {
     match tokio::time::timeout(after, request).await {
@@ -330,14 +321,16 @@ impl Subscriber {
             match event {
                 Event::Message(channel, said) => {
                     let channel = String::from_utf8_lossy(&channel);
-                    if let Some(waiter) = said.strip_prefix(b"w:") {
+                    match Said::parse(&said) {
                         // A fair release names the next waiter; it may be another client's.
-                        self.wakeups.notify_waiter(&channel, waiter, None);
-                    } else if let Some((handed, waiter)) = handed_over(&said) {
+                        Said::Turn(waiter) => self.wakeups.notify_waiter(&channel, waiter, None),
                         // ... or hands it the lock.
-                        self.wakeups.notify_waiter(&channel, waiter, Some(handed));
-                    } else if said != self.announcement.as_bytes() {
-                        self.wakeups.notify(&channel);
+                        Said::HandedOver(handed, waiter) => {
+                            self.wakeups.notify_waiter(&channel, waiter, Some(handed));
+                        }
+                        // This client's own releases wake its waiters without it.
+                        Said::Released if said == self.announcement.as_bytes() => {}
+                        Said::Released => self.wakeups.notify(&channel),
                     }
                 }
                 #[cfg(feature = "cluster")]
@@ -409,29 +402,5 @@ impl Subscriber {
                 }
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{handed_over, HandedOver};
-
-    #[test]
-    fn a_hand_over_names_its_fencing_token_its_place_and_the_waiter() {
-        let handed = |fence, kept| HandedOver { fence, kept };
-        assert_eq!(
-            handed_over(b"g:1796050340300403:1796050341:90725802f1b2 host:17636"),
-            Some((
-                handed(1_796_050_340_300_403, 1_796_050_341),
-                &b"90725802f1b2 host:17636"[..]
-            ))
-        );
-        assert_eq!(handed_over(b"g:0:12:t"), Some((handed(0, 12), &b"t"[..])));
-        // Lua writes a large number it concatenates as 1.79e+15: not a hand-over (the waiter
-        // is woken and asks).
-        assert_eq!(handed_over(b"g:1.7960503291779e+15:12:t"), None);
-        assert_eq!(handed_over(b"g:0:t"), None);
-        assert_eq!(handed_over(b"w:t"), None);
-        assert_eq!(handed_over(b"c:0123456789abcdef"), None);
     }
 }

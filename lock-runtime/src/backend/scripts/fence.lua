@@ -1,4 +1,5 @@
--- Shared by acquire.lua and release.lua (prepended to each).
+-- Shared by acquire.lua, fair.lua and release.lua (prepended to each): fencing tokens, and the
+-- check of a helper key's type.
 
 -- Whether `counter` (a fencing counter's value as GET read it; nil when it does not exist) is one
 -- this library can take a token from: a non-negative integer that Lua's numbers hold exactly

@@ -1,9 +1,27 @@
-//! The five Lua scripts of the protocol (and the rights check run once before them) (acquire and release prefixed with fence.lua, which
-//! they share), and how they are sent: by hash (`EVALSHA`), and on `NOSCRIPT` (a restarted
-//! server, a new primary after a failover, a node added to a cluster) once more with their
-//! source (`EVAL`), to the same node as any keyed command. redis-rs's own
-//! `Script` would answer `NOSCRIPT` with `SCRIPT LOAD`, which a cluster sends to every node: one
-//! unreachable node would then fail an acquire that does not concern it.
+//! The Redis protocol: the Lua scripts (each `.lua` file here) and their Rust halves, one typed
+//! call and one typed answer per script ([`acquire`], [`share`], [`renew`], [`release`]), and how
+//! they are sent: by hash (`EVALSHA`), and on `NOSCRIPT` (a restarted server, a new primary
+//! after a failover, a node added to a cluster) once more with their source (`EVAL`), to the
+//! same node as any keyed command. redis-rs's own `Script` would answer `NOSCRIPT` with
+//! `SCRIPT LOAD`, which a cluster sends to every node: one unreachable node would then fail an
+//! acquire that does not concern it.
+//!
+//! | script | what | prefixed with |
+//! |---|---|---|
+//! | `acquire.lua` | one attempt at an exclusive lock that is not fair (with fencing, or waiting) | `fence.lua`, `taking.lua` |
+//! | `fair.lua` | one attempt at a fair lock | `fence.lua`, `taking.lua` |
+//! | `share.lua` | one attempt at a read share | |
+//! | `renew.lua` | renews many locks | |
+//! | `unlock.lua` | the common release | |
+//! | `release.lua` | every other release (fair hand-over, minimum hold, read share) | `fence.lua` |
+//! | `rights.lua` | checks once per client that it may run all of the above | |
+//!
+//! The cheapest attempt, a bare `SET NX PX … GET`, is no script: the Redis store sends it itself.
+
+pub(crate) mod acquire;
+pub(crate) mod release;
+pub(crate) mod renew;
+pub(crate) mod share;
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -12,16 +30,28 @@ use redis::{Cmd, FromRedisValue, RedisResult, ToRedisArgs};
 
 use super::connection::Conn;
 
-pub(crate) static ACQUIRE: LazyLock<Lua> =
-    LazyLock::new(|| Lua::new(concat!(include_str!("fence.lua"), include_str!("acquire.lua"))));
-pub(crate) static RENEW: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("renew.lua")));
-pub(crate) static SHARE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("share.lua")));
+static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("fence.lua"),
+        include_str!("taking.lua"),
+        include_str!("acquire.lua")
+    ))
+});
+static FAIR: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("fence.lua"),
+        include_str!("taking.lua"),
+        include_str!("fair.lua")
+    ))
+});
+static RENEW: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("renew.lua")));
+static SHARE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("share.lua")));
 /// The common release (a lock that is neither fair nor kept for a minimum hold): release.lua's
 /// work for that case, in a script small enough to cost Redis what a bare compare-and-delete does.
-pub(crate) static UNLOCK: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("unlock.lua")));
+static UNLOCK: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("unlock.lua")));
 /// Run once per client before its first lock: that it may run every command the others run.
 pub(crate) static RIGHTS: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("rights.lua")));
-pub(crate) static RELEASE: LazyLock<Lua> =
+static RELEASE: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(concat!(include_str!("fence.lua"), include_str!("release.lua"))));
 
 /// A script's source and its SHA1.
@@ -41,7 +71,7 @@ impl Lua {
 
     /// A call of this script on `keys`, to fill with arguments. The request is written as it is
     /// built (no intermediate copies of the keys and arguments: this is on every release's path).
-    pub(crate) fn call<K: AsRef<[u8]>>(&'static self, keys: &[K]) -> Call {
+    pub(crate) fn call<K: AsRef<str>>(&'static self, keys: &[K]) -> Call {
         let size = keys.iter().map(|k| k.as_ref().len()).sum::<usize>() + 160;
         let mut cmd = Cmd::with_capacity(keys.len() + 9, size);
         cmd.arg("EVALSHA").arg(&self.hash).arg(keys.len());

@@ -1,6 +1,6 @@
 -- Give a lock back if it is still ours, and announce it to the waiters.
 -- KEYS[1] lock key; for a fair lock only, KEYS[2] fair queue, KEYS[3] fair places (see
--- acquire.lua) and KEYS[4] the fencing counter; then the lock's waiting mark, when given (not on
+-- fair.lua) and KEYS[4] the fencing counter; then the lock's waiting mark, when given (not on
 -- a Redis Cluster): KEYS[5] for a fair lock, else KEYS[2]. ARGV[1] our token, ARGV[2] ms the lock must still be held (minimum hold), 0 to delete
 -- now, ARGV[3] the announcement ('c:' and the releasing client's id: that client wakes its own
 -- next waiter itself), ARGV[4] the lock's wake-up channel (an argument, not a key: see
