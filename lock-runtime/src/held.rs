@@ -2,6 +2,7 @@
 //! [`LockClient::shutdown`](crate::LockClient::shutdown) can give every one of them back.
 
 use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -13,9 +14,36 @@ use crate::state::LockState;
 /// at once, so one lock would be contended.
 const SHARDS: usize = 16;
 
+/// One shard: locks by their id.
+type Shard = HashMap<u64, Arc<LockState>, BuildHasherDefault<IdHasher>>;
+
+/// Ids are handed out in sequence, once each: they are their own hash (SipHash, the default,
+/// would cost more than the rest of an insert, on every acquire).
+#[derive(Debug, Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only u64 ids are hashed; anything else folds in byte by byte.
+        for &b in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(b);
+        }
+    }
+
+    fn write_u64(&mut self, id: u64) {
+        // hashbrown takes its bucket from the low bits and its tag from the high ones: the
+        // shard's own ids (every SHARDS-th) are spread over both.
+        self.0 = (id / SHARDS as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct HeldLocks {
-    locks: [Mutex<HashMap<u64, Arc<LockState>>>; SHARDS],
+    locks: [Mutex<Shard>; SHARDS],
     /// Set by shutdown: no new acquires.
     closed: AtomicBool,
     /// Acquire attempts on the wire, not yet settled into a held (registered) lock or a refusal:
@@ -80,7 +108,7 @@ impl Drop for Attempting<'_> {
 }
 
 impl HeldLocks {
-    fn shard(&self, id: u64) -> MutexGuard<'_, HashMap<u64, Arc<LockState>>> {
+    fn shard(&self, id: u64) -> MutexGuard<'_, Shard> {
         // Every update is one step, so a poisoned map is still consistent.
         self.locks[id as usize % SHARDS]
             .lock()

@@ -65,6 +65,8 @@ impl<'a> Labels<'a> {
 
 #[cfg(feature = "metrics")]
 mod on {
+    use std::borrow::Cow;
+
     use metrics::{Key, Label, Level, Metadata};
 
     use super::*;
@@ -75,27 +77,47 @@ mod on {
     /// The label sets without a key class are fixed: kept in statics, so that recording a series
     /// allocates nothing (every acquire and release records; with no recorder installed, that
     /// is all it costs).
+    /// The key of metric `$name` for a mode (and an outcome): a `static`, so its labels and
+    /// its hash are made at compile time, not at every acquire and release.
     macro_rules! fixed {
-        ($mode:literal) => {{
+        ($name:literal, $mode:literal) => {{
             static LABELS: [Label; 1] = [Label::from_static_parts("mode", $mode)];
-            &LABELS
+            static KEY: Key = Key::from_static_parts($name, &LABELS);
+            &KEY
         }};
-        ($mode:literal, $outcome:expr, [$($name:literal),*]) => {
+        ($name:literal, $mode:literal, $outcome:expr, [$($o:literal),*]) => {
             match $outcome {
-                $($name => {
+                $($o => {
                     static LABELS: [Label; 2] =
-                        [Label::from_static_parts("mode", $mode), Label::from_static_parts("outcome", $name)];
-                    &LABELS
+                        [Label::from_static_parts("mode", $mode), Label::from_static_parts("outcome", $o)];
+                    static KEY: Key = Key::from_static_parts($name, &LABELS);
+                    &KEY
                 })*
-                _ => fixed!($mode),
+                _ => fixed!($name, $mode),
             }
         };
     }
 
-    /// [`fixed!`] for every outcome [`outcome`](super::outcome) names.
+    /// The key of metric `$name` for `$labels` (and `$outcome`, an `Option`): a static one
+    /// unless it carries the key's class.
+    macro_rules! key {
+        ($name:literal, $labels:expr, $outcome:expr) => {{
+            let labels: &Labels<'_> = $labels;
+            let outcome: Option<&'static str> = $outcome;
+            let fixed: &'static Key = match (labels.mode == "shared", outcome) {
+                (false, None) => fixed!($name, "exclusive"),
+                (true, None) => fixed!($name, "shared"),
+                (false, Some(outcome)) => by_outcome!($name, "exclusive", outcome),
+                (true, Some(outcome)) => by_outcome!($name, "shared", outcome),
+            };
+            with_class(fixed, labels.key_class)
+        }};
+    }
+
     macro_rules! by_outcome {
-        ($mode:literal, $outcome:expr) => {
+        ($name:literal, $mode:literal, $outcome:expr) => {
             fixed!(
+                $name,
                 $mode,
                 $outcome,
                 [
@@ -112,35 +134,21 @@ mod on {
         };
     }
 
-    /// The labels of a lock's series, with the call's outcome where there is one.
-    fn fixed_labels(labels: &Labels<'_>, outcome: Option<&'static str>) -> &'static [Label] {
-        let shared = labels.mode == "shared";
-        match (shared, outcome) {
-            (false, None) => fixed!("exclusive"),
-            (true, None) => fixed!("shared"),
-            (false, Some(outcome)) => by_outcome!("exclusive", outcome),
-            (true, Some(outcome)) => by_outcome!("shared", outcome),
-        }
-    }
-
-    /// The series `name` of one lock: fixed labels, plus the key's class when asked for.
-    fn key(name: &'static str, labels: &Labels<'_>, outcome: Option<&'static str>) -> Key {
-        let fixed = fixed_labels(labels, outcome);
-        match labels.key_class {
-            None => Key::from_static_parts(name, fixed),
+    /// `fixed`, or with the `key_class` label added.
+    fn with_class(fixed: &'static Key, class: Option<&str>) -> Cow<'static, Key> {
+        match class {
+            None => Cow::Borrowed(fixed),
             Some(class) => {
-                let mut all = fixed.to_vec();
-                all.push(Label::new("key_class", class.to_owned()));
-                Key::from_parts(name, all)
+                Cow::Owned(fixed.with_extra_labels(vec![Label::new("key_class", class.to_owned())]))
             }
         }
     }
 
     pub(crate) fn acquire(l: &Labels<'_>, outcome: &'static str, attempt: Duration, call: Duration) {
         let (calls, attempts, waits) = (
-            key("lock_acquires_total", l, Some(outcome)),
-            key("lock_acquire_seconds", l, Some(outcome)),
-            key("lock_wait_seconds", l, Some(outcome)),
+            key!("lock_acquires_total", l, Some(outcome)),
+            key!("lock_acquire_seconds", l, Some(outcome)),
+            key!("lock_wait_seconds", l, Some(outcome)),
         );
         metrics::with_recorder(|r| {
             r.register_counter(&calls, &METADATA).increment(1);
@@ -151,12 +159,12 @@ mod on {
     }
 
     pub(crate) fn released(l: &Labels<'_>, held: Duration) {
-        let key = key("lock_held_seconds", l, None);
+        let key = key!("lock_held_seconds", l, None);
         metrics::with_recorder(|r| r.register_histogram(&key, &METADATA).record(held.as_secs_f64()));
     }
 
     pub(crate) fn lost(l: &Labels<'_>) {
-        let key = key("lock_lost_total", l, None);
+        let key = key!("lock_lost_total", l, None);
         metrics::with_recorder(|r| r.register_counter(&key, &METADATA).increment(1));
     }
 

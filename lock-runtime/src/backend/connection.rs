@@ -354,13 +354,17 @@ impl Connection {
         let deadline = Instant::now() + within;
         let mut retried = false;
         loop {
-            let live = self.current(Some((deadline, within))).await?;
+            // An open connection is found without the open's machinery (every request's path).
+            let live = match self.open_now() {
+                Some(live) => live,
+                None => self.current(Some((deadline, within))).await?,
+            };
             if let Some(pin) = pin {
                 pin.set(&live);
             }
             match tokio::time::timeout_at(deadline, send(live.conn)).await {
                 Ok(Ok(answer)) => {
-                    self.unanswered.store(0, Ordering::Relaxed);
+                    self.answered();
                     return Ok(answer);
                 }
                 Ok(Err(e)) if broke(&e) || reached_replica(&e) => {
@@ -373,7 +377,7 @@ impl Connection {
                 }
                 Ok(Err(e)) => {
                     // An error reply is still an answer: the connection is alive.
-                    self.unanswered.store(0, Ordering::Relaxed);
+                    self.answered();
                     return Err(e.into());
                 }
                 Err(_) => {
@@ -424,6 +428,19 @@ impl Connection {
 
     /// The open connection, or the outcome of opening one, waited for until the request's
     /// deadline if it has one (`Unavailable` after `within` then; the open goes on).
+    /// The connection, if one is open.
+    fn open_now(&self) -> Option<Live> {
+        read(&self.live).clone()
+    }
+
+    /// A request was answered on the current connection: it is not silent. Written only when
+    /// it changes (every request's path, from every thread: a store each time would contend).
+    fn answered(&self) {
+        if self.unanswered.load(Ordering::Relaxed) != 0 {
+            self.unanswered.store(0, Ordering::Relaxed);
+        }
+    }
+
     async fn current(&self, deadline: Option<(Instant, Duration)>) -> Result<Live, LockError> {
         let mut restarted = false;
         loop {
