@@ -55,6 +55,8 @@ mod options;
 mod redact;
 mod scope;
 mod state;
+#[cfg(test)]
+mod store_tests;
 mod telemetry;
 mod wakeups;
 mod watchdog;

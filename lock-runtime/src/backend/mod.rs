@@ -285,6 +285,3 @@ impl Capabilities {
         Ok(())
     }
 }
-
-#[cfg(test)]
-mod tests;

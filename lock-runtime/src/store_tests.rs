@@ -9,8 +9,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::memory::MemoryBackend;
-use super::{Answer, Ask, Attempt, Capabilities, Kind, LockKeys, Offered, Pinned, Renewal, Store, Stored};
+use crate::backend::memory::MemoryBackend;
+use crate::backend::{
+    Answer, Ask, Attempt, Capabilities, Kind, LockKeys, Offered, Pinned, Renewal, Store, Stored,
+};
 use crate::core::Core;
 use crate::wakeups::{Registration, Wakeups};
 use crate::{LockClient, LockError, LockMode, LockOptions};
