@@ -91,13 +91,29 @@ impl LockClient {
     /// a bare `acquire` is its own owner: unlike [`run`](LockClient::run), it is not reentrant.
     pub async fn acquire(&self, key: &str, options: &LockOptions) -> Result<LockGuard, LockError> {
         let keys = self.checked(key, options)?;
+        self.offered(key, options)?;
         self.acquire_keys(key, keys, options).await
     }
 
-    /// The key's names, once the key and the options are found valid (and offered by the
-    /// store); a bad one is counted as an `invalid` acquire in the metrics.
+    /// The key's names, once the key and the options are found valid; a bad one is counted as
+    /// an `invalid` acquire in the metrics.
     fn checked(&self, key: &str, options: &LockOptions) -> Result<crate::keys::LockKeys, LockError> {
         let checked = self.core.checked(key, options);
+        self.refused(key, options, checked)
+    }
+
+    /// Refuses options the store does not offer (counted as an `invalid` acquire).
+    fn offered(&self, key: &str, options: &LockOptions) -> Result<(), LockError> {
+        self.refused(key, options, self.core.offered(options))
+    }
+
+    /// `checked`, counted in the metrics if it is a refusal.
+    fn refused<T>(
+        &self,
+        key: &str,
+        options: &LockOptions,
+        checked: Result<T, LockError>,
+    ) -> Result<T, LockError> {
         if let Err(e) = &checked {
             let shared = options.get_mode() == LockMode::Shared;
             let labels = Labels::new(shared, key, self.core.metrics_key_class);
@@ -148,6 +164,7 @@ impl LockClient {
         if let Some(outer) = scope::held(self.core.id(), &keys.lock) {
             return self.run_nested(key, &outer, options, body).await;
         }
+        self.offered(key, options)?;
         // Boxed: the acquire's state machine would otherwise sit inside every guarded future,
         // nested bodies included.
         let guard = Box::pin(self.acquire_keys(key, keys, options)).await?;

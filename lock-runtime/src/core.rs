@@ -72,13 +72,18 @@ impl Core {
         })
     }
 
-    /// The key's names, once the key is found valid and the options valid and offered by the
-    /// store (checked here, once per call: nothing below asks which store it is).
+    /// The key's names, once the key and the options are found valid.
     pub(crate) fn checked(&self, key: &str, options: &LockOptions) -> Result<LockKeys, LockError> {
         let keys = self.keys(key)?;
         options.validate()?;
-        self.store.capabilities().check(options)?;
         Ok(keys)
+    }
+
+    /// Refuses options the store does not offer, before an acquire (checked here, once per
+    /// call: nothing below asks which store it is). A call nested in one that holds the lock
+    /// acquires nothing, and is not asked.
+    pub(crate) fn offered(&self, options: &LockOptions) -> Result<(), LockError> {
+        self.store.capabilities().check(options)
     }
 }
 

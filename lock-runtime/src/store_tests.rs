@@ -181,4 +181,16 @@ async fn options_a_store_does_not_offer_are_refused_before_any_request() {
     let guard = locks.acquire("k", &ttl()).await.unwrap();
     assert!(guard.release().await.unwrap());
     assert_eq!(store.requests.load(Ordering::Relaxed), 2);
+    // A call nested in one that holds the lock acquires nothing, so it is not asked: a shared
+    // or fair call inside an exclusive one runs.
+    let inner = locks
+        .run("n", &ttl(), async {
+            let shared = locks.run("n", &ttl().mode(LockMode::Shared), async { 1 }).await;
+            let fair = locks.run("n", &ttl().fair(true), async { 2 }).await;
+            (shared.unwrap(), fair.unwrap())
+        })
+        .await
+        .unwrap();
+    assert_eq!(inner, (1, 2));
+    assert_eq!(store.requests.load(Ordering::Relaxed), 4);
 }

@@ -426,8 +426,6 @@ impl Connection {
         self.request_within(within, send).await
     }
 
-    /// The open connection, or the outcome of opening one, waited for until the request's
-    /// deadline if it has one (`Unavailable` after `within` then; the open goes on).
     /// The connection, if one is open.
     fn open_now(&self) -> Option<Live> {
         read(&self.live).clone()
@@ -441,6 +439,8 @@ impl Connection {
         }
     }
 
+    /// The open connection, or the outcome of opening one, waited for until the request's
+    /// deadline if it has one (`Unavailable` after `within` then; the open goes on).
     async fn current(&self, deadline: Option<(Instant, Duration)>) -> Result<Live, LockError> {
         let mut restarted = false;
         loop {

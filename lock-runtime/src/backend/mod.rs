@@ -236,7 +236,7 @@ pub(crate) enum Offered {
 /// What a store offers beyond the plain exclusive lock that every store has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Capabilities {
-    /// The store's name, as users configure it ("redis", "redlock", "in-memory").
+    /// The store's name, in messages and `Debug` ("redis", "RedLock", "in-memory").
     pub(crate) name: &'static str,
     /// Fencing tokens: one counter per key, raised with every acquire.
     pub(crate) fencing: Offered,
