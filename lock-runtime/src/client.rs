@@ -19,7 +19,7 @@ use crate::{scope, LockError, LockMode, LockOptions, DEFAULT_PREFIX};
 /// Takes, waits for and releases locks. Cheap to clone (the connection is shared), `Send + Sync`.
 ///
 /// One client keeps one multiplexed Redis connection for every lock it takes (opened at
-/// [`build`](LockClientBuilder::build) or at first use, replaced when it breaks or goes silent),
+/// [`build`](crate::LockClientBuilder::build) or at first use, replaced when it breaks or goes silent),
 /// one more, opened at the first wait, on which waiters hear of releases, and one watchdog task
 /// that renews all of its locks in batches.
 ///
@@ -267,7 +267,7 @@ impl LockClient {
     /// `on_lost = "abort"` stop), releases each one (token-checked, minimum holds honoured), and
     /// waits for releases already in flight in the background (dropped guards, abandoned
     /// acquires), each bounded by the response timeout. Afterwards every acquire fails with
-    /// [`LockError::Unavailable`] (source [`ShutDown`]). Calling it again does nothing more.
+    /// [`LockError::Unavailable`] (source [`ShutDown`](crate::ShutDown)). Calling it again does nothing more.
     ///
     /// ```no_run
     /// # async fn serve() {}

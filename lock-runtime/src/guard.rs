@@ -95,7 +95,7 @@ impl LockGuard {
     /// Makes the lock expire no sooner than `ttl` from now, if it is still ours;
     /// [`LockError::Lost`] if not. A lease is only ever lengthened: `extend(2 s)` after
     /// `extend(60 s)` keeps the 60 s, in the store and in [`is_lost`](LockGuard::is_lost). With
-    /// a [maximum hold](LockOptions::hold_at_most), no further than it. With
+    /// a [maximum hold](crate::LockOptions::hold_at_most), no further than it. With
     /// [replica acknowledgement](crate::LockClientBuilder::wait_for_replicas), an extend too few
     /// replicas acknowledged is [`LockError::NotReplicated`], and the lock keeps the validity it
     /// had. The watchdog, if any, goes on renewing with the original ttl.
