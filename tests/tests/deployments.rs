@@ -165,6 +165,29 @@ async fn cluster_wakes_another_clients_waiter_with_sharded_pubsub() {
     lock_tests::assert_woken_by_the_release(acquired_at - released_at);
 }
 
+/// On a Cluster no waiter marks a lock (a script naming the mark, which mostly does not exist,
+/// would be refused while its slot migrates; every release announces instead): a waiter refused
+/// by the script, after it began listening, leaves nothing beside the lock. Elsewhere the mark
+/// would outlive the holder's expiry by a second, so it would still be there when the waiter
+/// takes the lock at that expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_cluster_a_refused_waiter_leaves_no_waiting_mark() {
+    let cluster = RedisCluster::shared();
+    let (holder, waiter) = (cluster_client(cluster).await, cluster_client(cluster).await);
+    let key = "unmarked";
+    let names = lock_runtime::keys::LockKeys::new(lock_runtime::DEFAULT_PREFIX, key);
+    let owner = cluster.node(cluster.primary_of_key(names.lock()));
+    // Not released: the waiter's script attempts are refused until the lock expires.
+    let guard = holder.acquire(key, &ttl(1_000)).await.unwrap();
+    let waiting = lock_tests::spawn_waiter(waiter, key, 20 * SECOND);
+    let (_, got) = waiting.await.unwrap();
+    let got = got.unwrap();
+    let marked: bool = raw(owner).await.exists(names.waiting()).await.unwrap();
+    assert!(!marked, "a waiting mark on a Cluster");
+    assert!(got.release().await.unwrap());
+    drop(guard);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scripts_missing_on_a_node_are_sent_with_their_source_not_loaded_everywhere() {
     let cluster = RedisCluster::shared();
