@@ -380,7 +380,10 @@ impl Drop for QueuePlace {
             self.claimed,
             self.fair,
         );
+        // Counted as a background release: shutdown waits for it.
+        let releasing = core.held.releasing();
         runtime.spawn(async move {
+            let _releasing = releasing;
             if let Err(e) = core.store.leave_queue(&keys, &token, claimed).await {
                 tracing::debug!(redis_key = %keys.lock, error = %e, "could not leave the fair queue; the place lapses");
             }

@@ -266,7 +266,8 @@ impl LockClient {
     /// It stops the watchdog, marks every held lock lost (so guarded bodies with
     /// `on_lost = "abort"` stop), releases each one (token-checked, minimum holds honoured), and
     /// waits for releases already in flight in the background (dropped guards, abandoned
-    /// acquires), each bounded by the response timeout. Afterwards every acquire fails with
+    /// acquires, cancelled fair waiters giving up their places), each bounded by the response
+    /// timeout. Afterwards every acquire fails with
     /// [`LockError::Unavailable`] (source [`ShutDown`](crate::ShutDown)). Calling it again does nothing more.
     ///
     /// ```no_run

@@ -749,6 +749,33 @@ async fn shutdown_waits_for_an_acquire_on_the_wire() {
     assert!(guard.is_lost(), "its holder knows it was given back");
 }
 
+/// A cancelled fair waiter gives its place up in the background; shutdown waits for that as for
+/// any background release, so once it returns the place is gone, even when the withdrawal is
+/// slow to reach Redis (150 ms each way here). A place left behind would have the holder's
+/// release hand the lock to a waiter that is gone, for up to `FAIR_PLACE_KEPT`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_waits_for_a_cancelled_fair_waiter_to_leave_the_line() {
+    let server = RedisServer::spawn();
+    let proxy = lock_tests::FaultProxy::start(server.port());
+    let (holder, leaving) = (connect(&server.url()).await, connect(&proxy.url()).await);
+    let fair = ttl(60_000).fair(true);
+    let guard = holder.acquire("leaving", &fair).await.unwrap();
+    let waiter = lock_tests::in_line(&leaving, "leaving", fair.clone().wait(30 * SECOND)).await;
+    let mut raw = server.raw().await;
+    let line: usize = raw.zcard("lock:{leaving}:queue").await.unwrap();
+    assert_eq!(line, 1, "the waiter has its place");
+    proxy.delay(Duration::from_millis(150));
+    waiter.abort();
+    assert!(waiter.await.unwrap_err().is_cancelled()); // dropped: it gives its place up
+    leaving.shutdown().await;
+    let line: usize = raw.zcard("lock:{leaving}:queue").await.unwrap();
+    assert_eq!(
+        line, 0,
+        "shutdown returned before the cancelled waiter left the line"
+    );
+    assert!(guard.release().await.unwrap());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_common_release_hands_what_it_cannot_decide_to_the_full_one() {
     let server = RedisServer::spawn();
