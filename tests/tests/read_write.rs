@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use ::redis::AsyncCommands;
 use lock_runtime::{LockClient, LockError, LockMode, LockOptions};
 use lock_tests::{assert_woken_by_the_release, eventually, ttl, Target, SECOND};
 use std::time::Instant;
@@ -488,6 +489,43 @@ async fn redlock_refuses_read_write_locks() {
         matches!(refused, Err(LockError::InvalidOptions { .. })),
         "{refused:?}"
     );
+}
+
+/// A writer refused by readers claims its turn in `<prefix>{<key>}:writers` (its token, scored
+/// by the server ms when the claim lapses), and that key lives as long as the last claim:
+/// `FAIR_PLACE_KEPT` (1 s) from the writer's last attempt, so no claim outlives its writer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_writers_claim_is_kept_for_a_second() {
+    let t = Target::redis().await;
+    let (c, other) = (t.client(), t.other_client().await);
+    let mut raw = t.server().unwrap().raw().await;
+    let writers = lock_runtime::keys::LockKeys::new(lock_runtime::DEFAULT_PREFIX, "claims").writers();
+    let holding = c.acquire("claims", &read(60_000)).await.unwrap();
+    let writer = lock_tests::spawn_waiter(other.clone(), "claims", Duration::from_secs(30));
+    until_new_readers_are_refused(&c, "claims").await;
+    let claims: Vec<(String, u64)> = raw.zrange_withscores(&writers, 0, -1).await.unwrap();
+    let pttl: i64 = raw.pttl(&writers).await.unwrap();
+    let now_ms: u64 = ::redis::cmd("TIME")
+        .query_async::<Vec<u64>>(&mut raw)
+        .await
+        .map(|time| time[0] * 1000 + time[1] / 1000)
+        .unwrap();
+    assert_eq!(claims.len(), 1, "one writer, one claim: {claims:?}");
+    let kept = lock_runtime::FAIR_PLACE_KEPT.as_millis() as u64;
+    assert!(
+        claims[0].1 > now_ms && claims[0].1 <= now_ms + kept,
+        "the claim lapses within a second: {} at {now_ms}",
+        claims[0].1
+    );
+    assert!(
+        0 < pttl && pttl <= kept as i64,
+        "the key lives as its claim: {pttl} ms"
+    );
+    holding.release().await.unwrap();
+    let (_, taken) = writer.await.unwrap();
+    assert!(taken.unwrap().release().await.unwrap());
+    let left: bool = raw.exists(&writers).await.unwrap();
+    assert!(!left, "taking the lock ended the claim");
 }
 
 /// The waiting mark is only ever beside a lock (every release deletes it with the lock, and
