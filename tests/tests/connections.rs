@@ -622,6 +622,60 @@ async fn the_acquire_script_is_idempotent_for_its_token() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claimed_attempt_fails_with_nothing_changed_when_the_writers_key_is_foreign() {
+    // A writer that claimed its turn removes its claim once it has set the lock: a writers' key
+    // of another type is found before that, so the script fails without taking the lock.
+    let server = RedisServer::spawn();
+    let mut raw = server.raw().await;
+    let dir = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../lock-runtime/src/backend/scripts/"
+    );
+    let source = |name: &str| std::fs::read_to_string(format!("{dir}{name}")).unwrap();
+    let _: () = raw.set("lock:{foreign}:writers", "not a claim").await.unwrap();
+    for (name, fair) in [("acquire.lua", false), ("fair.lua", true)] {
+        let script = redis::Script::new(&[source("fence.lua"), source("taking.lua"), source(name)].concat());
+        let mut call = script.prepare_invoke();
+        call.key("lock:{foreign}");
+        if fair {
+            // fair.lua: lock, counter, line, places, writers; token, ttl, fencing, place kept,
+            // join, channel, sharded, claim kept, claimed.
+            call.key("lock:{foreign}:fence")
+                .key("lock:{foreign}:queue")
+                .key("lock:{foreign}:queue:kept")
+                .key("lock:{foreign}:writers")
+                .arg("t")
+                .arg(5000)
+                .arg("0")
+                .arg(1000)
+                .arg("1")
+                .arg("lock:{foreign}:released")
+                .arg("0")
+                .arg(1000)
+                .arg("1");
+        } else {
+            // acquire.lua: lock, writers; token, ttl, fencing, writers' place, claim kept,
+            // claimed, mark's place.
+            call.key("lock:{foreign}:writers")
+                .arg("t")
+                .arg(5000)
+                .arg("0")
+                .arg("2")
+                .arg(1000)
+                .arg("1")
+                .arg("");
+        }
+        let failed: redis::RedisResult<Vec<i64>> = call.invoke_async(&mut raw).await;
+        let e = failed.expect_err(name);
+        assert!(e.to_string().contains("is not a sorted set"), "{e}");
+        let taken: bool = raw.exists("lock:{foreign}").await.unwrap();
+        assert!(!taken, "the lock was set before the check failed");
+        let line: bool = raw.exists("lock:{foreign}:queue").await.unwrap();
+        assert!(!line, "a place was taken before the check failed");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_client_built_by_the_user_is_taken_as_is() {
     let server = RedisServer::spawn();
     let client = LockClient::builder()

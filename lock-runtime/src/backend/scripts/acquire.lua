@@ -17,21 +17,13 @@
 -- not a non-negative integer below 2^53, or a helper key of another type, fails the script with
 -- nothing changed.
 local lock, token, ttl = KEYS[1], ARGV[1], ARGV[2]
-local fence, counter = nil, nil
-if ARGV[3] == '1' then
-  fence = KEYS[2]
-  counter = redis.call('GET', fence)
-  if not fence_ok(counter) then
-    return redis.error_reply('fence counter ' .. fence .. ' does not hold a non-negative integer below 2^53')
-  end
-end
+local fence = ARGV[3] == '1' and KEYS[2] or nil
 local writers = KEYS[tonumber(ARGV[4]) or 0]
 local claimed = ARGV[6] == '1'
 local mark = KEYS[tonumber(ARGV[7]) or 0]
--- A caller that claimed the writers' turn removes its claim after it set the lock: the writers'
--- key is checked first.
-if writers and claimed and not kind_ok(writers, 'zset') then
-  return redis.error_reply('WRONGTYPE ' .. writers .. ' is not a sorted set (a lock helper key)')
+local counter, failed = checked(fence, writers, claimed)
+if failed then
+  return failed
 end
 
 -- Refused: a caller that will wait marks the lock as waited for, until a second after the

@@ -20,17 +20,11 @@
 -- written, so a line of another type fails the script with nothing changed).
 local lock, token, ttl = KEYS[1], ARGV[1], ARGV[2]
 local line, places, writers = KEYS[3], KEYS[4], KEYS[5]
-local fence, counter = nil, nil
-if ARGV[3] == '1' then
-  fence = KEYS[2]
-  counter = redis.call('GET', fence)
-  if not fence_ok(counter) then
-    return redis.error_reply('fence counter ' .. fence .. ' does not hold a non-negative integer below 2^53')
-  end
-end
+local fence = ARGV[3] == '1' and KEYS[2] or nil
 local claimed = ARGV[9] == '1'
-if writers and claimed and not kind_ok(writers, 'zset') then
-  return redis.error_reply('WRONGTYPE ' .. writers .. ' is not a sorted set (a lock helper key)')
+local counter, failed = checked(fence, writers, claimed)
+if failed then
+  return failed
 end
 
 -- Waiters whose place lapsed (they stopped asking: dead, or gone without leaving) lose it first.

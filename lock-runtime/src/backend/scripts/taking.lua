@@ -5,6 +5,25 @@
 -- reader enters while a claim stands, so the readers drain and the writer gets in. A writer
 -- that died or gave up holds readers back for at most its claim's life.
 
+-- The checks an attempt makes before its first write, so that a failing one changes nothing:
+-- the fencing counter `fence` (given with fencing) must hold a token this library can raise
+-- (fence_ok), and the waiting writers' key of a caller that `claimed` before (it removes its
+-- claim once it has set the lock) must be a sorted set. Returns the counter's value (false:
+-- none yet; nil: no fencing), or nil and the error reply to fail the script with.
+local function checked(fence, writers, claimed)
+  local counter = nil
+  if fence then
+    counter = redis.call('GET', fence)
+    if not fence_ok(counter) then
+      return nil, redis.error_reply('fence counter ' .. fence .. ' does not hold a non-negative integer below 2^53')
+    end
+  end
+  if writers and claimed and not kind_ok(writers, 'zset') then
+    return nil, redis.error_reply('WRONGTYPE ' .. writers .. ' is not a sorted set (a lock helper key)')
+  end
+  return counter
+end
+
 -- The server's clock in ms.
 local function now_ms()
   local time = redis.call('TIME')
