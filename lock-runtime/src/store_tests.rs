@@ -3,8 +3,6 @@
 //! that reach it, and it offers what it is told to; the client's waiting, watchdog, validity,
 //! fencing, fair and read-write paths, and its checks of the options, need nothing else.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,7 +12,7 @@ use crate::backend::{
     Answer, Ask, Attempt, Capabilities, Kind, LockKeys, Offered, Pinned, Renewal, Store, Stored,
 };
 use crate::core::Core;
-use crate::wakeups::{Registration, Wakeups};
+use crate::wakeups::Wakeups;
 use crate::{LockClient, LockError, LockMode, LockOptions};
 
 #[derive(Debug)]
@@ -34,10 +32,6 @@ impl Counting {
 impl Store for Counting {
     fn capabilities(&self) -> Capabilities {
         self.offers
-    }
-
-    fn connect<'a>(&'a self, probe: &'a LockKeys) -> Answer<'a, ()> {
-        self.inner.connect(probe)
     }
 
     fn attempt<'a>(
@@ -83,10 +77,6 @@ impl Store for Counting {
 
     fn wakeups(&self) -> &Arc<Wakeups> {
         Store::wakeups(&self.inner)
-    }
-
-    fn listen<'a>(&'a self, registration: &'a Registration) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
-        Store::listen(&self.inner, registration)
     }
 }
 
@@ -160,7 +150,6 @@ async fn options_a_store_does_not_offer_are_refused_before_any_request() {
         fair: Offered::No("it keeps no line"),
         shared: Offered::No("it keeps no shares"),
         hand_over: false,
-        replica_acknowledgement: false,
     });
     for options in [
         ttl().fencing(true),

@@ -444,7 +444,7 @@ impl Connection {
     async fn current(&self, deadline: Option<(Instant, Duration)>) -> Result<Live, LockError> {
         let mut restarted = false;
         loop {
-            if let Some(live) = read(&self.live).clone() {
+            if let Some(live) = self.open_now() {
                 return Ok(live);
             }
             // None: opened by the attempt that just left the slot.

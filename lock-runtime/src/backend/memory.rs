@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::{Answer, Ask, Attempt, Capabilities, Kind, LockKeys, Pinned, Renewal, Store, Stored};
 use crate::options::{ceil_millis, FAIR_PLACE_KEPT};
-use crate::wakeups::{HandedOver, Registration, Wakeups};
+use crate::wakeups::{HandedOver, Wakeups};
 
 #[derive(Debug)]
 struct Held {
@@ -527,10 +527,6 @@ impl Store for MemoryBackend {
         }
     }
 
-    fn connect<'a>(&'a self, _: &'a LockKeys) -> Answer<'a, ()> {
-        Box::pin(async move { Ok(()) })
-    }
-
     fn attempt<'a>(
         &'a self,
         keys: &'a LockKeys,
@@ -598,13 +594,6 @@ impl Store for MemoryBackend {
 
     fn wakeups(&self) -> &Arc<Wakeups> {
         &self.wakeups
-    }
-
-    fn listen<'a>(
-        &'a self,
-        _: &'a Registration,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>> {
-        Box::pin(std::future::ready(()))
     }
 }
 

@@ -149,8 +149,11 @@ pub(crate) trait Store: Send + Sync + std::fmt::Debug {
     fn capabilities(&self) -> Capabilities;
 
     /// Connects now, and checks on `probe`'s names that this client may run everything the
-    /// protocol runs ([`LockClientBuilder::build`](crate::LockClientBuilder::build)).
-    fn connect<'a>(&'a self, probe: &'a LockKeys) -> Answer<'a, ()>;
+    /// protocol runs ([`LockClientBuilder::build`](crate::LockClientBuilder::build)). A store
+    /// with nothing to connect to answers at once.
+    fn connect<'a>(&'a self, _probe: &'a LockKeys) -> Answer<'a, ()> {
+        Box::pin(std::future::ready(Ok(())))
+    }
 
     /// One attempt; idempotent for one token. `pin` records the connection it went on, for the
     /// release of an attempt whose answer never comes ([`release`](Self::release) `after` it).
@@ -183,8 +186,11 @@ pub(crate) trait Store: Send + Sync + std::fmt::Debug {
 
     /// Gives up `token`'s place in the fair line and its claim as a waiting writer (a waiter
     /// that stops waiting). `claimed`: it may have claimed the writers' turn, so readers held
-    /// back by the claim are told to try again.
-    fn leave_queue<'a>(&'a self, keys: &'a LockKeys, token: &'a str, claimed: bool) -> Answer<'a, ()>;
+    /// back by the claim are told to try again. A store that offers neither fair nor shared
+    /// locks has no line to leave.
+    fn leave_queue<'a>(&'a self, _keys: &'a LockKeys, _token: &'a str, _claimed: bool) -> Answer<'a, ()> {
+        Box::pin(std::future::ready(Ok(())))
+    }
 
     /// The lock's stored value(s) and remaining life, if it is held.
     fn holder<'a>(&'a self, keys: &'a LockKeys) -> Answer<'a, Option<(Stored, Option<Duration>)>>;
@@ -209,8 +215,14 @@ pub(crate) trait Store: Send + Sync + std::fmt::Debug {
     fn wakeups(&self) -> &Arc<Wakeups>;
 
     /// Makes sure releases of the registration's lock reach it (Redis: the channel is
-    /// subscribed). Best effort: on failure the waiter still wakes at the holder's expiry.
-    fn listen<'a>(&'a self, registration: &'a Registration) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+    /// subscribed). Best effort: on failure the waiter still wakes at the holder's expiry. A
+    /// store whose releases wake its waiters directly (in memory) has nothing to do.
+    fn listen<'a>(
+        &'a self,
+        _registration: &'a Registration,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
+        Box::pin(std::future::ready(()))
+    }
 }
 
 impl dyn Store {
@@ -248,8 +260,6 @@ pub(crate) struct Capabilities {
     /// where every acquire must be acknowledged by replicas: the release's write was not
     /// waited for, so the waiter asks, and its attempt is acknowledged).
     pub(crate) hand_over: bool,
-    /// Every acquire and renewal is acknowledged by replicas before it counts.
-    pub(crate) replica_acknowledgement: bool,
 }
 
 impl Capabilities {
@@ -260,7 +270,6 @@ impl Capabilities {
         fair: Offered::Yes,
         shared: Offered::Yes,
         hand_over: true,
-        replica_acknowledgement: false,
     };
 
     /// Refuses options this store does not offer, saying why.

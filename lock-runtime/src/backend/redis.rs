@@ -625,10 +625,10 @@ impl RedisBackend {
 
 impl Store for RedisBackend {
     fn capabilities(&self) -> Capabilities {
-        let acknowledged = self.acknowledged.waits();
         Capabilities {
-            hand_over: !acknowledged,
-            replica_acknowledgement: acknowledged,
+            // A lock handed over by a fair release was not acknowledged by replicas: with
+            // replica acknowledgement, the waiter asks, and its attempt is.
+            hand_over: !self.acknowledged.waits(),
             ..Capabilities::ALL
         }
     }

@@ -525,7 +525,6 @@ impl Store for RedlockBackend {
                 "shares on a majority of masters could not keep writers out across a master's restart",
             ),
             hand_over: false,
-            replica_acknowledgement: false,
         }
     }
 
@@ -558,11 +557,6 @@ impl Store for RedlockBackend {
         _: Option<&'a Pinned>,
     ) -> Answer<'a, bool> {
         Box::pin(RedlockBackend::release(self, keys, token, hold_ms))
-    }
-
-    /// Fair mode and read-write locks are refused on RedLock: there is no line to leave.
-    fn leave_queue<'a>(&'a self, _: &'a LockKeys, _: &'a str, _: bool) -> Answer<'a, ()> {
-        Box::pin(std::future::ready(Ok(())))
     }
 
     fn holder<'a>(&'a self, keys: &'a LockKeys) -> Answer<'a, Option<(Stored, Option<Duration>)>> {
