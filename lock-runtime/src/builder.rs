@@ -57,6 +57,7 @@ pub struct LockClientBuilder {
     cluster: Option<Vec<String>>,
     sentinel: Option<(Vec<String>, String)>,
     redlock: Option<Vec<String>>,
+    postgres: Option<String>,
     replicas: Option<(usize, Duration)>,
     owner: Option<String>,
     metrics_key_class: bool,
@@ -74,6 +75,7 @@ impl Default for LockClientBuilder {
             cluster: None,
             sentinel: None,
             redlock: None,
+            postgres: None,
             replicas: None,
             owner: None,
             metrics_key_class: false,
@@ -118,6 +120,10 @@ impl std::fmt::Debug for LockClientBuilder {
                         .map(|u| crate::redact::hide_credentials(u))
                         .collect::<Vec<_>>()
                 }),
+            )
+            .field(
+                "postgres",
+                &self.postgres.as_deref().map(crate::redact::hide_credentials),
             )
             .field("wait_for_replicas", &self.replicas)
             .field("owner", &self.owner)
@@ -228,6 +234,27 @@ impl LockClientBuilder {
         self
     }
 
+    /// A PostgreSQL database (`postgres://user:password@host:5432/database`; the `postgres`
+    /// feature): each lock is a row of `lock_runtime_locks` (made, with the other tables and
+    /// functions the store needs, by the first client that connects, in the connection's
+    /// `search_path`), leased on the database's clock, with fencing tokens from one sequence and
+    /// waiters woken by `LISTEN`/`NOTIFY`. No connection or transaction is held while a lock is
+    /// held; every request is one statement. The prefix starts each row's key, as on Redis.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
+    /// let locks = lock_runtime::LockClient::builder()
+    ///     .postgres("postgres://app:secret@db.internal:5432/orders")
+    ///     .build()
+    ///     .await?;
+    /// # let _ = locks; Ok(()) }
+    /// ```
+    #[cfg(feature = "postgres")]
+    pub fn postgres(mut self, url: &str) -> Self {
+        self.postgres = Some(url.to_owned());
+        self
+    }
+
     /// Every acquire (with its fencing counter) counts only once `replicas` replicas have
     /// acknowledged it: `WAIT replicas timeout` is sent right behind the acquire, in the same
     /// round trip. When fewer acknowledge within `timeout`, the lock is given back and the
@@ -332,6 +359,9 @@ impl LockClientBuilder {
         if let Some(urls) = &self.redlock {
             return self.build_redlock(urls, timeouts, replicas.is_some());
         }
+        if let Some(url) = &self.postgres {
+            return self.build_postgres(url, timeouts, replicas.is_some());
+        }
         let answer_within = timeouts.response + replicas.map_or(Duration::ZERO, |r| 2 * r.timeout);
         let place = self.place(timeouts, answer_within)?;
         let store = Arc::new(RedisBackend::new(place, timeouts, replicas));
@@ -393,6 +423,30 @@ impl LockClientBuilder {
         self.client(Arc::new(RedlockBackend::new(clients, timeouts)))
     }
 
+    #[cfg_attr(not(feature = "postgres"), allow(unused_variables))]
+    fn build_postgres(&self, url: &str, timeouts: Timeouts, replicas: bool) -> Result<LockClient, LockError> {
+        self.one_place()?;
+        if replicas {
+            return Err(LockError::invalid_options(
+                "wait_for_replicas does not apply to PostgreSQL: set synchronous_commit and \
+                 synchronous_standby_names on the server, and every lock waits for its standbys",
+            ));
+        }
+        if !self.tls.is_empty() {
+            return Err(LockError::invalid_options(
+                "TLS for PostgreSQL goes into its URL (sslmode, sslrootcert, sslcert, sslkey), not the builder",
+            ));
+        }
+        #[cfg(feature = "postgres")]
+        return self.client(Arc::new(crate::backend::postgres::PostgresBackend::new(
+            url, timeouts,
+        )?));
+        #[cfg(not(feature = "postgres"))]
+        Err(LockError::invalid_options(
+            "a PostgreSQL store needs lock-runtime's `postgres` feature",
+        ))
+    }
+
     /// A client of `store`, with this builder's prefix, owner and metrics labels.
     fn client(&self, store: Arc<dyn Store>) -> Result<LockClient, LockError> {
         let core = Core::new(
@@ -423,14 +477,15 @@ impl LockClientBuilder {
             self.cluster.is_some(),
             self.sentinel.is_some(),
             self.redlock.is_some(),
+            self.postgres.is_some(),
         ];
         match given.iter().filter(|&&g| g).count() {
             0 => Err(LockError::invalid_options(
-                "no Redis given to the builder (.url(…), .redis_client(…), .cluster(…), .sentinel(…) or .redlock(…))",
+                "no store given to the builder (.url(…), .redis_client(…), .cluster(…), .sentinel(…), .redlock(…) or .postgres(…))",
             )),
             1 => Ok(()),
             _ => Err(LockError::invalid_options(
-                "give the builder one of .url(…), .redis_client(…), .cluster(…), .sentinel(…) or .redlock(…), not several",
+                "give the builder one of .url(…), .redis_client(…), .cluster(…), .sentinel(…), .redlock(…) or .postgres(…), not several",
             )),
         }
     }

@@ -54,8 +54,19 @@ impl std::fmt::Debug for LockClient {
 
 impl LockClient {
     /// Connects to one Redis server: `redis://host:port`, `redis://user:pass@host:port/db`, or
-    /// `rediss://…` (TLS, with the `tls` feature), with the default prefix and timeouts.
+    /// `rediss://…` (TLS, with the `tls` feature), or to a PostgreSQL database:
+    /// `postgres://user:pass@host:port/db` (or `postgresql://…`, with the `postgres` feature),
+    /// with the default prefix and timeouts.
     pub async fn connect(url: &str) -> Result<LockClient, LockError> {
+        let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+        if scheme.eq_ignore_ascii_case("postgres") || scheme.eq_ignore_ascii_case("postgresql") {
+            #[cfg(feature = "postgres")]
+            return LockClient::builder().postgres(url).build().await;
+            #[cfg(not(feature = "postgres"))]
+            return Err(LockError::invalid_options(
+                "a postgres:// URL needs lock-runtime's `postgres` feature",
+            ));
+        }
         LockClient::builder().url(url).build().await
     }
 

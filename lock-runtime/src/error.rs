@@ -47,11 +47,11 @@ pub enum LockError {
         #[source]
         source: BoxError,
     },
-    /// Redis answered, but refuses this client: a wrong user or password, an ACL without a
-    /// command, key or channel right that locking needs, a database index the server does not
-    /// have, or a server that forbids scripts. Retrying will not help; the configuration must
+    /// The store answered, but refuses this client: a wrong user or password, an ACL (on
+    /// PostgreSQL, a role) without a right that locking needs, a database (index) the server
+    /// does not have, or a server that forbids scripts. Retrying will not help; the configuration must
     /// change, and `reason` says what to fix.
-    #[error("Redis refuses this client: {reason} ({source})")]
+    #[error("the lock store refuses this client: {reason} ({source})")]
     Refused {
         /// What to fix.
         reason: &'static str,

@@ -18,12 +18,14 @@ use lock_runtime::{LockClient, LockClientBuilder, LockOptions};
 pub mod affinity;
 mod cluster;
 pub mod hand_written;
+pub mod postgres;
 pub mod process;
 mod proxy;
 mod sentinel;
 mod tls;
 
 pub use cluster::{RedisCluster, SlotMigration};
+pub use postgres::{shared_postgres_url, PostgresServer};
 pub use proxy::FaultProxy;
 pub use sentinel::SentinelSetup;
 pub use tls::TestCerts;
@@ -544,6 +546,8 @@ pub struct Target {
     /// The servers a refused waiter leaves the lock's waiting mark on (plain `redis://` URLs);
     /// none in memory and on a Cluster, where every release announces itself.
     marks_on: Vec<String>,
+    /// On a shared PostgreSQL: the rows to delete when the target goes.
+    rows: Option<postgres::Rows>,
 }
 
 impl Target {
@@ -582,6 +586,7 @@ impl Target {
             server: Some(server),
             builder: Some(builder),
             marks_on,
+            rows: None,
         }
     }
 
@@ -632,7 +637,23 @@ impl Target {
             server: None,
             builder: Some(builder),
             marks_on,
+            rows: None,
         }
+    }
+
+    /// A client of the machine's PostgreSQL ([`shared_postgres_url`]), with a key prefix no
+    /// other target of any test run uses; its rows are deleted when the target is dropped.
+    pub async fn postgres() -> Target {
+        let url = shared_postgres_url();
+        let prefix = format!("p{}.{}", std::process::id(), unique_prefix());
+        let builder = LockClient::builder()
+            .postgres(&url)
+            .prefix(&prefix)
+            .connect_timeout(Duration::from_secs(2))
+            .response_timeout(Duration::from_secs(1));
+        let mut target = Target::shared(builder, Vec::new()).await;
+        target.rows = Some(postgres::Rows { url, prefix });
+        target
     }
 
     /// A fresh in-memory backend.
@@ -642,6 +663,7 @@ impl Target {
             server: None,
             builder: None,
             marks_on: Vec::new(),
+            rows: None,
         }
     }
 
@@ -781,6 +803,7 @@ macro_rules! on_every_deployment_with_one_counter {
             redis_tls => $crate::Target::redis_tls().await,
             cluster => $crate::Target::cluster().await,
             sentinel => $crate::Target::sentinel().await,
+            postgres => $crate::Target::postgres().await,
             memory => $crate::Target::memory();
             [$($name),*]
         );
@@ -790,8 +813,8 @@ macro_rules! on_every_deployment_with_one_counter {
 /// Defines each named test on every deployment the suite covers: `redis::name` (plaintext),
 /// `redis_tls::name` (TLS with a private CA and a client certificate), `cluster::name` (a
 /// 3-primary Redis Cluster shared by the test binary), `sentinel::name` (a Sentinel-managed
-/// primary with a replica, shared too), `redlock::name` (a quorum of five shared masters) and
-/// `memory::name`.
+/// primary with a replica, shared too), `postgres::name` (the machine's PostgreSQL, with keys of
+/// the test's own), `redlock::name` (a quorum of five shared masters) and `memory::name`.
 #[macro_export]
 macro_rules! on_every_deployment {
     ($($name:ident),* $(,)?) => {

@@ -3,7 +3,8 @@
 //! ([`Capabilities`]), which the client checks once per call against the options. A store is one
 //! module implementing the trait: Redis (one server, Sentinel and Cluster, one implementation
 //! whose [`Deployment`](deployment::Deployment) knows where requests go and how releases are
-//! announced), RedLock (over Redis stores) and the in-memory store.
+//! announced), RedLock (over Redis stores), PostgreSQL (with the `postgres` feature) and the
+//! in-memory store.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -21,6 +22,8 @@ pub(crate) mod conn;
 pub(crate) mod connection;
 pub(crate) mod deployment;
 pub(crate) mod memory;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
 pub(crate) mod redis;
 pub(crate) mod redlock;
 pub(crate) mod replicas;

@@ -1,0 +1,462 @@
+//! Locks in a PostgreSQL database (the `postgres` feature): one row per lock in
+//! `lock_runtime_locks`, leases on the database's clock, fencing tokens from one sequence, and
+//! waiters woken by `NOTIFY`, heard on one listening connection per client.
+//!
+//! Every request is one statement calling one of the functions of `schema.sql` (made if missing
+//! when the client first connects), so one round trip and atomic: the row of the lock is locked
+//! for the few microseconds the statement runs, and no connection or transaction is held while a
+//! lock is held. A connection from the pool serves each request.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use tokio::sync::OnceCell;
+
+use super::connection::Timeouts;
+use super::{Answer, Ask, Attempt, Capabilities, Kind, LockKeys, Pinned, Renewal, Store, Stored};
+use crate::background::Background;
+use crate::error::TimedOut;
+use crate::options::FAIR_PLACE_KEPT;
+use crate::wakeups::{Registration, Wakeups};
+use crate::LockError;
+
+mod listener;
+
+/// The tables, sequences and functions, made if missing (`CREATE … IF NOT EXISTS`, `CREATE OR
+/// REPLACE FUNCTION`).
+const SCHEMA: &str = include_str!("schema.sql");
+
+/// Whether this version's schema is there: its last function is made last, in the same
+/// transaction as the rest.
+const SCHEMA_READY: &str = "SELECT to_regprocedure('lock_runtime_v1_sweep(integer)') IS NOT NULL";
+
+/// Serialises clients that make the schema at once: the ASCII of "lockrtv1".
+const SCHEMA_LOCK: i64 = 0x6c6f_636b_7274_7631;
+
+/// Every this many acquires, the client sweeps rows nothing needs any more, in the background.
+const SWEEP_EVERY: usize = 1024;
+/// The most rows one sweep deletes.
+const SWEEP_ROWS: i32 = 1000;
+
+/// How many connections a client's pool opens at most (one of them listens for releases).
+const POOL_SIZE: u32 = 10;
+
+const ACQUIRE: &str = "SELECT got, got_fence, left_ms, is_behind, has_claimed, kept_stamp \
+     FROM lock_runtime_v1_acquire($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+const SHARE: &str = "SELECT got, got_fence, left_ms FROM lock_runtime_v1_share($1, $2, $3, $4)";
+const RENEW: &str = "SELECT lock_runtime_v1_renew($1, $2, $3)";
+const RELEASE: &str = "SELECT lock_runtime_v1_release($1, $2, $3, $4, $5, $6)";
+const LEAVE: &str = "SELECT lock_runtime_v1_leave($1, $2, $3, $4)";
+const FORCE: &str = "SELECT lock_runtime_v1_force($1, $2, $3)";
+const SWEEP: &str = "SELECT lock_runtime_v1_sweep($1)";
+const HOLDER: &str = "SELECT CASE WHEN l.token IS NOT NULL AND l.expires_ms > n THEN l.token END, \
+            l.expires_ms - n, \
+            (SELECT array_agg(e.key ORDER BY e.key) FROM jsonb_each(l.shares) AS e \
+                WHERE e.value::bigint > n), \
+            l.shares_until - n \
+     FROM lock_runtime_locks AS l, lock_runtime_v1_now() AS n WHERE l.key = $1";
+
+/// Runs one request (an expression over `conn`, a connection of the pool) within the
+/// response timeout.
+macro_rules! ask {
+    ($self:ident, |$conn:ident| $request:expr) => {{
+        let pool = $self.ready().await?;
+        let $conn = &pool;
+        match tokio::time::timeout($self.timeouts.response, $request).await {
+            Ok(answer) => answer.map_err(store_error),
+            Err(_) => Err(LockError::unavailable(TimedOut {
+                after: $self.timeouts.response,
+            })),
+        }
+    }};
+}
+
+/// Locks in one PostgreSQL database.
+#[derive(Debug)]
+pub(crate) struct PostgresBackend {
+    options: PgConnectOptions,
+    timeouts: Timeouts,
+    /// The pool, made on the runtime that first needs it (and again if that runtime has gone:
+    /// its connections went with it).
+    pool: Mutex<Option<PgPool>>,
+    /// Runs while the pool's runtime does.
+    pool_runtime: Background,
+    /// The schema is there (checked once per client).
+    schema: OnceCell<()>,
+    wakeups: Arc<Wakeups>,
+    listener: listener::Listener,
+    /// What this client's releases say when they announce themselves, so its own listener
+    /// skips them (its waiters are woken without the database).
+    announcement: String,
+    acquires: AtomicUsize,
+}
+
+impl PostgresBackend {
+    /// A store for `url` (`postgres://user:password@host:port/database`); connects on first use.
+    pub(crate) fn new(url: &str, timeouts: Timeouts) -> Result<Self, LockError> {
+        let options: PgConnectOptions = url.parse().map_err(|e| {
+            LockError::invalid_options(format!(
+                "{}: not a PostgreSQL URL ({e})",
+                crate::redact::hide_credentials(url)
+            ))
+        })?;
+        let options = options.application_name("lock-runtime");
+        Ok(PostgresBackend {
+            options,
+            timeouts,
+            pool: Mutex::new(None),
+            pool_runtime: Background::default(),
+            schema: OnceCell::new(),
+            wakeups: Wakeups::new(Vec::new()),
+            listener: listener::Listener::default(),
+            announcement: format!("c:{:016x}", rand::random::<u64>()),
+            acquires: AtomicUsize::new(0),
+        })
+    }
+
+    fn slot(&self) -> MutexGuard<'_, Option<PgPool>> {
+        // Every update is one step, so a poisoned slot is still consistent.
+        self.pool.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The pool of this runtime (made lazily, so building a client needs no runtime).
+    fn pool(&self) -> PgPool {
+        let mut slot = self.slot();
+        if let Some(pool) = slot.as_ref().filter(|_| self.pool_runtime.is_running()) {
+            return pool.clone();
+        }
+        let pool = PgPoolOptions::new()
+            .max_connections(POOL_SIZE)
+            .acquire_timeout(self.timeouts.connect)
+            .connect_lazy_with(self.options.clone());
+        *slot = Some(pool.clone());
+        self.pool_runtime.replace(std::future::pending);
+        pool
+    }
+
+    /// The pool, with the schema there (checked once per client, within the timeouts).
+    async fn ready(&self) -> Result<PgPool, LockError> {
+        let pool = self.pool();
+        if self.schema.get().is_none() {
+            let made = self.schema.get_or_try_init(|| make_schema(&pool));
+            bounded(self.timeouts.connect + self.timeouts.response, made).await?;
+        }
+        Ok(pool)
+    }
+
+    /// Every [`SWEEP_EVERY`] acquires, deletes rows nothing needs any more, in the background.
+    fn sweep_now_and_then(&self) {
+        if self.acquires.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY != SWEEP_EVERY - 1 {
+            return;
+        }
+        let pool = self.pool();
+        tokio::spawn(async move {
+            if let Err(e) = sqlx::query(SWEEP).bind(SWEEP_ROWS).execute(&pool).await {
+                tracing::debug!(error = %e, "sweeping expired lock rows failed");
+            }
+        });
+    }
+
+    async fn acquire(&self, keys: &LockKeys, token: &str, ask: &Ask) -> Result<Attempt, LockError> {
+        self.sweep_now_and_then();
+        let ttl = millis(ask.ttl_ms);
+        if ask.shared {
+            let (got, fence, left): (bool, Option<i64>, Option<i64>) =
+                ask!(self, |conn| sqlx::query_as(SHARE)
+                    .bind(keys.lock())
+                    .bind(token)
+                    .bind(ttl)
+                    .bind(ask.waiting)
+                    .fetch_one(conn))?;
+            return Ok(if got {
+                Attempt::Acquired {
+                    fence: fence.filter(|_| ask.fencing).map(unsigned),
+                }
+            } else {
+                Attempt::Held {
+                    pttl_ms: left.map(unsigned),
+                    behind: false,
+                    claimed: false,
+                    kept: None,
+                }
+            });
+        }
+        type Row = (bool, Option<i64>, Option<i64>, bool, bool, Option<i64>);
+        let place_ms = millis(crate::options::ceil_millis(FAIR_PLACE_KEPT));
+        let (got, fence, left, behind, claimed, kept): Row = ask!(self, |conn| sqlx::query_as(ACQUIRE)
+            .bind(keys.lock())
+            .bind(keys.channel())
+            .bind(token)
+            .bind(ttl)
+            .bind(ask.fencing)
+            .bind(ask.waiting)
+            .bind(ask.fair)
+            .bind(ask.join)
+            .bind(ask.claimed)
+            .bind(place_ms)
+            .fetch_one(conn))?;
+        Ok(if got {
+            Attempt::Acquired {
+                fence: fence.filter(|_| ask.fencing).map(unsigned),
+            }
+        } else {
+            Attempt::Held {
+                pttl_ms: left.map(unsigned),
+                behind,
+                claimed,
+                kept: kept.map(unsigned),
+            }
+        })
+    }
+
+    async fn renew(&self, locks: &[(&LockKeys, &str, u64)]) -> Result<Vec<Renewal>, LockError> {
+        let keys: Vec<&str> = locks.iter().map(|(keys, _, _)| keys.lock()).collect();
+        let tokens: Vec<&str> = locks.iter().map(|(_, token, _)| *token).collect();
+        let ttls: Vec<i64> = locks.iter().map(|(_, _, ttl)| millis(*ttl)).collect();
+        let renewed: Vec<i32> = ask!(self, |conn| sqlx::query_scalar(RENEW)
+            .bind(&keys)
+            .bind(&tokens)
+            .bind(&ttls)
+            .fetch_all(conn))?;
+        let mut found = vec![Renewal::Gone; locks.len()];
+        for position in renewed {
+            let at = usize::try_from(position).ok().and_then(|p| p.checked_sub(1));
+            if let Some(slot) = at.and_then(|at| found.get_mut(at)) {
+                *slot = Renewal::Renewed;
+            }
+        }
+        Ok(found)
+    }
+
+    async fn release(
+        &self,
+        keys: &LockKeys,
+        token: &str,
+        hold_ms: u64,
+        kind: Kind,
+    ) -> Result<bool, LockError> {
+        let released: i32 = ask!(self, |conn| sqlx::query_scalar(RELEASE)
+            .bind(keys.lock())
+            .bind(keys.channel())
+            .bind(token)
+            .bind(millis(hold_ms))
+            .bind(kind == Kind::Fair)
+            .bind(&self.announcement)
+            .fetch_one(conn))?;
+        match released {
+            0 => Ok(false),
+            // Other readers still share the lock: nobody can enter because this one left.
+            2 => Ok(true),
+            _ => {
+                if kind != Kind::Fair {
+                    // This client's own next waiter need not hear it from the database (its
+                    // listener skips the announcement). A fair release names the next waiter.
+                    self.wakeups.notify(&keys.channel);
+                }
+                Ok(true)
+            }
+        }
+    }
+
+    async fn leave(&self, keys: &LockKeys, token: &str, claimed: bool) -> Result<(), LockError> {
+        let withdrawn: bool = ask!(self, |conn| sqlx::query_scalar(LEAVE)
+            .bind(keys.lock())
+            .bind(keys.channel())
+            .bind(token)
+            .bind(&self.announcement)
+            .fetch_one(conn))?;
+        if claimed && withdrawn {
+            // Readers held back by the claim try again.
+            self.wakeups.notify(&keys.channel);
+        }
+        Ok(())
+    }
+
+    async fn holder(&self, keys: &LockKeys) -> Result<Option<(Stored, Option<Duration>)>, LockError> {
+        type Row = (Option<String>, i64, Option<Vec<String>>, i64);
+        let row: Option<Row> = ask!(self, |conn| sqlx::query_as(HOLDER)
+            .bind(keys.lock())
+            .fetch_optional(conn))?;
+        let Some((writer, writer_left, readers, readers_left)) = row else {
+            return Ok(None);
+        };
+        let left = |ms: i64| Some(Duration::from_millis(unsigned(ms)));
+        Ok(match (writer, readers) {
+            (Some(writer), _) => Some((Stored::One(writer.into_bytes()), left(writer_left))),
+            (None, Some(readers)) if !readers.is_empty() => Some((
+                Stored::Shares(readers.into_iter().map(String::into_bytes).collect()),
+                left(readers_left),
+            )),
+            _ => None,
+        })
+    }
+
+    async fn force_release(&self, keys: &LockKeys) -> Result<bool, LockError> {
+        let removed: bool = ask!(self, |conn| sqlx::query_scalar(FORCE)
+            .bind(keys.lock())
+            .bind(keys.channel())
+            .bind(&self.announcement)
+            .fetch_one(conn))?;
+        if removed {
+            self.wakeups.notify(&keys.channel);
+        }
+        Ok(removed)
+    }
+}
+
+/// Makes the schema unless this version's is there: one multi-statement query, which
+/// PostgreSQL runs as one transaction, the first statement taking a transaction-level advisory
+/// lock, so clients starting together make it one at a time.
+async fn make_schema(pool: &PgPool) -> Result<(), LockError> {
+    let ready: bool = sqlx::query_scalar(SCHEMA_READY)
+        .fetch_one(pool)
+        .await
+        .map_err(store_error)?;
+    if ready {
+        return Ok(());
+    }
+    let script = format!("SELECT pg_advisory_xact_lock({SCHEMA_LOCK});\n{SCHEMA}");
+    sqlx::raw_sql(&script).execute(pool).await.map_err(store_error)?;
+    tracing::info!("made lock-runtime's tables and functions in the database");
+    Ok(())
+}
+
+async fn bounded<T>(
+    after: Duration,
+    request: impl std::future::Future<Output = Result<T, LockError>>,
+) -> Result<T, LockError> {
+    tokio::time::timeout(after, request)
+        .await
+        .map_err(|_| LockError::unavailable(TimedOut { after }))?
+}
+
+/// `Refused` when the database answered with a refusal only a configuration change can fix,
+/// `Unavailable` for everything else.
+pub(crate) fn store_error(e: sqlx::Error) -> LockError {
+    let refusal = match &e {
+        sqlx::Error::Database(db) => match db.code().as_deref() {
+            // invalid_authorization_specification, invalid_password
+            Some("28000" | "28P01") => {
+                Some("wrong user or password: fix the credentials in the PostgreSQL URL")
+            }
+            // invalid_catalog_name
+            Some("3D000") => Some("the database in the PostgreSQL URL does not exist"),
+            // insufficient_privilege
+            Some("42501") => Some(
+                "the PostgreSQL role lacks a right locking needs (see the README, \"PostgreSQL\": \
+                 CREATE on the schema for the first client, then the lock tables, sequences and \
+                 functions)",
+            ),
+            _ => None,
+        },
+        _ => None,
+    };
+    match refusal {
+        Some(reason) => LockError::Refused {
+            reason,
+            source: e.into(),
+        },
+        None => LockError::unavailable(e),
+    }
+}
+
+/// Milliseconds as PostgreSQL's bigint (options are validated far below its range).
+fn millis(ms: u64) -> i64 {
+    i64::try_from(ms).unwrap_or(i64::MAX)
+}
+
+fn unsigned(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
+impl Store for PostgresBackend {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            name: "PostgreSQL",
+            ..Capabilities::ALL
+        }
+    }
+
+    fn connect<'a>(&'a self, probe: &'a LockKeys) -> Answer<'a, ()> {
+        Box::pin(async move {
+            // The schema, and the rights locking needs, on the probe's row: take it, let it go.
+            let token = format!("{}:rights-check", self.announcement);
+            let ask = Ask {
+                ttl_ms: 1000,
+                fencing: false,
+                waiting: false,
+                fair: false,
+                join: false,
+                shared: false,
+                claimed: false,
+            };
+            self.acquire(probe, &token, &ask).await?;
+            self.release(probe, &token, 0, Kind::Plain).await?;
+            Ok(())
+        })
+    }
+
+    fn attempt<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+        ask: &'a Ask,
+        _: &'a Pinned,
+    ) -> Answer<'a, Attempt> {
+        Box::pin(self.acquire(keys, token, ask))
+    }
+
+    fn renew_many<'a>(&'a self, locks: &'a [(&'a LockKeys, &'a str, u64)]) -> Answer<'a, Vec<Renewal>> {
+        Box::pin(self.renew(locks))
+    }
+
+    fn release<'a>(
+        &'a self,
+        keys: &'a LockKeys,
+        token: &'a str,
+        hold_ms: u64,
+        kind: Kind,
+        _: Option<&'a Pinned>,
+    ) -> Answer<'a, bool> {
+        Box::pin(PostgresBackend::release(self, keys, token, hold_ms, kind))
+    }
+
+    fn leave_queue<'a>(&'a self, keys: &'a LockKeys, token: &'a str, claimed: bool) -> Answer<'a, ()> {
+        Box::pin(self.leave(keys, token, claimed))
+    }
+
+    fn holder<'a>(&'a self, keys: &'a LockKeys) -> Answer<'a, Option<(Stored, Option<Duration>)>> {
+        Box::pin(PostgresBackend::holder(self, keys))
+    }
+
+    fn force_release<'a>(&'a self, keys: &'a LockKeys) -> Answer<'a, bool> {
+        Box::pin(PostgresBackend::force_release(self, keys))
+    }
+
+    fn response_timeout(&self) -> Duration {
+        self.timeouts.response
+    }
+
+    fn wakeups(&self) -> &Arc<Wakeups> {
+        &self.wakeups
+    }
+
+    fn listen<'a>(
+        &'a self,
+        registration: &'a Registration,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>> {
+        Box::pin(async move {
+            let listening = self
+                .listener
+                .ensure(|| self.pool(), &self.wakeups, &self.announcement);
+            if tokio::time::timeout(self.timeouts.response, listening)
+                .await
+                .is_ok()
+            {
+                self.wakeups.set_subscribed(registration.channel(), 0);
+            }
+        })
+    }
+}
