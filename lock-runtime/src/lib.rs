@@ -52,6 +52,9 @@ mod held;
 mod holder;
 pub mod keys;
 mod options;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod postgres;
 mod redact;
 mod scope;
 mod state;

@@ -28,9 +28,28 @@ mod listener;
 /// REPLACE FUNCTION`).
 const SCHEMA: &str = include_str!("schema.sql");
 
-/// Whether this version's schema is there: its last function is made last, in the same
-/// transaction as the rest.
-const SCHEMA_READY: &str = "SELECT to_regprocedure('lock_runtime_v1_sweep(integer)') IS NOT NULL";
+/// Whether this schema is there, exactly: the comment on its last function (made last, in the
+/// same transaction as the rest) names a hash of `schema.sql`. Any other (an older build's) is
+/// made again: every statement of it is idempotent.
+const SCHEMA_READY: &str = "SELECT coalesce(obj_description(\
+     to_regprocedure('lock_runtime_v1_sweep(integer)'), 'pg_proc'), '') = $1";
+
+/// Names this `schema.sql` (FNV-1a of its text).
+const SCHEMA_HASH: u64 = {
+    let bytes = SCHEMA.as_bytes();
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut i = 0;
+    while i < bytes.len() {
+        hash ^= bytes[i] as u64;
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+        i += 1;
+    }
+    hash
+};
+
+fn schema_mark() -> String {
+    format!("lock-runtime schema {SCHEMA_HASH:016x}")
+}
 
 /// Serialises clients that make the schema at once: the ASCII of "lockrtv1".
 const SCHEMA_LOCK: i64 = 0x6c6f_636b_7274_7631;
@@ -96,6 +115,13 @@ pub(crate) struct PostgresBackend {
 impl PostgresBackend {
     /// A store for `url` (`postgres://user:password@host:port/database`); connects on first use.
     pub(crate) fn new(url: &str, timeouts: Timeouts) -> Result<Self, LockError> {
+        let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+        if !(scheme.eq_ignore_ascii_case("postgres") || scheme.eq_ignore_ascii_case("postgresql")) {
+            return Err(LockError::invalid_options(format!(
+                "{}: a PostgreSQL URL starts with postgres:// or postgresql://",
+                crate::redact::hide_credentials(url)
+            )));
+        }
         let options: PgConnectOptions = url.parse().map_err(|e| {
             LockError::invalid_options(format!(
                 "{}: not a PostgreSQL URL ({e})",
@@ -311,13 +337,18 @@ impl PostgresBackend {
 /// lock, so clients starting together make it one at a time.
 async fn make_schema(pool: &PgPool) -> Result<(), LockError> {
     let ready: bool = sqlx::query_scalar(SCHEMA_READY)
+        .bind(schema_mark())
         .fetch_one(pool)
         .await
         .map_err(store_error)?;
     if ready {
         return Ok(());
     }
-    let script = format!("SELECT pg_advisory_xact_lock({SCHEMA_LOCK});\n{SCHEMA}");
+    let script = format!(
+        "SELECT pg_advisory_xact_lock({SCHEMA_LOCK});\n{SCHEMA}\n\
+         COMMENT ON FUNCTION lock_runtime_v1_sweep(integer) IS '{}';",
+        schema_mark()
+    );
     sqlx::raw_sql(&script).execute(pool).await.map_err(store_error)?;
     tracing::info!("made lock-runtime's tables and functions in the database");
     Ok(())

@@ -39,6 +39,10 @@ CREATE TABLE IF NOT EXISTS lock_runtime_line (
 );
 CREATE INDEX IF NOT EXISTS lock_runtime_line_by_arrival ON lock_runtime_line (key, arrival);
 
+-- Fenced writes (lock_runtime::postgres::check_fence): per resource, the highest token a write
+-- carried.
+CREATE TABLE IF NOT EXISTS lock_runtime_fenced (resource text PRIMARY KEY, token bigint NOT NULL);
+
 -- Fencing tokens: one sequence for every key, so a token is larger than every token taken
 -- before it, at any key, across restarts (a sequence never goes back) and row sweeps.
 CREATE SEQUENCE IF NOT EXISTS lock_runtime_fences;
@@ -65,6 +69,24 @@ $$;
 CREATE OR REPLACE FUNCTION lock_runtime_v1_tell(chan text, said text) RETURNS void
 LANGUAGE sql VOLATILE AS $$
     SELECT pg_notify('lock_runtime', octet_length(said) || ':' || said || chan)
+$$;
+
+-- The lock's row, locked until the statement's transaction ends: made (free) if missing. A row
+-- deleted by a release between the insert that found it and the select that locks it is made
+-- again, so the caller never works on a row that is not there.
+CREATE OR REPLACE FUNCTION lock_runtime_v1_row(k text) RETURNS lock_runtime_locks
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    r lock_runtime_locks;
+BEGIN
+    LOOP
+        SELECT * INTO r FROM lock_runtime_locks WHERE key = k FOR UPDATE;
+        IF FOUND THEN
+            RETURN r;
+        END IF;
+        INSERT INTO lock_runtime_locks (key) VALUES (k) ON CONFLICT DO NOTHING;
+    END LOOP;
+END
 $$;
 
 -- One attempt at an exclusive lock. Answers taken (with the fencing token, when asked), or the
@@ -104,10 +126,9 @@ BEGIN
             IF NOT fencing THEN got_fence := NULL; END IF;
             RETURN;
         END IF;
-    ELSE
-        INSERT INTO lock_runtime_locks (key) VALUES (k) ON CONFLICT DO NOTHING;
     END IF;
-    SELECT * INTO r FROM lock_runtime_locks WHERE key = k FOR UPDATE;
+    -- (Refused above, the row is ours to read until the transaction ends.)
+    r := lock_runtime_v1_row(k);
     IF r.token = tok AND r.expires_ms > at_ms THEN
         -- Ours already: a fair turn handed over by a release. Its lease counts from now; with
         -- no token taken for it then, it takes one.
@@ -193,8 +214,7 @@ DECLARE
     live_claims jsonb;
 BEGIN
     got := false;
-    INSERT INTO lock_runtime_locks (key) VALUES (k) ON CONFLICT DO NOTHING;
-    SELECT * INTO r FROM lock_runtime_locks WHERE key = k FOR UPDATE;
+    r := lock_runtime_v1_row(k);
     IF r.token IS NOT NULL AND r.expires_ms > at_ms THEN
         left_ms := r.expires_ms - at_ms;
         UPDATE lock_runtime_locks SET marked = marked OR waiting WHERE key = k;

@@ -1,0 +1,362 @@
+//! The PostgreSQL store against the hand-written minimum on PostgreSQL, a session advisory lock
+//! and this library on Redis, in one run, on servers the kit starts (one `postgres`, one
+//! `redis-server`, loopback).
+//!
+//! ```text
+//! cargo bench -p lock-tests --bench postgres                  # about a minute once built
+//! BENCH_SCALE=0.1 cargo bench -p lock-tests --bench postgres  # smoke run
+//! ```
+//!
+//! Contenders, each with one client (a sqlx pool of 10 connections on PostgreSQL):
+//!
+//! - **ours, PostgreSQL**: `LockClient::builder().postgres(url)`, `acquire` (ttl 10 s) then
+//!   `release`: one statement each (`lock_runtime_v1_acquire`, `lock_runtime_v1_release`).
+//! - **hand-written, PostgreSQL**: the minimum a lease lock on PostgreSQL needs, on the same
+//!   kind of pool: `INSERT INTO bench_locks … ON CONFLICT (key) DO UPDATE … WHERE
+//!   bench_locks.expires_at <= clock_timestamp() RETURNING 1`, then `DELETE FROM bench_locks
+//!   WHERE key = $1 AND token = $2`.
+//! - **advisory, PostgreSQL**: a session advisory lock: a connection taken from the pool for the
+//!   whole section, `pg_try_advisory_lock(k)`, then `pg_advisory_unlock(k)` (no expiry, no
+//!   fencing, a connection held per lock).
+//! - **ours, Redis**: `LockClient::connect(redis_url)`, the same acquire and release.
+//!
+//! Measured: (1) one task doing sequential pairs on one key: latency median and p99, pairs/s;
+//! (2) 64 tasks on 64 keys, all on one client: pairs/s; both in 5 interleaved rounds (the
+//! contenders take turns within each round, so machine noise hits each alike), with the median
+//! of the per-round ratios ours / hand-written. (3) The hand-off on one key: 8 clients (one task
+//! each) take turns, each acquiring with a wait, holding it 1 ms and releasing: from a release's
+//! start to the next holder's lock, median and p99, on PostgreSQL and on Redis; on PostgreSQL
+//! also the transactions the server committed per hand-off (`pg_stat_database.xact_commit`;
+//! every request is one): the release, the woken waiter's attempt, and what else the waiters
+//! asked. Output: the tables, then one JSON line with the same numbers.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lock_runtime::{LockClient, LockOptions};
+use lock_tests::{PostgresServer, RedisServer};
+use serde_json::json;
+use sqlx::postgres::{PgPool, PgPoolOptions};
+use tokio::time::Instant;
+
+const ROUNDS: usize = 5;
+const TASKS: usize = 64;
+const WAITERS: usize = 8;
+
+fn scale() -> f64 {
+    std::env::var("BENCH_SCALE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1.0)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Contender {
+    OursPostgres,
+    HandWritten,
+    Advisory,
+    OursRedis,
+}
+
+const CONTENDERS: [Contender; 4] = [
+    Contender::OursPostgres,
+    Contender::HandWritten,
+    Contender::Advisory,
+    Contender::OursRedis,
+];
+
+impl Contender {
+    fn name(self) -> &'static str {
+        match self {
+            Contender::OursPostgres => "ours, PostgreSQL",
+            Contender::HandWritten => "hand-written, PostgreSQL",
+            Contender::Advisory => "advisory lock, PostgreSQL",
+            Contender::OursRedis => "ours, Redis",
+        }
+    }
+}
+
+struct Bench {
+    postgres: LockClient,
+    redis: LockClient,
+    pool: PgPool,
+    options: LockOptions,
+    tokens: AtomicU64,
+}
+
+impl Bench {
+    /// One acquire and release of `key` (index `k`) by `who`.
+    async fn pair(&self, who: Contender, k: usize) {
+        let key = format!("bench-{k}");
+        match who {
+            Contender::OursPostgres | Contender::OursRedis => {
+                let client = if who == Contender::OursRedis {
+                    &self.redis
+                } else {
+                    &self.postgres
+                };
+                let guard = client.acquire(&key, &self.options).await.unwrap();
+                assert!(guard.release().await.unwrap());
+            }
+            Contender::HandWritten => {
+                let token = format!("{:032x}", self.tokens.fetch_add(1, Ordering::Relaxed));
+                let taken: Option<i32> = sqlx::query_scalar(
+                    "INSERT INTO bench_locks (key, token, expires_at) \
+                     VALUES ($1, $2, clock_timestamp() + interval '10 seconds') \
+                     ON CONFLICT (key) DO UPDATE SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at \
+                     WHERE bench_locks.expires_at <= clock_timestamp() RETURNING 1",
+                )
+                .bind(&key)
+                .bind(&token)
+                .fetch_optional(&self.pool)
+                .await
+                .unwrap();
+                assert!(taken.is_some());
+                let deleted = sqlx::query("DELETE FROM bench_locks WHERE key = $1 AND token = $2")
+                    .bind(&key)
+                    .bind(&token)
+                    .execute(&self.pool)
+                    .await
+                    .unwrap();
+                assert_eq!(deleted.rows_affected(), 1);
+            }
+            Contender::Advisory => {
+                let mut conn = self.pool.acquire().await.unwrap();
+                let id = i64::try_from(k).unwrap() + 1_000_000;
+                let taken: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+                    .bind(id)
+                    .fetch_one(&mut *conn)
+                    .await
+                    .unwrap();
+                assert!(taken);
+                let freed: bool = sqlx::query_scalar("SELECT pg_advisory_unlock($1)")
+                    .bind(id)
+                    .fetch_one(&mut *conn)
+                    .await
+                    .unwrap();
+                assert!(freed);
+            }
+        }
+    }
+}
+
+fn quantile(samples: &mut [Duration], q: f64) -> Duration {
+    samples.sort_unstable();
+    samples[((samples.len() as f64 - 1.0) * q).round() as usize]
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+async fn handoffs(clients: &[LockClient], key: &str, count: usize) -> Vec<Duration> {
+    let released_at: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let seen: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    let left = Arc::new(AtomicU64::new(count as u64));
+    let options = LockOptions::new(Duration::from_secs(10)).wait(Duration::from_secs(30));
+    let tasks: Vec<_> = clients
+        .iter()
+        .cloned()
+        .map(|client| {
+            let (released_at, seen, left, options, key) = (
+                Arc::clone(&released_at),
+                Arc::clone(&seen),
+                Arc::clone(&left),
+                options.clone(),
+                key.to_owned(),
+            );
+            tokio::spawn(async move {
+                while left.load(Ordering::SeqCst) > 0 {
+                    let guard = client.acquire(&key, &options).await.unwrap();
+                    let now = Instant::now();
+                    if let Some(at) = released_at.lock().unwrap().take() {
+                        seen.lock().unwrap().push(now - at);
+                        left.fetch_sub(1, Ordering::SeqCst);
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    *released_at.lock().unwrap() = Some(Instant::now());
+                    assert!(guard.release().await.unwrap());
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let seen = seen.lock().unwrap().clone();
+    seen
+}
+
+async fn commits(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let scale = scale();
+    let pg = PostgresServer::spawn();
+    let redis = RedisServer::spawn();
+    let pool = PgPoolOptions::new()
+        .max_connections(10)
+        .connect(&pg.url())
+        .await
+        .unwrap();
+    sqlx::query("CREATE TABLE bench_locks (key text PRIMARY KEY, token text NOT NULL, expires_at timestamptz NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let bench = Arc::new(Bench {
+        postgres: LockClient::builder().postgres(&pg.url()).build().await.unwrap(),
+        redis: LockClient::connect(&redis.url()).await.unwrap(),
+        pool: pool.clone(),
+        options: LockOptions::new(Duration::from_secs(10)),
+        tokens: AtomicU64::new(0),
+    });
+    // Warm up: connections, prepared statements, plans.
+    for who in CONTENDERS {
+        for k in 0..TASKS {
+            bench.pair(who, k).await;
+            bench.pair(who, k).await;
+        }
+    }
+
+    eprintln!("one task, sequential pairs");
+    let per_round = ((400.0 * scale) as usize).max(20);
+    let mut latency: Vec<Vec<Duration>> = vec![Vec::new(); 4];
+    let mut rate: Vec<Vec<f64>> = vec![Vec::new(); 4];
+    let mut ratio = Vec::new();
+    for round in 0..ROUNDS {
+        let mut round_rate = [0.0; 4];
+        for turn in 0..4 {
+            let i = (turn + round) % 4;
+            let started = Instant::now();
+            for _ in 0..per_round {
+                let t = Instant::now();
+                bench.pair(CONTENDERS[i], 0).await;
+                latency[i].push(t.elapsed());
+            }
+            round_rate[i] = per_round as f64 / started.elapsed().as_secs_f64();
+            rate[i].push(round_rate[i]);
+        }
+        ratio.push(round_rate[0] / round_rate[1]);
+    }
+
+    eprintln!("{TASKS} tasks on {TASKS} keys");
+    let window = Duration::from_secs_f64((2.0 * scale).max(0.2));
+    let mut wide: Vec<Vec<f64>> = vec![Vec::new(); 4];
+    let mut wide_ratio = Vec::new();
+    for round in 0..ROUNDS {
+        let mut round_rate = [0.0; 4];
+        for turn in 0..4 {
+            let i = (turn + round) % 4;
+            let done = Arc::new(AtomicU64::new(0));
+            let until = Instant::now() + window;
+            let tasks: Vec<_> = (0..TASKS)
+                .map(|k| {
+                    let (bench, done) = (Arc::clone(&bench), Arc::clone(&done));
+                    tokio::spawn(async move {
+                        while Instant::now() < until {
+                            bench.pair(CONTENDERS[i], k).await;
+                            done.fetch_add(1, Ordering::Relaxed);
+                        }
+                    })
+                })
+                .collect();
+            let started = Instant::now();
+            for task in tasks {
+                task.await.unwrap();
+            }
+            round_rate[i] = done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
+            wide[i].push(round_rate[i]);
+        }
+        wide_ratio.push(round_rate[0] / round_rate[1]);
+    }
+
+    eprintln!("hand-off, {WAITERS} clients on one key");
+    let count = ((500.0 * scale) as usize).max(40);
+    let mut pg_clients = Vec::new();
+    let mut redis_clients = Vec::new();
+    for _ in 0..WAITERS {
+        pg_clients.push(LockClient::builder().postgres(&pg.url()).build().await.unwrap());
+        redis_clients.push(LockClient::connect(&redis.url()).await.unwrap());
+    }
+    handoffs(&pg_clients, "warm", WAITERS * 4).await;
+    let before = commits(&pool).await;
+    let mut pg_handoff = handoffs(&pg_clients, "handoff", count).await;
+    let after = commits(&pool).await;
+    // The pool's own statements (this query) are not hand-offs: one each side.
+    let per_handoff = (after - before - 1) as f64 / count as f64;
+    handoffs(&redis_clients, "warm", WAITERS * 4).await;
+    let mut redis_handoff = handoffs(&redis_clients, "handoff", count).await;
+
+    println!(
+        "PostgreSQL {} and redis-server on loopback, {} pairs per contender in each of {ROUNDS} rounds",
+        pg_version(&pool).await,
+        per_round
+    );
+    println!(
+        "\n{:<28} {:>10} {:>10} {:>10} {:>12}",
+        "one task", "median", "p99", "pairs/s", "64 tasks/s"
+    );
+    let mut rows = Vec::new();
+    for (i, who) in CONTENDERS.iter().enumerate() {
+        let (p50, p99) = (quantile(&mut latency[i], 0.5), quantile(&mut latency[i], 0.99));
+        let (one, many) = (median(&mut rate[i]), median(&mut wide[i]));
+        println!(
+            "{:<28} {:>8.3}ms {:>8.3}ms {:>10.0} {:>12.0}",
+            who.name(),
+            ms(p50),
+            ms(p99),
+            one,
+            many
+        );
+        rows.push(
+            json!({"contender": who.name(), "median_ms": ms(p50), "p99_ms": ms(p99),
+            "pairs_per_s": one, "pairs_per_s_64_tasks": many}),
+        );
+    }
+    let (one_ratio, wide_ratio) = (median(&mut ratio), median(&mut wide_ratio));
+    println!("ours / hand-written on PostgreSQL: {one_ratio:.2} (one task), {wide_ratio:.2} (64 tasks)");
+    let (pg50, pg99) = (quantile(&mut pg_handoff, 0.5), quantile(&mut pg_handoff, 0.99));
+    let (r50, r99) = (
+        quantile(&mut redis_handoff, 0.5),
+        quantile(&mut redis_handoff, 0.99),
+    );
+    println!("\nhand-off, {WAITERS} clients on one key, {count} hand-offs");
+    println!(
+        "{:<28} {:>8.3}ms {:>8.3}ms  {per_handoff:.1} transactions per hand-off",
+        "PostgreSQL (NOTIFY)",
+        ms(pg50),
+        ms(pg99)
+    );
+    println!("{:<28} {:>8.3}ms {:>8.3}ms", "Redis (pub/sub)", ms(r50), ms(r99));
+    println!(
+        "{}",
+        json!({
+            "bench": "postgres",
+            "pairs": rows,
+            "ratio_one_task": one_ratio,
+            "ratio_64_tasks": wide_ratio,
+            "handoff": {
+                "postgres": {"median_ms": ms(pg50), "p99_ms": ms(pg99), "transactions_per_handoff": per_handoff},
+                "redis": {"median_ms": ms(r50), "p99_ms": ms(r99)},
+            },
+        })
+    );
+}
+
+async fn pg_version(pool: &PgPool) -> String {
+    sqlx::query_scalar("SHOW server_version")
+        .fetch_one(pool)
+        .await
+        .unwrap_or_default()
+}

@@ -1,0 +1,347 @@
+//! The PostgreSQL store under faults, on servers the kit starts itself (one per test): a restart
+//! while locks are held, connections killed by `pg_terminate_backend`, the server stopped, a
+//! frozen holder's late write refused by the fence check, rows that do not pile up, and the
+//! refusals a misconfigured client gets. The behaviour suite runs on PostgreSQL too
+//! (`behaviour.rs`, `coordination.rs`, `read_write.rs`: the `postgres::` tests).
+
+use std::time::Duration;
+
+use lock_runtime::{LockClient, LockError};
+use lock_tests::{assert_woken_by_the_release, eventually, in_line, ttl, PostgresServer, SECOND};
+use sqlx::postgres::PgPool;
+use sqlx::Connection;
+use tokio::time::Instant;
+
+fn builder(url: &str) -> lock_runtime::LockClientBuilder {
+    LockClient::builder()
+        .postgres(url)
+        .connect_timeout(Duration::from_secs(2))
+        .response_timeout(Duration::from_secs(1))
+}
+
+async fn client(server: &PostgresServer) -> LockClient {
+    builder(&server.url())
+        .build()
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to {}: {e}", server.url()))
+}
+
+async fn pool(server: &PostgresServer) -> PgPool {
+    PgPool::connect(&server.url())
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to {}: {e}", server.url()))
+}
+
+/// Runs a blocking step of the kit (it waits for the server) off the runtime's workers.
+async fn blocking<T: Send + 'static>(step: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(step)
+        .await
+        .expect("the kit's step panicked")
+}
+
+/// A lock is a committed row: a restart (fast shutdown, then start) keeps it, its holder's
+/// watchdog renews it once the server is back, others are refused meanwhile, and the fencing
+/// token after it is larger (the sequence does not go back).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn committed_locks_survive_a_restart_and_their_holders_keep_them() {
+    let server = PostgresServer::spawn();
+    let (c, other) = (client(&server).await, client(&server).await);
+    let guard = c
+        .acquire("order:1", &ttl(6000).watchdog(true).fencing(true))
+        .await
+        .unwrap();
+    let before = guard.fencing_token().unwrap();
+    let mut server = blocking(move || {
+        let mut server = server;
+        server.restart();
+        server
+    })
+    .await;
+    // Held through two whole ttls after the restart: the watchdog renewed it on the new server.
+    let until = Instant::now() + Duration::from_millis(12_000);
+    let mut refused = 0;
+    while Instant::now() < until {
+        assert!(!guard.is_lost(), "the holder lost its lock across the restart");
+        match other.acquire("order:1", &ttl(6000)).await {
+            Err(LockError::Busy { .. }) => refused += 1,
+            Err(LockError::Unavailable { .. }) => {} // reconnecting
+            other => panic!("a second holder after the restart: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(refused > 10, "others were refused: {refused}");
+    assert!(guard.release().await.unwrap(), "still ours after the restart");
+    let next = other.acquire("order:1", &ttl(6000).fencing(true)).await.unwrap();
+    assert!(
+        next.fencing_token().unwrap() > before,
+        "{:?} after {before}",
+        next.fencing_token()
+    );
+    next.release().await.unwrap();
+    server.stop();
+}
+
+/// Every connection of the clients killed by the server (`pg_terminate_backend`): requests go
+/// on, on new connections, and the listening connection is opened again, so a waiter is still
+/// woken by the release, not by its holder's expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_connections_are_replaced_and_the_listener_listens_again() {
+    let server = PostgresServer::spawn();
+    let (c, other) = (client(&server).await, client(&server).await);
+    let admin = pool(&server).await;
+    let listening = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE application_name = 'lock-runtime' AND query ILIKE 'LISTEN%'",
+        )
+        .fetch_one(&admin)
+        .await
+        .unwrap()
+    };
+    let holder = c.acquire("slow", &ttl(60_000)).await.unwrap();
+    let waiter = in_line(&other, "slow", ttl(5000).wait(30 * SECOND)).await;
+    eventually(5 * SECOND, "the waiter's client listens", || async {
+        listening().await == 1
+    })
+    .await;
+    let killed: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE application_name = 'lock-runtime'",
+    )
+    .fetch_all(&admin)
+    .await
+    .unwrap();
+    assert!(killed.len() >= 3, "the pools' and the listener's: {killed:?}");
+    eventually(10 * SECOND, "the listener is back", || async {
+        listening().await == 1
+    })
+    .await;
+    // The waiter re-checked its lock (a release may have gone unheard) and waits again.
+    assert!(!waiter.is_finished());
+    let released = Instant::now();
+    assert!(holder.release().await.unwrap(), "released on a new connection");
+    let guard = waiter.await.unwrap().unwrap();
+    assert_woken_by_the_release(released.elapsed());
+    assert!(guard.release().await.unwrap());
+}
+
+/// The server gone: every request fails with `Unavailable` within the timeouts (no hang), a
+/// new client's `build` too; once the server is back, the same client works again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_server_is_unavailable_without_a_hang() {
+    let server = PostgresServer::spawn();
+    let c = client(&server).await;
+    let guard = c.acquire("held", &ttl(30_000)).await.unwrap();
+    let mut server = blocking(move || {
+        let mut server = server;
+        server.kill();
+        server
+    })
+    .await;
+    // Bounded by the connect and response timeouts (3 s here), with room for a slow machine.
+    let bound = Duration::from_secs(10);
+    let started = Instant::now();
+    let refused = c.acquire("other", &ttl(1000)).await;
+    assert!(
+        matches!(refused, Err(LockError::Unavailable { .. })),
+        "{refused:?}"
+    );
+    assert!(matches!(
+        c.is_locked("held").await,
+        Err(LockError::Unavailable { .. })
+    ));
+    assert!(matches!(
+        guard.extend(Duration::from_secs(30)).await,
+        Err(LockError::Unavailable { .. })
+    ));
+    let built = builder(&server.url()).build().await;
+    assert!(matches!(built, Err(LockError::Unavailable { .. })), "{built:?}");
+    assert!(started.elapsed() < bound, "{:?}", started.elapsed());
+    let server = blocking(move || {
+        server.start_again();
+        server
+    })
+    .await;
+    eventually(10 * SECOND, "the client works again", || async {
+        c.is_locked("held").await.is_ok()
+    })
+    .await;
+    assert!(c.is_locked("held").await.unwrap(), "the lock survived the crash");
+    assert!(guard.release().await.unwrap());
+    drop(server);
+}
+
+/// A holder frozen past its lease (it neither renews nor knows) writes late: the next holder has
+/// a larger token and wrote first, and the fence check in the late write's transaction refuses
+/// it. A late write that comes while the newer one's transaction is open waits for it, then is
+/// refused: the check and the write commit together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_holders_fenced_write_is_refused() {
+    use lock_runtime::postgres::{check_fence, create_fence_table};
+    let server = PostgresServer::spawn();
+    let (c, other) = (client(&server).await, client(&server).await);
+    let db = pool(&server).await;
+    let mut conn = db.acquire().await.unwrap();
+    create_fence_table(&mut conn).await.unwrap();
+    sqlx::query("CREATE TABLE accounts (id int PRIMARY KEY, balance int NOT NULL)")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO accounts VALUES (7, 100)")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    // The first holder takes the lock, then freezes: no watchdog, its lease ends.
+    let frozen = c.acquire("account:7", &ttl(300).fencing(true)).await.unwrap();
+    let stale = frozen.fencing_token().unwrap();
+    let next = other
+        .acquire("account:7", &ttl(10_000).fencing(true).wait(10 * SECOND))
+        .await
+        .unwrap();
+    let newer = next.fencing_token().unwrap();
+    assert!(newer > stale, "{newer} <= {stale}");
+    assert!(frozen.is_lost(), "the frozen holder's validity has passed");
+    // The next holder writes, and holds its transaction open.
+    let mut tx = db.begin().await.unwrap();
+    assert!(check_fence(&mut tx, "account:7", newer).await.unwrap());
+    sqlx::query("UPDATE accounts SET balance = 90 WHERE id = 7")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    // The frozen one wakes and writes late: its check waits for the open transaction.
+    let late = tokio::spawn({
+        let db = db.clone();
+        async move {
+            let mut tx = db.begin().await.unwrap();
+            if !check_fence(&mut tx, "account:7", stale).await.unwrap() {
+                return false; // rolled back as `tx` drops
+            }
+            sqlx::query("UPDATE accounts SET balance = 0 WHERE id = 7")
+                .execute(&mut *tx)
+                .await
+                .unwrap();
+            tx.commit().await.unwrap();
+            true
+        }
+    });
+    eventually(5 * SECOND, "the late check waits for the row", || async {
+        let waiting: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+                .fetch_one(&db)
+                .await
+                .unwrap();
+        waiting == 1
+    })
+    .await;
+    tx.commit().await.unwrap();
+    assert!(!late.await.unwrap(), "the stale write was accepted");
+    let balance: i32 = sqlx::query_scalar("SELECT balance FROM accounts WHERE id = 7")
+        .fetch_one(&db)
+        .await
+        .unwrap();
+    assert_eq!(balance, 90, "only the newer holder's write is there");
+    // The same holder writing again is not stale.
+    let mut again = db.begin().await.unwrap();
+    assert!(check_fence(&mut again, "account:7", newer).await.unwrap());
+    again.commit().await.unwrap();
+    assert!(!frozen.release().await.unwrap(), "its lock was no longer its");
+    assert!(next.release().await.unwrap());
+}
+
+/// Rows do not pile up: a released lock without fencing leaves no row, and the locks of
+/// crashed holders (never released) are swept once they have expired, by the client's
+/// occasional sweep.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn released_and_expired_locks_leave_no_rows() {
+    let server = PostgresServer::spawn();
+    let c = client(&server).await;
+    let db = pool(&server).await;
+    let rows = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM lock_runtime_locks")
+            .fetch_one(&db)
+            .await
+            .unwrap()
+    };
+    let guard = c.acquire("released", &ttl(5000)).await.unwrap();
+    assert_eq!(rows().await, 1);
+    assert!(guard.release().await.unwrap());
+    assert_eq!(rows().await, 0, "the release deleted the row");
+    // Forgotten guards: each one's row stays until it has expired (its release, in the
+    // background, is lost with the crash here: the guards are leaked).
+    for i in 0..20 {
+        std::mem::forget(c.acquire(&format!("crashed:{i}"), &ttl(100)).await.unwrap());
+    }
+    assert_eq!(rows().await, 20);
+    // Until the sweep deletes them (every 1024 acquires, once expired for 2 s).
+    let sweeping = async {
+        loop {
+            let guard = c.acquire("busy", &ttl(5000)).await.unwrap();
+            guard.release().await.unwrap();
+        }
+    };
+    tokio::select! {
+        () = eventually(30 * SECOND, "the expired rows are swept", || async { rows().await == 0 }) => {}
+        () = sweeping => {}
+    }
+}
+
+/// Misconfigurations are refused with what to fix: a database that does not exist, a role that
+/// may not make the tables, and a URL that is not PostgreSQL's; `LockClient::connect` takes a
+/// `postgres://` URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misconfigured_clients_are_refused_with_what_to_fix() {
+    let server = PostgresServer::spawn();
+    let base = format!("postgres://postgres@127.0.0.1:{}", server.port());
+    let missing = builder(&format!("{base}/no_such_db")).build().await;
+    assert!(
+        matches!(&missing, Err(LockError::Refused { reason, .. }) if reason.contains("does not exist")),
+        "{missing:?}"
+    );
+    let mut admin = sqlx::PgConnection::connect(&server.url()).await.unwrap();
+    for statement in ["CREATE ROLE lockless LOGIN", "CREATE DATABASE locks"] {
+        sqlx::raw_sql(statement).execute(&mut admin).await.unwrap();
+    }
+    let mut locks = sqlx::PgConnection::connect(&format!("{base}/locks"))
+        .await
+        .unwrap();
+    sqlx::raw_sql("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+        .execute(&mut locks)
+        .await
+        .unwrap();
+    let url = format!("postgres://lockless@127.0.0.1:{}/locks", server.port());
+    let denied = builder(&url).build().await;
+    assert!(
+        matches!(&denied, Err(LockError::Refused { reason, .. }) if reason.contains("lacks a right")),
+        "{denied:?}"
+    );
+    let bad = LockClient::builder().postgres("mysql://localhost/x").build_lazy();
+    assert!(matches!(bad, Err(LockError::InvalidOptions { .. })), "{bad:?}");
+    let c = LockClient::connect(&format!("{base}/postgres")).await.unwrap();
+    let guard = c.acquire("connected", &ttl(1000)).await.unwrap();
+    assert!(guard.release().await.unwrap());
+    assert!(format!("{c:?}").contains("PostgreSQL"), "{c:?}");
+}
+
+/// Readers racing on one key, each share as short as it gets, so that a reader often arrives
+/// while the last one's release deletes the row: every share taken is in the store while it is
+/// held. (A share once met the row deleted under it, between the statement that saw the row and
+/// the one that locked it, and took a lock that was nowhere: a writer then entered beside it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_share_taken_while_the_row_goes_is_in_the_store() {
+    let t = lock_tests::Target::postgres().await;
+    let clients = [t.client(), t.other_client().await];
+    let tasks = (0..8).map(|i| {
+        let client = clients[i % 2].clone();
+        tokio::spawn(async move {
+            let options = ttl(10_000).mode(lock_runtime::LockMode::Shared);
+            for _ in 0..100 {
+                let share = client.acquire("race", &options).await.unwrap();
+                assert!(client.is_locked("race").await.unwrap(), "a share that is nowhere");
+                assert!(share.release().await.unwrap(), "a share that was not there");
+            }
+        })
+    });
+    for task in futures_util::future::join_all(tasks).await {
+        task.unwrap();
+    }
+}
