@@ -26,9 +26,9 @@
 //! of the per-round ratios ours / hand-written. (3) The hand-off on one key: 8 clients (one task
 //! each) take turns, each acquiring with a wait, holding it 1 ms and releasing: from a release's
 //! start to the next holder's lock, median and p99, on PostgreSQL and on Redis; on PostgreSQL
-//! also the transactions the server committed per hand-off (`pg_stat_database.xact_commit`;
-//! every request is one): the release, the woken waiter's attempt, and what else the waiters
-//! asked. Output: the tables, then one JSON line with the same numbers.
+//! also the statements the server ran per hand-off (`pg_stat_statements`, in a database of
+//! their own; every request is one statement), by statement: the release, the woken waiters'
+//! attempts. Output: the tables, then one JSON line with the same numbers.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -155,11 +155,13 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-async fn handoffs(clients: &[LockClient], key: &str, count: usize) -> Vec<Duration> {
+async fn handoffs(clients: &[LockClient], key: &str, count: usize, fair: bool) -> Vec<Duration> {
     let released_at: Arc<Mutex<Option<Instant>>> = Arc::default();
     let seen: Arc<Mutex<Vec<Duration>>> = Arc::default();
     let left = Arc::new(AtomicU64::new(count as u64));
-    let options = LockOptions::new(Duration::from_secs(10)).wait(Duration::from_secs(30));
+    let options = LockOptions::new(Duration::from_secs(10))
+        .wait(Duration::from_secs(30))
+        .fair(fair);
     let tasks: Vec<_> = clients
         .iter()
         .cloned()
@@ -176,8 +178,14 @@ async fn handoffs(clients: &[LockClient], key: &str, count: usize) -> Vec<Durati
                     let guard = client.acquire(&key, &options).await.unwrap();
                     let now = Instant::now();
                     if let Some(at) = released_at.lock().unwrap().take() {
-                        seen.lock().unwrap().push(now - at);
-                        left.fetch_sub(1, Ordering::SeqCst);
+                        // Counted while hand-offs are left (waiters that got in after the last
+                        // one just give the lock back).
+                        if left
+                            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                            .is_ok()
+                        {
+                            seen.lock().unwrap().push(now - at);
+                        }
                     }
                     tokio::time::sleep(Duration::from_millis(1)).await;
                     *released_at.lock().unwrap() = Some(Instant::now());
@@ -193,17 +201,88 @@ async fn handoffs(clients: &[LockClient], key: &str, count: usize) -> Vec<Durati
     seen
 }
 
-async fn commits(pool: &PgPool) -> i64 {
-    sqlx::query_scalar("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
-        .fetch_one(pool)
+/// Hand-offs on PostgreSQL, timed, with the statements the server ran for them
+/// (pg_stat_statements, reset first, in the hand-off database).
+struct Counted {
+    latency: Vec<Duration>,
+    per_handoff: f64,
+    by_statement: Vec<(String, f64)>,
+}
+
+impl Counted {
+    async fn run(clients: &[LockClient], statements: &PgPool, count: usize, fair: bool) -> Counted {
+        sqlx::query("SELECT pg_stat_statements_reset()")
+            .execute(statements)
+            .await
+            .unwrap();
+        let key = if fair { "fair" } else { "plain" };
+        let latency = handoffs(clients, key, count, fair).await;
+        let ran: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT query, calls FROM pg_stat_statements \
+             WHERE dbid = (SELECT oid FROM pg_database WHERE datname = 'handoff') \
+               AND query NOT ILIKE '%pg_stat_statements%' ORDER BY calls DESC",
+        )
+        .fetch_all(statements)
         .await
-        .unwrap()
+        .unwrap();
+        let per_handoff = ran.iter().map(|(_, calls)| *calls).sum::<i64>() as f64 / count as f64;
+        let by_statement = ran
+            .iter()
+            .map(|(query, calls)| (statement_name(query), *calls as f64 / count as f64))
+            .collect();
+        Counted {
+            latency,
+            per_handoff,
+            by_statement,
+        }
+    }
+
+    fn report(&mut self, name: &str) -> serde_json::Value {
+        let (p50, p99) = (
+            quantile(&mut self.latency, 0.5),
+            quantile(&mut self.latency, 0.99),
+        );
+        println!(
+            "{name:<28} {:>8.3}ms {:>8.3}ms  {:.1} statements per hand-off:",
+            ms(p50),
+            ms(p99),
+            self.per_handoff
+        );
+        for (statement, per) in &self.by_statement {
+            println!("    {per:>5.2} × {statement}");
+        }
+        json!({"median_ms": ms(p50), "p99_ms": ms(p99), "statements_per_handoff": self.per_handoff,
+            "by_statement": self.by_statement.iter()
+                .map(|(s, n)| json!({"statement": s, "per_handoff": n})).collect::<Vec<_>>()})
+    }
+}
+
+/// A pool of the hand-off database, with pg_stat_statements made there.
+async fn handoff_pool(url: &str) -> PgPool {
+    let pool = PgPool::connect(url).await.unwrap();
+    sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool
+}
+
+/// What a statement is, in a few words: the function it calls, or its first words.
+fn statement_name(query: &str) -> String {
+    if let Some(at) = query.find("lock_runtime_v1_") {
+        let name: String = query[at..]
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        return name;
+    }
+    query.split_whitespace().take(4).collect::<Vec<_>>().join(" ")
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let scale = scale();
-    let pg = PostgresServer::spawn();
+    let pg = PostgresServer::spawn_with(&["shared_preload_libraries=pg_stat_statements"]);
     let redis = RedisServer::spawn();
     let pool = PgPoolOptions::new()
         .max_connections(10)
@@ -283,20 +362,35 @@ async fn main() {
 
     eprintln!("hand-off, {WAITERS} clients on one key");
     let count = ((500.0 * scale) as usize).max(40);
-    let mut pg_clients = Vec::new();
+    // In a database of their own, where the statements run are the hand-offs' alone.
+    sqlx::query("CREATE DATABASE handoff")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let handoff_url = format!("postgres://postgres@127.0.0.1:{}/handoff", pg.port());
+    let pg_clients = |n| {
+        let url = handoff_url.clone();
+        async move {
+            let mut clients = Vec::new();
+            for _ in 0..n {
+                clients.push(LockClient::builder().postgres(&url).build().await.unwrap());
+            }
+            clients
+        }
+    };
+    let clients = pg_clients(WAITERS).await;
+    let statements = handoff_pool(&handoff_url).await;
+    handoffs(&clients, "warm", WAITERS * 4, false).await;
+    let mut plain = Counted::run(&clients, &statements, count, false).await;
+    handoffs(&clients, "warm-fair", WAITERS * 4, true).await;
+    let mut fair = Counted::run(&clients, &statements, count, true).await;
+    drop(clients);
     let mut redis_clients = Vec::new();
     for _ in 0..WAITERS {
-        pg_clients.push(LockClient::builder().postgres(&pg.url()).build().await.unwrap());
         redis_clients.push(LockClient::connect(&redis.url()).await.unwrap());
     }
-    handoffs(&pg_clients, "warm", WAITERS * 4).await;
-    let before = commits(&pool).await;
-    let mut pg_handoff = handoffs(&pg_clients, "handoff", count).await;
-    let after = commits(&pool).await;
-    // The pool's own statements (this query) are not hand-offs: one each side.
-    let per_handoff = (after - before - 1) as f64 / count as f64;
-    handoffs(&redis_clients, "warm", WAITERS * 4).await;
-    let mut redis_handoff = handoffs(&redis_clients, "handoff", count).await;
+    handoffs(&redis_clients, "warm", WAITERS * 4, false).await;
+    let mut redis_handoff = handoffs(&redis_clients, "handoff", count, false).await;
 
     println!(
         "PostgreSQL {} and redis-server on loopback, {} pairs per contender in each of {ROUNDS} rounds",
@@ -326,18 +420,13 @@ async fn main() {
     }
     let (one_ratio, wide_ratio) = (median(&mut ratio), median(&mut wide_ratio));
     println!("ours / hand-written on PostgreSQL: {one_ratio:.2} (one task), {wide_ratio:.2} (64 tasks)");
-    let (pg50, pg99) = (quantile(&mut pg_handoff, 0.5), quantile(&mut pg_handoff, 0.99));
     let (r50, r99) = (
         quantile(&mut redis_handoff, 0.5),
         quantile(&mut redis_handoff, 0.99),
     );
     println!("\nhand-off, {WAITERS} clients on one key, {count} hand-offs");
-    println!(
-        "{:<28} {:>8.3}ms {:>8.3}ms  {per_handoff:.1} transactions per hand-off",
-        "PostgreSQL (NOTIFY)",
-        ms(pg50),
-        ms(pg99)
-    );
+    let plain = plain.report("PostgreSQL (NOTIFY)");
+    let fair = fair.report("PostgreSQL, fair");
     println!("{:<28} {:>8.3}ms {:>8.3}ms", "Redis (pub/sub)", ms(r50), ms(r99));
     println!(
         "{}",
@@ -347,7 +436,8 @@ async fn main() {
             "ratio_one_task": one_ratio,
             "ratio_64_tasks": wide_ratio,
             "handoff": {
-                "postgres": {"median_ms": ms(pg50), "p99_ms": ms(pg99), "transactions_per_handoff": per_handoff},
+                "postgres": plain,
+                "postgres_fair": fair,
                 "redis": {"median_ms": ms(r50), "p99_ms": ms(r99)},
             },
         })

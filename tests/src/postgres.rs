@@ -28,12 +28,20 @@ pub struct PostgresServer {
     bin: PathBuf,
     /// Whom the server runs as, when the tests run as root.
     user: Option<(u32, u32)>,
+    /// Settings beyond the kit's (`name=value`, each given as `-c`).
+    settings: Vec<String>,
 }
 
 impl PostgresServer {
     /// Makes a database cluster (trust auth, no fsync: tests need no durability against power
     /// loss, only against a restart) and starts a server on it; waits until it accepts.
     pub fn spawn() -> PostgresServer {
+        PostgresServer::spawn_with(&[])
+    }
+
+    /// [`spawn`](Self::spawn) with more server settings (`name=value`), e.g.
+    /// `shared_preload_libraries=pg_stat_statements`.
+    pub fn spawn_with(settings: &[&str]) -> PostgresServer {
         let bin = postgres_bin_dir();
         let user = server_user();
         let dir = tempfile::Builder::new()
@@ -70,6 +78,7 @@ impl PostgresServer {
             dir,
             bin,
             user,
+            settings: settings.iter().map(|s| (*s).to_owned()).collect(),
         };
         server.start();
         server
@@ -101,6 +110,7 @@ impl PostgresServer {
                 "-c",
                 "shared_buffers=16MB",
             ])
+            .args(self.settings.iter().flat_map(|s| ["-c", s.as_str()]))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

@@ -285,6 +285,34 @@ async fn released_and_expired_locks_leave_no_rows() {
     }
 }
 
+/// A client dropped closes its connections, the listening one too: a service that makes
+/// clients and drops them leaks no connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_client_closes_its_connections() {
+    let server = PostgresServer::spawn();
+    let admin = pool(&server).await;
+    let connections = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'lock-runtime'",
+        )
+        .fetch_one(&admin)
+        .await
+        .unwrap()
+    };
+    let (c, other) = (client(&server).await, client(&server).await);
+    let holder = c.acquire("k", &ttl(60_000)).await.unwrap();
+    let waiter = in_line(&other, "k", ttl(5000).wait(SECOND)).await;
+    assert!(matches!(waiter.await.unwrap(), Err(LockError::Busy { .. })));
+    assert!(connections().await >= 3, "the pools' and the listener's");
+    drop(holder);
+    c.shutdown().await;
+    drop((c, other));
+    eventually(10 * SECOND, "every connection is closed", || async {
+        connections().await == 0
+    })
+    .await;
+}
+
 /// Misconfigurations are refused with what to fix: a database that does not exist, a role that
 /// may not make the tables, and a URL that is not PostgreSQL's; `LockClient::connect` takes a
 /// `postgres://` URL.

@@ -57,6 +57,12 @@ impl Listener {
         // Ends when the task says it listens (it never drops its sender while it runs).
         let _ = listening.wait_for(|listening| *listening).await;
     }
+
+    /// Ends the task, and with it the listening connection.
+    pub(super) fn stop(&self) {
+        self.task.stop();
+        self.listening.send_replace(false);
+    }
 }
 
 /// Listens until the task is aborted (with its client) or its runtime ends.

@@ -62,6 +62,25 @@ const SWEEP_ROWS: i32 = 1000;
 /// How many connections a client's pool opens at most (one of them listens for releases).
 const POOL_SIZE: u32 = 10;
 
+/// The common acquire, one statement without a function: an exclusive lock that is not fair,
+/// taken if free, expired or already this token's, and no reader holds it (the same statement
+/// as `lock_runtime_v1_acquire`'s first; `EXCLUDED.expires_ms - $3` is the statement's now).
+/// No row: refused, and the function is asked only when the caller wants the refusal's details.
+const TAKE: &str = "INSERT INTO lock_runtime_locks AS l (key, token, expires_ms, fence) \
+     VALUES ($1, $2, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint + $3, \
+             CASE WHEN $4 THEN nextval('lock_runtime_fences') END) \
+     ON CONFLICT (key) DO UPDATE \
+         SET token = EXCLUDED.token, expires_ms = EXCLUDED.expires_ms, \
+             fence = coalesce(EXCLUDED.fence, l.fence), marked = false, shares = NULL \
+         WHERE (l.token IS NULL OR l.expires_ms <= EXCLUDED.expires_ms - $3 OR l.token = EXCLUDED.token) \
+             AND l.shares_until <= EXCLUDED.expires_ms - $3 \
+     RETURNING l.fence";
+/// The common release, one statement without a function: deletes a lock still held by this
+/// token that nothing else needs (no waiter marked it, no fencing token or writers' claim to
+/// keep): what `lock_runtime_v1_release` does then. No row: the function decides.
+const GIVE_BACK: &str = "DELETE FROM lock_runtime_locks \
+     WHERE key = $1 AND token = $2 AND NOT marked AND fence IS NULL AND claims IS NULL \
+         AND expires_ms > floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
 const ACQUIRE: &str = "SELECT got, got_fence, left_ms, is_behind, has_claimed, kept_stamp \
      FROM lock_runtime_v1_acquire($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
 const SHARE: &str = "SELECT got, got_fence, left_ms FROM lock_runtime_v1_share($1, $2, $3, $4)";
@@ -209,6 +228,33 @@ impl PostgresBackend {
                 }
             });
         }
+        // A waiter's attempt (it has been refused before) goes to the function at once: the
+        // function tries the same statement first, and a refusal then costs one request.
+        if !ask.fair && !ask.claimed && !ask.waiting {
+            let taken: Option<Option<i64>> = ask!(self, |conn| sqlx::query_scalar(TAKE)
+                .bind(keys.lock())
+                .bind(token)
+                .bind(ttl)
+                .bind(ask.fencing)
+                .fetch_optional(conn))?;
+            match taken {
+                Some(fence) => {
+                    return Ok(Attempt::Acquired {
+                        fence: fence.filter(|_| ask.fencing).map(unsigned),
+                    })
+                }
+                // A first try that will not wait needs no more.
+                None if !ask.join => {
+                    return Ok(Attempt::Held {
+                        pttl_ms: None,
+                        behind: false,
+                        claimed: false,
+                        kept: None,
+                    })
+                }
+                None => {}
+            }
+        }
         type Row = (bool, Option<i64>, Option<i64>, bool, bool, Option<i64>);
         let place_ms = millis(crate::options::ceil_millis(FAIR_PLACE_KEPT));
         let (got, fence, left, behind, claimed, kept): Row = ask!(self, |conn| sqlx::query_as(ACQUIRE)
@@ -263,6 +309,17 @@ impl PostgresBackend {
         hold_ms: u64,
         kind: Kind,
     ) -> Result<bool, LockError> {
+        if kind == Kind::Plain && hold_ms == 0 {
+            let deleted = ask!(self, |conn| sqlx::query(GIVE_BACK)
+                .bind(keys.lock())
+                .bind(token)
+                .execute(conn))?;
+            if deleted.rows_affected() == 1 {
+                // Nobody marked it: only this client's own waiters may want it.
+                self.wakeups.notify(&keys.channel);
+                return Ok(true);
+            }
+        }
         let released: i32 = ask!(self, |conn| sqlx::query_scalar(RELEASE)
             .bind(keys.lock())
             .bind(keys.channel())
@@ -329,6 +386,14 @@ impl PostgresBackend {
             self.wakeups.notify(&keys.channel);
         }
         Ok(removed)
+    }
+}
+
+impl Drop for PostgresBackend {
+    /// The listening connection goes with the client (its task would keep it open).
+    fn drop(&mut self) {
+        self.listener.stop();
+        self.pool_runtime.stop();
     }
 }
 
