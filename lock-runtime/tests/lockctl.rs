@@ -1461,3 +1461,161 @@ fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+// ---------------------------------------------------------------------------------------------
+// PostgreSQL (`--postgres`): the machine's server (`$LOCK_TEST_POSTGRES_URL`, else
+// `postgres://postgres@127.0.0.1:5432/test`), each test under a prefix of its own.
+
+/// The machine's PostgreSQL and a prefix no other test or run uses; the options that point
+/// lockctl there.
+#[cfg(feature = "postgres")]
+fn postgres_target(test: &str) -> (String, String, Vec<String>) {
+    let url = std::env::var("LOCK_TEST_POSTGRES_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+    let prefix = format!("lockctl.{}.{test}:", std::process::id());
+    let target = vec![
+        "--postgres".to_owned(),
+        url.clone(),
+        "--prefix".to_owned(),
+        prefix.clone(),
+    ];
+    (url, prefix, target)
+}
+
+#[cfg(feature = "postgres")]
+async fn postgres_client(url: &str, prefix: &str, owner: &str) -> LockClient {
+    LockClient::builder()
+        .postgres(url)
+        .prefix(prefix)
+        .owner(owner)
+        .build()
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"))
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_list_and_show_read_the_rows_the_library_writes() {
+    let (url, prefix, target) = postgres_target("list");
+    let billing = postgres_client(&url, &prefix, "billing-1").await;
+    let reports = postgres_client(&url, &prefix, "reports-1").await;
+    let fenced = billing.acquire("order:5", &minute().fencing(true)).await.unwrap();
+    let read = minute().mode(lock_runtime::LockMode::Shared);
+    let shares = [
+        reports.acquire("prices", &read).await.unwrap(),
+        billing.acquire("prices", &read).await.unwrap(),
+    ];
+    let free = billing.acquire("gone", &minute()).await.unwrap();
+    assert!(free.release().await.unwrap());
+
+    let listed = json(&lockctl_at(&target, &["--json", "list"]).await);
+    let locks = listed.as_array().expect("an array");
+    assert_eq!(keys(locks), ["order:5", "prices"], "{listed}");
+    assert_eq!(locks[0]["owner"], "billing-1");
+    assert_eq!(locks[0]["state"], "held");
+    assert_eq!(locks[0]["fence"].as_u64(), fenced.fencing_token());
+    let ttl = locks[0]["ttl_ms"].as_u64().unwrap();
+    assert!(ttl > 0 && ttl <= 60_000, "{listed}");
+    assert_eq!(locks[1]["state"], "shared");
+    let mut owners: Vec<&str> = locks[1]["readers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["owner"].as_str().unwrap())
+        .collect();
+    owners.sort_unstable();
+    assert_eq!(owners, ["billing-1", "reports-1"]);
+
+    let only = json(&lockctl_at(&target, &["--json", "list", "order:*"]).await);
+    assert_eq!(keys_of(&only), ["order:5"], "{only}");
+    let shown = json(&lockctl_at(&target, &["--json", "show", "gone"]).await);
+    assert_eq!(shown["state"], "free", "{shown}");
+    let text = stdout(&lockctl_at(&target, &["list"]).await);
+    assert!(text.contains("order:5") && text.contains("billing-1"), "{text}");
+    for share in shares {
+        share.release().await.unwrap();
+    }
+    fenced.release().await.unwrap();
+    // A fenced lock's row keeps its token for an hour: this test's go now.
+    let pool = sqlx::PgPool::connect(&url).await.unwrap();
+    sqlx::query("DELETE FROM lock_runtime_locks WHERE starts_with(key, $1)")
+        .bind(&prefix)
+        .execute(&pool)
+        .await
+        .unwrap();
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_release_with_force_frees_the_lock_and_wakes_its_waiter() {
+    let (url, prefix, target) = postgres_target("release");
+    let holder = postgres_client(&url, &prefix, "billing-1").await;
+    let _stuck = holder.acquire("order:5", &minute()).await.unwrap();
+    let waiter = postgres_client(&url, &prefix, "billing-2").await;
+    let waiting = tokio::spawn({
+        let waiter = waiter.clone();
+        async move {
+            let got = waiter.acquire("order:5", &minute().wait(DEADLINE)).await;
+            (Instant::now(), got)
+        }
+    });
+    eventually("the waiter waits", || async {
+        waiter.waiting("order:5").unwrap() == 1
+    })
+    .await;
+
+    let report = json(&lockctl_at(&target, &["--json", "release", "order:5", "--force", "--yes"]).await);
+    let released_at = Instant::now();
+    assert_eq!(report["released"], true, "{report}");
+    assert_eq!(report["previous"]["owner"], "billing-1");
+    let (got_at, got) = tokio::time::timeout(DEADLINE, waiting).await.unwrap().unwrap();
+    let guard = got.expect("the waiter takes the lock");
+    assert!(
+        got_at.saturating_duration_since(released_at) < lock_runtime::MAX_WAIT_NAP / 2,
+        "woken by the announcement, not by its timer"
+    );
+    let now = holder
+        .holder("order:5")
+        .await
+        .unwrap()
+        .expect("held by the waiter");
+    assert_eq!(now.owner(), Some("billing-2"));
+    assert!(guard.release().await.unwrap());
+    let again = json(&lockctl_at(&target, &["--json", "release", "order:5", "--force", "--yes"]).await);
+    assert_eq!(again["released"], false);
+}
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_watch_prints_acquisitions_and_releases() {
+    let (url, prefix, target) = postgres_target("watch");
+    let locks = postgres_client(&url, &prefix, "billing-1").await;
+    let mut watch = Watch::start_command(&bin_command_at(
+        &target,
+        &[
+            "--json",
+            "watch",
+            "order:*",
+            "--interval-ms",
+            "50",
+            "--for-ms",
+            "60000",
+        ],
+    ));
+    let guard = locks.acquire("order:5", &minute()).await.unwrap();
+    let _ignored = locks.acquire("invoice:1", &minute()).await.unwrap();
+    let acquired = watch.next_event();
+    assert_eq!(
+        event_of(&acquired),
+        ["acquired", "order:5", "billing-1"],
+        "{acquired}"
+    );
+    assert!(guard.release().await.unwrap());
+    let released = watch.next_event();
+    assert_eq!(
+        event_of(&released),
+        ["released", "order:5", "billing-1"],
+        "{released}"
+    );
+    watch.stop();
+}

@@ -342,6 +342,29 @@ async fn misconfigured_clients_are_refused_with_what_to_fix() {
         matches!(&denied, Err(LockError::Refused { reason, .. }) if reason.contains("lacks a right")),
         "{denied:?}"
     );
+    // Once a client that may create has made the schema, the rights the README names are enough.
+    builder(&format!("{base}/locks")).build().await.unwrap();
+    sqlx::raw_sql(
+        "GRANT SELECT, INSERT, UPDATE, DELETE ON lock_runtime_locks, lock_runtime_line, \
+         lock_runtime_fenced TO lockless; \
+         GRANT USAGE ON SEQUENCE lock_runtime_fences, lock_runtime_arrivals TO lockless",
+    )
+    .execute(&mut locks)
+    .await
+    .unwrap();
+    let granted = builder(&url).build().await.unwrap();
+    let fair = ttl(1000).fair(true).fencing(true);
+    let guard = granted.acquire("granted", &fair).await.unwrap();
+    assert!(guard.fencing_token().is_some());
+    assert!(guard.release().await.unwrap());
+    let read = ttl(1000).mode(lock_runtime::LockMode::Shared);
+    assert!(granted
+        .acquire("granted", &read)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap());
     let bad = LockClient::builder().postgres("mysql://localhost/x").build_lazy();
     assert!(matches!(bad, Err(LockError::InvalidOptions { .. })), "{bad:?}");
     let c = LockClient::connect(&format!("{base}/postgres")).await.unwrap();

@@ -272,6 +272,12 @@ fn answer<T: FromRedisValue>(value: &Value) -> Option<T> {
     }
 }
 
+/// A holder's value as the store keeps it (PostgreSQL's rows: text).
+#[cfg(feature = "postgres")]
+pub(crate) fn parse_value(value: &str) -> Holding {
+    parse_string(value.as_bytes())
+}
+
 /// A string at the lock key: one holder's value, or foreign.
 fn parse_string(value: &[u8]) -> Holding {
     let Ok(text) = std::str::from_utf8(value) else {
@@ -292,7 +298,7 @@ fn parse_string(value: &[u8]) -> Holding {
 }
 
 /// The owner label of a holder's value `<32 hex digits> <owner>`.
-fn owner_of(value: &str) -> Option<&str> {
+pub(crate) fn owner_of(value: &str) -> Option<&str> {
     let (id, owner) = value.split_once(' ')?;
     (id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()) && !owner.is_empty()).then_some(owner)
 }

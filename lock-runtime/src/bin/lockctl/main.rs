@@ -15,6 +15,9 @@
 //! announces with `SPUBLISH` and `watch` hears releases by `SSUBSCRIBE` to the channel of each
 //! lock it has seen held, as the library's waiters there do (see `target.rs`).
 //!
+//! With `--postgres URL` (the `postgres` feature) the same commands read the library's
+//! PostgreSQL store instead (see `postgres.rs`).
+//!
 //! It reads the data model the library writes (see the crate docs): the lock of key `k` at
 //! `<prefix>{k}`, its fencing counter at `<prefix>{k}:fence`, fair waiters at
 //! `<prefix>{k}:queue` and `<prefix>{k}:queue:kept`, waiting writers at `<prefix>{k}:writers`,
@@ -35,6 +38,8 @@ mod conn;
 mod error;
 mod inspect;
 mod output;
+#[cfg(feature = "postgres")]
+mod postgres;
 // The library's own (a file shared with it, so both hide the same credentials).
 #[path = "../../redact.rs"]
 mod redact;
@@ -46,7 +51,8 @@ use error::Error;
 use output::Out;
 use target::Target;
 
-/// Inspect and manage the distributed locks of lock-runtime on Redis.
+/// Inspect and manage the distributed locks of lock-runtime on Redis (or PostgreSQL, with
+/// `--postgres`).
 #[derive(Debug, Parser)]
 #[command(name = "lockctl", version)]
 struct Cli {
@@ -95,6 +101,20 @@ struct Global {
     /// The name the sentinels monitor the primary under (`master_name` of `.sentinel`).
     #[arg(long, global = true, value_name = "NAME", requires = "sentinel")]
     master_name: Option<String>,
+    /// The locks are in this PostgreSQL database (the library's `.postgres(url)`; the
+    /// `postgres` feature) instead of Redis.
+    #[cfg(feature = "postgres")]
+    #[arg(
+        long,
+        global = true,
+        value_name = "URL",
+        env = "LOCKCTL_POSTGRES_URL",
+        hide_env_values = true,
+        conflicts_with_all = ["cluster", "sentinel"],
+        help = "The locks are in this PostgreSQL database (postgres://user:password@host:5432/db, as \
+                the library's .postgres(url)) instead of Redis"
+    )]
+    postgres: Option<String>,
     /// The key prefix the services' lock clients use.
     #[arg(long, global = true, default_value = lock_runtime::DEFAULT_PREFIX)]
     prefix: String,
@@ -173,12 +193,26 @@ fn run(cli: Cli) -> Result<(), Error> {
     {
         return Err(release::refusal(key));
     }
-    let target = Target::new(&cli.global)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| Error::Failed(format!("cannot start the async runtime: {e}")))?;
     let mut out = Out::new(cli.global.json);
+    #[cfg(feature = "postgres")]
+    if let Some(url) = &cli.global.postgres {
+        if cli.global.prefix.is_empty() {
+            return Err(Error::Usage("--prefix must not be empty".to_owned()));
+        }
+        let timeout = Duration::from_millis(cli.global.timeout_ms);
+        return runtime.block_on(postgres::run(
+            cli.command,
+            url,
+            &cli.global.prefix,
+            timeout,
+            &mut out,
+        ));
+    }
+    let target = Target::new(&cli.global)?;
     runtime.block_on(async {
         match cli.command {
             Command::List { pattern } => inspect::list(&target, &pattern, &mut out).await,

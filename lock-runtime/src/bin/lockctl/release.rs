@@ -20,12 +20,50 @@ pub(crate) fn refusal(key: &str) -> Error {
     ))
 }
 
+/// Where a lock is read and force-deleted: Redis (below) or PostgreSQL (`postgres.rs`).
+pub(crate) trait Locks {
+    /// What `key` holds now.
+    async fn read_one(&mut self, key: &str) -> Result<LockView, Error>;
+    /// Deletes the lock `view` describes if the store still holds that, and announces it.
+    async fn compare_and_delete(&mut self, view: &LockView) -> Result<Deleted, Error>;
+}
+
+/// A Redis deployment's connection, with the prefix.
+struct OnRedis<'a> {
+    conn: Conn,
+    prefix: &'a str,
+}
+
+impl Locks for OnRedis<'_> {
+    async fn read_one(&mut self, key: &str) -> Result<LockView, Error> {
+        inspect::read_one(&mut self.conn, self.prefix, key).await
+    }
+
+    async fn compare_and_delete(&mut self, view: &LockView) -> Result<Deleted, Error> {
+        compare_and_delete(&mut self.conn, self.prefix, view).await
+    }
+}
+
 /// Shows who holds `key`, asks (unless `yes`), checks that the holder is still the one the
 /// operator agreed to, and deletes the lock.
 pub(crate) async fn release(target: &Target, key: &str, yes: bool, out: &mut Out) -> Result<(), Error> {
     inspect::check_key(key)?;
-    let mut conn = target.connection().await?;
-    let before = inspect::read_one(&mut conn, target.prefix(), key).await?;
+    let conn = target.connection().await?;
+    let mut locks = OnRedis {
+        conn,
+        prefix: target.prefix(),
+    };
+    release_from(&mut locks, key, yes, out).await
+}
+
+/// [`release`] on any store.
+pub(crate) async fn release_from(
+    locks: &mut impl Locks,
+    key: &str,
+    yes: bool,
+    out: &mut Out,
+) -> Result<(), Error> {
+    let before = locks.read_one(key).await?;
     if before.holding == Holding::Free {
         return report(out, &before, false);
     }
@@ -38,7 +76,7 @@ pub(crate) async fn release(target: &Target, key: &str, yes: bool, out: &mut Out
             return Err(Error::Failed(format!("{key} not released: not confirmed")));
         }
         // Minutes may have passed: never delete a lock that another holder has taken since.
-        let now = inspect::read_one(&mut conn, target.prefix(), key).await?;
+        let now = locks.read_one(key).await?;
         if now.holding == Holding::Free {
             return report(out, &before, false);
         }
@@ -46,11 +84,11 @@ pub(crate) async fn release(target: &Target, key: &str, yes: bool, out: &mut Out
             return Err(changed_hands(key, &now.holding));
         }
     }
-    match compare_and_delete(&mut conn, target.prefix(), &before).await? {
+    match locks.compare_and_delete(&before).await? {
         Deleted::Yes => report(out, &before, true),
         Deleted::Gone => report(out, &before, false),
         Deleted::ChangedHands => {
-            let now = inspect::read_one(&mut conn, target.prefix(), key).await?;
+            let now = locks.read_one(key).await?;
             Err(changed_hands(key, &now.holding))
         }
     }
@@ -63,8 +101,8 @@ fn changed_hands(key: &str, now: &Holding) -> Error {
     ))
 }
 
-/// What `force.lua` did.
-enum Deleted {
+/// What a compare-and-delete did.
+pub(crate) enum Deleted {
     Yes,
     Gone,
     ChangedHands,

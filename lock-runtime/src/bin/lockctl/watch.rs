@@ -36,7 +36,7 @@ pub(crate) struct Plan {
 }
 
 /// The locks last seen, by key.
-type Seen = BTreeMap<String, LockView>;
+pub(crate) type Seen = BTreeMap<String, LockView>;
 
 /// Prints changes until the plan's time is up, Ctrl-C, or stdout closes.
 pub(crate) async fn watch(target: &Target, plan: &Plan, out: &mut Out) -> Result<(), Error> {
@@ -202,7 +202,7 @@ fn is_no_permission(e: &redis::RedisError) -> bool {
 }
 
 /// Completes after `after`, or never.
-async fn stop_after(after: Option<Duration>) {
+pub(crate) async fn stop_after(after: Option<Duration>) {
     match after {
         Some(after) => tokio::time::sleep(after).await,
         None => std::future::pending().await,
@@ -244,7 +244,7 @@ fn announced_key<'a>(prefix: &str, channel: &'a str) -> Option<&'a str> {
     LockKeys::user_key_of_channel(prefix, channel)
 }
 
-fn print(out: &mut Out, events: Vec<Event>) -> Result<(), Error> {
+pub(crate) fn print(out: &mut Out, events: Vec<Event>) -> Result<(), Error> {
     for event in events {
         out.record(&event.json(), &event.text())?;
     }
@@ -252,7 +252,7 @@ fn print(out: &mut Out, events: Vec<Event>) -> Result<(), Error> {
 }
 
 /// What changed between two looks, key by key in key order.
-fn changes(before: &Seen, now: &Seen) -> Vec<Event> {
+pub(crate) fn changes(before: &Seen, now: &Seen) -> Vec<Event> {
     let keys: BTreeSet<&String> = before.keys().chain(now.keys()).collect();
     keys.into_iter()
         .flat_map(|key| key_changes(key, before.get(key), now.get(key), false))
@@ -367,7 +367,7 @@ fn ran_out(read_at: Instant, ttl_ms: Option<u64>) -> bool {
 
 /// One change, printed as one line.
 #[derive(Debug)]
-struct Event {
+pub(crate) struct Event {
     at_ms: u64,
     key: String,
     what: What,
