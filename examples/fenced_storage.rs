@@ -23,7 +23,8 @@
 //! ```
 //!
 //! Locks are in Redis at `REDIS_URL` (default `redis://127.0.0.1:6379`), else in the in-memory
-//! backend; the run's lock keys and fencing counter are deleted at the end.
+//! backend; with `LOCKS=postgres` (and PostgreSQL at `DATABASE_URL`), in that database, through
+//! the library's PostgreSQL store. The run's locks (keys, counter, rows) are deleted at the end.
 
 use std::str::FromStr;
 use std::sync::Mutex;
@@ -38,10 +39,11 @@ use tokio::time::Instant;
 
 const USAGE: &str = "fenced_storage: a paused lock holder's late write, refused by its fencing token
 
-usage: [DATABASE_URL=postgres://user:password@host:5432/db] cargo run --example fenced_storage
+usage: [DATABASE_URL=postgres://user:password@host:5432/db [LOCKS=postgres]] cargo run --example fenced_storage
 
 Storage: PostgreSQL at DATABASE_URL (a table of its own, dropped at the end), else a store in
-this process. Redis: REDIS_URL (default redis://127.0.0.1:6379), else the in-memory backend.";
+this process. Locks: with LOCKS=postgres, in that database; else Redis at REDIS_URL (default
+redis://127.0.0.1:6379), else the in-memory backend.";
 
 /// The account both holders write.
 const ACCOUNT: i64 = 7;
@@ -72,6 +74,15 @@ enum Write {
 enum Store {
     Postgres(Postgres),
     InProcess(Mutex<Account>),
+}
+
+/// Where the run's locks are.
+#[derive(Clone, Copy, Debug)]
+enum Locks {
+    Redis,
+    /// In the storage's own database (`LOCKS=postgres`): the library's PostgreSQL store.
+    Postgres,
+    InMemory,
 }
 
 /// The account in a table of this run's own.
@@ -170,6 +181,19 @@ impl Store {
             Store::Postgres(pg) => pg.read().await,
             Store::InProcess(account) => Ok(*account.lock().unwrap_or_else(|e| e.into_inner())),
         }
+    }
+
+    /// Deletes the library's rows of this run's locks (a fenced lock's row keeps its last token
+    /// for an hour).
+    async fn delete_lock_rows(&self, prefix: &str) -> anyhow::Result<()> {
+        if let Store::Postgres(pg) = self {
+            sqlx::query("DELETE FROM lock_runtime_locks WHERE starts_with(key, $1)")
+                .bind(prefix)
+                .execute(&pg.pool)
+                .await
+                .context("deleting this run's lock rows")?;
+        }
+        Ok(())
     }
 
     /// Drops what `open` created, and says so.
@@ -370,36 +394,56 @@ async fn main() -> anyhow::Result<()> {
     // This run's own lock keys, deleted at the end with the fencing counter.
     let prefix = run_prefix("fenced-storage-example");
     let url = redis_url();
-    // Two clients, as two processes would have (in memory: one shared backend).
-    let (a, b, on_redis) = match try_redis(&url, &prefix).await {
-        Some(a) => {
-            let b = LockClient::builder()
-                .url(&url)
-                .prefix(&prefix)
-                .connect_timeout(Duration::from_secs(1))
-                .build()
-                .await
-                .context("a second client of Redis")?;
-            (a, b, true)
-        }
-        None => {
-            let shared = LockClient::in_memory();
-            (shared.clone(), shared, false)
-        }
-    };
     let store = Store::open().await;
+    // Two clients, as two processes would have (in memory: one shared backend).
+    let locks_in_database = std::env::var("LOCKS").is_ok_and(|v| v == "postgres");
+    let (a, b, place) = match (&store, locks_in_database) {
+        (Store::Postgres(_), true) => {
+            let database = std::env::var("DATABASE_URL").context("DATABASE_URL")?;
+            let client = || async {
+                LockClient::builder()
+                    .postgres(&database)
+                    .prefix(&prefix)
+                    .connect_timeout(CONNECT_TIMEOUT)
+                    .build()
+                    .await
+                    .context("a lock client of PostgreSQL")
+            };
+            println!("locks: PostgreSQL, the same database (LOCKS=postgres)");
+            (client().await?, client().await?, Locks::Postgres)
+        }
+        _ => match try_redis(&url, &prefix).await {
+            Some(a) => {
+                let b = LockClient::builder()
+                    .url(&url)
+                    .prefix(&prefix)
+                    .connect_timeout(Duration::from_secs(1))
+                    .build()
+                    .await
+                    .context("a second client of Redis")?;
+                (a, b, Locks::Redis)
+            }
+            None => {
+                let shared = LockClient::in_memory();
+                (shared.clone(), shared, Locks::InMemory)
+            }
+        },
+    };
 
     let outcome = story(&a, &b, &store).await;
-    // Clean up whatever happened: the table, then the run's keys.
-    let closed = store.close().await;
-    let deleted = if on_redis {
-        delete_keys_under(&url, &prefix).await.map(|_| ())
-    } else {
-        Ok(())
+    // Clean up whatever happened: the run's locks, then the table.
+    let deleted = match place {
+        Locks::Redis => delete_keys_under(&url, &prefix)
+            .await
+            .map(|_| ())
+            .with_context(|| format!("deleting the keys under {prefix} from Redis")),
+        Locks::Postgres => store.delete_lock_rows(&prefix).await,
+        Locks::InMemory => Ok(()),
     };
+    let closed = store.close().await;
     let a_accepted = outcome?;
     closed?;
-    deleted.with_context(|| format!("deleting the keys under {prefix} from Redis"))?;
+    deleted?;
 
     if a_accepted {
         println!("FAIL: the paused holder's stale write got through");

@@ -200,6 +200,41 @@ fn fenced_storage_on_postgres_rejects_the_stale_write() {
     assert!(!exists, "table {table} is still there");
 }
 
+/// With `LOCKS=postgres` the locks are in the storage's own database, through the library's
+/// PostgreSQL store: the same story, and no lock row of the run left behind.
+#[test]
+fn fenced_storage_with_its_locks_in_postgres() {
+    let url = postgres_url();
+    if let Err(e) = postgres_bool(&url, "SELECT $1 = 'up'", "up") {
+        let _ = writeln!(
+            std::io::stderr(),
+            "fenced_storage_with_its_locks_in_postgres: skipped, no PostgreSQL at {url} ({e})"
+        );
+        return;
+    }
+    let server = RedisServer::spawn();
+    let mut command = example("fenced_storage");
+    command.env("DATABASE_URL", &url).env("LOCKS", "postgres");
+    let (_, stdout) = run(command, &server.url());
+    assert!(
+        stdout.contains("locks: PostgreSQL, the same database"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("write REJECTED by PostgreSQL: the UPDATE matched no row"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("ok: the stale write was refused"), "{stdout}");
+    let left = postgres_bool(
+        &url,
+        "SELECT EXISTS (SELECT 1 FROM lock_runtime_locks WHERE starts_with(key, $1))",
+        "fenced-storage-example",
+    )
+    .unwrap();
+    assert!(!left, "the run's lock rows are still there");
+    assert_no_keys_left(&server);
+}
+
 #[test]
 fn fenced_storage_without_database_url_uses_the_in_process_store() {
     let stdout = run_fenced_storage(None);

@@ -1,4 +1,5 @@
-//! Distributed locks on Redis for async Rust, correct by default.
+//! Distributed locks on Redis (or PostgreSQL, with the `postgres` feature) for async Rust,
+//! correct by default.
 //!
 //! A lock is taken atomically (one `SET key token NX PX`, or one script), renewed while it is held
 //! (the watchdog), tracked against a local monotonic clock so that a holder *knows* when it may no

@@ -89,21 +89,24 @@ async fn killed_connections_are_replaced_and_the_listener_listens_again() {
     let server = PostgresServer::spawn();
     let (c, other) = (client(&server).await, client(&server).await);
     let admin = pool(&server).await;
+    // The listening connections' backends (a terminated one lingers in pg_stat_activity for a
+    // moment after pg_terminate_backend answered).
     let listening = || async {
-        sqlx::query_scalar::<_, i64>(
-            "SELECT count(*) FROM pg_stat_activity \
+        sqlx::query_scalar::<_, i32>(
+            "SELECT pid FROM pg_stat_activity \
              WHERE application_name = 'lock-runtime' AND query ILIKE 'LISTEN%'",
         )
-        .fetch_one(&admin)
+        .fetch_all(&admin)
         .await
         .unwrap()
     };
     let holder = c.acquire("slow", &ttl(60_000)).await.unwrap();
     let waiter = in_line(&other, "slow", ttl(5000).wait(30 * SECOND)).await;
     eventually(5 * SECOND, "the waiter's client listens", || async {
-        listening().await == 1
+        listening().await.len() == 1
     })
     .await;
+    let before = listening().await;
     let killed: Vec<bool> = sqlx::query_scalar(
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
          WHERE application_name = 'lock-runtime'",
@@ -113,7 +116,8 @@ async fn killed_connections_are_replaced_and_the_listener_listens_again() {
     .unwrap();
     assert!(killed.len() >= 3, "the pools' and the listener's: {killed:?}");
     eventually(10 * SECOND, "the listener is back", || async {
-        listening().await == 1
+        let now = listening().await;
+        now.len() == 1 && now != before
     })
     .await;
     // The waiter re-checked its lock (a release may have gone unheard) and waits again.
@@ -123,6 +127,47 @@ async fn killed_connections_are_replaced_and_the_listener_listens_again() {
     let guard = waiter.await.unwrap().unwrap();
     assert_woken_by_the_release(released.elapsed());
     assert!(guard.release().await.unwrap());
+}
+
+/// A release while the listening connection is being opened again (killed just before) still
+/// reaches the waiter at once: it re-checks the lock when the listener is lost, and once more
+/// when it listens again, so a release between its attempt and the new `LISTEN` is not lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_while_the_listener_reconnects_still_wakes_the_waiter() {
+    let server = PostgresServer::spawn();
+    let (c, other) = (client(&server).await, client(&server).await);
+    let admin = pool(&server).await;
+    for round in 0..5 {
+        let key = format!("gap:{round}");
+        let holder = c.acquire(&key, &ttl(60_000)).await.unwrap();
+        let waiter = tokio::spawn({
+            let (other, key) = (other.clone(), key.clone());
+            async move { other.acquire(&key, &ttl(5000).wait(30 * SECOND)).await }
+        });
+        eventually(5 * SECOND, "the waiter listens", || async {
+            let listening: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE application_name = 'lock-runtime' AND query ILIKE 'LISTEN%'",
+            )
+            .fetch_one(&admin)
+            .await
+            .unwrap();
+            listening == 1 && other.waiting(&key).unwrap() == 1
+        })
+        .await;
+        sqlx::query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE application_name = 'lock-runtime' AND query ILIKE 'LISTEN%'",
+        )
+        .execute(&admin)
+        .await
+        .unwrap();
+        let released = Instant::now();
+        assert!(holder.release().await.unwrap());
+        let guard = waiter.await.unwrap().unwrap();
+        assert_woken_by_the_release(released.elapsed());
+        assert!(guard.release().await.unwrap());
+    }
 }
 
 /// The server gone: every request fails with `Unavailable` within the timeouts (no hang), a

@@ -66,12 +66,17 @@ const POOL_SIZE: u32 = 10;
 /// taken if free, expired or already this token's, and no reader holds it (the same statement
 /// as `lock_runtime_v1_acquire`'s first; `EXCLUDED.expires_ms - $3` is the statement's now).
 /// No row: refused, and the function is asked only when the caller wants the refusal's details.
+/// A fencing token is taken in `SET`, once the row is locked and the lock granted: one taken in
+/// `VALUES` (evaluated before the statement waits for the row) could be smaller than that of a
+/// holder who got in meanwhile. `VALUES`' own serves a key without a row (no earlier holder's
+/// token is kept there: a fenced lock's row stays an hour after its release).
 const TAKE: &str = "INSERT INTO lock_runtime_locks AS l (key, token, expires_ms, fence) \
      VALUES ($1, $2, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint + $3, \
              CASE WHEN $4 THEN nextval('lock_runtime_fences') END) \
      ON CONFLICT (key) DO UPDATE \
          SET token = EXCLUDED.token, expires_ms = EXCLUDED.expires_ms, \
-             fence = coalesce(EXCLUDED.fence, l.fence), marked = false, shares = NULL \
+             fence = CASE WHEN $4 THEN nextval('lock_runtime_fences') ELSE l.fence END, \
+             marked = false, shares = NULL \
          WHERE (l.token IS NULL OR l.expires_ms <= EXCLUDED.expires_ms - $3 OR l.token = EXCLUDED.token) \
              AND l.shares_until <= EXCLUDED.expires_ms - $3 \
      RETURNING l.fence";
@@ -544,6 +549,9 @@ impl Store for PostgresBackend {
         registration: &'a Registration,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>> {
         Box::pin(async move {
+            let channel = registration.channel();
+            // Cleared when the listening connection broke: releases since may have gone unheard.
+            let heard_all = self.wakeups.is_subscribed(channel, 0);
             let listening = self
                 .listener
                 .ensure(|| self.pool(), &self.wakeups, &self.announcement);
@@ -551,7 +559,13 @@ impl Store for PostgresBackend {
                 .await
                 .is_ok()
             {
-                self.wakeups.set_subscribed(registration.channel(), 0);
+                self.wakeups.set_subscribed(channel, 0);
+                if !heard_all {
+                    // Listening again: the head of this lock's waiters checks it once more, now
+                    // that a release from here on is heard (one between its last attempt and
+                    // the new LISTEN was not).
+                    self.wakeups.notify(channel);
+                }
             }
         })
     }

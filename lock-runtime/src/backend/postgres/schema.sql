@@ -116,7 +116,11 @@ BEGIN
         VALUES (k, tok, at_ms + ttl, CASE WHEN fencing THEN nextval('lock_runtime_fences') END)
         ON CONFLICT (key) DO UPDATE
             SET token = EXCLUDED.token, expires_ms = EXCLUDED.expires_ms,
-                fence = coalesce(EXCLUDED.fence, l.fence), marked = false, shares = NULL,
+                -- The token is taken here, with the row locked and the lock granted, not in
+                -- VALUES (evaluated before the statement waits for the row): a waiter that
+                -- took a number, then waited, must not hold after one that took a larger one.
+                fence = CASE WHEN fencing THEN nextval('lock_runtime_fences') ELSE l.fence END,
+                marked = false, shares = NULL,
                 claims = CASE WHEN had_claimed THEN l.claims - tok ELSE l.claims END
             WHERE (l.token IS NULL OR l.expires_ms <= at_ms OR l.token = tok)
                 AND l.shares_until <= at_ms
