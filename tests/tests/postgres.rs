@@ -170,6 +170,125 @@ async fn a_release_while_the_listener_reconnects_still_wakes_the_waiter() {
     }
 }
 
+/// A writer whose release (or renewal) waited for the lock's row while its lease ended, and a
+/// reader took a share meanwhile: the release finds the lock no longer its own and leaves the
+/// share alone (the lease is judged by the clock after the wait, and the share clears the
+/// expired writer's value). The interleaving is made with the row locked by hand, and the
+/// reader's share taken in that transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_writers_late_release_or_renewal_spares_the_readers() {
+    let server = PostgresServer::spawn();
+    let c = client(&server).await;
+    let db = pool(&server).await;
+    for late in ["release", "extend"] {
+        let key = format!("shelf:{late}");
+        let lock_key = lock_runtime::keys::LockKeys::new(lock_runtime::DEFAULT_PREFIX, &key);
+        let ttl_ms = 600;
+        let taken_at = Instant::now();
+        let writer = c.acquire(&key, &ttl(ttl_ms)).await.unwrap();
+        // Before the writer's lease ends, the row is held by a transaction of our own...
+        let mut tx = db.begin().await.unwrap();
+        sqlx::query("SELECT 1 FROM lock_runtime_locks WHERE key = $1 FOR UPDATE")
+            .bind(lock_key.lock())
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        assert!(
+            taken_at.elapsed() < Duration::from_millis(ttl_ms / 2),
+            "too slow to test"
+        );
+        // ... so the writer's late request starts in time, and waits for it.
+        let late_request = tokio::spawn(async move {
+            match late {
+                "release" => writer.release().await.map(|released| released.to_string()),
+                _ => writer
+                    .extend(Duration::from_secs(30))
+                    .await
+                    .map(|()| "extended".to_owned()),
+            }
+        });
+        eventually(5 * SECOND, "the writer's request waits for the row", || async {
+            let waiting: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+                    .fetch_one(&db)
+                    .await
+                    .unwrap();
+            waiting == 1
+        })
+        .await;
+        // The writer's lease ends (by the database's clock: a margin over the local one).
+        tokio::time::sleep_until(taken_at + Duration::from_millis(ttl_ms + 100)).await;
+        // A reader takes a share, in the transaction that holds the row, and commits.
+        let (got,): (bool,) =
+            sqlx::query_as("SELECT got FROM lock_runtime_v1_share($1, 'reader', 30000, false)")
+                .bind(lock_key.lock())
+                .fetch_one(&mut *tx)
+                .await
+                .unwrap();
+        assert!(got, "the reader takes a share of the expired lock");
+        tx.commit().await.unwrap();
+        let answer = late_request.await.unwrap();
+        assert!(
+            matches!(answer.as_deref(), Ok("false") | Err(LockError::Lost { .. })),
+            "the expired writer's {late}: {answer:?}"
+        );
+        let holder = c.holder(&key).await.unwrap().expect("the reader still holds it");
+        assert!(holder.is_shared(), "{holder:?}");
+        let left = holder.remaining().unwrap();
+        assert!(
+            left > Duration::from_secs(20),
+            "the reader's share is as it took it: {left:?}"
+        );
+    }
+}
+
+/// A release that keeps the lock for its minimum hold tells the waiters of other clients, so
+/// they wait for the hold, not for the lease the lock had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_of_another_client_waits_for_the_minimum_hold_not_the_lease() {
+    let t = lock_tests::Target::postgres().await;
+    let (c, other) = (t.client(), t.other_client().await);
+    let hold = Duration::from_millis(300);
+    let holder = c.acquire("job", &ttl(60_000).hold_at_least(hold)).await.unwrap();
+    let waiter = in_line(&other, "job", ttl(5000).wait(30 * SECOND)).await;
+    let released = Instant::now();
+    assert!(holder.release().await.unwrap(), "kept for its minimum hold");
+    let guard = waiter.await.unwrap().unwrap();
+    assert_woken_by_the_release(released.elapsed().saturating_sub(hold));
+    assert!(guard.release().await.unwrap());
+}
+
+/// A writer that waited for readers (and claimed its turn, holding new readers back) takes the
+/// lock with the mark those readers left (set again by their next refusal, or kept by the take:
+/// the take itself keeping it is not isolated here), and its release wakes them at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_held_back_by_a_writers_claim_are_woken_by_its_release() {
+    let t = lock_tests::Target::postgres().await;
+    let (c, other) = (t.client(), t.other_client().await);
+    let read = ttl(60_000).mode(lock_runtime::LockMode::Shared);
+    let share = c.acquire("prices", &read).await.unwrap();
+    let writer = in_line(&other, "prices", ttl(60_000).wait(30 * SECOND)).await;
+    // A reader of a third client, refused by the writer's claim, waits.
+    let third = t.other_client().await;
+    let reader = in_line(&third, "prices", read.clone().wait(30 * SECOND)).await;
+    assert!(share.release().await.unwrap());
+    let write = writer.await.unwrap().unwrap();
+    // The row still says a waiter wants to hear the release (the readers' mark).
+    let db = PgPool::connect(&lock_tests::shared_postgres_url()).await.unwrap();
+    let lock_key = lock_runtime::keys::LockKeys::new(c.prefix(), "prices");
+    let marked: bool = sqlx::query_scalar("SELECT marked FROM lock_runtime_locks WHERE key = $1")
+        .bind(lock_key.lock())
+        .fetch_one(&db)
+        .await
+        .unwrap();
+    assert!(marked, "the writer's acquire cleared the readers' mark");
+    let released = Instant::now();
+    assert!(write.release().await.unwrap());
+    let share = reader.await.unwrap().unwrap();
+    assert_woken_by_the_release(released.elapsed());
+    assert!(share.release().await.unwrap());
+}
+
 /// The server gone: every request fails with `Unavailable` within the timeouts (no hang), a
 /// new client's `build` too; once the server is back, the same client works again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -54,10 +54,13 @@ fn schema_mark() -> String {
 /// Serialises clients that make the schema at once: the ASCII of "lockrtv1".
 const SCHEMA_LOCK: i64 = 0x6c6f_636b_7274_7631;
 
-/// Every this many acquires, the client sweeps rows nothing needs any more, in the background.
+/// Every this many acquires (and at the first), the client sweeps rows nothing needs any more,
+/// in the background.
 const SWEEP_EVERY: usize = 1024;
-/// The most rows one sweep deletes.
+/// The most rows one batch of a sweep deletes.
 const SWEEP_ROWS: i32 = 1000;
+/// The most batches one sweep runs.
+const SWEEP_BATCHES: usize = 20;
 
 /// How many connections a client's pool opens at most (one of them listens for releases).
 const POOL_SIZE: u32 = 10;
@@ -75,7 +78,9 @@ const TAKE: &str = "INSERT INTO lock_runtime_locks AS l (key, token, expires_ms,
              CASE WHEN $4 THEN nextval('lock_runtime_fences') END) \
      ON CONFLICT (key) DO UPDATE \
          SET token = EXCLUDED.token, expires_ms = EXCLUDED.expires_ms, \
-             fence = CASE WHEN $4 THEN nextval('lock_runtime_fences') ELSE l.fence END, \
+             fence = CASE WHEN NOT $4 THEN l.fence \
+                          WHEN l.token = EXCLUDED.token AND l.fence IS NOT NULL THEN l.fence \
+                          ELSE nextval('lock_runtime_fences') END, \
              marked = false, shares = NULL \
          WHERE (l.token IS NULL OR l.expires_ms <= EXCLUDED.expires_ms - $3 OR l.token = EXCLUDED.token) \
              AND l.shares_until <= EXCLUDED.expires_ms - $3 \
@@ -196,15 +201,32 @@ impl PostgresBackend {
         Ok(pool)
     }
 
-    /// Every [`SWEEP_EVERY`] acquires, deletes rows nothing needs any more, in the background.
+    /// At a client's first acquire and every [`SWEEP_EVERY`] after, deletes rows nothing needs
+    /// any more, in the background: batches of [`SWEEP_ROWS`] while batches come back full (at
+    /// most [`SWEEP_BATCHES`]), so a load of keys locked once does not outgrow the sweep.
     fn sweep_now_and_then(&self) {
-        if self.acquires.fetch_add(1, Ordering::Relaxed) % SWEEP_EVERY != SWEEP_EVERY - 1 {
+        if !self
+            .acquires
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(SWEEP_EVERY)
+        {
             return;
         }
         let pool = self.pool();
         tokio::spawn(async move {
-            if let Err(e) = sqlx::query(SWEEP).bind(SWEEP_ROWS).execute(&pool).await {
-                tracing::debug!(error = %e, "sweeping expired lock rows failed");
+            for _ in 0..SWEEP_BATCHES {
+                match sqlx::query_scalar::<_, i64>(SWEEP)
+                    .bind(SWEEP_ROWS)
+                    .fetch_one(&pool)
+                    .await
+                {
+                    Ok(gone) if gone >= i64::from(SWEEP_ROWS) => {}
+                    Ok(_) => return,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "sweeping expired lock rows failed");
+                        return;
+                    }
+                }
             }
         });
     }

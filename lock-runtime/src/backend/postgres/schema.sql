@@ -119,9 +119,14 @@ BEGIN
                 -- The token is taken here, with the row locked and the lock granted, not in
                 -- VALUES (evaluated before the statement waits for the row): a waiter that
                 -- took a number, then waited, must not hold after one that took a larger one.
-                fence = CASE WHEN fencing THEN nextval('lock_runtime_fences') ELSE l.fence END,
-                marked = false, shares = NULL,
-                claims = CASE WHEN had_claimed THEN l.claims - tok ELSE l.claims END
+                -- A repeat by the holder keeps its token (idempotent for one token).
+                fence = CASE WHEN NOT fencing THEN l.fence
+                             WHEN l.token = tok AND l.fence IS NOT NULL THEN l.fence
+                             ELSE nextval('lock_runtime_fences') END,
+                -- A writer that claimed its turn keeps the mark the readers it held back left,
+                -- so its release tells them.
+                marked = had_claimed, shares = NULL,
+                claims = CASE WHEN had_claimed THEN NULLIF(l.claims - tok, '{}'::jsonb) ELSE l.claims END
             WHERE (l.token IS NULL OR l.expires_ms <= at_ms OR l.token = tok)
                 AND l.shares_until <= at_ms
         RETURNING l.fence INTO got_fence;
@@ -131,8 +136,11 @@ BEGIN
             RETURN;
         END IF;
     END IF;
-    -- (Refused above, the row is ours to read until the transaction ends.)
+    -- (Refused above, the row is ours to read until the transaction ends.) The clock is read
+    -- again: the statement may have waited for the row, and a lease must not be judged by a
+    -- time from before the wait.
     r := lock_runtime_v1_row(k);
+    at_ms := lock_runtime_v1_now();
     IF r.token = tok AND r.expires_ms > at_ms THEN
         -- Ours already: a fair turn handed over by a release. Its lease counts from now; with
         -- no token taken for it then, it takes one.
@@ -191,14 +199,14 @@ BEGIN
     END IF;
     -- Free (a fair waiter at the head of the line, or none).
     IF had_claimed THEN
-        live_claims := live_claims - tok;
+        live_claims := NULLIF(live_claims - tok, '{}'::jsonb);
     END IF;
     IF fencing THEN
         got_fence := nextval('lock_runtime_fences');
     END IF;
     UPDATE lock_runtime_locks
         SET token = tok, expires_ms = at_ms + ttl, fence = coalesce(got_fence, r.fence),
-            marked = false, shares = NULL, shares_until = 0, claims = live_claims
+            marked = had_claimed, shares = NULL, shares_until = 0, claims = live_claims
         WHERE key = k;
     got := true;
 END
@@ -219,6 +227,7 @@ DECLARE
 BEGIN
     got := false;
     r := lock_runtime_v1_row(k);
+    at_ms := lock_runtime_v1_now();
     IF r.token IS NOT NULL AND r.expires_ms > at_ms THEN
         left_ms := r.expires_ms - at_ms;
         UPDATE lock_runtime_locks SET marked = marked OR waiting WHERE key = k;
@@ -232,8 +241,10 @@ BEGIN
         RETURN;
     END IF;
     readers := coalesce(readers, '{}'::jsonb) || jsonb_build_object(tok, at_ms + ttl);
+    -- An expired writer's value goes: its late renewal or release must not find it.
     UPDATE lock_runtime_locks
-        SET shares = readers, shares_until = lock_runtime_v1_last(readers), claims = live_claims
+        SET shares = readers, shares_until = lock_runtime_v1_last(readers), claims = live_claims,
+            token = NULL
         WHERE key = k;
     got := true;
     got_fence := coalesce(r.fence, 0);
@@ -250,6 +261,11 @@ DECLARE
     done integer[];
     i integer;
 BEGIN
+    -- Every row locked first, in key order (two clients renewing shares of the same keys never
+    -- wait for each other in a cycle), then the clock read: no lease is judged by a time from
+    -- before a wait.
+    PERFORM 1 FROM lock_runtime_locks WHERE key = ANY (ks) ORDER BY key FOR UPDATE;
+    at_ms := lock_runtime_v1_now();
     -- Exclusive holders in one statement (a key is listed at most once per holder).
     WITH asked AS (
         SELECT * FROM unnest(ks, toks, ttls) WITH ORDINALITY AS a(k, t, ttl, i)
@@ -299,12 +315,17 @@ BEGIN
     IF NOT FOUND THEN
         RETURN 0;
     END IF;
+    -- Read after the row is locked: the lease is judged by the time the release runs.
+    at_ms := lock_runtime_v1_now();
     IF r.expires_ms > at_ms AND (r.token = tok OR r.token = kept_tok) THEN
         IF hold_ms > 0 THEN
             -- Kept for its minimum hold: a renewal after the release cannot extend it, and a
-            -- second release stands.
+            -- second release stands. Waiters that marked it hear when it will be free.
             IF r.token = tok THEN
                 UPDATE lock_runtime_locks SET token = kept_tok, expires_ms = at_ms + hold_ms WHERE key = k;
+                IF r.marked THEN
+                    PERFORM lock_runtime_v1_tell(chan, said);
+                END IF;
             END IF;
             RETURN 1;
         END IF;
@@ -361,8 +382,11 @@ CREATE OR REPLACE FUNCTION lock_runtime_v1_leave(k text, chan text, tok text, sa
 RETURNS boolean
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
+    -- The lock's row first, as every other function locks it before the line (no deadlock
+    -- with a fair release).
+    PERFORM 1 FROM lock_runtime_locks WHERE key = k FOR UPDATE;
     DELETE FROM lock_runtime_line WHERE key = k AND token = tok;
-    UPDATE lock_runtime_locks SET claims = claims - tok WHERE key = k AND claims ? tok;
+    UPDATE lock_runtime_locks SET claims = NULLIF(claims - tok, '{}'::jsonb) WHERE key = k AND claims ? tok;
     IF FOUND THEN
         PERFORM lock_runtime_v1_tell(chan, said);
         RETURN true;
@@ -380,6 +404,7 @@ DECLARE
     r lock_runtime_locks;
 BEGIN
     SELECT * INTO r FROM lock_runtime_locks WHERE key = k FOR UPDATE;
+    at_ms := lock_runtime_v1_now();
     IF NOT FOUND OR NOT (r.expires_ms > at_ms AND r.token IS NOT NULL OR r.shares_until > at_ms) THEN
         RETURN false;
     END IF;
