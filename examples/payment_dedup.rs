@@ -13,7 +13,8 @@
 //!
 //! With Redis reachable (`REDIS_URL`, default `redis://127.0.0.1:6379`) each instance is a
 //! separate OS process (this program re-executes itself); without it, the instances are tasks on
-//! the in-memory backend. Exits non-zero if the locked handler ever charges an order twice.
+//! the in-memory backend. With `LOCKS=postgres` and `DATABASE_URL`, the locked handler's locks
+//! live in that PostgreSQL database (the library's PostgreSQL store), the ledger in Redis. Exits non-zero if the locked handler ever charges an order twice.
 //!
 //! ```text
 //! cargo run --example payment_dedup -- --orders 40 --requests 4 --instances 4
@@ -282,10 +283,18 @@ impl Store {
         })
     }
 
-    /// Deletes this run's keys: ledger, stats, the naive locks and the fencing counters.
+    /// Deletes this run's keys: ledger, stats, the naive locks and the fencing counters (and,
+    /// with the locks in PostgreSQL, their rows).
     async fn clean_up(&self, url: &str) -> anyhow::Result<()> {
         if let Store::Redis { ns, .. } = self {
             delete_keys_under(url, &format!("{ns}:")).await?;
+            if let Some(database) = lock_database() {
+                let pool = sqlx::PgPool::connect(&database).await?;
+                sqlx::query("DELETE FROM lock_runtime_locks WHERE starts_with(key, $1)")
+                    .bind(format!("{ns}:"))
+                    .execute(&pool)
+                    .await?;
+            }
         }
         Ok(())
     }
@@ -395,6 +404,15 @@ fn unix_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// With `LOCKS=postgres`, the PostgreSQL database at `DATABASE_URL` the locked handler's locks
+/// live in (the library's PostgreSQL store; the ledger stays in Redis).
+fn lock_database() -> Option<String> {
+    std::env::var("LOCKS")
+        .is_ok_and(|v| v == "postgres")
+        .then(|| std::env::var("DATABASE_URL").ok())
+        .flatten()
+}
+
 /// A child process: one instance against Redis.
 async fn run_child(flags: &Flags, load: Load) -> anyhow::Result<()> {
     let url = flags.text("url").context("--url")?;
@@ -406,11 +424,11 @@ async fn run_child(flags: &Flags, load: Load) -> anyhow::Result<()> {
     };
     let id = flags.number("instance", 0);
     let start_at = flags.number("start-at", 0);
-    let locks = LockClient::builder()
-        .url(url)
-        .prefix(&format!("{ns}:lock:"))
-        .build()
-        .await?;
+    let builder = match lock_database() {
+        Some(database) => LockClient::builder().postgres(&database),
+        None => LockClient::builder().url(url),
+    };
+    let locks = builder.prefix(&format!("{ns}:lock:")).build().await?;
     let conn = redis::Client::open(url)?
         .get_multiplexed_async_connection()
         .await?;
@@ -519,10 +537,10 @@ async fn main() -> anyhow::Result<()> {
 
     let url = redis_url();
     let redis = try_redis(&url, "lock:").await.is_some();
-    let where_ = if redis {
-        format!("separate processes on {url}")
-    } else {
-        "tasks, in-memory backend".to_owned()
+    let where_ = match (redis, lock_database()) {
+        (true, Some(_)) => format!("separate processes on {url}; locks in PostgreSQL, LOCKS=postgres"),
+        (true, None) => format!("separate processes on {url}"),
+        (false, _) => "tasks, in-memory backend".to_owned(),
     };
     println!(
         "{} orders x {} requests, {} instances ({where_})",

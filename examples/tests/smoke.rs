@@ -88,6 +88,50 @@ fn payment_dedup_across_processes_on_redis() {
     assert_no_keys_left(&server);
 }
 
+/// With `LOCKS=postgres`, the locked handler's locks are rows in PostgreSQL: still no order
+/// charged twice, across processes, and none of the run's rows left.
+#[test]
+fn payment_dedup_with_its_locks_in_postgres() {
+    let url = postgres_url();
+    if let Err(e) = postgres_bool(&url, "SELECT $1 = 'up'", "up") {
+        let _ = writeln!(
+            std::io::stderr(),
+            "payment_dedup_with_its_locks_in_postgres: skipped, no PostgreSQL at {url} ({e})"
+        );
+        return;
+    }
+    let server = RedisServer::spawn();
+    let mut command = example("payment_dedup");
+    command
+        .args(["--orders", "20", "--requests", "4", "--instances", "3"])
+        .env("DATABASE_URL", &url)
+        .env("LOCKS", "postgres");
+    // The run's rows are under a prefix it makes itself (`payment-dedup:<its pid>:…`): none of
+    // them may be left, so no more such rows after it than before.
+    let rows = || {
+        block_on(async {
+            use sqlx::Connection;
+            let mut conn = sqlx::PgConnection::connect(&url).await.unwrap();
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM lock_runtime_locks WHERE starts_with(key, 'payment-dedup:')",
+            )
+            .fetch_one(&mut conn)
+            .await
+            .unwrap_or(0)
+        })
+    };
+    let before = rows();
+    let (_, stdout) = run(command, &server.url());
+    assert!(stdout.contains("locks in PostgreSQL"), "{stdout}");
+    assert_eq!(double_charges(&stdout).0, 0, "{stdout}");
+    assert!(
+        stdout.contains("token"),
+        "charges carry their fencing token: {stdout}"
+    );
+    assert!(rows() <= before, "the run's lock rows are still there");
+    assert_no_keys_left(&server);
+}
+
 #[test]
 fn payment_dedup_without_redis_runs_in_memory() {
     let mut command = example("payment_dedup");
