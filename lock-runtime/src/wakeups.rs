@@ -26,6 +26,10 @@ struct Channel {
     /// Which listeners confirmed the subscription, one bit each (a RedLock client listens on
     /// every master; other backends have listener 0; in memory all bits are set).
     subscribed: u64,
+    /// Which listeners lost their subscription since it was last confirmed: when one confirms
+    /// it again, the head of the queue checks its lock once more (a release between its re-check
+    /// at the loss and the new subscription went unheard).
+    relisten: u64,
 }
 
 impl Channel {
@@ -35,6 +39,7 @@ impl Channel {
         let bit = listener_bit(who);
         if self.subscribed & bit != 0 {
             self.subscribed &= !bit;
+            self.relisten |= bit;
             for waiter in &self.queue {
                 waiter.wake.notify_one();
             }
@@ -107,6 +112,7 @@ impl Wakeups {
         let entry = channels.entry(channel.to_owned()).or_insert_with(|| Channel {
             queue: VecDeque::new(),
             subscribed: if self.on_idle.is_empty() { u64::MAX } else { 0 },
+            relisten: 0,
         });
         entry.queue.push_back(Arc::clone(&waiter));
         self.waiters.fetch_add(1, Ordering::SeqCst);
@@ -177,9 +183,18 @@ impl Wakeups {
             .is_some_and(|c| c.subscribed & listener_bit(who) != 0)
     }
 
+    /// Listener `who` confirmed `channel`'s subscription; after a loss, the head of its queue
+    /// checks its lock once more.
     pub(crate) fn set_subscribed(&self, channel: &str, who: usize) {
         if let Some(entry) = self.lock().get_mut(channel) {
-            entry.subscribed |= listener_bit(who);
+            let bit = listener_bit(who);
+            entry.subscribed |= bit;
+            if entry.relisten & bit != 0 {
+                entry.relisten &= !bit;
+                if let Some(head) = entry.queue.front() {
+                    head.wake.notify_one();
+                }
+            }
         }
     }
 
@@ -289,6 +304,29 @@ mod tests {
         drop(b);
         assert_eq!(wakeups.len(), 0);
         assert_eq!(rx.recv().await.as_deref(), Some("c"));
+    }
+
+    /// A subscription confirmed again after a loss has the head check its lock once more (a
+    /// release between its re-check at the loss and the new subscription went unheard); a first
+    /// subscription wakes nobody.
+    #[tokio::test]
+    async fn a_subscription_confirmed_again_after_a_loss_wakes_the_head_once() {
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let wakeups = Wakeups::new(vec![tx]);
+        let a = wakeups.register("c", None);
+        let b = wakeups.register("c", None);
+        wakeups.set_subscribed("c", 0);
+        assert!(!is_woken(&a).await, "a first subscription wakes nobody");
+        wakeups.subscriptions_lost(0);
+        assert!(
+            is_woken(&a).await && is_woken(&b).await,
+            "a loss wakes every waiter"
+        );
+        wakeups.set_subscribed("c", 0);
+        assert!(is_woken(&a).await, "confirmed again: the head checks once more");
+        assert!(!is_woken(&b).await, "only the head");
+        wakeups.set_subscribed("c", 0);
+        assert!(!is_woken(&a).await, "once");
     }
 
     #[tokio::test]

@@ -571,9 +571,6 @@ impl Store for PostgresBackend {
         registration: &'a Registration,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send + 'a>> {
         Box::pin(async move {
-            let channel = registration.channel();
-            // Cleared when the listening connection broke: releases since may have gone unheard.
-            let heard_all = self.wakeups.is_subscribed(channel, 0);
             let listening = self
                 .listener
                 .ensure(|| self.pool(), &self.wakeups, &self.announcement);
@@ -581,13 +578,9 @@ impl Store for PostgresBackend {
                 .await
                 .is_ok()
             {
-                self.wakeups.set_subscribed(channel, 0);
-                if !heard_all {
-                    // Listening again: the head of this lock's waiters checks it once more, now
-                    // that a release from here on is heard (one between its last attempt and
-                    // the new LISTEN was not).
-                    self.wakeups.notify(channel);
-                }
+                // After the listening connection broke, this also has the lock checked once
+                // more (see `Wakeups::set_subscribed`).
+                self.wakeups.set_subscribed(registration.channel(), 0);
             }
         })
     }
