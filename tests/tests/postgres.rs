@@ -216,8 +216,18 @@ async fn an_expired_writers_late_release_or_renewal_spares_the_readers() {
             waiting == 1
         })
         .await;
-        // The writer's lease ends (by the database's clock: a margin over the local one).
-        tokio::time::sleep_until(taken_at + Duration::from_millis(ttl_ms + 100)).await;
+        // The writer's lease ends, by the database's clock (the row is read, not locked).
+        eventually(5 * SECOND, "the writer's lease has ended", || async {
+            let ended: bool = sqlx::query_scalar(
+                "SELECT expires_ms < lock_runtime_v1_now() FROM lock_runtime_locks WHERE key = $1",
+            )
+            .bind(lock_key.lock())
+            .fetch_one(&db)
+            .await
+            .unwrap();
+            ended
+        })
+        .await;
         // A reader takes a share, in the transaction that holds the row, and commits.
         let (got,): (bool,) =
             sqlx::query_as("SELECT got FROM lock_runtime_v1_share($1, 'reader', 30000, false)")
