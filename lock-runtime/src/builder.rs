@@ -58,6 +58,7 @@ pub struct LockClientBuilder {
     sentinel: Option<(Vec<String>, String)>,
     redlock: Option<Vec<String>>,
     postgres: Option<String>,
+    etcd: Option<Vec<String>>,
     replicas: Option<(usize, Duration)>,
     owner: Option<String>,
     metrics_key_class: bool,
@@ -76,6 +77,7 @@ impl Default for LockClientBuilder {
             sentinel: None,
             redlock: None,
             postgres: None,
+            etcd: None,
             replicas: None,
             owner: None,
             metrics_key_class: false,
@@ -124,6 +126,14 @@ impl std::fmt::Debug for LockClientBuilder {
             .field(
                 "postgres",
                 &self.postgres.as_deref().map(crate::redact::hide_credentials),
+            )
+            .field(
+                "etcd",
+                &self.etcd.as_ref().map(|urls| {
+                    urls.iter()
+                        .map(|u| crate::redact::hide_credentials(u))
+                        .collect::<Vec<_>>()
+                }),
             )
             .field("wait_for_replicas", &self.replicas)
             .field("owner", &self.owner)
@@ -255,6 +265,32 @@ impl LockClientBuilder {
         self
     }
 
+    /// An etcd v3 cluster (`http://host:2379` for each member, or `https://` with the `tls`
+    /// feature; the `etcd` feature): each lock is a key attached to a lease of its own, its
+    /// fencing token the revision that took it (strictly increasing across leader changes),
+    /// and waiters are woken by a watch, in revision order when fair. etcd's leases have whole
+    /// seconds and a minimum (2 s with etcd's default election timeout): the server's lease is
+    /// the ttl rounded up to it, while the holder's validity is the ttl as asked. The prefix
+    /// starts each key, as on Redis.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
+    /// let locks = lock_runtime::LockClient::builder()
+    ///     .etcd(["http://10.0.0.1:2379", "http://10.0.0.2:2379", "http://10.0.0.3:2379"])
+    ///     .build()
+    ///     .await?;
+    /// # let _ = locks; Ok(()) }
+    /// ```
+    #[cfg(feature = "etcd")]
+    pub fn etcd<I, S>(mut self, endpoints: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        self.etcd = Some(endpoints.into_iter().map(|u| u.as_ref().to_owned()).collect());
+        self
+    }
+
     /// Every acquire (with its fencing counter) counts only once `replicas` replicas have
     /// acknowledged it: `WAIT replicas timeout` is sent right behind the acquire, in the same
     /// round trip. When fewer acknowledge within `timeout`, the lock is given back and the
@@ -362,6 +398,9 @@ impl LockClientBuilder {
         if let Some(url) = &self.postgres {
             return self.build_postgres(url, timeouts, replicas.is_some());
         }
+        if let Some(endpoints) = &self.etcd {
+            return self.build_etcd(endpoints, timeouts, replicas.is_some());
+        }
         let answer_within = timeouts.response + replicas.map_or(Duration::ZERO, |r| 2 * r.timeout);
         let place = self.place(timeouts, answer_within)?;
         let store = Arc::new(RedisBackend::new(place, timeouts, replicas));
@@ -447,6 +486,37 @@ impl LockClientBuilder {
         ))
     }
 
+    #[cfg_attr(not(feature = "etcd"), allow(unused_variables))]
+    fn build_etcd(
+        &self,
+        endpoints: &[String],
+        timeouts: Timeouts,
+        replicas: bool,
+    ) -> Result<LockClient, LockError> {
+        self.one_place()?;
+        if replicas {
+            return Err(LockError::invalid_options(
+                "wait_for_replicas does not apply to etcd: every write is committed by a majority \
+                 of its members before it answers",
+            ));
+        }
+        if !self.tls.is_empty() {
+            return Err(LockError::invalid_options(
+                "TLS material for etcd is not taken by the builder yet: use https:// endpoints \
+                 whose certificates the system trusts",
+            ));
+        }
+        #[cfg(feature = "etcd")]
+        return self.client(Arc::new(crate::backend::etcd::EtcdBackend::new(
+            endpoints.to_vec(),
+            timeouts,
+        )?));
+        #[cfg(not(feature = "etcd"))]
+        Err(LockError::invalid_options(
+            "an etcd store needs lock-runtime's `etcd` feature",
+        ))
+    }
+
     /// A client of `store`, with this builder's prefix, owner and metrics labels.
     fn client(&self, store: Arc<dyn Store>) -> Result<LockClient, LockError> {
         let core = Core::new(
@@ -478,14 +548,15 @@ impl LockClientBuilder {
             self.sentinel.is_some(),
             self.redlock.is_some(),
             self.postgres.is_some(),
+            self.etcd.is_some(),
         ];
         match given.iter().filter(|&&g| g).count() {
             0 => Err(LockError::invalid_options(
-                "no store given to the builder (.url(…), .redis_client(…), .cluster(…), .sentinel(…), .redlock(…) or .postgres(…))",
+                "no store given to the builder (.url(…), .redis_client(…), .cluster(…), .sentinel(…), .redlock(…), .postgres(…) or .etcd(…))",
             )),
             1 => Ok(()),
             _ => Err(LockError::invalid_options(
-                "give the builder one of .url(…), .redis_client(…), .cluster(…), .sentinel(…), .redlock(…) or .postgres(…), not several",
+                "give the builder one of .url(…), .redis_client(…), .cluster(…), .sentinel(…), .redlock(…), .postgres(…) or .etcd(…), not several",
             )),
         }
     }

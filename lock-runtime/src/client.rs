@@ -56,9 +56,22 @@ impl LockClient {
     /// Connects to one Redis server: `redis://host:port`, `redis://user:pass@host:port/db`, or
     /// `rediss://…` (TLS, with the `tls` feature), or to a PostgreSQL database:
     /// `postgres://user:pass@host:port/db` (or `postgresql://…`, with the `postgres` feature),
-    /// with the default prefix and timeouts.
+    /// or to one etcd endpoint: `etcd://host:port` (with the `etcd` feature; a cluster's
+    /// members go to [`LockClientBuilder::etcd`](crate::LockClientBuilder::etcd)), with the
+    /// default prefix and timeouts.
     pub async fn connect(url: &str) -> Result<LockClient, LockError> {
         let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+        if scheme.eq_ignore_ascii_case("etcd") {
+            #[cfg(feature = "etcd")]
+            return LockClient::builder()
+                .etcd([format!("http://{}", &url[scheme.len() + 3..])])
+                .build()
+                .await;
+            #[cfg(not(feature = "etcd"))]
+            return Err(LockError::invalid_options(
+                "an etcd:// URL needs lock-runtime's `etcd` feature",
+            ));
+        }
         if scheme.eq_ignore_ascii_case("postgres") || scheme.eq_ignore_ascii_case("postgresql") {
             #[cfg(feature = "postgres")]
             return LockClient::builder().postgres(url).build().await;

@@ -130,6 +130,12 @@ impl LockKeys {
 
     /// The three names `rights.lua` writes for a moment (a string, a sorted set and a hash),
     /// to check a client's rights beside a lock it is about to take.
+    /// The lock key whose releases `channel` announces.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))]
+    pub(crate) fn lock_of_channel(channel: &str) -> Option<&str> {
+        channel.strip_suffix(RELEASED)
+    }
+
     pub(crate) fn rights_probes(&self) -> [String; 3] {
         [":rights", ":rights:z", ":rights:h"].map(|suffix| self.helper(suffix))
     }

@@ -17,6 +17,7 @@ use lock_runtime::{LockClient, LockClientBuilder, LockOptions};
 
 pub mod affinity;
 mod cluster;
+mod etcd;
 pub mod hand_written;
 pub mod postgres;
 pub mod process;
@@ -25,6 +26,7 @@ mod sentinel;
 mod tls;
 
 pub use cluster::{RedisCluster, SlotMigration};
+pub use etcd::EtcdCluster;
 pub use postgres::{shared_postgres_url, PostgresServer};
 pub use proxy::FaultProxy;
 pub use sentinel::SentinelSetup;
@@ -363,16 +365,17 @@ pub(crate) fn reap_at_exit(servers: &[RedisServer]) -> Child {
 /// [`reap_at_exit`] for servers kept in several lists.
 pub(crate) fn reap_at_exit_all(lists: &[&[RedisServer]]) -> Child {
     let servers: Vec<&RedisServer> = lists.iter().flat_map(|l| l.iter()).collect();
+    let pids: Vec<u32> = servers.iter().filter_map(|s| s.pid()).collect();
+    let dirs: Vec<&Path> = servers.iter().map(|n| n.dir()).collect();
+    reap_pids_at_exit(&pids, &dirs)
+}
+
+/// Starts a detached `sh` that waits for this test process to exit, then kills `pids` and
+/// removes `dirs`.
+pub(crate) fn reap_pids_at_exit(pids: &[u32], dirs: &[&Path]) -> Child {
     let quote = |s: &str| format!("'{}'", s.replace('\'', r"'\''"));
-    let pids: Vec<String> = servers
-        .iter()
-        .filter_map(|s| s.pid())
-        .map(|pid| pid.to_string())
-        .collect();
-    let dirs: Vec<String> = servers
-        .iter()
-        .map(|n| quote(&n.dir().to_string_lossy()))
-        .collect();
+    let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
+    let dirs: Vec<String> = dirs.iter().map(|d| quote(&d.to_string_lossy())).collect();
     let script = format!(
         "trap '' INT HUP TERM; while kill -0 {me} 2>/dev/null; do sleep 0.2; done; \
          kill -9 {pids} 2>/dev/null; rm -rf {dirs}",
@@ -656,6 +659,17 @@ impl Target {
         target
     }
 
+    /// A client of the test binary's shared 3-member etcd cluster ([`EtcdCluster::shared`]),
+    /// with a key prefix of its own.
+    pub async fn etcd() -> Target {
+        let builder = LockClient::builder()
+            .etcd(EtcdCluster::shared().endpoints())
+            .prefix(&unique_prefix())
+            .connect_timeout(Duration::from_secs(2))
+            .response_timeout(Duration::from_secs(1));
+        Target::shared(builder, Vec::new()).await
+    }
+
     /// A fresh in-memory backend.
     pub fn memory() -> Target {
         Target {
@@ -804,6 +818,7 @@ macro_rules! on_every_deployment_with_one_counter {
             cluster => $crate::Target::cluster().await,
             sentinel => $crate::Target::sentinel().await,
             postgres => $crate::Target::postgres().await,
+            etcd => $crate::Target::etcd().await,
             memory => $crate::Target::memory();
             [$($name),*]
         );
@@ -814,7 +829,8 @@ macro_rules! on_every_deployment_with_one_counter {
 /// `redis_tls::name` (TLS with a private CA and a client certificate), `cluster::name` (a
 /// 3-primary Redis Cluster shared by the test binary), `sentinel::name` (a Sentinel-managed
 /// primary with a replica, shared too), `postgres::name` (the machine's PostgreSQL, with keys of
-/// the test's own), `redlock::name` (a quorum of five shared masters) and `memory::name`.
+/// the test's own), `etcd::name` (a 3-member etcd cluster shared by the test binary),
+/// `redlock::name` (a quorum of five shared masters) and `memory::name`.
 #[macro_export]
 macro_rules! on_every_deployment {
     ($($name:ident),* $(,)?) => {

@@ -3,8 +3,8 @@
 //! ([`Capabilities`]), which the client checks once per call against the options. A store is one
 //! module implementing the trait: Redis (one server, Sentinel and Cluster, one implementation
 //! whose [`Deployment`](deployment::Deployment) knows where requests go and how releases are
-//! announced), RedLock (over Redis stores), PostgreSQL (with the `postgres` feature) and the
-//! in-memory store.
+//! announced), RedLock (over Redis stores), PostgreSQL (with the `postgres` feature), etcd (with the `etcd`
+//! feature) and the in-memory store.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -21,6 +21,8 @@ pub(crate) mod cluster;
 pub(crate) mod conn;
 pub(crate) mod connection;
 pub(crate) mod deployment;
+#[cfg(feature = "etcd")]
+pub(crate) mod etcd;
 pub(crate) mod memory;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;

@@ -1,0 +1,372 @@
+//! The one watch stream of an etcd client: a watch per lock this client's waiters wait for,
+//! started by the first of them (from a snapshot of the lock's keys, so no change after it is
+//! missed) and cancelled when the last one stops waiting.
+//!
+//! Each watch keeps a mirror of its lock (held or not, how many shares and claims, the fair line
+//! in revision order), so a change wakes the one waiter it concerns: a release wakes the head of
+//! the line (which may be another client's: then none of ours), or without a line the head of
+//! this client's queue; a share's release only once the last share has gone. A broken stream
+//! wakes every waiter to re-check its lock, and the next to wait watches again.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use etcd_client::{Client, Event, EventType, GetOptions, WatchOptions, WatchResponse, WatchStream};
+use tokio::sync::{mpsc, oneshot};
+
+use super::names::{Names, Part};
+use crate::background::Background;
+use crate::keys::LockKeys;
+use crate::wakeups::Wakeups;
+
+/// A waiter's request to hear of `channel`'s releases; `done` is answered once it does.
+#[derive(Debug)]
+struct Request {
+    channel: String,
+    done: oneshot::Sender<()>,
+}
+
+/// The watch task and how to reach it.
+#[derive(Debug)]
+pub(super) struct Watcher {
+    task: Background,
+    requests: Mutex<Option<mpsc::UnboundedSender<Request>>>,
+    /// Channels nobody waits on any more (from [`Wakeups`]).
+    idle: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<String>>>,
+}
+
+impl Watcher {
+    pub(super) fn new(idle: mpsc::UnboundedReceiver<String>) -> Self {
+        Watcher {
+            task: Background::default(),
+            requests: Mutex::new(None),
+            idle: Arc::new(tokio::sync::Mutex::new(idle)),
+        }
+    }
+
+    fn slot(&self) -> MutexGuard<'_, Option<mpsc::UnboundedSender<Request>>> {
+        self.requests.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Completes once releases of `channel`'s lock reach its waiters (or never, when etcd cannot
+    /// be reached: the caller bounds the wait).
+    pub(super) async fn watch(&self, client: Client, wakeups: &Arc<Wakeups>, channel: &str) {
+        let (done, watching) = oneshot::channel();
+        {
+            let mut slot = self.slot();
+            if !self.task.is_running() || slot.is_none() {
+                let (requests, received) = mpsc::unbounded_channel();
+                *slot = Some(requests);
+                let wakeups = Arc::clone(wakeups);
+                let idle = Arc::clone(&self.idle);
+                self.task.replace(move || run(client, wakeups, received, idle));
+            }
+            let request = Request {
+                channel: channel.to_owned(),
+                done,
+            };
+            if let Some(requests) = slot.as_ref() {
+                // The task only ends with its runtime or the client: the waiter naps then.
+                let _ = requests.send(request);
+            }
+        }
+        let _ = watching.await;
+    }
+
+    pub(super) fn stop(&self) {
+        self.task.stop();
+        *self.slot() = None;
+    }
+}
+
+/// What a watch has seen of its lock.
+#[derive(Debug)]
+struct Mirror {
+    channel: String,
+    names: Names,
+    held: bool,
+    shares: usize,
+    claims: usize,
+    /// The fair line: each place's create revision and token.
+    line: BTreeMap<i64, Vec<u8>>,
+}
+
+impl Mirror {
+    fn new(channel: &str, lock: &str) -> Self {
+        Mirror {
+            channel: channel.to_owned(),
+            names: Names::for_lock(lock),
+            held: false,
+            shares: 0,
+            claims: 0,
+            line: BTreeMap::new(),
+        }
+    }
+
+    /// A key that exists (from the snapshot, or put since): `created` for its first version.
+    fn put(&mut self, key: &[u8], created: bool, create_revision: i64) {
+        match self.names.classify(key) {
+            Some(Part::Holder) => self.held = true,
+            Some(Part::Share(_)) if created => self.shares += 1,
+            Some(Part::Claim(_)) if created => self.claims += 1,
+            Some(Part::Place(token)) if created => {
+                self.line.insert(create_revision, token.to_vec());
+            }
+            _ => {}
+        }
+    }
+
+    /// A key deleted (released, expired, revoked): wakes whom it lets in.
+    fn deleted(&mut self, key: &[u8], wakeups: &Wakeups) {
+        match self.names.classify(key) {
+            Some(Part::Holder) => {
+                self.held = false;
+                if self.shares == 0 {
+                    self.wake_next(wakeups);
+                }
+            }
+            Some(Part::Share(_)) => {
+                self.shares = self.shares.saturating_sub(1);
+                if self.shares == 0 && !self.held {
+                    self.wake_next(wakeups);
+                }
+            }
+            Some(Part::Claim(_)) => {
+                self.claims = self.claims.saturating_sub(1);
+                if self.claims == 0 && !self.held {
+                    // Readers held back by the claims may enter.
+                    wakeups.notify(&self.channel);
+                }
+            }
+            Some(Part::Place(token)) => {
+                let was_head = self.line.values().next().is_some_and(|head| head == token);
+                self.line.retain(|_, place| place != token);
+                if was_head && !self.held && self.shares == 0 {
+                    self.wake_next(wakeups);
+                }
+            }
+            None => {}
+        }
+    }
+
+    /// The lock is free: the head of the line's turn, or without a line this client's next.
+    fn wake_next(&self, wakeups: &Wakeups) {
+        match self.line.values().next() {
+            Some(head) => wakeups.notify_waiter(&self.channel, head, None),
+            None => wakeups.notify(&self.channel),
+        }
+    }
+
+    fn seen(&mut self, event: &Event, wakeups: &Wakeups) {
+        let Some(kv) = event.kv() else { return };
+        match event.event_type() {
+            EventType::Put => self.put(kv.key(), kv.version() == 1, kv.create_revision()),
+            EventType::Delete => self.deleted(kv.key(), wakeups),
+        }
+    }
+}
+
+/// A watch asked for, not yet confirmed by etcd.
+#[derive(Debug)]
+struct Pending {
+    mirror: Mirror,
+    done: Vec<oneshot::Sender<()>>,
+}
+
+/// The stream and its watches.
+#[derive(Debug, Default)]
+struct Watches {
+    stream: Option<WatchStream>,
+    /// Confirmed watches, by watch id.
+    by_id: HashMap<i64, Mirror>,
+    /// Each watched channel's watch id.
+    by_channel: HashMap<String, i64>,
+    /// Asked for, in order (etcd confirms them in that order).
+    pending: VecDeque<Pending>,
+}
+
+impl Watches {
+    async fn add(&mut self, client: &mut Client, request: Request, wakeups: &Wakeups) {
+        let Request { channel, done } = request;
+        if self.by_channel.contains_key(&channel) {
+            let _ = done.send(());
+            return;
+        }
+        if let Some(pending) = self.pending.iter_mut().find(|p| p.mirror.channel == channel) {
+            pending.done.push(done);
+            return;
+        }
+        let Some(lock) = LockKeys::lock_of_channel(&channel) else {
+            return;
+        };
+        // What the lock's keys are now, then every change after.
+        let snapshot = client
+            .kv_client()
+            .get(lock, Some(GetOptions::new().with_prefix().with_keys_only()))
+            .await;
+        let snapshot = match snapshot {
+            Ok(snapshot) => snapshot,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read a lock to watch it");
+                return;
+            }
+        };
+        let mut mirror = Mirror::new(&channel, lock);
+        for kv in snapshot.kvs() {
+            mirror.put(kv.key(), true, kv.create_revision());
+        }
+        let after = snapshot.header().map_or(0, |h| h.revision()) + 1;
+        let options = WatchOptions::new().with_prefix().with_start_revision(after);
+        let sent = match self.stream.as_mut() {
+            Some(stream) => stream.watch(lock, Some(options)).await,
+            None => match client.watch_client().watch(lock, Some(options)).await {
+                Ok(stream) => {
+                    self.stream = Some(stream);
+                    Ok(())
+                }
+                Err(e) => Err(e),
+            },
+        };
+        match sent {
+            Ok(()) => self.pending.push_back(Pending {
+                mirror,
+                done: vec![done],
+            }),
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot watch a lock for its release");
+                self.broken(wakeups);
+            }
+        }
+    }
+
+    /// Nobody waits on `channel` any more.
+    async fn remove(&mut self, channel: &str, wakeups: &Wakeups) {
+        if wakeups.is_wanted(channel) {
+            return; // a waiter came back meanwhile
+        }
+        if let Some(id) = self.by_channel.remove(channel) {
+            self.by_id.remove(&id);
+            if let Some(stream) = self.stream.as_mut() {
+                let _ = stream.cancel(id).await;
+            }
+        }
+    }
+
+    async fn answer(&mut self, response: WatchResponse, wakeups: &Wakeups) {
+        let id = response.watch_id();
+        if response.created() {
+            if let Some(pending) = self.pending.pop_front() {
+                let channel = pending.mirror.channel.clone();
+                self.by_channel.insert(channel.clone(), id);
+                self.by_id.insert(id, pending.mirror);
+                wakeups.set_subscribed(&channel, 0);
+                for done in pending.done {
+                    let _ = done.send(());
+                }
+                if !wakeups.is_wanted(&channel) {
+                    self.remove(&channel, wakeups).await;
+                }
+            }
+        }
+        if response.canceled() {
+            // Compacted past its start, or refused: its waiters re-check, and watch again.
+            if let Some(mirror) = self.by_id.remove(&id) {
+                self.by_channel.remove(&mirror.channel);
+                wakeups.subscription_lost(&mirror.channel, 0);
+            }
+            return;
+        }
+        if let Some(mirror) = self.by_id.get_mut(&id) {
+            for event in response.events() {
+                mirror.seen(event, wakeups);
+            }
+        }
+    }
+
+    /// The stream broke: every waiter re-checks its lock (a release may have gone unheard), and
+    /// the next to wait watches again.
+    fn broken(&mut self, wakeups: &Wakeups) {
+        *self = Watches::default();
+        wakeups.subscriptions_lost(0);
+    }
+}
+
+async fn next(stream: &mut Option<WatchStream>) -> Result<Option<WatchResponse>, etcd_client::Error> {
+    match stream.as_mut() {
+        Some(stream) => stream.message().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Serves requests and hands on what the stream says, until the task is aborted (with its
+/// client) or its runtime ends.
+async fn run(
+    mut client: Client,
+    wakeups: Arc<Wakeups>,
+    mut requests: mpsc::UnboundedReceiver<Request>,
+    idle: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<String>>>,
+) {
+    let mut idle = idle.lock().await;
+    let mut watches = Watches::default();
+    loop {
+        tokio::select! {
+            request = requests.recv() => match request {
+                Some(request) => watches.add(&mut client, request, &wakeups).await,
+                None => return,
+            },
+            Some(channel) = idle.recv() => watches.remove(&channel, &wakeups).await,
+            answer = next(&mut watches.stream) => match answer {
+                Ok(Some(response)) => watches.answer(response, &wakeups).await,
+                Ok(None) => watches.broken(&wakeups),
+                Err(e) => {
+                    tracing::debug!(error = %e, "the lock release watch broke");
+                    watches.broken(&wakeups);
+                }
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wakeups::Registration;
+    use futures_util::FutureExt;
+
+    fn is_woken(waiter: &Registration) -> bool {
+        waiter.woken().now_or_never().is_some()
+    }
+
+    #[test]
+    fn a_release_wakes_the_head_of_the_line_and_the_last_share_a_writer() {
+        let wakeups = Wakeups::new(Vec::new());
+        let keys = LockKeys::new("lock:", "k");
+        let mut mirror = Mirror::new(keys.channel(), keys.lock());
+        let first = wakeups.register(keys.channel(), Some("a"));
+        let second = wakeups.register(keys.channel(), Some("b"));
+        mirror.put(b"lock:{k}", true, 10);
+        mirror.put(b"lock:{k}:q/b", true, 12);
+        mirror.put(b"lock:{k}:q/a", true, 11);
+        mirror.deleted(b"lock:{k}", &wakeups);
+        // "a" came first: its turn, not "b"'s.
+        assert!(is_woken(&first));
+        assert!(!is_woken(&second));
+        // "a" takes it: its place goes while the lock is held, which wakes nobody.
+        mirror.put(b"lock:{k}", true, 13);
+        mirror.deleted(b"lock:{k}:q/a", &wakeups);
+        assert!(!is_woken(&second));
+        mirror.deleted(b"lock:{k}", &wakeups);
+        assert!(is_woken(&second));
+        drop((first, second));
+
+        let writer = wakeups.register(keys.channel(), None);
+        mirror.line.clear();
+        mirror.put(b"lock:{k}:r/x", true, 20);
+        mirror.put(b"lock:{k}:r/y", true, 21);
+        mirror.put(b"lock:{k}:r/y", false, 21); // a share moved to another lease
+        mirror.deleted(b"lock:{k}:r/x", &wakeups);
+        assert!(!is_woken(&writer), "a reader still shares it");
+        mirror.deleted(b"lock:{k}:r/y", &wakeups);
+        assert!(is_woken(&writer));
+    }
+}

@@ -1,0 +1,283 @@
+//! etcd for the tests: a 3-member cluster the kit starts itself (`etcd` from Debian's
+//! `etcd-server`, or `$ETCD`), on free loopback ports, each member in a temp dir (on `/dev/shm`
+//! when there is one: etcd syncs every write), killed on drop; a member can be killed, frozen
+//! (SIGSTOP) and started again. One cluster serves every behaviour test of a test binary
+//! ([`EtcdCluster::shared`], tests isolated by key prefix); fault tests start their own.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::free_port;
+
+/// One member of a cluster.
+#[derive(Debug)]
+struct Member {
+    name: String,
+    client_port: u16,
+    peer_port: u16,
+    child: Option<Child>,
+}
+
+/// A 3-member etcd cluster.
+#[derive(Debug)]
+pub struct EtcdCluster {
+    members: Vec<Member>,
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    token: String,
+}
+
+impl EtcdCluster {
+    /// Starts three members and waits until the cluster has a leader and every member answers.
+    pub fn spawn() -> EtcdCluster {
+        let bin = etcd_binary();
+        let mut builder = tempfile::Builder::new();
+        builder.prefix("lock-tests-etcd");
+        let dir = if std::path::Path::new("/dev/shm").is_dir() {
+            builder.tempdir_in("/dev/shm")
+        } else {
+            builder.tempdir()
+        }
+        .unwrap_or_else(|e| panic!("cannot make a temp dir: {e}"));
+        let members = (0..3)
+            .map(|i| Member {
+                name: format!("m{i}"),
+                client_port: free_port(),
+                peer_port: free_port(),
+                child: None,
+            })
+            .collect();
+        let mut cluster = EtcdCluster {
+            members,
+            dir,
+            bin,
+            token: format!("lock-tests-{}-{}", std::process::id(), free_port()),
+        };
+        for i in 0..3 {
+            cluster.start(i);
+        }
+        cluster.wait_ready(&[0, 1, 2]);
+        cluster
+    }
+
+    /// The cluster shared by the test binary's tests (started at the first call; killed when the
+    /// test process exits). Tests that kill or freeze members start their own.
+    pub fn shared() -> &'static EtcdCluster {
+        static SHARED: std::sync::OnceLock<(EtcdCluster, Child)> = std::sync::OnceLock::new();
+        let (cluster, _reaper) = SHARED.get_or_init(|| {
+            let cluster = EtcdCluster::spawn();
+            let pids: Vec<u32> = cluster
+                .members
+                .iter()
+                .filter_map(|m| m.child.as_ref().map(Child::id))
+                .collect();
+            let reaper = super::reap_pids_at_exit(&pids, &[cluster.dir.path()]);
+            (cluster, reaper)
+        });
+        cluster
+    }
+
+    fn initial_cluster(&self) -> String {
+        self.members
+            .iter()
+            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    fn start(&mut self, i: usize) {
+        let initial = self.initial_cluster();
+        let member = &self.members[i];
+        let data = self.dir.path().join(&member.name);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(format!("{}.log", member.name)))
+            .unwrap_or_else(|e| panic!("cannot open the member's log: {e}"));
+        let client_url = format!("http://127.0.0.1:{}", member.client_port);
+        let peer_url = format!("http://127.0.0.1:{}", member.peer_port);
+        let child = Command::new(&self.bin)
+            .arg("--name")
+            .arg(&member.name)
+            .arg("--data-dir")
+            .arg(&data)
+            .args([
+                "--listen-client-urls",
+                &client_url,
+                "--advertise-client-urls",
+                &client_url,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer_url,
+                "--initial-advertise-peer-urls",
+                &peer_url,
+            ])
+            .args([
+                "--initial-cluster",
+                &initial,
+                "--initial-cluster-token",
+                &self.token,
+            ])
+            .args([
+                "--initial-cluster-state",
+                "new",
+                "--log-level",
+                "warn",
+                "--logger",
+                "zap",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", self.bin.display()));
+        self.members[i].child = Some(child);
+    }
+
+    /// Waits until each of `members` reports itself healthy (it has a leader and serves).
+    pub fn wait_ready(&self, members: &[usize]) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        for &i in members {
+            while !healthy(self.members[i].client_port) {
+                assert!(
+                    Instant::now() < deadline,
+                    "etcd member {i} did not become healthy: {}",
+                    self.log(i)
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    /// Every member's client URL.
+    pub fn endpoints(&self) -> Vec<String> {
+        (0..self.members.len()).map(|i| self.endpoint(i)).collect()
+    }
+
+    /// Member `i`'s client URL.
+    pub fn endpoint(&self, i: usize) -> String {
+        format!("http://127.0.0.1:{}", self.members[i].client_port)
+    }
+
+    /// Member `i`'s client port.
+    pub fn client_port(&self, i: usize) -> u16 {
+        self.members[i].client_port
+    }
+
+    /// Kills member `i` (SIGKILL).
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.members[i].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts member `i` again on its data (after [`kill`](Self::kill)).
+    pub fn restart(&mut self, i: usize) {
+        self.kill(i);
+        self.start(i);
+    }
+
+    /// Freezes member `i` (SIGSTOP).
+    pub fn pause(&self, i: usize) {
+        self.signal(i, "-STOP");
+    }
+
+    /// Thaws member `i` (SIGCONT).
+    pub fn resume(&self, i: usize) {
+        self.signal(i, "-CONT");
+    }
+
+    fn signal(&self, i: usize, signal: &str) {
+        if let Some(child) = &self.members[i].child {
+            let status = Command::new("kill")
+                .arg(signal)
+                .arg(child.id().to_string())
+                .status()
+                .unwrap_or_else(|e| panic!("cannot run kill: {e}"));
+            assert!(status.success(), "kill {signal} failed");
+        }
+    }
+
+    /// Which member leads now, as the members that answer say (`None` without a leader).
+    pub fn leader(&self) -> Option<usize> {
+        for i in 0..self.members.len() {
+            if self.members[i].child.is_none() {
+                continue;
+            }
+            let Some(metrics) = http_get(self.members[i].client_port, "/metrics") else {
+                continue;
+            };
+            if metrics
+                .lines()
+                .any(|line| line.trim() == "etcd_server_is_leader 1")
+            {
+                return Some(i);
+            }
+        }
+        None
+    }
+
+    /// Waits until one of the running members leads, and answers which.
+    pub fn wait_for_leader(&self) -> usize {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(leader) = self.leader() {
+                return leader;
+            }
+            assert!(Instant::now() < deadline, "no etcd leader within 30 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn log(&self, i: usize) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("{}.log", self.members[i].name)))
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for i in 0..self.members.len() {
+            self.resume(i);
+            self.kill(i);
+        }
+    }
+}
+
+/// Whether the member on `port` says it is healthy (`GET /health`).
+fn healthy(port: u16) -> bool {
+    http_get(port, "/health").is_some_and(|body| body.contains("\"health\":\"true\""))
+}
+
+/// The body of a plain HTTP/1.0 GET on loopback, if it answered within a second.
+fn http_get(port: u16, path: &str) -> Option<String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    stream.set_write_timeout(Some(Duration::from_secs(1))).ok()?;
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).ok()?;
+    answer.split_once("\r\n\r\n").map(|(_, body)| body.to_owned())
+}
+
+fn etcd_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("ETCD") {
+        return PathBuf::from(path);
+    }
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join("etcd"))
+            .find(|candidate| candidate.is_file())
+    });
+    found.unwrap_or_else(|| {
+        panic!(
+            "etcd not found: install it (Debian/Ubuntu: `apt-get install etcd-server`) or point \
+             $ETCD at the binary"
+        )
+    })
+}
