@@ -265,8 +265,8 @@ impl LockClientBuilder {
         self
     }
 
-    /// An etcd v3 cluster (`http://host:2379` for each member, or `https://` with the `tls`
-    /// feature; the `etcd` feature): each lock is a key attached to a lease of its own, its
+    /// An etcd v3 cluster (`http://host:2379` for each member; the `etcd` feature; TLS to etcd
+    /// is not offered yet): each lock is a key attached to a lease of its own, its
     /// fencing token the revision that took it (strictly increasing across leader changes),
     /// and waiters are woken by a watch, in revision order when fair. etcd's leases have whole
     /// seconds and a minimum (2 s with etcd's default election timeout): the server's lease is
@@ -502,8 +502,7 @@ impl LockClientBuilder {
         }
         if !self.tls.is_empty() {
             return Err(LockError::invalid_options(
-                "TLS material for etcd is not taken by the builder yet: use https:// endpoints \
-                 whose certificates the system trusts",
+                "TLS to etcd is not offered yet: the builder's TLS material is for Redis",
             ));
         }
         #[cfg(feature = "etcd")]

@@ -24,22 +24,23 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
-    TxnOp, TxnOpResponse, TxnResponse,
+    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+    TxnResponse,
 };
 use futures_util::future::join_all;
 
 use super::connection::Timeouts;
 use super::{Answer, Ask, Attempt, Capabilities, Kind, LockKeys, Pinned, Renewal, Store, Stored};
 use crate::background::Background;
-use crate::error::TimedOut;
 use crate::wakeups::{Registration, Wakeups};
 use crate::LockError;
 
 mod names;
+mod pool;
 mod watcher;
 
 use names::Names;
+use pool::Pool;
 
 /// What a lock kept for its minimum hold after its release has after its token (as on Redis).
 const RELEASED: &str = ":released";
@@ -49,11 +50,6 @@ const RELEASED: &str = ":released";
 const SESSION_TTL: i64 = 2;
 /// How often the session lease is kept alive.
 const SESSION_EVERY: Duration = Duration::from_millis(500);
-
-/// gRPC status codes this store tells apart (`tonic::Code` as `i32`).
-const NOT_FOUND: i32 = 5;
-const PERMISSION_DENIED: i32 = 7;
-const UNAUTHENTICATED: i32 = 16;
 
 /// The lease a token's lock (or share) is attached to.
 #[derive(Debug, Clone)]
@@ -79,12 +75,7 @@ fn held(leases: &Leases) -> MutexGuard<'_, HashMap<String, Lease>> {
 
 /// Locks in one etcd cluster.
 pub(crate) struct EtcdBackend {
-    endpoints: Vec<String>,
-    timeouts: Timeouts,
-    /// The client of the runtime that first needed it (made again if that runtime has gone:
-    /// its connections went with it).
-    client: Mutex<Option<Client>>,
-    client_runtime: Background,
+    pool: Arc<Pool>,
     /// Each held (or being taken) lock's lease, by token.
     leases: Leases,
     /// Each fair waiter's place in line (its create revision), by token.
@@ -98,54 +89,9 @@ pub(crate) struct EtcdBackend {
 
 impl std::fmt::Debug for EtcdBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let endpoints: Vec<String> = self
-            .endpoints
-            .iter()
-            .map(|e| crate::redact::hide_credentials(e))
-            .collect();
         f.debug_struct("EtcdBackend")
-            .field("endpoints", &endpoints)
-            .field("timeouts", &self.timeouts)
+            .field("pool", &self.pool)
             .finish_non_exhaustive()
-    }
-}
-
-/// Runs one request within the response timeout.
-async fn bounded<T>(
-    after: Duration,
-    request: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
-) -> Result<T, LockError> {
-    match tokio::time::timeout(after, request).await {
-        Ok(answer) => answer.map_err(store_error),
-        Err(_) => Err(LockError::unavailable(TimedOut { after })),
-    }
-}
-
-/// The gRPC status code of an etcd error, if it is one.
-fn status_code(e: &etcd_client::Error) -> Option<i32> {
-    match e {
-        etcd_client::Error::GRpcStatus(status) => Some(i32::from(status.code())),
-        _ => None,
-    }
-}
-
-/// `Refused` when etcd refused this client (authentication, permissions), `Unavailable` for
-/// everything else.
-pub(crate) fn store_error(e: etcd_client::Error) -> LockError {
-    let reason = match status_code(&e) {
-        Some(UNAUTHENTICATED) => Some("etcd refused the credentials: fix the user or password"),
-        Some(PERMISSION_DENIED) => Some(
-            "the etcd user lacks a right locking needs: read and write on the lock prefix's \
-             keys, and leases",
-        ),
-        _ => None,
-    };
-    match reason {
-        Some(reason) => LockError::Refused {
-            reason,
-            source: e.into(),
-        },
-        None => LockError::unavailable(e),
     }
 }
 
@@ -175,37 +121,23 @@ fn fence(revision: i64) -> u64 {
 }
 
 impl EtcdBackend {
-    /// A store for `endpoints` (`http://host:2379`, or `https://` with the `tls` feature);
-    /// connects on first use.
+    /// A store for `endpoints` (`http://host:2379`); connects on first use.
     pub(crate) fn new(endpoints: Vec<String>, timeouts: Timeouts) -> Result<Self, LockError> {
         if endpoints.is_empty() {
             return Err(LockError::invalid_options("no etcd endpoint given"));
         }
         for endpoint in &endpoints {
             let scheme = endpoint.split_once("://").map(|(scheme, _)| scheme);
-            match scheme {
-                Some("http") => {}
-                Some("https") if cfg!(feature = "tls") => {}
-                Some("https") => {
-                    return Err(LockError::invalid_options(format!(
-                        "{}: https:// etcd endpoints need lock-runtime's `tls` feature",
-                        crate::redact::hide_credentials(endpoint)
-                    )))
-                }
-                _ => {
-                    return Err(LockError::invalid_options(format!(
-                        "{}: an etcd endpoint is http://host:port or https://host:port",
-                        crate::redact::hide_credentials(endpoint)
-                    )))
-                }
+            if scheme != Some("http") {
+                return Err(LockError::invalid_options(format!(
+                    "{}: an etcd endpoint is http://host:port (TLS to etcd is not offered yet)",
+                    crate::redact::hide_credentials(endpoint)
+                )));
             }
         }
         let (idle_tx, idle_rx) = tokio::sync::mpsc::unbounded_channel();
         Ok(EtcdBackend {
-            endpoints,
-            timeouts,
-            client: Mutex::new(None),
-            client_runtime: Background::default(),
+            pool: Arc::new(Pool::new(endpoints, timeouts)),
             leases: Arc::new(Mutex::new(HashMap::new())),
             places: Mutex::new(HashMap::new()),
             session: Arc::new(Mutex::new(None)),
@@ -215,18 +147,13 @@ impl EtcdBackend {
         })
     }
 
-    fn slot(&self) -> MutexGuard<'_, Option<Client>> {
-        // Every update is one step, so a poisoned slot is still consistent.
-        self.client.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     fn leases(&self) -> MutexGuard<'_, HashMap<String, Lease>> {
         held(&self.leases)
     }
 
     /// Revokes `token`'s lease once its holder no longer counts it valid, if the lease outlives
     /// that (see [`Lease::valid_until`]); ends with the lock's release or a move to another lease.
-    fn expire_when_invalid(&self, client: &Client, token: &str, ttl_ms: u64) {
+    fn expire_when_invalid(&self, token: &str, ttl_ms: u64) {
         let Some(lease) = self.leases().get(token).cloned() else {
             return;
         };
@@ -234,9 +161,8 @@ impl EtcdBackend {
             return;
         }
         let leases = Arc::clone(&self.leases);
-        let mut revoker = client.lease_client();
+        let pool = Arc::clone(&self.pool);
         let token = token.to_owned();
-        let after = self.timeouts.response;
         tokio::spawn(async move {
             let mut until = lease.valid_until;
             loop {
@@ -256,7 +182,7 @@ impl EtcdBackend {
                     until = later;
                     continue;
                 }
-                let _ = tokio::time::timeout(after, revoker.revoke(lease.id)).await;
+                let _ = pool.revoke(lease.id).await;
                 return;
             }
         });
@@ -266,65 +192,30 @@ impl EtcdBackend {
         self.places.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The client of this runtime (made lazily: etcd-client connects on the first request).
-    async fn client(&self) -> Result<Client, LockError> {
-        if let Some(client) = self.slot().as_ref().filter(|_| self.client_runtime.is_running()) {
-            return Ok(client.clone());
-        }
-        let options = ConnectOptions::new()
-            .with_connect_timeout(self.timeouts.connect)
-            .with_timeout(self.timeouts.response)
-            .with_keep_alive(
-                Duration::from_secs(10),
-                self.timeouts.response.max(Duration::from_secs(1)),
-            )
-            // A member that lost its leader refuses at once, so the balancer tries another.
-            .with_require_leader(true);
-        let client = bounded(
-            self.timeouts.connect,
-            Client::connect(&self.endpoints, Some(options)),
-        )
-        .await?;
-        let mut slot = self.slot();
-        if let Some(made) = slot.as_ref().filter(|_| self.client_runtime.is_running()) {
-            return Ok(made.clone()); // another request made one meanwhile
-        }
-        *slot = Some(client.clone());
-        self.client_runtime.replace(std::future::pending);
-        Ok(client)
-    }
-
-    async fn grant(&self, client: &Client, ttl_s: i64) -> Result<(i64, i64), LockError> {
-        let granted = bounded(self.timeouts.response, client.lease_client().grant(ttl_s, None)).await?;
-        Ok((granted.id(), granted.ttl()))
-    }
-
     /// Revokes a lease in the background (one that holds nothing any more).
-    fn revoke_later(&self, client: &Client, lease: i64) {
-        let mut leases = client.lease_client();
-        let after = self.timeouts.response;
+    fn revoke_later(&self, lease: i64) {
+        let pool = Arc::clone(&self.pool);
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(after, leases.revoke(lease)).await;
+            let _ = pool.revoke(lease).await;
         });
     }
 
     /// The session lease (granted at the first need, kept alive in the background).
-    async fn session(&self, client: &Client) -> Result<i64, LockError> {
+    async fn session(&self) -> Result<i64, LockError> {
         let alive = *self.session.lock().unwrap_or_else(|e| e.into_inner());
         if let (Some(lease), true) = (alive, self.session_keeper.is_running()) {
             return Ok(lease);
         }
-        let (lease, _) = self.grant(client, SESSION_TTL).await?;
+        let (lease, _) = self.pool.grant(SESSION_TTL).await?;
         *self.session.lock().unwrap_or_else(|e| e.into_inner()) = Some(lease);
         let session = Arc::clone(&self.session);
-        let mut leases = client.lease_client();
+        let pool = Arc::clone(&self.pool);
         self.session_keeper.replace(move || async move {
             let mut every = tokio::time::interval(SESSION_EVERY);
             every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 every.tick().await;
-                let kept = tokio::time::timeout(SESSION_EVERY, leases.keep_alive(lease)).await;
-                if let Ok(Err(etcd_client::Error::LeaseKeepAliveError(_))) = kept {
+                if let Ok(false) = pool.keep_alive(lease).await {
                     // Gone (the client was cut off longer than its ttl): the next need grants
                     // another; the places on this one went with it.
                     let mut slot = session.lock().unwrap_or_else(|e| e.into_inner());
@@ -339,15 +230,14 @@ impl EtcdBackend {
     }
 
     async fn acquire(&self, keys: &LockKeys, token: &str, ask: &Ask) -> Result<Attempt, LockError> {
-        let client = self.client().await?;
         let names = Names::new(keys);
         let session = if ask.join && !ask.shared {
-            Some(self.session(&client).await?)
+            Some(self.session().await?)
         } else {
             None
         };
         let sent = Instant::now();
-        let (lease, ttl_s) = self.grant(&client, seconds(ask.ttl_ms)).await?;
+        let (lease, ttl_s) = self.pool.grant(seconds(ask.ttl_ms)).await?;
         let valid_until = sent + Duration::from_millis(ask.ttl_ms);
         let key = if ask.shared {
             names.share(token)
@@ -376,9 +266,10 @@ impl EtcdBackend {
                     // A fenced reader reads the last fenced writer's token.
                     TxnOp::get(names.fence(), Some(GetOptions::new().with_keys_only())),
                 ]);
-            self.txn(&client, txn).await
+            self.pool.txn(txn).await
         } else {
-            self.txn(&client, self.exclusive(&names, token, ask, lease, session))
+            self.pool
+                .txn(self.exclusive(&names, token, ask, lease, session))
                 .await
         };
         // On an error the lease stays recorded, for the release that follows.
@@ -387,7 +278,7 @@ impl EtcdBackend {
             if ask.fair {
                 self.places().remove(token);
             }
-            self.expire_when_invalid(&client, token, ask.ttl_ms);
+            self.expire_when_invalid(token, ask.ttl_ms);
             let taken = if ask.shared {
                 let written = answer.op_responses();
                 read_at(&written, 1).first().map_or(0, KeyValue::mod_revision)
@@ -399,7 +290,7 @@ impl EtcdBackend {
             });
         }
         self.leases().remove(token);
-        self.revoke_later(&client, lease);
+        self.revoke_later(lease);
         let responses = answer.op_responses();
         if ask.shared {
             return Ok(Attempt::Held {
@@ -422,7 +313,7 @@ impl EtcdBackend {
                         valid_until,
                     },
                 );
-                self.expire_when_invalid(&client, token, ask.ttl_ms);
+                self.expire_when_invalid(token, ask.ttl_ms);
                 return Ok(Attempt::Acquired {
                     fence: ask.fencing.then(|| fence(held.create_revision())),
                 });
@@ -512,13 +403,8 @@ impl EtcdBackend {
         Txn::new().when(when).and_then(then).or_else(otherwise)
     }
 
-    async fn txn(&self, client: &Client, txn: Txn) -> Result<TxnResponse, LockError> {
-        bounded(self.timeouts.response, client.kv_client().txn(txn)).await
-    }
-
     async fn renew(&self, locks: &[(&LockKeys, &str, u64)]) -> Result<Vec<Renewal>, LockError> {
         let sent = Instant::now();
-        let client = self.client().await?;
         let held: Vec<Option<Lease>> = {
             let leases = self.leases();
             locks
@@ -532,7 +418,7 @@ impl EtcdBackend {
         for (at, ((_, token, ttl_ms), lease)) in locks.iter().zip(&held).enumerate() {
             let Some(lease) = lease else { continue };
             if seconds(*ttl_ms) > lease.ttl_s {
-                found[at] = self.lengthen(&client, (token, *ttl_ms), lease, sent).await?;
+                found[at] = self.lengthen((token, *ttl_ms), lease, sent).await?;
             } else {
                 kept.push((at, lease.clone()));
             }
@@ -540,31 +426,14 @@ impl EtcdBackend {
         if kept.is_empty() {
             return Ok(found);
         }
-        let keep_alives = join_all(kept.iter().map(|(_, lease)| {
-            let mut leases = client.lease_client();
-            let id = lease.id;
-            async move {
-                match bounded(self.timeouts.response, leases.keep_alive(id)).await {
-                    Ok(_) => Ok(true),
-                    Err(LockError::Unavailable { source })
-                        if matches!(
-                            source.downcast_ref::<etcd_client::Error>(),
-                            Some(etcd_client::Error::LeaseKeepAliveError(_))
-                        ) =>
-                    {
-                        Ok(false)
-                    }
-                    Err(e) => Err(e),
-                }
-            }
-        }));
+        let keep_alives = join_all(kept.iter().map(|(_, lease)| self.pool.keep_alive(lease.id)));
         // One read for the batch: each key still holds its token on its lease.
         let read = Txn::new().and_then(
             kept.iter()
                 .map(|(_, lease)| TxnOp::get(lease.key.as_str(), None))
                 .collect::<Vec<_>>(),
         );
-        let (alive, read) = tokio::join!(keep_alives, self.txn(&client, read));
+        let (alive, read) = tokio::join!(keep_alives, self.pool.txn(read));
         let read = read?.op_responses();
         for (n, ((at, lease), alive)) in kept.iter().zip(alive).enumerate() {
             let token = locks[*at].1;
@@ -586,19 +455,18 @@ impl EtcdBackend {
     /// Moves `token`'s key to a new lease of `ttl_s` seconds if it still holds the token.
     async fn lengthen(
         &self,
-        client: &Client,
         (token, ttl_ms): (&str, u64),
         lease: &Lease,
         sent: Instant,
     ) -> Result<Renewal, LockError> {
-        let (longer, granted) = self.grant(client, seconds(ttl_ms)).await?;
+        let (longer, granted) = self.pool.grant(seconds(ttl_ms)).await?;
         let moved = Txn::new()
             .when([
                 Compare::value(lease.key.as_str(), CompareOp::Equal, token),
                 Compare::lease(lease.key.as_str(), CompareOp::Equal, lease.id),
             ])
             .and_then([TxnOp::put(lease.key.as_str(), token, put_on(longer))]);
-        let moved = self.txn(client, moved).await?.succeeded();
+        let moved = self.pool.txn(moved).await?.succeeded();
         if moved {
             self.leases().insert(
                 token.to_owned(),
@@ -609,16 +477,15 @@ impl EtcdBackend {
                     valid_until: sent + Duration::from_millis(ttl_ms),
                 },
             );
-            self.revoke_later(client, lease.id);
-            self.expire_when_invalid(client, token, ttl_ms);
+            self.revoke_later(lease.id);
+            self.expire_when_invalid(token, ttl_ms);
         } else {
-            self.revoke_later(client, longer);
+            self.revoke_later(longer);
         }
         Ok(Renewal::from_ours(moved))
     }
 
     async fn release(&self, token: &str, hold_ms: u64) -> Result<bool, LockError> {
-        let client = self.client().await?;
         self.places().remove(token);
         let Some(lease) = self.leases().remove(token) else {
             return Ok(false);
@@ -627,7 +494,7 @@ impl EtcdBackend {
             // Kept for the minimum hold: on a lease of that long, once the key still holds the
             // token (its own lease then goes).
             let sent = Instant::now();
-            let (shorter, granted) = self.grant(&client, seconds(hold_ms)).await?;
+            let (shorter, granted) = self.pool.grant(seconds(hold_ms)).await?;
             let kept = Txn::new()
                 .when([
                     Compare::value(lease.key.as_str(), CompareOp::Equal, token),
@@ -638,7 +505,7 @@ impl EtcdBackend {
                     format!("{token}{RELEASED}"),
                     put_on(shorter),
                 )]);
-            let kept = self.txn(&client, kept).await?.succeeded();
+            let kept = self.pool.txn(kept).await?.succeeded();
             if kept {
                 // Ended when the hold does (the lease may be longer), by this client.
                 self.leases().insert(
@@ -650,21 +517,16 @@ impl EtcdBackend {
                         valid_until: sent + Duration::from_millis(hold_ms),
                     },
                 );
-                self.expire_when_invalid(&client, token, hold_ms);
+                self.expire_when_invalid(token, hold_ms);
             } else {
-                self.revoke_later(&client, shorter);
+                self.revoke_later(shorter);
             }
-            self.revoke_later(&client, lease.id);
+            self.revoke_later(lease.id);
             return Ok(kept);
         }
-        let revoked = bounded(self.timeouts.response, client.lease_client().revoke(lease.id)).await;
-        match revoked {
-            Ok(_) => Ok(true),
-            Err(LockError::Unavailable { source })
-                if source.downcast_ref::<etcd_client::Error>().and_then(status_code) == Some(NOT_FOUND) =>
-            {
-                Ok(false) // its lease ended: the lock had gone
-            }
+        match self.pool.revoke(lease.id).await {
+            // `false`: its lease ended, and the lock had gone.
+            Ok(revoked) => Ok(revoked),
             Err(e) => {
                 // Not known to be gone: its lease ends it, unless a later release does.
                 self.leases().insert(token.to_owned(), lease);
@@ -674,23 +536,18 @@ impl EtcdBackend {
     }
 
     async fn leave(&self, keys: &LockKeys, token: &str) -> Result<(), LockError> {
-        let client = self.client().await?;
         let names = Names::new(keys);
         self.places().remove(token);
         let gone = Txn::new().and_then([
             TxnOp::delete(names.place(token), None),
             TxnOp::delete(names.claim(token), None),
         ]);
-        self.txn(&client, gone).await?;
+        self.pool.txn(gone).await?;
         Ok(())
     }
 
     /// The holder's key and the readers' shares.
-    async fn read_holders(
-        &self,
-        client: &Client,
-        keys: &LockKeys,
-    ) -> Result<(Option<KeyValue>, Vec<KeyValue>), LockError> {
+    async fn read_holders(&self, keys: &LockKeys) -> Result<(Option<KeyValue>, Vec<KeyValue>), LockError> {
         let names = Names::new(keys);
         let read = Txn::new().and_then([
             TxnOp::get(names.lock.as_str(), None),
@@ -699,23 +556,17 @@ impl EtcdBackend {
                 Some(GetOptions::new().with_range(names.shares_end())),
             ),
         ]);
-        let read = self.txn(client, read).await?.op_responses();
+        let read = self.pool.txn(read).await?.op_responses();
         Ok((read_at(&read, 0).first().cloned(), read_at(&read, 1).to_vec()))
     }
 
     /// What is left of `kv`'s lock: its lease's remaining whole seconds, or less when this
     /// client holds it and ends it sooner (see [`Lease::valid_until`]).
-    async fn remaining(&self, client: &Client, kv: &KeyValue) -> Option<Duration> {
+    async fn remaining(&self, kv: &KeyValue) -> Option<Duration> {
         if kv.lease() == 0 {
             return None;
         }
-        let ttl = bounded(
-            self.timeouts.response,
-            client.lease_client().time_to_live(kv.lease(), None),
-        )
-        .await
-        .ok()?;
-        let left = Duration::from_secs(u64::try_from(ttl.ttl()).ok()?);
+        let left = self.pool.time_to_live(kv.lease()).await.ok()??;
         let value = kv.value_str().ok()?;
         let token = value.strip_suffix(RELEASED).unwrap_or(value);
         let ours = self
@@ -727,38 +578,35 @@ impl EtcdBackend {
     }
 
     async fn holder(&self, keys: &LockKeys) -> Result<Option<(Stored, Option<Duration>)>, LockError> {
-        let client = self.client().await?;
-        let (writer, readers) = self.read_holders(&client, keys).await?;
+        let (writer, readers) = self.read_holders(keys).await?;
         if let Some(writer) = writer {
-            let left = self.remaining(&client, &writer).await;
+            let left = self.remaining(&writer).await;
             return Ok(Some((Stored::One(writer.value().to_vec()), left)));
         }
         if readers.is_empty() {
             return Ok(None);
         }
-        let lefts = join_all(readers.iter().map(|r| self.remaining(&client, r))).await;
+        let lefts = join_all(readers.iter().map(|r| self.remaining(r))).await;
         let mut values: Vec<Vec<u8>> = readers.iter().map(|r| r.value().to_vec()).collect();
         values.sort();
         Ok(Some((Stored::Shares(values), lefts.into_iter().flatten().max())))
     }
 
     async fn force_release(&self, keys: &LockKeys) -> Result<bool, LockError> {
-        let client = self.client().await?;
-        let (writer, readers) = self.read_holders(&client, keys).await?;
+        let (writer, readers) = self.read_holders(keys).await?;
         let found: Vec<KeyValue> = writer.into_iter().chain(readers).collect();
         for kv in &found {
             if kv.lease() != 0 {
                 // Its holder's renewals find the lease gone.
-                let revoked = bounded(self.timeouts.response, client.lease_client().revoke(kv.lease())).await;
-                if let Err(e) = revoked {
-                    let gone = matches!(&e, LockError::Unavailable { source }
-                        if source.downcast_ref::<etcd_client::Error>().and_then(status_code) == Some(NOT_FOUND));
-                    if !gone {
-                        return Err(e);
-                    }
-                }
+                self.pool.revoke(kv.lease()).await?;
             } else {
-                bounded(self.timeouts.response, client.kv_client().delete(kv.key(), None)).await?;
+                let key = kv.key().to_vec();
+                self.pool
+                    .ask(|client| {
+                        let key = key.clone();
+                        async move { client.kv_client().delete(key, None).await }
+                    })
+                    .await?;
             }
         }
         Ok(!found.is_empty())
@@ -770,7 +618,6 @@ impl Drop for EtcdBackend {
     fn drop(&mut self) {
         self.watcher.stop();
         self.session_keeper.stop();
-        self.client_runtime.stop();
     }
 }
 
@@ -841,7 +688,7 @@ impl Store for EtcdBackend {
     }
 
     fn response_timeout(&self) -> Duration {
-        self.timeouts.response
+        self.pool.timeouts.response
     }
 
     fn wakeups(&self) -> &Arc<Wakeups> {
@@ -856,11 +703,10 @@ impl Store for EtcdBackend {
             if self.wakeups.is_subscribed(registration.channel(), 0) {
                 return;
             }
-            let Ok(client) = self.client().await else {
-                return; // the waiter naps, and asks again
-            };
-            let watching = self.watcher.watch(client, &self.wakeups, registration.channel());
-            let _ = tokio::time::timeout(self.timeouts.response, watching).await;
+            let watching = self
+                .watcher
+                .watch(&self.pool, &self.wakeups, registration.channel());
+            let _ = tokio::time::timeout(self.pool.timeouts.response, watching).await;
         })
     }
 }

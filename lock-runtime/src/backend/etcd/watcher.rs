@@ -11,10 +11,11 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use etcd_client::{Client, Event, EventType, GetOptions, WatchOptions, WatchResponse, WatchStream};
+use etcd_client::{Event, EventType, GetOptions, WatchOptions, WatchResponse, WatchStream};
 use tokio::sync::{mpsc, oneshot};
 
 use super::names::{Names, Part};
+use super::pool::{self, Pool};
 use crate::background::Background;
 use crate::keys::LockKeys;
 use crate::wakeups::Wakeups;
@@ -50,7 +51,7 @@ impl Watcher {
 
     /// Completes once releases of `channel`'s lock reach its waiters (or never, when etcd cannot
     /// be reached: the caller bounds the wait).
-    pub(super) async fn watch(&self, client: Client, wakeups: &Arc<Wakeups>, channel: &str) {
+    pub(super) async fn watch(&self, pool: &Arc<Pool>, wakeups: &Arc<Wakeups>, channel: &str) {
         let (done, watching) = oneshot::channel();
         {
             let mut slot = self.slot();
@@ -59,7 +60,8 @@ impl Watcher {
                 *slot = Some(requests);
                 let wakeups = Arc::clone(wakeups);
                 let idle = Arc::clone(&self.idle);
-                self.task.replace(move || run(client, wakeups, received, idle));
+                let pool = Arc::clone(pool);
+                self.task.replace(move || run(pool, wakeups, received, idle));
             }
             let request = Request {
                 channel: channel.to_owned(),
@@ -176,7 +178,8 @@ struct Pending {
 /// The stream and its watches.
 #[derive(Debug, Default)]
 struct Watches {
-    stream: Option<WatchStream>,
+    /// The stream, and the pin of the member it went to.
+    stream: Option<(WatchStream, usize)>,
     /// Confirmed watches, by watch id.
     by_id: HashMap<i64, Mirror>,
     /// Each watched channel's watch id.
@@ -186,7 +189,7 @@ struct Watches {
 }
 
 impl Watches {
-    async fn add(&mut self, client: &mut Client, request: Request, wakeups: &Wakeups) {
+    async fn add(&mut self, pool: &Pool, request: Request, wakeups: &Wakeups) {
         let Request { channel, done } = request;
         if self.by_channel.contains_key(&channel) {
             let _ = done.send(());
@@ -200,9 +203,11 @@ impl Watches {
             return;
         };
         // What the lock's keys are now, then every change after.
-        let snapshot = client
-            .kv_client()
-            .get(lock, Some(GetOptions::new().with_prefix().with_keys_only()))
+        let snapshot = pool
+            .ask(|client| async move {
+                let keys = GetOptions::new().with_prefix().with_keys_only();
+                client.kv_client().get(lock, Some(keys)).await
+            })
             .await;
         let snapshot = match snapshot {
             Ok(snapshot) => snapshot,
@@ -218,12 +223,18 @@ impl Watches {
         let after = snapshot.header().map_or(0, |h| h.revision()) + 1;
         let options = WatchOptions::new().with_prefix().with_start_revision(after);
         let sent = match self.stream.as_mut() {
-            Some(stream) => stream.watch(lock, Some(options)).await,
-            None => match client.watch_client().watch(lock, Some(options)).await {
-                Ok(stream) => {
-                    self.stream = Some(stream);
-                    Ok(())
-                }
+            Some((stream, _)) => stream.watch(lock, Some(options)).await.map_err(pool::store_error),
+            None => match pool.pinned().await {
+                Ok((at, client)) => match client.watch_client().watch(lock, Some(options)).await {
+                    Ok(stream) => {
+                        self.stream = Some((stream, at));
+                        Ok(())
+                    }
+                    Err(e) => {
+                        pool.unpin(at);
+                        Err(pool::store_error(e))
+                    }
+                },
                 Err(e) => Err(e),
             },
         };
@@ -234,7 +245,7 @@ impl Watches {
             }),
             Err(e) => {
                 tracing::debug!(error = %e, "cannot watch a lock for its release");
-                self.broken(wakeups);
+                self.broken(pool, wakeups);
             }
         }
     }
@@ -246,7 +257,7 @@ impl Watches {
         }
         if let Some(id) = self.by_channel.remove(channel) {
             self.by_id.remove(&id);
-            if let Some(stream) = self.stream.as_mut() {
+            if let Some((stream, _)) = self.stream.as_mut() {
                 let _ = stream.cancel(id).await;
             }
         }
@@ -285,15 +296,20 @@ impl Watches {
 
     /// The stream broke: every waiter re-checks its lock (a release may have gone unheard), and
     /// the next to wait watches again.
-    fn broken(&mut self, wakeups: &Wakeups) {
+    fn broken(&mut self, pool: &Pool, wakeups: &Wakeups) {
+        if let Some((_, at)) = self.stream.take() {
+            pool.unpin(at);
+        }
         *self = Watches::default();
         wakeups.subscriptions_lost(0);
     }
 }
 
-async fn next(stream: &mut Option<WatchStream>) -> Result<Option<WatchResponse>, etcd_client::Error> {
+async fn next(
+    stream: &mut Option<(WatchStream, usize)>,
+) -> Result<Option<WatchResponse>, etcd_client::Error> {
     match stream.as_mut() {
-        Some(stream) => stream.message().await,
+        Some((stream, _)) => stream.message().await,
         None => std::future::pending().await,
     }
 }
@@ -301,7 +317,7 @@ async fn next(stream: &mut Option<WatchStream>) -> Result<Option<WatchResponse>,
 /// Serves requests and hands on what the stream says, until the task is aborted (with its
 /// client) or its runtime ends.
 async fn run(
-    mut client: Client,
+    pool: Arc<Pool>,
     wakeups: Arc<Wakeups>,
     mut requests: mpsc::UnboundedReceiver<Request>,
     idle: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<String>>>,
@@ -311,16 +327,16 @@ async fn run(
     loop {
         tokio::select! {
             request = requests.recv() => match request {
-                Some(request) => watches.add(&mut client, request, &wakeups).await,
+                Some(request) => watches.add(&pool, request, &wakeups).await,
                 None => return,
             },
             Some(channel) = idle.recv() => watches.remove(&channel, &wakeups).await,
             answer = next(&mut watches.stream) => match answer {
                 Ok(Some(response)) => watches.answer(response, &wakeups).await,
-                Ok(None) => watches.broken(&wakeups),
+                Ok(None) => watches.broken(&pool, &wakeups),
                 Err(e) => {
                     tracing::debug!(error = %e, "the lock release watch broke");
-                    watches.broken(&wakeups);
+                    watches.broken(&pool, &wakeups);
                 }
             },
         }
