@@ -234,6 +234,48 @@ impl EtcdCluster {
         }
     }
 
+    /// What the running members have served so far, summed over them, by gRPC method: unary
+    /// requests handled (`Txn`, `LeaseGrant`, …), messages received on streams
+    /// (`LeaseKeepAlive`, `Watch`: each keep-alive, each watch created or cancelled), and watch
+    /// responses sent (`Watch sent`: each carries one change or more). From `/metrics`.
+    pub fn served(&self) -> std::collections::BTreeMap<String, f64> {
+        let mut served = std::collections::BTreeMap::new();
+        for member in self.members.iter().filter(|m| m.child.is_some()) {
+            let Some(metrics) = http_get(member.client_port, "/metrics") else {
+                continue;
+            };
+            for line in metrics.lines() {
+                let (name, rest) = match line.split_once('{') {
+                    Some(split) => split,
+                    None => continue,
+                };
+                let Some((labels, value)) = rest.rsplit_once("} ") else {
+                    continue;
+                };
+                let label = |key: &str| {
+                    labels.split(',').find_map(|pair| {
+                        pair.strip_prefix(key)
+                            .and_then(|v| v.strip_prefix("=\""))
+                            .and_then(|v| v.strip_suffix('"'))
+                    })
+                };
+                let (Some(method), Ok(value)) = (label("grpc_method"), value.trim().parse::<f64>()) else {
+                    continue;
+                };
+                let counted = match (name, label("grpc_type")) {
+                    ("grpc_server_handled_total", Some("unary")) => method.to_owned(),
+                    ("grpc_server_msg_received_total", Some("bidi_stream")) => method.to_owned(),
+                    ("grpc_server_msg_sent_total", Some("bidi_stream")) if method == "Watch" => {
+                        "Watch sent".to_owned()
+                    }
+                    _ => continue,
+                };
+                *served.entry(counted).or_insert(0.0) += value;
+            }
+        }
+        served
+    }
+
     fn log(&self, i: usize) -> String {
         std::fs::read_to_string(self.dir.path().join(format!("{}.log", self.members[i].name)))
             .unwrap_or_default()

@@ -1,6 +1,7 @@
 //! The one watch stream of an etcd client: a watch per lock this client's waiters wait for,
 //! started by the first of them (from a snapshot of the lock's keys, so no change after it is
-//! missed) and cancelled when the last one stops waiting.
+//! missed) and cancelled a second after the last one stopped waiting (a lock in steady
+//! contention keeps its watch).
 //!
 //! Each watch keeps a mirror of its lock (held or not, how many shares and claims, the fair line
 //! in revision order), so a change wakes the one waiter it concerns: a release wakes the head of
@@ -10,6 +11,9 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use etcd_client::{Event, EventType, GetOptions, WatchOptions, WatchResponse, WatchStream};
 use tokio::sync::{mpsc, oneshot};
@@ -186,12 +190,21 @@ struct Watches {
     by_channel: HashMap<String, i64>,
     /// Asked for, in order (etcd confirms them in that order).
     pending: VecDeque<Pending>,
+    /// Watches nobody waits on, kept for [`LINGER`] since when they went idle: the next waiter
+    /// on the same lock (a lock in steady contention has one at once) finds it watched.
+    idle: HashMap<String, Instant>,
 }
+
+/// How long a watch nobody waits on is kept before it is cancelled.
+const LINGER: Duration = Duration::from_secs(1);
 
 impl Watches {
     async fn add(&mut self, pool: &Pool, request: Request, wakeups: &Wakeups) {
         let Request { channel, done } = request;
         if self.by_channel.contains_key(&channel) {
+            // Still watched (it lingered): its mirror is up to date.
+            self.idle.remove(&channel);
+            wakeups.set_subscribed(&channel, 0);
             let _ = done.send(());
             return;
         }
@@ -250,7 +263,29 @@ impl Watches {
         }
     }
 
-    /// Nobody waits on `channel` any more.
+    /// Nobody waits on `channel` any more: its watch lingers, then goes.
+    fn went_idle(&mut self, channel: String) {
+        if self.by_channel.contains_key(&channel) {
+            self.idle.insert(channel, Instant::now());
+        }
+    }
+
+    /// Cancels the watches that have lingered long enough.
+    async fn sweep(&mut self, wakeups: &Wakeups) {
+        let now = Instant::now();
+        let done: Vec<String> = self
+            .idle
+            .iter()
+            .filter(|(_, since)| now.duration_since(**since) >= LINGER)
+            .map(|(channel, _)| channel.clone())
+            .collect();
+        for channel in done {
+            self.idle.remove(&channel);
+            self.remove(&channel, wakeups).await;
+        }
+    }
+
+    /// Cancels `channel`'s watch unless a waiter came back meanwhile.
     async fn remove(&mut self, channel: &str, wakeups: &Wakeups) {
         if wakeups.is_wanted(channel) {
             return; // a waiter came back meanwhile
@@ -275,7 +310,7 @@ impl Watches {
                     let _ = done.send(());
                 }
                 if !wakeups.is_wanted(&channel) {
-                    self.remove(&channel, wakeups).await;
+                    self.went_idle(channel);
                 }
             }
         }
@@ -324,13 +359,16 @@ async fn run(
 ) {
     let mut idle = idle.lock().await;
     let mut watches = Watches::default();
+    let mut sweeps = tokio::time::interval(LINGER);
+    sweeps.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
+            _ = sweeps.tick() => watches.sweep(&wakeups).await,
             request = requests.recv() => match request {
                 Some(request) => watches.add(&pool, request, &wakeups).await,
                 None => return,
             },
-            Some(channel) = idle.recv() => watches.remove(&channel, &wakeups).await,
+            Some(channel) = idle.recv() => watches.went_idle(channel),
             answer = next(&mut watches.stream) => match answer {
                 Ok(Some(response)) => watches.answer(response, &wakeups).await,
                 Ok(None) => watches.broken(&pool, &wakeups),

@@ -16,7 +16,8 @@
 //! lock it has seen held, as the library's waiters there do (see `target.rs`).
 //!
 //! With `--postgres URL` (the `postgres` feature) the same commands read the library's
-//! PostgreSQL store instead (see `postgres.rs`).
+//! PostgreSQL store instead (see `postgres.rs`), and with `--etcd ENDPOINTS` (the `etcd`
+//! feature) its etcd store (see `etcd.rs`).
 //!
 //! It reads the data model the library writes (see the crate docs): the lock of key `k` at
 //! `<prefix>{k}`, its fencing counter at `<prefix>{k}:fence`, fair waiters at
@@ -36,6 +37,8 @@ use clap::{Args, Parser, Subcommand};
 #[path = "../../backend/conn.rs"]
 mod conn;
 mod error;
+#[cfg(feature = "etcd")]
+mod etcd;
 mod inspect;
 mod output;
 #[cfg(feature = "postgres")]
@@ -52,7 +55,7 @@ use output::Out;
 use target::Target;
 
 /// Inspect and manage the distributed locks of lock-runtime on Redis (or PostgreSQL, with
-/// `--postgres`).
+/// `--postgres`, or etcd, with `--etcd`).
 #[derive(Debug, Parser)]
 #[command(name = "lockctl", version)]
 struct Cli {
@@ -115,6 +118,20 @@ struct Global {
                 the library's .postgres(url)) instead of Redis"
     )]
     postgres: Option<String>,
+    /// The locks are in this etcd cluster (the library's `.etcd(endpoints)`; the `etcd`
+    /// feature) instead of Redis.
+    #[cfg(feature = "etcd")]
+    #[arg(
+        long,
+        global = true,
+        value_name = "ENDPOINTS",
+        env = "LOCKCTL_ETCD_ENDPOINTS",
+        value_delimiter = ',',
+        conflicts_with_all = ["cluster", "sentinel"],
+        help = "The locks are in this etcd cluster (http://host:2379, repeat --etcd or separate the \
+                members with commas, as the library's .etcd(endpoints)) instead of Redis"
+    )]
+    etcd: Vec<String>,
     /// The key prefix the services' lock clients use.
     #[arg(long, global = true, default_value = lock_runtime::DEFAULT_PREFIX)]
     prefix: String,
@@ -207,6 +224,24 @@ fn run(cli: Cli) -> Result<(), Error> {
         return runtime.block_on(postgres::run(
             cli.command,
             url,
+            &cli.global.prefix,
+            timeout,
+            &mut out,
+        ));
+    }
+    #[cfg(feature = "etcd")]
+    if !cli.global.etcd.is_empty() {
+        #[cfg(feature = "postgres")]
+        if cli.global.postgres.is_some() {
+            return Err(Error::Usage("give --etcd or --postgres, not both".to_owned()));
+        }
+        if cli.global.prefix.is_empty() {
+            return Err(Error::Usage("--prefix must not be empty".to_owned()));
+        }
+        let timeout = Duration::from_millis(cli.global.timeout_ms);
+        return runtime.block_on(etcd::run(
+            cli.command,
+            &cli.global.etcd,
             &cli.global.prefix,
             timeout,
             &mut out,

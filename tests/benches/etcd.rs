@@ -1,0 +1,341 @@
+//! The etcd store against the hand-written minimum on etcd, and this library on Redis, in one
+//! run, on servers the kit starts (a 3-member etcd cluster and one `redis-server`, loopback).
+//!
+//! ```text
+//! cargo bench -p lock-tests --bench etcd                  # about a minute once built
+//! BENCH_SCALE=0.1 cargo bench -p lock-tests --bench etcd  # smoke run
+//! ```
+//!
+//! Contenders, each with one client:
+//!
+//! - **ours, etcd**: `LockClient::builder().etcd(endpoints)`, `acquire` (ttl 10 s) then
+//!   `release`: a lease grant, one transaction, a lease revoke.
+//! - **hand-written, etcd**: the minimum a lock with a ttl needs on etcd, through etcd-client
+//!   (its balanced channel over the three members): a lease grant (10 s), a transaction that
+//!   puts the key with the lease if it has no create revision, and a transaction that deletes it
+//!   if its mod revision is still the one taken (the lease is left to end by itself).
+//! - **ours, Redis**: `LockClient::connect(redis_url)`, the same acquire and release.
+//!
+//! Measured: (1) one task doing sequential pairs on one key: latency median and p99, pairs/s;
+//! (2) 64 tasks on 64 keys, all on one client: pairs/s; both in 5 interleaved rounds, with the
+//! median of the per-round ratios ours / hand-written. (3) The hand-off on one key: 8 clients
+//! (one task each) take turns, each acquiring with a wait, holding it 1 ms and releasing: from a
+//! release's start to the next holder's lock, median and p99, plain and fair, on etcd and Redis;
+//! on etcd also what the members served per hand-off, by gRPC method (from their `/metrics`).
+//! Output: the tables, then one JSON line with the same numbers.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+use lock_runtime::{LockClient, LockOptions};
+use lock_tests::{EtcdCluster, RedisServer};
+use serde_json::json;
+use tokio::time::Instant;
+
+const ROUNDS: usize = 5;
+const TASKS: usize = 64;
+const WAITERS: usize = 8;
+
+fn scale() -> f64 {
+    std::env::var("BENCH_SCALE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1.0)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Contender {
+    OursEtcd,
+    HandWritten,
+    OursRedis,
+}
+
+const CONTENDERS: [Contender; 3] = [Contender::OursEtcd, Contender::HandWritten, Contender::OursRedis];
+
+impl Contender {
+    fn name(self) -> &'static str {
+        match self {
+            Contender::OursEtcd => "ours, etcd",
+            Contender::HandWritten => "hand-written, etcd",
+            Contender::OursRedis => "ours, Redis",
+        }
+    }
+}
+
+struct Bench {
+    etcd: LockClient,
+    redis: LockClient,
+    raw: etcd_client::Client,
+    options: LockOptions,
+}
+
+impl Bench {
+    /// One acquire and release of `key` (index `k`) by `who`.
+    async fn pair(&self, who: Contender, k: usize) {
+        let key = format!("bench-{k}");
+        match who {
+            Contender::OursEtcd | Contender::OursRedis => {
+                let client = if who == Contender::OursRedis {
+                    &self.redis
+                } else {
+                    &self.etcd
+                };
+                let guard = client.acquire(&key, &self.options).await.unwrap();
+                assert!(guard.release().await.unwrap());
+            }
+            Contender::HandWritten => {
+                let key = format!("hand:{key}");
+                let lease = self.raw.lease_client().grant(10, None).await.unwrap().id();
+                let take = Txn::new()
+                    .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+                    .and_then([TxnOp::put(
+                        key.as_str(),
+                        "token",
+                        Some(PutOptions::new().with_lease(lease)),
+                    )]);
+                let taken = self.raw.kv_client().txn(take).await.unwrap();
+                assert!(taken.succeeded());
+                let revision = taken.header().unwrap().revision();
+                let give_back = Txn::new()
+                    .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, revision)])
+                    .and_then([TxnOp::delete(key.as_str(), None)]);
+                assert!(self.raw.kv_client().txn(give_back).await.unwrap().succeeded());
+            }
+        }
+    }
+}
+
+fn quantile(samples: &mut [Duration], q: f64) -> Duration {
+    samples.sort_unstable();
+    samples[((samples.len() as f64 - 1.0) * q).round() as usize]
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+async fn handoffs(clients: &[LockClient], key: &str, count: usize, fair: bool) -> Vec<Duration> {
+    let released_at: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let seen: Arc<Mutex<Vec<Duration>>> = Arc::default();
+    let left = Arc::new(AtomicU64::new(count as u64));
+    let options = LockOptions::new(Duration::from_secs(10))
+        .wait(Duration::from_secs(30))
+        .fair(fair);
+    let tasks: Vec<_> = clients
+        .iter()
+        .cloned()
+        .map(|client| {
+            let (released_at, seen, left, options, key) = (
+                Arc::clone(&released_at),
+                Arc::clone(&seen),
+                Arc::clone(&left),
+                options.clone(),
+                key.to_owned(),
+            );
+            tokio::spawn(async move {
+                while left.load(Ordering::SeqCst) > 0 {
+                    let guard = client.acquire(&key, &options).await.unwrap();
+                    let now = Instant::now();
+                    if let Some(at) = released_at.lock().unwrap().take() {
+                        if left
+                            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                            .is_ok()
+                        {
+                            seen.lock().unwrap().push(now - at);
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    *released_at.lock().unwrap() = Some(Instant::now());
+                    assert!(guard.release().await.unwrap());
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let seen = seen.lock().unwrap().clone();
+    seen
+}
+
+/// Hand-offs on etcd, timed, with what the members served for them.
+struct Counted {
+    latency: Vec<Duration>,
+    per_handoff: BTreeMap<String, f64>,
+}
+
+impl Counted {
+    async fn run(cluster: &EtcdCluster, clients: &[LockClient], count: usize, fair: bool) -> Counted {
+        let key = if fair { "fair" } else { "plain" };
+        let before = cluster.served();
+        let latency = handoffs(clients, key, count, fair).await;
+        let after = cluster.served();
+        let per_handoff = after
+            .iter()
+            .map(|(method, n)| (method.clone(), (n - before.get(method).unwrap_or(&0.0)) / count as f64))
+            .filter(|(_, n)| *n >= 0.005)
+            .collect();
+        Counted { latency, per_handoff }
+    }
+
+    fn report(&mut self, name: &str) -> serde_json::Value {
+        let (p50, p99) = (quantile(&mut self.latency, 0.5), quantile(&mut self.latency, 0.99));
+        let requests: f64 = self
+            .per_handoff
+            .iter()
+            .filter(|(method, _)| !method.starts_with("Watch"))
+            .map(|(_, n)| n)
+            .sum();
+        let watch_sent = self.per_handoff.get("Watch sent").copied().unwrap_or(0.0);
+        println!(
+            "{name:<24} {:>8.3}ms {:>8.3}ms  {requests:.2} requests and {watch_sent:.2} watch responses per hand-off:",
+            ms(p50),
+            ms(p99),
+        );
+        for (method, per) in &self.per_handoff {
+            println!("    {per:>5.2} × {method}");
+        }
+        json!({"median_ms": ms(p50), "p99_ms": ms(p99), "requests_per_handoff": requests,
+            "watch_responses_per_handoff": watch_sent, "by_method": self.per_handoff})
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let scale = scale();
+    let cluster = EtcdCluster::spawn();
+    let redis = RedisServer::spawn();
+    let endpoints = cluster.endpoints();
+    let bench = Arc::new(Bench {
+        etcd: LockClient::builder().etcd(&endpoints).build().await.unwrap(),
+        redis: LockClient::connect(&redis.url()).await.unwrap(),
+        raw: etcd_client::Client::connect(&endpoints, None).await.unwrap(),
+        options: LockOptions::new(Duration::from_secs(10)),
+    });
+    for who in CONTENDERS {
+        for k in 0..TASKS {
+            bench.pair(who, k).await;
+        }
+    }
+
+    eprintln!("one task, sequential pairs");
+    let per_round = ((300.0 * scale) as usize).max(20);
+    let n = CONTENDERS.len();
+    let mut latency: Vec<Vec<Duration>> = vec![Vec::new(); n];
+    let mut rate: Vec<Vec<f64>> = vec![Vec::new(); n];
+    let mut ratio = Vec::new();
+    for round in 0..ROUNDS {
+        let mut round_rate = vec![0.0; n];
+        for turn in 0..n {
+            let i = (turn + round) % n;
+            let started = Instant::now();
+            for _ in 0..per_round {
+                let t = Instant::now();
+                bench.pair(CONTENDERS[i], 0).await;
+                latency[i].push(t.elapsed());
+            }
+            round_rate[i] = per_round as f64 / started.elapsed().as_secs_f64();
+            rate[i].push(round_rate[i]);
+        }
+        ratio.push(round_rate[0] / round_rate[1]);
+    }
+
+    eprintln!("{TASKS} tasks on {TASKS} keys");
+    let window = Duration::from_secs_f64((2.0 * scale).max(0.2));
+    let mut wide: Vec<Vec<f64>> = vec![Vec::new(); n];
+    let mut wide_ratio = Vec::new();
+    for round in 0..ROUNDS {
+        let mut round_rate = vec![0.0; n];
+        for turn in 0..n {
+            let i = (turn + round) % n;
+            let done = Arc::new(AtomicU64::new(0));
+            let until = Instant::now() + window;
+            let tasks: Vec<_> = (0..TASKS)
+                .map(|k| {
+                    let (bench, done) = (Arc::clone(&bench), Arc::clone(&done));
+                    tokio::spawn(async move {
+                        while Instant::now() < until {
+                            bench.pair(CONTENDERS[i], k).await;
+                            done.fetch_add(1, Ordering::Relaxed);
+                        }
+                    })
+                })
+                .collect();
+            let started = Instant::now();
+            for task in tasks {
+                task.await.unwrap();
+            }
+            round_rate[i] = done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
+            wide[i].push(round_rate[i]);
+        }
+        wide_ratio.push(round_rate[0] / round_rate[1]);
+    }
+
+    eprintln!("hand-off, {WAITERS} clients on one key");
+    let count = ((300.0 * scale) as usize).max(40);
+    let mut clients = Vec::new();
+    for _ in 0..WAITERS {
+        clients.push(LockClient::builder().etcd(&endpoints).build().await.unwrap());
+    }
+    handoffs(&clients, "warm", WAITERS * 4, false).await;
+    let mut plain = Counted::run(&cluster, &clients, count, false).await;
+    handoffs(&clients, "warm-fair", WAITERS * 4, true).await;
+    let mut fair = Counted::run(&cluster, &clients, count, true).await;
+    drop(clients);
+    let mut redis_clients = Vec::new();
+    for _ in 0..WAITERS {
+        redis_clients.push(LockClient::connect(&redis.url()).await.unwrap());
+    }
+    handoffs(&redis_clients, "warm", WAITERS * 4, false).await;
+    let mut redis_handoff = handoffs(&redis_clients, "handoff", count, false).await;
+
+    println!("a 3-member etcd cluster and redis-server on loopback, {per_round} pairs per contender in each of {ROUNDS} rounds");
+    println!(
+        "\n{:<24} {:>10} {:>10} {:>10} {:>12}",
+        "one task", "median", "p99", "pairs/s", "64 tasks/s"
+    );
+    let mut rows = Vec::new();
+    for (i, who) in CONTENDERS.iter().enumerate() {
+        let (p50, p99) = (quantile(&mut latency[i], 0.5), quantile(&mut latency[i], 0.99));
+        let (one, many) = (median(&mut rate[i]), median(&mut wide[i]));
+        println!(
+            "{:<24} {:>8.3}ms {:>8.3}ms {:>10.0} {:>12.0}",
+            who.name(),
+            ms(p50),
+            ms(p99),
+            one,
+            many
+        );
+        rows.push(json!({"contender": who.name(), "median_ms": ms(p50), "p99_ms": ms(p99),
+            "pairs_per_s": one, "pairs_per_s_64_tasks": many}));
+    }
+    let (one_ratio, wide_ratio) = (median(&mut ratio), median(&mut wide_ratio));
+    println!("ours / hand-written on etcd: {one_ratio:.2} (one task), {wide_ratio:.2} (64 tasks)");
+    let (r50, r99) = (quantile(&mut redis_handoff, 0.5), quantile(&mut redis_handoff, 0.99));
+    println!("\nhand-off, {WAITERS} clients on one key, {count} hand-offs");
+    let plain = plain.report("etcd (watch)");
+    let fair = fair.report("etcd, fair");
+    println!("{:<24} {:>8.3}ms {:>8.3}ms", "Redis (pub/sub)", ms(r50), ms(r99));
+    println!(
+        "{}",
+        json!({
+            "bench": "etcd",
+            "pairs": rows,
+            "ratio_one_task": one_ratio,
+            "ratio_64_tasks": wide_ratio,
+            "handoff": {
+                "etcd": plain,
+                "etcd_fair": fair,
+                "redis": {"median_ms": ms(r50), "p99_ms": ms(r99)},
+            },
+        })
+    );
+}
