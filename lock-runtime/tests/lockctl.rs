@@ -1619,3 +1619,235 @@ async fn on_postgres_watch_prints_acquisitions_and_releases() {
     );
     watch.stop();
 }
+
+// ---------------------------------------------------------------------------------------------
+// etcd (the `etcd` feature): one member is enough for what lockctl reads and writes
+
+/// One `etcd` member on free loopback ports, in a temp dir, killed on drop.
+#[cfg(feature = "etcd")]
+struct Etcd {
+    child: Child,
+    port: u16,
+    dir: PathBuf,
+}
+
+#[cfg(feature = "etcd")]
+impl Etcd {
+    fn spawn() -> Etcd {
+        let (port, peer) = (free_port(), free_port());
+        let base = if Path::new("/dev/shm").is_dir() {
+            PathBuf::from("/dev/shm")
+        } else {
+            std::env::temp_dir()
+        };
+        let dir = base.join(format!("lockctl-etcd-{}-{port}", std::process::id()));
+        let client_url = format!("http://127.0.0.1:{port}");
+        let peer_url = format!("http://127.0.0.1:{peer}");
+        let child = Command::new(std::env::var_os("ETCD").unwrap_or_else(|| "etcd".into()))
+            .arg("--data-dir")
+            .arg(&dir)
+            .args([
+                "--listen-client-urls",
+                &client_url,
+                "--advertise-client-urls",
+                &client_url,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer_url,
+                "--initial-advertise-peer-urls",
+                &peer_url,
+            ])
+            .args([
+                "--initial-cluster",
+                &format!("default={peer_url}"),
+                "--log-level",
+                "warn",
+                "--logger",
+                "zap",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start etcd (Debian: apt-get install etcd-server): {e}"));
+        let etcd = Etcd { child, port, dir };
+        let deadline = Instant::now() + DEADLINE;
+        while !etcd.healthy() {
+            assert!(Instant::now() < deadline, "etcd did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        etcd
+    }
+
+    fn healthy(&self) -> bool {
+        let Ok(mut stream) = TcpStream::connect(("127.0.0.1", self.port)) else {
+            return false;
+        };
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+        if stream.write_all(b"GET /health HTTP/1.0\r\n\r\n").is_err() {
+            return false;
+        }
+        let mut answer = String::new();
+        let _ = stream.read_to_string(&mut answer);
+        answer.contains("\"health\":\"true\"")
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// lockctl's options for this member, with `prefix`.
+    fn target(&self, prefix: &str) -> Vec<String> {
+        vec![
+            "--etcd".to_owned(),
+            self.endpoint(),
+            "--prefix".to_owned(),
+            prefix.to_owned(),
+        ]
+    }
+
+    async fn client(&self, prefix: &str, owner: &str) -> LockClient {
+        LockClient::builder()
+            .etcd([self.endpoint()])
+            .prefix(prefix)
+            .owner(owner)
+            .build()
+            .await
+            .unwrap_or_else(|e| panic!("cannot connect to etcd: {e}"))
+    }
+}
+
+#[cfg(feature = "etcd")]
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[cfg(feature = "etcd")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_etcd_list_and_show_read_the_keys_the_library_writes() {
+    let etcd = tokio::task::spawn_blocking(Etcd::spawn).await.unwrap();
+    let target = etcd.target("lock:");
+    let billing = etcd.client("lock:", "billing-1").await;
+    let reports = etcd.client("lock:", "reports-1").await;
+    let fenced = billing.acquire("order:5", &minute().fencing(true)).await.unwrap();
+    let read = minute().mode(lock_runtime::LockMode::Shared);
+    let shares = [
+        reports.acquire("prices", &read).await.unwrap(),
+        billing.acquire("prices", &read).await.unwrap(),
+    ];
+    let free = billing.acquire("gone", &minute().fencing(true)).await.unwrap();
+    assert!(free.release().await.unwrap());
+
+    let listed = json(&lockctl_at(&target, &["--json", "list"]).await);
+    let locks = listed.as_array().expect("an array");
+    assert_eq!(keys(locks), ["order:5", "prices"], "{listed}");
+    assert_eq!(locks[0]["owner"], "billing-1");
+    assert_eq!(locks[0]["state"], "held");
+    assert_eq!(locks[0]["fence"].as_u64(), fenced.fencing_token());
+    let ttl = locks[0]["ttl_ms"].as_u64().unwrap();
+    assert!(ttl > 0 && ttl <= 60_000, "{listed}");
+    assert_eq!(locks[1]["state"], "shared");
+    let mut owners: Vec<&str> = locks[1]["readers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["owner"].as_str().unwrap())
+        .collect();
+    owners.sort_unstable();
+    assert_eq!(owners, ["billing-1", "reports-1"]);
+
+    let only = json(&lockctl_at(&target, &["--json", "list", "order:*"]).await);
+    assert_eq!(keys_of(&only), ["order:5"], "{only}");
+    let shown = json(&lockctl_at(&target, &["--json", "show", "gone"]).await);
+    assert_eq!(shown["state"], "free", "{shown}");
+    let text = stdout(&lockctl_at(&target, &["list"]).await);
+    assert!(text.contains("order:5") && text.contains("billing-1"), "{text}");
+    for share in shares {
+        share.release().await.unwrap();
+    }
+    fenced.release().await.unwrap();
+}
+
+#[cfg(feature = "etcd")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_etcd_release_with_force_frees_the_lock_and_wakes_its_waiter() {
+    let etcd = tokio::task::spawn_blocking(Etcd::spawn).await.unwrap();
+    let target = etcd.target("lock:");
+    let holder = etcd.client("lock:", "billing-1").await;
+    let stuck = holder.acquire("order:5", &minute().watchdog(true)).await.unwrap();
+    let waiter = etcd.client("lock:", "billing-2").await;
+    let waiting = tokio::spawn({
+        let waiter = waiter.clone();
+        async move {
+            let got = waiter.acquire("order:5", &minute().wait(DEADLINE)).await;
+            (Instant::now(), got)
+        }
+    });
+    eventually("the waiter waits", || async {
+        waiter.waiting("order:5").unwrap() == 1
+    })
+    .await;
+
+    let report = json(&lockctl_at(&target, &["--json", "release", "order:5", "--force", "--yes"]).await);
+    let released_at = Instant::now();
+    assert_eq!(report["released"], true, "{report}");
+    assert_eq!(report["previous"]["owner"], "billing-1");
+    let (got_at, got) = tokio::time::timeout(DEADLINE, waiting).await.unwrap().unwrap();
+    let guard = got.expect("the waiter takes the lock");
+    assert!(
+        got_at.saturating_duration_since(released_at) < lock_runtime::MAX_WAIT_NAP / 2,
+        "woken by the watch, not by its timer"
+    );
+    let now = holder
+        .holder("order:5")
+        .await
+        .unwrap()
+        .expect("held by the waiter");
+    assert_eq!(now.owner(), Some("billing-2"));
+    // The old holder's renewals find its lease gone.
+    eventually("the forced-out holder knows", || async { stuck.is_lost() }).await;
+    assert!(guard.release().await.unwrap());
+    let again = json(&lockctl_at(&target, &["--json", "release", "order:5", "--force", "--yes"]).await);
+    assert_eq!(again["released"], false);
+}
+
+#[cfg(feature = "etcd")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_etcd_watch_prints_acquisitions_and_releases() {
+    let etcd = tokio::task::spawn_blocking(Etcd::spawn).await.unwrap();
+    let target = etcd.target("lock:");
+    let locks = etcd.client("lock:", "billing-1").await;
+    let mut watch = Watch::start_command(&bin_command_at(
+        &target,
+        &[
+            "--json",
+            "watch",
+            "order:*",
+            "--interval-ms",
+            "50",
+            "--for-ms",
+            "60000",
+        ],
+    ));
+    let guard = locks.acquire("order:5", &minute()).await.unwrap();
+    let _ignored = locks.acquire("invoice:1", &minute()).await.unwrap();
+    let acquired = watch.next_event();
+    assert_eq!(
+        event_of(&acquired),
+        ["acquired", "order:5", "billing-1"],
+        "{acquired}"
+    );
+    assert!(guard.release().await.unwrap());
+    let released = watch.next_event();
+    assert_eq!(
+        event_of(&released),
+        ["released", "order:5", "billing-1"],
+        "{released}"
+    );
+    watch.stop();
+}

@@ -180,14 +180,22 @@ impl Counted {
         let after = cluster.served();
         let per_handoff = after
             .iter()
-            .map(|(method, n)| (method.clone(), (n - before.get(method).unwrap_or(&0.0)) / count as f64))
+            .map(|(method, n)| {
+                (
+                    method.clone(),
+                    (n - before.get(method).unwrap_or(&0.0)) / count as f64,
+                )
+            })
             .filter(|(_, n)| *n >= 0.005)
             .collect();
         Counted { latency, per_handoff }
     }
 
     fn report(&mut self, name: &str) -> serde_json::Value {
-        let (p50, p99) = (quantile(&mut self.latency, 0.5), quantile(&mut self.latency, 0.99));
+        let (p50, p99) = (
+            quantile(&mut self.latency, 0.5),
+            quantile(&mut self.latency, 0.99),
+        );
         let requests: f64 = self
             .per_handoff
             .iter()
@@ -314,12 +322,17 @@ async fn main() {
             one,
             many
         );
-        rows.push(json!({"contender": who.name(), "median_ms": ms(p50), "p99_ms": ms(p99),
-            "pairs_per_s": one, "pairs_per_s_64_tasks": many}));
+        rows.push(
+            json!({"contender": who.name(), "median_ms": ms(p50), "p99_ms": ms(p99),
+            "pairs_per_s": one, "pairs_per_s_64_tasks": many}),
+        );
     }
     let (one_ratio, wide_ratio) = (median(&mut ratio), median(&mut wide_ratio));
     println!("ours / hand-written on etcd: {one_ratio:.2} (one task), {wide_ratio:.2} (64 tasks)");
-    let (r50, r99) = (quantile(&mut redis_handoff, 0.5), quantile(&mut redis_handoff, 0.99));
+    let (r50, r99) = (
+        quantile(&mut redis_handoff, 0.5),
+        quantile(&mut redis_handoff, 0.99),
+    );
     println!("\nhand-off, {WAITERS} clients on one key, {count} hand-offs");
     let plain = plain.report("etcd (watch)");
     let fair = fair.report("etcd, fair");

@@ -290,3 +290,43 @@ async fn a_holder_partitioned_from_etcd_stops_at_its_validity() {
     );
     assert!(next.release().await.unwrap());
 }
+
+/// What the etcd store does not take is refused at build time, saying why; `etcd://host:port`
+/// connects to one member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misconfigured_etcd_clients_are_refused_and_etcd_urls_connect() {
+    let refused = |built: Result<LockClient, LockError>| match built {
+        Err(LockError::InvalidOptions { reason }) => reason,
+        other => panic!("not refused: {other:?}"),
+    };
+    let tls = refused(
+        LockClient::builder()
+            .etcd(["https://127.0.0.1:2379"])
+            .build_lazy(),
+    );
+    assert!(tls.contains("TLS to etcd is not offered yet"), "{tls}");
+    let none = refused(LockClient::builder().etcd(Vec::<String>::new()).build_lazy());
+    assert!(none.contains("no etcd endpoint"), "{none}");
+    let replicas = refused(
+        LockClient::builder()
+            .etcd(["http://127.0.0.1:2379"])
+            .wait_for_replicas(1, SECOND)
+            .build_lazy(),
+    );
+    assert!(replicas.contains("majority"), "{replicas}");
+    let certs = lock_tests::TestCerts::generate();
+    let material = refused(
+        LockClient::builder()
+            .etcd(["http://127.0.0.1:2379"])
+            .tls_root_ca(certs.ca_pem())
+            .build_lazy(),
+    );
+    assert!(material.contains("TLS to etcd"), "{material}");
+
+    let cluster = EtcdCluster::shared();
+    let url = format!("etcd://127.0.0.1:{}", cluster.client_port(0));
+    let c = LockClient::connect(&url).await.unwrap();
+    let guard = c.acquire("etcd-url", &ttl(5000)).await.unwrap();
+    assert!(c.is_locked("etcd-url").await.unwrap());
+    assert!(guard.release().await.unwrap());
+}

@@ -90,7 +90,10 @@ impl Etcd {
         match tokio::time::timeout(self.timeout, request).await {
             Ok(Ok(answer)) => Ok(answer),
             Ok(Err(e)) => Err(Error::Failed(format!("etcd: {what}: {e}"))),
-            Err(_) => Err(Error::Failed(format!("etcd: {what}: no answer within {:?}", self.timeout))),
+            Err(_) => Err(Error::Failed(format!(
+                "etcd: {what}: no answer within {:?}",
+                self.timeout
+            ))),
         }
     }
 
@@ -240,7 +243,10 @@ impl Etcd {
             .map(|(name, _, _)| TxnOp::delete(name.as_str(), None))
             .collect();
         let deleted = self
-            .within("releasing the lock", kv.txn(Txn::new().when(compares).and_then(deletes)))
+            .within(
+                "releasing the lock",
+                kv.txn(Txn::new().when(compares).and_then(deletes)),
+            )
             .await?;
         if !deleted.succeeded() {
             return Ok(release::Deleted::ChangedHands);
@@ -390,7 +396,9 @@ fn matches_from(glob: &[char], text: &[char]) -> bool {
             }
             hit != negated && matches_from(&glob[close + 1..], &text[1..])
         }
-        Some('\\') if glob.len() > 1 => text.first() == Some(&glob[1]) && matches_from(&glob[2..], &text[1..]),
+        Some('\\') if glob.len() > 1 => {
+            text.first() == Some(&glob[1]) && matches_from(&glob[2..], &text[1..])
+        }
         Some(&c) => text.first() == Some(&c) && matches_from(&glob[1..], &text[1..]),
     }
 }
@@ -415,10 +423,22 @@ mod tests {
     #[test]
     fn the_keys_of_a_lock_are_told_apart() {
         assert_eq!(split("lock:", "lock:{order:7}"), Some(("order:7", Part::Holder)));
-        assert_eq!(split("lock:", "lock:{order:7}:r/t1"), Some(("order:7", Part::Share)));
-        assert_eq!(split("lock:", "lock:{order:7}:q/t1"), Some(("order:7", Part::Place)));
-        assert_eq!(split("lock:", "lock:{order:7}:w/t1"), Some(("order:7", Part::Claim)));
-        assert_eq!(split("lock:", "lock:{order:7}:fence"), Some(("order:7", Part::Fence)));
+        assert_eq!(
+            split("lock:", "lock:{order:7}:r/t1"),
+            Some(("order:7", Part::Share))
+        );
+        assert_eq!(
+            split("lock:", "lock:{order:7}:q/t1"),
+            Some(("order:7", Part::Place))
+        );
+        assert_eq!(
+            split("lock:", "lock:{order:7}:w/t1"),
+            Some(("order:7", Part::Claim))
+        );
+        assert_eq!(
+            split("lock:", "lock:{order:7}:fence"),
+            Some(("order:7", Part::Fence))
+        );
         assert_eq!(split("lock:", "other:{order:7}"), None);
         assert_eq!(split("lock:", "lock:{order:7}:fencex"), None);
     }

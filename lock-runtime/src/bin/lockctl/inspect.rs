@@ -273,7 +273,7 @@ fn answer<T: FromRedisValue>(value: &Value) -> Option<T> {
 }
 
 /// A holder's value as the store keeps it (PostgreSQL's rows: text).
-#[cfg(feature = "postgres")]
+#[cfg(any(feature = "postgres", feature = "etcd"))]
 pub(crate) fn parse_value(value: &str) -> Holding {
     parse_string(value.as_bytes())
 }
