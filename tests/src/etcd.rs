@@ -32,7 +32,20 @@ pub struct EtcdCluster {
 
 impl EtcdCluster {
     /// Starts three members and waits until the cluster has a leader and every member answers.
+    /// A member that cannot bind its ports (another process took a free port the kit picked)
+    /// makes the kit start the cluster again on other ports.
     pub fn spawn() -> EtcdCluster {
+        let mut tries = 0;
+        loop {
+            match EtcdCluster::try_spawn() {
+                Ok(cluster) => return cluster,
+                Err(why) if tries < 5 && why.contains("address already in use") => tries += 1,
+                Err(why) => panic!("{why}"),
+            }
+        }
+    }
+
+    fn try_spawn() -> Result<EtcdCluster, String> {
         let bin = etcd_binary();
         let mut builder = tempfile::Builder::new();
         builder.prefix("lock-tests-etcd");
@@ -59,8 +72,8 @@ impl EtcdCluster {
         for i in 0..3 {
             cluster.start(i);
         }
-        cluster.wait_ready(&[0, 1, 2]);
-        cluster
+        cluster.ready(&[0, 1, 2])?;
+        Ok(cluster)
     }
 
     /// The cluster shared by the test binary's tests (started at the first call; killed when the
@@ -139,18 +152,27 @@ impl EtcdCluster {
     }
 
     /// Waits until each of `members` reports itself healthy (it has a leader and serves).
-    pub fn wait_ready(&self, members: &[usize]) {
+    pub fn wait_ready(&mut self, members: &[usize]) {
+        if let Err(why) = self.ready(members) {
+            panic!("{why}");
+        }
+    }
+
+    fn ready(&mut self, members: &[usize]) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(60);
         for &i in members {
             while !healthy(self.members[i].client_port) {
-                assert!(
-                    Instant::now() < deadline,
-                    "etcd member {i} did not become healthy: {}",
-                    self.log(i)
-                );
+                let exited = self.members[i]
+                    .child
+                    .as_mut()
+                    .is_some_and(|child| matches!(child.try_wait(), Ok(Some(_))));
+                if exited || Instant::now() >= deadline {
+                    return Err(format!("etcd member {i} did not become healthy: {}", self.log(i)));
+                }
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
+        Ok(())
     }
 
     /// Every member's client URL.

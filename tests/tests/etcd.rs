@@ -40,7 +40,7 @@ async fn a_lock_held_across_a_leader_kill_stays_its_holders() {
     let endpoints = cluster.endpoints();
     let (c, other) = (client(&endpoints).await, client(&endpoints).await);
     let held = c
-        .acquire("ledger", &ttl(2000).watchdog(true).fencing(true))
+        .acquire("ledger", &ttl(4000).watchdog(true).fencing(true))
         .await
         .unwrap();
     let before = held.fencing_token().unwrap();
@@ -53,7 +53,8 @@ async fn a_lock_held_across_a_leader_kill_stays_its_holders() {
     })
     .await;
     cluster = cluster_back;
-    // Renewed for three ttls on the new leader; nobody else gets in.
+    // Renewed across the election (a second or two: the ttl outlasts it) and for more than a
+    // ttl after it, on the new leader; nobody else gets in.
     let until = tokio::time::Instant::now() + Duration::from_secs(6);
     while tokio::time::Instant::now() < until {
         assert!(!held.is_lost(), "the holder lost its lock to a leader change");
@@ -83,8 +84,23 @@ async fn a_lock_held_across_a_leader_kill_stays_its_holders() {
 async fn a_minority_down_locks_and_a_majority_down_is_unavailable() {
     let mut cluster = blocking(EtcdCluster::spawn).await;
     let endpoints = cluster.endpoints();
-    cluster.kill(2);
+    // The two left elect a leader first if the one killed led (a second or two, longer than
+    // the response timeout: requests wait for the election).
+    let mut cluster = blocking(move || {
+        cluster.kill(2);
+        cluster.wait_for_leader();
+        cluster
+    })
+    .await;
     let (c, other) = (client(&endpoints).await, client(&endpoints).await);
+    // A client whose pinned member is the one down (each starts at a random one) moves on at
+    // once: the request was not sent.
+    for _ in 0..6 {
+        let down_first = [endpoints[2].clone(), endpoints[0].clone()];
+        let skipping = client(&down_first).await;
+        let guard = skipping.acquire("skip", &ttl(1000)).await.unwrap();
+        assert!(guard.release().await.unwrap());
+    }
     let held = c.acquire("shelf", &ttl(10_000)).await.unwrap();
     let waiter = tokio::spawn({
         let other = other.clone();

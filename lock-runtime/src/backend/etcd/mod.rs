@@ -8,10 +8,13 @@
 //!   share, and for a fair waiter no older place in line): its revision is the fencing token,
 //!   strictly increasing across leader changes, as every etcd revision is.
 //! - `L:r/<token>`: a reader's share, attached to its own lease.
-//! - `L:q/<token>`: a fair waiter's place in line, ordered by its create revision, attached to
-//!   the client's session lease (kept alive while the client runs, so a dead client's places go).
-//! - `L:w/<token>`: a waiting writer's claim, which holds new readers back (on the session lease
-//!   too).
+//! - `L:fence`: written with every fenced exclusive acquire; its mod revision is that token.
+//! - `L:q/<token>`: a fair waiter's place in line, ordered by its create revision.
+//! - `L:w/<token>`: a waiting writer's claim, which holds new readers back.
+//!
+//! (`:` stands for the byte 0xff there, which UTF-8 never has: no other lock's key falls among
+//! a lock's helpers.) A waiter's place and claim are attached to a short lease of the waiter's
+//! own, which each of its attempts keeps alive: they go [`PLACE_TTL`] after its last attempt.
 //!
 //! A lock's key goes only with its lease: a release revokes the lease (one request), and so does
 //! a forced release. So a lease that is alive holds its key, and a renewal is a keep-alive of the
@@ -31,7 +34,6 @@ use futures_util::future::join_all;
 
 use super::connection::Timeouts;
 use super::{Answer, Ask, Attempt, Capabilities, Kind, LockKeys, Pinned, Renewal, Store, Stored};
-use crate::background::Background;
 use crate::wakeups::{Registration, Wakeups};
 use crate::LockError;
 
@@ -45,11 +47,12 @@ use pool::Pool;
 /// What a lock kept for its minimum hold after its release has after its token (as on Redis).
 const RELEASED: &str = ":released";
 
-/// The session lease's ttl (seconds): etcd's minimum with its default election timeout. A dead
-/// client's places in line and claims go with it, this long after its last keep-alive.
-const SESSION_TTL: i64 = 2;
-/// How often the session lease is kept alive.
-const SESSION_EVERY: Duration = Duration::from_millis(500);
+/// A waiter's place and claim lease's ttl (seconds): etcd's minimum with its default election
+/// timeout. A waiter asks again well within it (every 300 ms at most, when fair).
+const PLACE_TTL: i64 = 2;
+
+/// The most operations etcd takes in one transaction (its default `--max-txn-ops`).
+const MAX_TXN_OPS: usize = 128;
 
 /// The lease a token's lock (or share) is attached to.
 #[derive(Debug, Clone)]
@@ -57,13 +60,32 @@ struct Lease {
     id: i64,
     /// Its ttl in whole seconds, as granted.
     ttl_s: i64,
+    /// A lease the key may have moved to (a longer `extend`, or a minimum hold, whose answer
+    /// has not come): renewals accept it, a release revokes it too.
+    moving: Option<i64>,
     /// The key it holds (`L`, or a reader's `L:r/<token>`).
-    key: String,
+    key: Vec<u8>,
     /// Until when its holder counts it valid, at the latest: the lock's ttl from when the
     /// request that took or renewed it was made. A lease longer than that (rounded up to whole
     /// seconds, or etcd's minimum) is revoked then, so the lock ends when its ttl says, as on
     /// Redis, unless the holder's process is gone (then its lease ends it).
     valid_until: Instant,
+    /// A task revokes it at `valid_until` (see [`EtcdBackend::expire_when_invalid`]).
+    expiring: bool,
+}
+
+impl Lease {
+    fn holds(&self, kv: &KeyValue) -> bool {
+        kv.lease() == self.id || Some(kv.lease()) == self.moving
+    }
+}
+
+/// A waiting call's place in the fair line and its claim as a waiting writer: the short lease
+/// they are attached to, and the place's create revision once it has one.
+#[derive(Debug, Clone, Copy)]
+struct Place {
+    lease: i64,
+    revision: Option<i64>,
 }
 
 type Leases = Arc<Mutex<HashMap<String, Lease>>>;
@@ -78,11 +100,8 @@ pub(crate) struct EtcdBackend {
     pool: Arc<Pool>,
     /// Each held (or being taken) lock's lease, by token.
     leases: Leases,
-    /// Each fair waiter's place in line (its create revision), by token.
-    places: Mutex<HashMap<String, i64>>,
-    /// The session lease, while it is alive.
-    session: Arc<Mutex<Option<i64>>>,
-    session_keeper: Background,
+    /// Each waiting call's place lease, by token.
+    places: Mutex<HashMap<String, Place>>,
     wakeups: Arc<Wakeups>,
     watcher: watcher::Watcher,
 }
@@ -140,8 +159,6 @@ impl EtcdBackend {
             pool: Arc::new(Pool::new(endpoints, timeouts)),
             leases: Arc::new(Mutex::new(HashMap::new())),
             places: Mutex::new(HashMap::new()),
-            session: Arc::new(Mutex::new(None)),
-            session_keeper: Background::default(),
             wakeups: Wakeups::new(vec![idle_tx]),
             watcher: watcher::Watcher::new(idle_rx),
         })
@@ -151,15 +168,27 @@ impl EtcdBackend {
         held(&self.leases)
     }
 
-    /// Revokes `token`'s lease once its holder no longer counts it valid, if the lease outlives
-    /// that (see [`Lease::valid_until`]); ends with the lock's release or a move to another lease.
-    fn expire_when_invalid(&self, token: &str, ttl_ms: u64) {
-        let Some(lease) = self.leases().get(token).cloned() else {
-            return;
+    fn places(&self) -> MutexGuard<'_, HashMap<String, Place>> {
+        self.places.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Revokes `token`'s lease once its holder no longer counts it valid (see
+    /// [`Lease::valid_until`]): when the lease outlives the validity `ttl_ms` gives, or
+    /// (`always`) when nothing else would end the entry (a release that got no answer). Ends
+    /// early with the lock's release or a move to another lease.
+    fn expire_when_invalid(&self, token: &str, ttl_ms: u64, always: bool) {
+        let lease = {
+            let mut leases = self.leases();
+            let Some(lease) = leases.get_mut(token) else {
+                return;
+            };
+            let outlives = u64::try_from(lease.ttl_s).unwrap_or(0).saturating_mul(1000) > ttl_ms;
+            if lease.expiring || !(outlives || always) {
+                return;
+            }
+            lease.expiring = true;
+            lease.clone()
         };
-        if u64::try_from(lease.ttl_s).unwrap_or(0).saturating_mul(1000) <= ttl_ms {
-            return;
-        }
         let leases = Arc::clone(&self.leases);
         let pool = Arc::clone(&self.pool);
         let token = token.to_owned();
@@ -167,29 +196,27 @@ impl EtcdBackend {
             let mut until = lease.valid_until;
             loop {
                 tokio::time::sleep_until(until).await;
-                let renewed = {
+                let due = {
                     let mut held = held(&leases);
                     match held.get(&token) {
                         Some(now) if now.id == lease.id && now.valid_until <= Instant::now() => {
-                            held.remove(&token);
-                            None
+                            held.remove(&token)
                         }
-                        Some(now) if now.id == lease.id => Some(now.valid_until),
-                        _ => return, // released, or moved to another lease
+                        Some(now) if now.id == lease.id => {
+                            until = now.valid_until; // renewed meanwhile
+                            continue;
+                        }
+                        _ => return, // released, or moved to another lease (which has its own)
                     }
                 };
-                if let Some(later) = renewed {
-                    until = later;
-                    continue;
+                if let Some(due) = due {
+                    for id in std::iter::once(due.id).chain(due.moving) {
+                        let _ = pool.revoke(id).await;
+                    }
                 }
-                let _ = pool.revoke(lease.id).await;
                 return;
             }
         });
-    }
-
-    fn places(&self) -> MutexGuard<'_, HashMap<String, i64>> {
-        self.places.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Revokes a lease in the background (one that holds nothing any more).
@@ -200,49 +227,51 @@ impl EtcdBackend {
         });
     }
 
-    /// The session lease (granted at the first need, kept alive in the background).
-    async fn session(&self) -> Result<i64, LockError> {
-        let alive = *self.session.lock().unwrap_or_else(|e| e.into_inner());
-        if let (Some(lease), true) = (alive, self.session_keeper.is_running()) {
-            return Ok(lease);
-        }
-        let (lease, _) = self.pool.grant(SESSION_TTL).await?;
-        *self.session.lock().unwrap_or_else(|e| e.into_inner()) = Some(lease);
-        let session = Arc::clone(&self.session);
-        let pool = Arc::clone(&self.pool);
-        self.session_keeper.replace(move || async move {
-            let mut every = tokio::time::interval(SESSION_EVERY);
-            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                every.tick().await;
-                if let Ok(false) = pool.keep_alive(lease).await {
-                    // Gone (the client was cut off longer than its ttl): the next need grants
-                    // another; the places on this one went with it.
-                    let mut slot = session.lock().unwrap_or_else(|e| e.into_inner());
-                    if *slot == Some(lease) {
-                        *slot = None;
-                    }
-                    return;
-                }
+    /// The lease of `token`'s place and claim: its earlier one kept alive, or a new one (its
+    /// earlier place, if any, lapsed with the old lease).
+    async fn place_lease(&self, token: &str) -> Result<i64, LockError> {
+        let known = self.places().get(token).copied();
+        if let Some(place) = known {
+            if self.pool.keep_alive(place.lease).await? {
+                return Ok(place.lease);
             }
-        });
+        }
+        let (lease, _) = self.pool.grant(PLACE_TTL).await?;
+        self.places().insert(
+            token.to_owned(),
+            Place {
+                lease,
+                revision: None,
+            },
+        );
         Ok(lease)
+    }
+
+    /// `token` no longer waits: its place and claim go with their lease.
+    fn drop_place(&self, token: &str) {
+        if let Some(place) = self.places().remove(token) {
+            self.revoke_later(place.lease);
+        }
     }
 
     async fn acquire(&self, keys: &LockKeys, token: &str, ask: &Ask) -> Result<Attempt, LockError> {
         let names = Names::new(keys);
-        let session = if ask.join && !ask.shared {
-            Some(self.session().await?)
-        } else {
-            None
-        };
         let sent = Instant::now();
-        let (lease, ttl_s) = self.pool.grant(seconds(ask.ttl_ms)).await?;
+        // A waiter's place (and claim) lease, granted or kept alive alongside the lock's own.
+        let waits = ask.join && !ask.shared;
+        let (granted, place) = if waits {
+            let (granted, place) =
+                tokio::join!(self.pool.grant(seconds(ask.ttl_ms)), self.place_lease(token));
+            (granted?, Some(place?))
+        } else {
+            (self.pool.grant(seconds(ask.ttl_ms)).await?, None)
+        };
+        let (lease, ttl_s) = granted;
         let valid_until = sent + Duration::from_millis(ask.ttl_ms);
         let key = if ask.shared {
             names.share(token)
         } else {
-            names.lock.clone()
+            names.lock.clone().into_bytes()
         };
         // Recorded before the transaction: the release of an attempt whose answer never came
         // revokes it, and with it whatever the transaction took.
@@ -251,34 +280,33 @@ impl EtcdBackend {
             Lease {
                 id: lease,
                 ttl_s,
+                moving: None,
                 key: key.clone(),
                 valid_until,
+                expiring: false,
             },
         );
-        let answer = if ask.shared {
-            let txn = Txn::new()
+        let txn = if ask.shared {
+            Txn::new()
                 .when([
                     Compare::create_revision(names.lock.as_str(), CompareOp::Equal, 0),
                     names.no_claims(),
                 ])
                 .and_then([
-                    TxnOp::put(key.as_str(), token, put_on(lease)),
+                    TxnOp::put(key.clone(), token, put_on(lease)),
                     // A fenced reader reads the last fenced writer's token.
                     TxnOp::get(names.fence(), Some(GetOptions::new().with_keys_only())),
-                ]);
-            self.pool.txn(txn).await
+                ])
         } else {
-            self.pool
-                .txn(self.exclusive(&names, token, ask, lease, session))
-                .await
+            self.exclusive(&names, token, ask, lease, place)
         };
         // On an error the lease stays recorded, for the release that follows.
-        let answer = answer?;
+        let answer = self.pool.txn(txn).await?;
         if answer.succeeded() {
-            if ask.fair {
-                self.places().remove(token);
+            if waits {
+                self.drop_place(token);
             }
-            self.expire_when_invalid(token, ask.ttl_ms);
+            self.expire_when_invalid(token, ask.ttl_ms, false);
             let taken = if ask.shared {
                 let written = answer.op_responses();
                 read_at(&written, 1).first().map_or(0, KeyValue::mod_revision)
@@ -289,9 +317,36 @@ impl EtcdBackend {
                 fence: ask.fencing.then(|| fence(taken)),
             });
         }
+        let responses = answer.op_responses();
+        // The first read is the holder: this token's already (an earlier send of this attempt
+        // took it, on this lease or an earlier one of the same call), or someone else's.
+        if let Some(held) = read_at(&responses, 0).first().filter(|_| !ask.shared) {
+            if held.value() == token.as_bytes() {
+                if held.lease() != lease {
+                    self.revoke_later(lease);
+                }
+                if waits {
+                    self.drop_place(token);
+                }
+                self.leases().insert(
+                    token.to_owned(),
+                    Lease {
+                        id: held.lease(),
+                        ttl_s,
+                        moving: None,
+                        key,
+                        valid_until,
+                        expiring: false,
+                    },
+                );
+                self.expire_when_invalid(token, ask.ttl_ms, false);
+                return Ok(Attempt::Acquired {
+                    fence: ask.fencing.then(|| fence(held.create_revision())),
+                });
+            }
+        }
         self.leases().remove(token);
         self.revoke_later(lease);
-        let responses = answer.op_responses();
         if ask.shared {
             return Ok(Attempt::Held {
                 pttl_ms: None,
@@ -300,49 +355,32 @@ impl EtcdBackend {
                 kept: None,
             });
         }
-        // The first read is the holder: this token's already (an earlier attempt whose answer
-        // was lost took it), or someone else's.
-        if let Some(held) = read_at(&responses, 0).first() {
-            if held.value() == token.as_bytes() {
-                self.leases().insert(
-                    token.to_owned(),
-                    Lease {
-                        id: held.lease(),
-                        ttl_s,
-                        key,
-                        valid_until,
-                    },
-                );
-                self.expire_when_invalid(token, ask.ttl_ms);
-                return Ok(Attempt::Acquired {
-                    fence: ask.fencing.then(|| fence(held.create_revision())),
-                });
-            }
-        }
         let mut behind = false;
         let mut claimed = false;
-        for response in responses.iter().skip(1) {
-            match response {
-                // A fair waiter's place: where it is, and whether it heads the line.
-                TxnOpResponse::Put(put) => {
-                    let place = put
+        let mut at = 1;
+        if ask.fair && place.is_some() {
+            // The place, put unless the lock holds this token (then nothing was taken).
+            if let Some(TxnOpResponse::Txn(put)) = responses.get(at) {
+                if let Some(TxnOpResponse::Put(put)) = put.op_responses().first() {
+                    let revision = put
                         .prev_key()
                         .map(KeyValue::create_revision)
                         .or_else(|| put.header().map(|h| h.revision()));
-                    if let Some(place) = place {
-                        self.places().insert(token.to_owned(), place);
+                    if let Some(mine) = self.places().get_mut(token) {
+                        mine.revision = revision.or(mine.revision);
                     }
                 }
-                TxnOpResponse::Get(head) => {
-                    let mine = names.place(token);
-                    behind = head
-                        .kvs()
-                        .first()
-                        .is_some_and(|head| head.key() != mine.as_bytes());
-                }
-                // Readers refused it: it claimed the writers' turn.
-                TxnOpResponse::Txn(claim) => claimed = claim.succeeded(),
-                TxnOpResponse::Delete(_) => {}
+            }
+            let mine = names.place(token);
+            behind = read_at(&responses, at + 1)
+                .first()
+                .is_some_and(|head| head.key() != mine.as_slice());
+            at += 2;
+        }
+        if place.is_some() {
+            // Readers refused it: it claimed the writers' turn.
+            if let Some(TxnOpResponse::Txn(claim)) = responses.get(at) {
+                claimed = claim.succeeded();
             }
         }
         Ok(Attempt::Held {
@@ -354,9 +392,9 @@ impl EtcdBackend {
     }
 
     /// An exclusive attempt: taken if nobody holds the lock, no reader shares it, and (fair) no
-    /// older waiter is in line; else (a waiter) it takes its place in line and, if readers
-    /// refused it, claims the writers' turn.
-    fn exclusive(&self, names: &Names, token: &str, ask: &Ask, lease: i64, session: Option<i64>) -> Txn {
+    /// older waiter is in line; else a waiter (with its `place` lease) takes its place in line
+    /// and, if readers refused it, claims the writers' turn.
+    fn exclusive(&self, names: &Names, token: &str, ask: &Ask, lease: i64, place: Option<i64>) -> Txn {
         let mut when = vec![
             Compare::create_revision(names.lock.as_str(), CompareOp::Equal, 0),
             names.no_shares(),
@@ -367,14 +405,19 @@ impl EtcdBackend {
         }
         let mut otherwise = vec![TxnOp::get(names.lock.as_str(), None)];
         if ask.fair {
-            let place = self.places().get(token).copied();
-            when.push(names.first_in_line(place));
+            let revision = self.places().get(token).and_then(|p| p.revision);
+            when.push(names.first_in_line(revision));
             then.push(TxnOp::delete(names.place(token), None));
-            if let Some(session) = session {
-                otherwise.push(TxnOp::put(
-                    names.place(token),
-                    "",
-                    Some(PutOptions::new().with_lease(session).with_prev_key()),
+            if let Some(place) = place {
+                // Not when the lock holds this token (an earlier send of the attempt took it).
+                otherwise.push(TxnOp::txn(
+                    Txn::new()
+                        .when([Compare::value(names.lock.as_str(), CompareOp::Equal, token)])
+                        .or_else([TxnOp::put(
+                            names.place(token),
+                            "",
+                            Some(PutOptions::new().with_lease(place).with_prev_key()),
+                        )]),
                 ));
                 otherwise.push(TxnOp::get(
                     names.line_start(),
@@ -391,12 +434,12 @@ impl EtcdBackend {
         if ask.claimed {
             then.push(TxnOp::delete(names.claim(token), None));
         }
-        if let Some(session) = session {
+        if let Some(place) = place {
             otherwise.push(TxnOp::txn(
                 Txn::new().when([names.some_shares()]).and_then([TxnOp::put(
                     names.claim(token),
                     "",
-                    put_on(session),
+                    put_on(place),
                 )]),
             ));
         }
@@ -427,32 +470,43 @@ impl EtcdBackend {
             return Ok(found);
         }
         let keep_alives = join_all(kept.iter().map(|(_, lease)| self.pool.keep_alive(lease.id)));
-        // One read for the batch: each key still holds its token on its lease.
-        let read = Txn::new().and_then(
-            kept.iter()
-                .map(|(_, lease)| TxnOp::get(lease.key.as_str(), None))
-                .collect::<Vec<_>>(),
-        );
-        let (alive, read) = tokio::join!(keep_alives, self.pool.txn(read));
-        let read = read?.op_responses();
+        // One read per batch (as many as a transaction takes): each key still holds its token
+        // on its lease.
+        let reads = join_all(kept.chunks(MAX_TXN_OPS).map(|chunk| {
+            let read = Txn::new().and_then(
+                chunk
+                    .iter()
+                    .map(|(_, lease)| TxnOp::get(lease.key.clone(), None))
+                    .collect::<Vec<_>>(),
+            );
+            self.pool.txn(read)
+        }));
+        let (alive, reads) = tokio::join!(keep_alives, reads);
+        let mut read = Vec::with_capacity(kept.len());
+        for chunk in reads {
+            read.extend(chunk?.op_responses());
+        }
         for (n, ((at, lease), alive)) in kept.iter().zip(alive).enumerate() {
-            let token = locks[*at].1;
+            let (_, token, ttl_ms) = locks[*at];
             let ours = read_at(&read, n)
                 .first()
-                .is_some_and(|kv| kv.value() == token.as_bytes() && kv.lease() == lease.id);
+                .is_some_and(|kv| kv.value() == token.as_bytes() && lease.holds(kv));
             let renewed = alive? && ours;
             if renewed {
-                let valid_until = sent + Duration::from_millis(locks[*at].2);
+                let valid_until = sent + Duration::from_millis(ttl_ms);
                 if let Some(now) = self.leases().get_mut(token).filter(|now| now.id == lease.id) {
                     now.valid_until = now.valid_until.max(valid_until);
                 }
+                // Asked for less than the lease lasts (a maximum hold's last renewal, a
+                // shorter `extend`): ended at the validity, by this client.
+                self.expire_when_invalid(token, ttl_ms, false);
             }
             found[*at] = Renewal::from_ours(renewed);
         }
         Ok(found)
     }
 
-    /// Moves `token`'s key to a new lease of `ttl_s` seconds if it still holds the token.
+    /// Moves `token`'s key to a new lease for `ttl_ms` if it still holds the token.
     async fn lengthen(
         &self,
         (token, ttl_ms): (&str, u64),
@@ -460,84 +514,141 @@ impl EtcdBackend {
         sent: Instant,
     ) -> Result<Renewal, LockError> {
         let (longer, granted) = self.pool.grant(seconds(ttl_ms)).await?;
+        if let Some(now) = self.leases().get_mut(token).filter(|now| now.id == lease.id) {
+            now.moving = Some(longer);
+        }
         let moved = Txn::new()
             .when([
-                Compare::value(lease.key.as_str(), CompareOp::Equal, token),
-                Compare::lease(lease.key.as_str(), CompareOp::Equal, lease.id),
+                Compare::value(lease.key.clone(), CompareOp::Equal, token),
+                Compare::lease(lease.key.clone(), CompareOp::Equal, lease.id),
             ])
-            .and_then([TxnOp::put(lease.key.as_str(), token, put_on(longer))]);
+            .and_then([TxnOp::put(lease.key.clone(), token, put_on(longer))]);
+        // On an error the new lease stays recorded as `moving`: renewals accept it, a release
+        // revokes it.
         let moved = self.pool.txn(moved).await?.succeeded();
-        if moved {
-            self.leases().insert(
-                token.to_owned(),
-                Lease {
-                    id: longer,
-                    ttl_s: granted,
-                    key: lease.key.clone(),
-                    valid_until: sent + Duration::from_millis(ttl_ms),
-                },
-            );
-            self.revoke_later(lease.id);
-            self.expire_when_invalid(token, ttl_ms);
-        } else {
-            self.revoke_later(longer);
+        let mut leases = self.leases();
+        match leases.get_mut(token).filter(|now| now.id == lease.id) {
+            Some(now) if moved => {
+                now.id = longer;
+                now.ttl_s = granted;
+                now.moving = None;
+                now.expiring = false;
+                now.valid_until = sent + Duration::from_millis(ttl_ms);
+                drop(leases);
+                self.revoke_later(lease.id);
+                self.expire_when_invalid(token, ttl_ms, false);
+            }
+            Some(now) => {
+                now.moving = None;
+                drop(leases);
+                self.revoke_later(longer);
+            }
+            // Released meanwhile: the release revoked both.
+            None => {}
         }
         Ok(Renewal::from_ours(moved))
     }
 
     async fn release(&self, token: &str, hold_ms: u64) -> Result<bool, LockError> {
-        self.places().remove(token);
+        self.drop_place(token);
         let Some(lease) = self.leases().remove(token) else {
             return Ok(false);
         };
         if hold_ms > 0 {
-            // Kept for the minimum hold: on a lease of that long, once the key still holds the
-            // token (its own lease then goes).
-            let sent = Instant::now();
-            let (shorter, granted) = self.pool.grant(seconds(hold_ms)).await?;
-            let kept = Txn::new()
-                .when([
-                    Compare::value(lease.key.as_str(), CompareOp::Equal, token),
-                    Compare::lease(lease.key.as_str(), CompareOp::Equal, lease.id),
-                ])
-                .and_then([TxnOp::put(
-                    lease.key.as_str(),
-                    format!("{token}{RELEASED}"),
-                    put_on(shorter),
-                )]);
-            let kept = self.pool.txn(kept).await?.succeeded();
-            if kept {
-                // Ended when the hold does (the lease may be longer), by this client.
+            return self.keep_for(token, lease, hold_ms).await;
+        }
+        let mut revoked = self.pool.revoke(lease.id).await;
+        if let (Ok(_), Some(moving)) = (&revoked, lease.moving) {
+            revoked = self
+                .pool
+                .revoke(moving)
+                .await
+                .map(|moved| moved || revoked.unwrap_or(false));
+        }
+        match revoked {
+            // `false`: its lease had ended, and the lock with it.
+            Ok(revoked) => Ok(revoked),
+            Err(e) => {
+                // Not known to be gone: a later release may end it, else this client does at
+                // the validity's end (or its lease does).
+                let ttl_ms = u64::try_from(lease.ttl_s).unwrap_or(0).saturating_mul(1000);
                 self.leases().insert(
                     token.to_owned(),
                     Lease {
-                        id: shorter,
-                        ttl_s: granted,
-                        key: lease.key.clone(),
-                        valid_until: sent + Duration::from_millis(hold_ms),
+                        expiring: false,
+                        ..lease
                     },
                 );
-                self.expire_when_invalid(token, hold_ms);
-            } else {
-                self.revoke_later(shorter);
-            }
-            self.revoke_later(lease.id);
-            return Ok(kept);
-        }
-        match self.pool.revoke(lease.id).await {
-            // `false`: its lease ended, and the lock had gone.
-            Ok(revoked) => Ok(revoked),
-            Err(e) => {
-                // Not known to be gone: its lease ends it, unless a later release does.
-                self.leases().insert(token.to_owned(), lease);
+                self.expire_when_invalid(token, ttl_ms, true);
                 Err(e)
             }
         }
     }
 
+    /// A release before the minimum hold's end: the key is kept, marked released, on a lease of
+    /// that long, and ended by this client when the hold does.
+    async fn keep_for(&self, token: &str, lease: Lease, hold_ms: u64) -> Result<bool, LockError> {
+        let sent = Instant::now();
+        let put_back = |moving: Option<i64>| {
+            // No answer: the lock stays this token's, for a later release (or its expiry).
+            let ttl_ms = u64::try_from(lease.ttl_s).unwrap_or(0).saturating_mul(1000);
+            self.leases().insert(
+                token.to_owned(),
+                Lease {
+                    moving,
+                    expiring: false,
+                    ..lease.clone()
+                },
+            );
+            self.expire_when_invalid(token, ttl_ms, true);
+        };
+        let (shorter, granted) = match self.pool.grant(seconds(hold_ms)).await {
+            Ok(granted) => granted,
+            Err(e) => {
+                put_back(None);
+                return Err(e);
+            }
+        };
+        let kept = Txn::new()
+            .when([
+                Compare::value(lease.key.clone(), CompareOp::Equal, token),
+                Compare::lease(lease.key.clone(), CompareOp::Equal, lease.id),
+            ])
+            .and_then([TxnOp::put(
+                lease.key.clone(),
+                format!("{token}{RELEASED}"),
+                put_on(shorter),
+            )]);
+        let kept = match self.pool.txn(kept).await {
+            Ok(answer) => answer.succeeded(),
+            Err(e) => {
+                put_back(Some(shorter));
+                return Err(e);
+            }
+        };
+        self.revoke_later(lease.id);
+        if kept {
+            self.leases().insert(
+                token.to_owned(),
+                Lease {
+                    id: shorter,
+                    ttl_s: granted,
+                    moving: None,
+                    key: lease.key,
+                    valid_until: sent + Duration::from_millis(hold_ms),
+                    expiring: false,
+                },
+            );
+            self.expire_when_invalid(token, hold_ms, false);
+        } else {
+            self.revoke_later(shorter);
+        }
+        Ok(kept)
+    }
+
     async fn leave(&self, keys: &LockKeys, token: &str) -> Result<(), LockError> {
         let names = Names::new(keys);
-        self.places().remove(token);
+        self.drop_place(token);
         let gone = Txn::new().and_then([
             TxnOp::delete(names.place(token), None),
             TxnOp::delete(names.claim(token), None),
@@ -572,7 +683,7 @@ impl EtcdBackend {
         let ours = self
             .leases()
             .get(token)
-            .filter(|ours| ours.id == kv.lease())
+            .filter(|ours| ours.holds(kv))
             .map(|ours| ours.valid_until.saturating_duration_since(Instant::now()));
         Some(ours.map_or(left, |ours| ours.min(left)))
     }
@@ -614,10 +725,9 @@ impl EtcdBackend {
 }
 
 impl Drop for EtcdBackend {
-    /// The watch stream and the session keeper go with the client.
+    /// The watch stream goes with the client.
     fn drop(&mut self) {
         self.watcher.stop();
-        self.session_keeper.stop();
     }
 }
 

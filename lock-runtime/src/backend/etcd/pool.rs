@@ -58,14 +58,14 @@ fn status_code(e: &etcd_client::Error) -> Option<i32> {
     }
 }
 
-/// Whether the request never reached a member that could apply it: the connection failed
-/// (tonic's own errors carry their cause), or the member has no leader.
+/// Whether the request never reached a member that could apply it: the connection to the member
+/// could not be made, or the member has no leader. (Not any transport error: a connection that
+/// broke, or a keep-alive ping that went unanswered, may have delivered the request.)
 fn not_sent(e: &etcd_client::Error) -> bool {
     match e {
-        etcd_client::Error::TransportError(_) => true,
         etcd_client::Error::GRpcStatus(status) => {
             i32::from(status.code()) == UNAVAILABLE
-                && (std::error::Error::source(status).is_some() || status.message().contains("no leader"))
+                && (status.message() == "tcp connect error" || status.message().contains("no leader"))
         }
         _ => false,
     }

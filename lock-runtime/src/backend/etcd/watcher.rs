@@ -303,6 +303,11 @@ impl Watches {
         if response.created() {
             if let Some(pending) = self.pending.pop_front() {
                 let channel = pending.mirror.channel.clone();
+                // Free at the snapshot: a waiter that went to sleep before the watch began
+                // (one behind in line) would hear of no release; the one whose turn it is asks.
+                if !pending.mirror.held && pending.mirror.shares == 0 {
+                    pending.mirror.wake_next(wakeups);
+                }
                 self.by_channel.insert(channel.clone(), id);
                 self.by_id.insert(id, pending.mirror);
                 wakeups.set_subscribed(&channel, 0);
@@ -399,15 +404,15 @@ mod tests {
         let first = wakeups.register(keys.channel(), Some("a"));
         let second = wakeups.register(keys.channel(), Some("b"));
         mirror.put(b"lock:{k}", true, 10);
-        mirror.put(b"lock:{k}:q/b", true, 12);
-        mirror.put(b"lock:{k}:q/a", true, 11);
+        mirror.put(b"lock:{k}\xffq/b", true, 12);
+        mirror.put(b"lock:{k}\xffq/a", true, 11);
         mirror.deleted(b"lock:{k}", &wakeups);
         // "a" came first: its turn, not "b"'s.
         assert!(is_woken(&first));
         assert!(!is_woken(&second));
         // "a" takes it: its place goes while the lock is held, which wakes nobody.
         mirror.put(b"lock:{k}", true, 13);
-        mirror.deleted(b"lock:{k}:q/a", &wakeups);
+        mirror.deleted(b"lock:{k}\xffq/a", &wakeups);
         assert!(!is_woken(&second));
         mirror.deleted(b"lock:{k}", &wakeups);
         assert!(is_woken(&second));
@@ -415,12 +420,12 @@ mod tests {
 
         let writer = wakeups.register(keys.channel(), None);
         mirror.line.clear();
-        mirror.put(b"lock:{k}:r/x", true, 20);
-        mirror.put(b"lock:{k}:r/y", true, 21);
-        mirror.put(b"lock:{k}:r/y", false, 21); // a share moved to another lease
-        mirror.deleted(b"lock:{k}:r/x", &wakeups);
+        mirror.put(b"lock:{k}\xffr/x", true, 20);
+        mirror.put(b"lock:{k}\xffr/y", true, 21);
+        mirror.put(b"lock:{k}\xffr/y", false, 21); // a share moved to another lease
+        mirror.deleted(b"lock:{k}\xffr/x", &wakeups);
         assert!(!is_woken(&writer), "a reader still shares it");
-        mirror.deleted(b"lock:{k}:r/y", &wakeups);
+        mirror.deleted(b"lock:{k}\xffr/y", &wakeups);
         assert!(is_woken(&writer));
     }
 }

@@ -1,7 +1,7 @@
 //! `lockctl --etcd ENDPOINTS …`: the same four commands on the library's etcd store (the `etcd`
 //! feature). It reads the keys the library writes under the prefix (`<prefix>{key}` the holder,
-//! `…:r/<token>` readers' shares, `…:q/<token>` fair waiters, `…:w/<token>` waiting writers,
-//! `…:fence` the last fenced writer's revision), all in one read, so every lock is seen at one
+//! and after it, past a 0xff byte, `r/<token>` readers' shares, `q/<token>` fair waiters,
+//! `w/<token>` waiting writers, `fence` the last fenced writer's revision), all in one read, so every lock is seen at one
 //! revision; `release --force` deletes the holder's key in one transaction that compares it with
 //! what was read and shown (its value and lease), then revokes that lease, as the library's
 //! forced release does (the holder's renewals find it gone); waiters hear the deletion on their
@@ -38,22 +38,30 @@ struct Keys {
     fence: Option<u64>,
 }
 
-/// The user's key and what kind of key of its lock `name` is.
-fn split<'a>(prefix: &str, name: &'a str) -> Option<(&'a str, Part)> {
-    let rest = name.strip_prefix(prefix)?.strip_prefix('{')?;
-    for (marker, part) in [
-        ("}:r/", Part::Share),
-        ("}:q/", Part::Place),
-        ("}:w/", Part::Claim),
-        ("}:fence", Part::Fence),
-    ] {
-        if let Some(at) = rest.rfind(marker) {
-            if part != Part::Fence || at + marker.len() == rest.len() {
-                return Some((&rest[..at], part));
-            }
+/// The user's key and what kind of key of its lock `name` is: `<prefix>{key}` the holder, and
+/// after it, past a 0xff byte, `r/…`, `q/…`, `w/…` or `fence`.
+fn split<'a>(prefix: &str, name: &'a [u8]) -> Option<(&'a str, Part)> {
+    let rest = name.strip_prefix(prefix.as_bytes())?.strip_prefix(b"{")?;
+    let (lock, part) = match rest.iter().position(|&b| b == 0xff) {
+        Some(at) => {
+            let helper = &rest[at + 1..];
+            let part = if helper.starts_with(b"r/") {
+                Part::Share
+            } else if helper.starts_with(b"q/") {
+                Part::Place
+            } else if helper.starts_with(b"w/") {
+                Part::Claim
+            } else if helper == b"fence" {
+                Part::Fence
+            } else {
+                return None;
+            };
+            (&rest[..at], part)
         }
-    }
-    rest.strip_suffix('}').map(|key| (key, Part::Holder))
+        None => (rest, Part::Holder),
+    };
+    let key = std::str::from_utf8(lock.strip_suffix(b"}")?).ok()?;
+    Some((key, part))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,8 +118,7 @@ impl Etcd {
         let read_at = Instant::now();
         let mut locks: BTreeMap<String, Keys> = BTreeMap::new();
         for kv in read.kvs() {
-            let Ok(name) = kv.key_str() else { continue };
-            let Some((key, part)) = split(&self.prefix, name) else {
+            let Some((key, part)) = split(&self.prefix, kv.key()) else {
                 continue;
             };
             if !glob_match(pattern, key) {
@@ -206,11 +213,11 @@ impl Etcd {
                 kv.get(lock.as_str(), Some(GetOptions::new().with_prefix())),
             )
             .await?;
-        let wanted: Vec<(String, String, i64)> = now
+        let wanted: Vec<(Vec<u8>, String, i64)> = now
             .kvs()
             .iter()
             .filter_map(|kv| {
-                let name = kv.key_str().ok()?;
+                let name = kv.key();
                 let (key, part) = split(&self.prefix, name)?;
                 let value = String::from_utf8_lossy(kv.value()).into_owned();
                 let shown = match (&view.holding, part) {
@@ -218,7 +225,7 @@ impl Etcd {
                     (Holding::Shared { readers }, Part::Share) => readers.iter().any(|r| r.value == value),
                     _ => false,
                 };
-                (key == view.key && shown).then(|| (name.to_owned(), value, kv.lease()))
+                (key == view.key && shown).then(|| (name.to_vec(), value, kv.lease()))
             })
             .collect();
         if wanted.is_empty() {
@@ -233,14 +240,14 @@ impl Etcd {
             .iter()
             .flat_map(|(name, value, lease)| {
                 [
-                    Compare::value(name.as_str(), CompareOp::Equal, value.as_str()),
-                    Compare::lease(name.as_str(), CompareOp::Equal, *lease),
+                    Compare::value(name.clone(), CompareOp::Equal, value.as_str()),
+                    Compare::lease(name.clone(), CompareOp::Equal, *lease),
                 ]
             })
             .collect();
         let deletes: Vec<TxnOp> = wanted
             .iter()
-            .map(|(name, _, _)| TxnOp::delete(name.as_str(), None))
+            .map(|(name, _, _)| TxnOp::delete(name.clone(), None))
             .collect();
         let deleted = self
             .within(
@@ -339,7 +346,7 @@ async fn watch_keys(etcd: &Etcd, plan: &Plan, out: &mut Out) -> Result<(), Error
             _ = ticks.tick() => true,
             heard = changes.message() => match heard {
                 Ok(Some(response)) => response.events().iter().any(|event| {
-                    event.kv().and_then(|kv| kv.key_str().ok()).and_then(|name| split(&etcd.prefix, name))
+                    event.kv().and_then(|kv| split(&etcd.prefix, kv.key()))
                         .is_some_and(|(key, _)| glob_match(&plan.pattern, key))
                 }),
                 Ok(None) => return Err(Error::Failed("etcd: the watch ended".to_owned())),
@@ -422,24 +429,16 @@ mod tests {
 
     #[test]
     fn the_keys_of_a_lock_are_told_apart() {
-        assert_eq!(split("lock:", "lock:{order:7}"), Some(("order:7", Part::Holder)));
-        assert_eq!(
-            split("lock:", "lock:{order:7}:r/t1"),
-            Some(("order:7", Part::Share))
-        );
-        assert_eq!(
-            split("lock:", "lock:{order:7}:q/t1"),
-            Some(("order:7", Part::Place))
-        );
-        assert_eq!(
-            split("lock:", "lock:{order:7}:w/t1"),
-            Some(("order:7", Part::Claim))
-        );
-        assert_eq!(
-            split("lock:", "lock:{order:7}:fence"),
-            Some(("order:7", Part::Fence))
-        );
-        assert_eq!(split("lock:", "other:{order:7}"), None);
-        assert_eq!(split("lock:", "lock:{order:7}:fencex"), None);
+        fn part(name: &[u8]) -> Option<(&str, Part)> {
+            split("lock:", name)
+        }
+        assert_eq!(part(b"lock:{order:7}"), Some(("order:7", Part::Holder)));
+        assert_eq!(part(b"lock:{order:7}\xffr/t1"), Some(("order:7", Part::Share)));
+        assert_eq!(part(b"lock:{order:7}\xffq/t1"), Some(("order:7", Part::Place)));
+        assert_eq!(part(b"lock:{order:7}\xffw/t1"), Some(("order:7", Part::Claim)));
+        assert_eq!(part(b"lock:{order:7}\xfffence"), Some(("order:7", Part::Fence)));
+        assert_eq!(part(b"lock:{a}:r/x}"), Some(("a}:r/x", Part::Holder)));
+        assert_eq!(part(b"other:{order:7}"), None);
+        assert_eq!(part(b"lock:{order:7}\xfffencex"), None);
     }
 }
