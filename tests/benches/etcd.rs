@@ -26,11 +26,12 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use lock_runtime::{LockClient, LockOptions};
+use lock_tests::bench::{handoffs, median, ms, quantile};
 use lock_tests::{EtcdCluster, RedisServer};
 use serde_json::json;
 use tokio::time::Instant;
@@ -106,64 +107,6 @@ impl Bench {
             }
         }
     }
-}
-
-fn quantile(samples: &mut [Duration], q: f64) -> Duration {
-    samples.sort_unstable();
-    samples[((samples.len() as f64 - 1.0) * q).round() as usize]
-}
-
-fn median(values: &mut [f64]) -> f64 {
-    values.sort_by(f64::total_cmp);
-    values[values.len() / 2]
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
-
-async fn handoffs(clients: &[LockClient], key: &str, count: usize, fair: bool) -> Vec<Duration> {
-    let released_at: Arc<Mutex<Option<Instant>>> = Arc::default();
-    let seen: Arc<Mutex<Vec<Duration>>> = Arc::default();
-    let left = Arc::new(AtomicU64::new(count as u64));
-    let options = LockOptions::new(Duration::from_secs(10))
-        .wait(Duration::from_secs(30))
-        .fair(fair);
-    let tasks: Vec<_> = clients
-        .iter()
-        .cloned()
-        .map(|client| {
-            let (released_at, seen, left, options, key) = (
-                Arc::clone(&released_at),
-                Arc::clone(&seen),
-                Arc::clone(&left),
-                options.clone(),
-                key.to_owned(),
-            );
-            tokio::spawn(async move {
-                while left.load(Ordering::SeqCst) > 0 {
-                    let guard = client.acquire(&key, &options).await.unwrap();
-                    let now = Instant::now();
-                    if let Some(at) = released_at.lock().unwrap().take() {
-                        if left
-                            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                            .is_ok()
-                        {
-                            seen.lock().unwrap().push(now - at);
-                        }
-                    }
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                    *released_at.lock().unwrap() = Some(Instant::now());
-                    assert!(guard.release().await.unwrap());
-                }
-            })
-        })
-        .collect();
-    for task in tasks {
-        task.await.unwrap();
-    }
-    let seen = seen.lock().unwrap().clone();
-    seen
 }
 
 /// Hand-offs on etcd, timed, with what the members served for them.

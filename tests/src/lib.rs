@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use lock_runtime::{LockClient, LockClientBuilder, LockOptions};
 
 pub mod affinity;
+pub mod bench;
 mod cluster;
 mod etcd;
 pub mod hand_written;

@@ -257,9 +257,12 @@ impl EtcdBackend {
     async fn acquire(&self, keys: &LockKeys, token: &str, ask: &Ask) -> Result<Attempt, LockError> {
         let names = Names::new(keys);
         let sent = Instant::now();
-        // A waiter's place (and claim) lease, granted or kept alive alongside the lock's own.
+        // A fair waiter's place (and a claim) lease, granted or kept alive alongside the lock's
+        // own; a writer that claimed keeps its claim's alive. (A plain waiter claims only once
+        // readers refused it: see `claim`.)
         let waits = ask.join && !ask.shared;
-        let (granted, place) = if waits {
+        let keeps_place = waits && (ask.fair || self.places().contains_key(token));
+        let (granted, place) = if keeps_place {
             let (granted, place) =
                 tokio::join!(self.pool.grant(seconds(ask.ttl_ms)), self.place_lease(token));
             (granted?, Some(place?))
@@ -382,6 +385,13 @@ impl EtcdBackend {
             if let Some(TxnOpResponse::Txn(claim)) = responses.get(at) {
                 claimed = claim.succeeded();
             }
+        } else if waits {
+            // Readers refused it (the read of their shares found one): it claims now.
+            let refused_by_readers =
+                matches!(responses.get(at), Some(TxnOpResponse::Get(shares)) if shares.count() > 0);
+            if refused_by_readers {
+                claimed = self.claim(&names, token).await?;
+            }
         }
         Ok(Attempt::Held {
             pttl_ms: None,
@@ -434,16 +444,34 @@ impl EtcdBackend {
         if ask.claimed {
             then.push(TxnOp::delete(names.claim(token), None));
         }
-        if let Some(place) = place {
-            otherwise.push(TxnOp::txn(
+        match place {
+            Some(place) => otherwise.push(TxnOp::txn(
                 Txn::new().when([names.some_shares()]).and_then([TxnOp::put(
                     names.claim(token),
                     "",
                     put_on(place),
                 )]),
-            ));
+            )),
+            // A plain waiter: whether readers hold it, to claim the writers' turn if they do.
+            None if ask.join => otherwise.push(TxnOp::get(
+                names.shares_start(),
+                Some(GetOptions::new().with_range(names.shares_end()).with_count_only()),
+            )),
+            None => {}
         }
         Txn::new().when(when).and_then(then).or_else(otherwise)
+    }
+
+    /// A waiting writer refused by readers claims the writers' turn (on a place lease of its
+    /// own, kept alive by its later attempts), if readers still hold the lock.
+    async fn claim(&self, names: &Names, token: &str) -> Result<bool, LockError> {
+        let place = self.place_lease(token).await?;
+        let claim = Txn::new().when([names.some_shares()]).and_then([TxnOp::put(
+            names.claim(token),
+            "",
+            put_on(place),
+        )]);
+        Ok(self.pool.txn(claim).await?.succeeded())
     }
 
     async fn renew(&self, locks: &[(&LockKeys, &str, u64)]) -> Result<Vec<Renewal>, LockError> {
