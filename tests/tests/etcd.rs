@@ -346,3 +346,45 @@ async fn misconfigured_etcd_clients_are_refused_and_etcd_urls_connect() {
     assert!(c.is_locked("etcd-url").await.unwrap());
     assert!(guard.release().await.unwrap());
 }
+
+/// A fair waiter that stops asking (its process died) leaves a place in line on a short lease
+/// of its own: it holds the line back until that lease ends, no longer, and the next waiter in
+/// line then takes the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_waiters_place_lapses_and_the_next_in_line_takes_the_lock() {
+    let cluster = EtcdCluster::shared();
+    let c = builder(&cluster.endpoints())
+        .prefix("ghost:")
+        .build()
+        .await
+        .unwrap();
+    let mut etcd = etcd_client::Client::connect(cluster.endpoints(), None)
+        .await
+        .unwrap();
+    // The place of a waiter that will never ask again: on a lease of etcd's minimum, not kept
+    // alive (the library's own name for it: the lock's key, 0xff, `q/<token>`).
+    let lease = etcd.lease_grant(2, None).await.unwrap().id();
+    let mut ghost = b"ghost:{line}".to_vec();
+    ghost.push(0xff);
+    ghost.extend_from_slice(b"q/ghost");
+    etcd.put(
+        ghost.clone(),
+        "",
+        Some(etcd_client::PutOptions::new().with_lease(lease)),
+    )
+    .await
+    .unwrap();
+    let fair = ttl(5000).fair(true);
+    let refused = c.acquire("line", &fair).await;
+    assert!(
+        matches!(refused, Err(LockError::Busy { .. })),
+        "an older place in line is passed: {refused:?}"
+    );
+    let guard = c.acquire("line", &fair.wait(10 * SECOND)).await.unwrap();
+    let left = etcd.get(ghost, None).await.unwrap();
+    assert!(
+        left.kvs().is_empty(),
+        "taken while the dead waiter's place was there"
+    );
+    assert!(guard.release().await.unwrap());
+}
