@@ -378,12 +378,28 @@ impl RedisCluster {
     /// slot map, and returns the new primary's index. Panics if `primary` is not a running
     /// primary with a running replica.
     pub fn fail_over_by_killing(&mut self, primary: usize) -> usize {
+        self.fail_over_lagging(primary, Duration::ZERO, &mut || {})
+    }
+
+    /// As [`fail_over_by_killing`](Self::fail_over_by_killing), with the replica behind: it is
+    /// frozen (SIGSTOP) for `lag` before the primary is killed and thawed right after, so the
+    /// writes of that time never reach it (asynchronous replication losing them). With `lag`
+    /// zero nothing is frozen. `killing` is called just before the kill.
+    pub fn fail_over_lagging(&mut self, primary: usize, lag: Duration, killing: &mut dyn FnMut()) -> usize {
         assert!(
             self.primaries().contains(&primary),
             "node {primary} is not a running primary"
         );
         let replica = self.replica_of(primary);
+        if !lag.is_zero() {
+            self.nodes[replica].pause();
+            std::thread::sleep(lag);
+        }
+        killing();
         self.nodes[primary].kill();
+        if !lag.is_zero() {
+            self.nodes[replica].resume();
+        }
         self.wait_for(
             &format!("replica {replica} to take over from killed primary {primary}"),
             |c, probe| {

@@ -254,7 +254,7 @@ impl SentinelSetup {
 
     /// Waits until every running sentinel names a primary other than the one on port `old`,
     /// which is a running node of this setup, answers `ROLE` as master and takes a write.
-    fn wait_for_new_primary(&self, old: u16) -> u16 {
+    pub fn wait_for_new_primary(&self, old: u16) -> u16 {
         self.wait_for(
             &format!("failover away from the primary on port {old}"),
             |s, probe| {

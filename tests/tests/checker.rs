@@ -1,48 +1,189 @@
-//! The multi-process checker (`src/bin/checker.rs`) with modest defaults: 3 processes × 4 tasks
-//! on 3 keys for 12 s, with every fault injected once. By hand, bigger:
-//! `cargo run -p lock-tests --bin checker -- --processes 6 --tasks 8 --keys 4 --seconds 120`.
+//! The multi-process checker (`src/bin/checker/`), a short run of each cell of its matrix:
+//! every cell where the library promises no overlap must show none (and no late body, no stale
+//! write accepted, no lost update); the cells where the store itself forgets locks (one Redis
+//! restarted empty, a failover without replica acknowledgement, a RedLock master restarted
+//! empty) are run and their counts printed, never assumed to be zero. The full matrix, by hand:
+//! `cargo run --release -p lock-tests --bin checker -- --matrix --seconds 60`.
 
+use std::collections::HashMap;
 use std::process::Command;
 
-/// The number after `"name":` in the checker's JSON report.
-fn field(report: &str, name: &str) -> u64 {
-    let start = report
-        .find(&format!("\"{name}\":"))
-        .unwrap_or_else(|| panic!("no {name} in {report}"))
-        + name.len()
-        + 3;
-    report[start..]
-        .chars()
-        .take_while(char::is_ascii_digit)
-        .collect::<String>()
-        .parse()
-        .unwrap_or_else(|e| panic!("{name}: {e} in {report}"))
+/// Runs the checker on one cell for `seconds` and returns its JSON report.
+fn run(args: &[&str], seconds: u64) -> HashMap<String, serde_json::Value> {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("no temp dir: {e}"));
+    let json = dir.path().join("report.json");
+    let output = Command::new(env!("CARGO_BIN_EXE_checker"))
+        .args(args)
+        .args(["--seconds", &seconds.to_string()])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run the checker: {e}"));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    println!("{stdout}");
+    let text = std::fs::read_to_string(&json)
+        .unwrap_or_else(|e| panic!("no report ({e}); {}:\n{stdout}\n{stderr}", output.status));
+    let report: HashMap<String, serde_json::Value> =
+        serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("bad report {text}: {e}"));
+    assert!(
+        output.status.success(),
+        "{}: the run broke a promise\n{stdout}\n{stderr}",
+        output.status
+    );
+    report
+}
+
+fn number(report: &HashMap<String, serde_json::Value>, name: &str) -> u64 {
+    report
+        .get(name)
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or_else(|| panic!("no number {name} in {report:?}"))
+}
+
+/// A cell the library promises: no overlap, no late body, no stale write, no lost update, and
+/// the work went on (sections ran; every fault was followed by a write to every key).
+fn promised(args: &[&str], seconds: u64) {
+    let report = run(args, seconds);
+    assert_eq!(
+        report.get("promised"),
+        Some(&serde_json::Value::Bool(true)),
+        "{report:?}"
+    );
+    for field in [
+        "overlaps",
+        "late_bodies",
+        "stale_accepted",
+        "lost_updates",
+        "other",
+    ] {
+        assert_eq!(number(&report, field), 0, "{field}: {report:?}");
+    }
+    assert!(number(&report, "sections") >= 10, "the run did work: {report:?}");
+    let faults = report["faults"].as_array().map_or(0, Vec::len);
+    if !args.contains(&"none") {
+        assert!(faults >= 1, "the fault was injected: {report:?}");
+        assert_eq!(
+            number(&report, "unrecovered"),
+            0,
+            "every key written again after each fault: {report:?}"
+        );
+    }
+}
+
+/// A cell where the store may forget a lock: the counts are measured and printed, not asserted
+/// (fencing still refuses every stale write where the store gives tokens, which `run` checks
+/// through the exit status).
+fn measured(args: &[&str], seconds: u64) {
+    let report = run(args, seconds);
+    assert_eq!(
+        report.get("promised"),
+        Some(&serde_json::Value::Bool(false)),
+        "{report:?}"
+    );
+    assert!(number(&report, "sections") >= 10, "the run did work: {report:?}");
+    assert!(report["faults"].as_array().map_or(0, Vec::len) >= 1, "{report:?}");
+    eprintln!(
+        "measured {args:?}: overlaps {}, late bodies {}, stale writes accepted {}, refused by fencing {}, lost updates {}",
+        number(&report, "overlaps"),
+        number(&report, "late_bodies"),
+        number(&report, "stale_accepted"),
+        number(&report, "fenced_refused"),
+        number(&report, "lost_updates")
+    );
 }
 
 #[test]
-fn the_checker_finds_no_overlap_no_stale_write_and_no_lost_update_under_faults() {
-    let output = Command::new(env!("CARGO_BIN_EXE_checker"))
-        .args(["--seconds", "12", "--json"])
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run the checker: {e}"));
-    let report = String::from_utf8_lossy(&output.stdout);
-    println!("{report}");
-    assert!(
-        output.status.success(),
-        "{}\n{report}\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr)
+fn memory_without_faults() {
+    promised(&["--store", "memory", "--fault", "none"], 4);
+}
+
+#[test]
+fn redis_without_faults() {
+    promised(&["--store", "redis", "--fault", "none"], 4);
+}
+
+#[test]
+fn redis_with_a_frozen_worker() {
+    promised(&["--store", "redis", "--fault", "sigstop"], 8);
+}
+
+#[test]
+fn redis_with_a_killed_worker() {
+    promised(&["--store", "redis", "--fault", "sigkill"], 6);
+}
+
+#[test]
+fn redis_with_a_worker_cut_off() {
+    promised(&["--store", "redis", "--fault", "partition"], 8);
+}
+
+#[test]
+fn sentinel_failover_with_replica_acknowledgement() {
+    promised(
+        &[
+            "--store",
+            "sentinel",
+            "--wait-for-replicas",
+            "1",
+            "--fault",
+            "failover",
+        ],
+        10,
     );
-    assert_eq!(field(&report, "overlaps"), 0);
-    assert_eq!(field(&report, "stale_writes_accepted"), 0);
-    assert_eq!(field(&report, "lost_updates"), 0);
-    assert!(field(&report, "completed") > 100, "the run did work: {report}");
-    assert_eq!(report.matches("\"fault\"").count(), 5, "every fault was injected");
-    assert_eq!(field(&report, "other_errors"), 0, "{report}");
-    // Fencing refuses only a holder that lost its lock mid-section (a fault hit it): rare. Many
-    // refusals would mean tokens went backwards, as after a restart without the clock floor.
-    assert!(
-        field(&report, "refused_by_fencing") * 20 <= field(&report, "critical_sections"),
-        "{report}"
+}
+
+#[test]
+fn cluster_failover_with_replica_acknowledgement() {
+    promised(
+        &[
+            "--store",
+            "cluster",
+            "--wait-for-replicas",
+            "1",
+            "--fault",
+            "failover",
+        ],
+        10,
     );
+}
+
+#[test]
+fn etcd_leader_killed() {
+    promised(&["--store", "etcd", "--fault", "failover"], 6);
+}
+
+#[test]
+fn etcd_with_a_frozen_worker() {
+    promised(&["--store", "etcd", "--fault", "sigstop"], 8);
+}
+
+#[test]
+fn postgres_with_a_frozen_worker() {
+    promised(&["--store", "postgres", "--fault", "sigstop"], 8);
+}
+
+#[test]
+fn postgres_restarted() {
+    promised(&["--store", "postgres", "--fault", "restart"], 7);
+}
+
+#[test]
+fn redis_restarted_empty_is_measured() {
+    measured(&["--store", "redis", "--fault", "restart"], 7);
+}
+
+#[test]
+fn sentinel_failover_without_acknowledgement_is_measured() {
+    measured(&["--store", "sentinel", "--fault", "failover"], 10);
+}
+
+#[test]
+fn cluster_failover_without_acknowledgement_is_measured() {
+    measured(&["--store", "cluster", "--fault", "failover"], 10);
+}
+
+#[test]
+fn redlock_master_restarted_empty_is_measured() {
+    measured(&["--store", "redlock", "--fault", "restart-empty"], 6);
 }

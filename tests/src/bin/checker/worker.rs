@@ -1,0 +1,324 @@
+//! A worker: tasks that run critical sections on the keys until the time is up.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use lock_runtime::{distributed_lock, LockClient, LockError};
+
+use crate::store::{Op, Store};
+use crate::Fallible;
+
+/// How often a long body writes (polls the store) while it holds the lock.
+const POLL: Duration = Duration::from_millis(100);
+
+/// How a worker process reaches the lock store: `kind|url,url,…|master|replicas`.
+pub fn spec(kind: &str, urls: &[String], master: &str, replicas: usize) -> String {
+    format!("{kind}|{}|{master}|{replicas}", urls.join(","))
+}
+
+/// The client a [`spec`] names.
+pub async fn client(spec: &str) -> Fallible<LockClient> {
+    let mut parts = spec.split('|');
+    let (Some(kind), Some(urls), Some(master), Some(replicas), None) = (
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+    ) else {
+        return Err(format!("bad lock spec {spec:?}").into());
+    };
+    let urls: Vec<&str> = urls.split(',').collect();
+    let replicas: usize = replicas.parse()?;
+    let builder = LockClient::builder();
+    let builder = match kind {
+        "redis" => builder.url(urls[0]),
+        "sentinel" => builder.sentinel(urls, master),
+        "cluster" => builder.cluster(urls),
+        "redlock" => builder.redlock(urls),
+        "etcd" => builder.etcd(urls),
+        "postgres" => builder.postgres(urls[0]),
+        other => return Err(format!("no lock store {other:?}").into()),
+    };
+    let builder = if replicas > 0 {
+        builder.wait_for_replicas(replicas, Duration::from_millis(500))
+    } else {
+        builder
+    };
+    Ok(builder
+        .connect_timeout(Duration::from_secs(1))
+        .response_timeout(Duration::from_millis(500))
+        .build()
+        .await?)
+}
+
+/// Why a critical section did not complete.
+#[derive(Debug)]
+enum Failure {
+    Lock(LockError),
+    Store(redis::RedisError),
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failure::Lock(e) => write!(f, "{e}"),
+            Failure::Store(e) => write!(f, "store: {e}"),
+        }
+    }
+}
+
+impl From<LockError> for Failure {
+    fn from(e: LockError) -> Self {
+        Failure::Lock(e)
+    }
+}
+
+impl From<redis::RedisError> for Failure {
+    fn from(e: redis::RedisError) -> Self {
+        Failure::Store(e)
+    }
+}
+
+/// One critical section under a fenced lock: a read-modify-write of key `k`'s counter.
+#[distributed_lock(key = "chk:<k>", ttl_ms = 3000, watchdog, fencing, wait_ms = 3000, client = locks)]
+async fn fenced(
+    locks: &LockClient,
+    store: &Store,
+    k: u64,
+    section: &str,
+    hold: Duration,
+) -> Result<bool, Failure> {
+    body(store, k, section, hold).await
+}
+
+/// The same without a fencing token (RedLock offers none): every write carries token 0, so the
+/// store accepts them all, stale or not.
+#[distributed_lock(key = "chk:<k>", ttl_ms = 3000, watchdog, wait_ms = 3000, client = locks)]
+async fn unfenced(
+    locks: &LockClient,
+    store: &Store,
+    k: u64,
+    section: &str,
+    hold: Duration,
+) -> Result<bool, Failure> {
+    body(store, k, section, hold).await
+}
+
+/// A critical section's body: enters, reads the counter, holds the lock for `hold` (writing
+/// every [`POLL`] meanwhile) and writes the counter plus one. A body whose write the store
+/// refuses stops, as a user's would.
+async fn body(store: &Store, k: u64, section: &str, hold: Duration) -> Result<bool, Failure> {
+    let token = lock_runtime::current()
+        .and_then(|l| l.fencing_token())
+        .unwrap_or(0);
+    if !store.write(k, token, section, Op::Enter).await? {
+        return Ok(false);
+    }
+    let value = store.value(k).await?;
+    let until = Instant::now() + hold;
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        tokio::time::sleep(left.min(POLL)).await;
+        if !store.write(k, token, section, Op::Poll).await? {
+            return Ok(false);
+        }
+    }
+    Ok(store.write(k, token, section, Op::Set(value + 1)).await?)
+}
+
+/// Whether locks of store `kind` come with a fencing token.
+pub fn fences(kind: &str) -> bool {
+    kind != "redlock"
+}
+
+/// What a worker's critical sections came to.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Tally {
+    pub attempts: u64,
+    pub completed: u64,
+    pub refused: u64,
+    pub busy: u64,
+    pub lost: u64,
+    pub unavailable: u64,
+    pub not_replicated: u64,
+    pub other: u64,
+}
+
+const FIELDS: [&str; 8] = [
+    "attempts",
+    "completed",
+    "refused",
+    "busy",
+    "lost",
+    "unavailable",
+    "not_replicated",
+    "other",
+];
+
+impl Tally {
+    fn values(&self) -> [u64; 8] {
+        [
+            self.attempts,
+            self.completed,
+            self.refused,
+            self.busy,
+            self.lost,
+            self.unavailable,
+            self.not_replicated,
+            self.other,
+        ]
+    }
+
+    pub fn add(&mut self, o: &Tally) {
+        self.attempts += o.attempts;
+        self.completed += o.completed;
+        self.refused += o.refused;
+        self.busy += o.busy;
+        self.lost += o.lost;
+        self.unavailable += o.unavailable;
+        self.not_replicated += o.not_replicated;
+        self.other += o.other;
+    }
+
+    /// `tally attempts=… completed=… …`, the line a worker process ends with.
+    pub fn line(&self) -> String {
+        let pairs: Vec<String> = FIELDS
+            .iter()
+            .zip(self.values())
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        format!("tally {}", pairs.join(" "))
+    }
+
+    /// The JSON members, for the report.
+    pub fn json_members(&self) -> String {
+        let pairs: Vec<String> = FIELDS
+            .iter()
+            .zip(self.values())
+            .map(|(k, v)| format!("\"{k}\":{v}"))
+            .collect();
+        pairs.join(",")
+    }
+
+    pub fn parse(line: &str) -> Option<Tally> {
+        let fields: HashMap<&str, u64> = line
+            .strip_prefix("tally ")?
+            .split(' ')
+            .filter_map(|kv| kv.split_once('='))
+            .filter_map(|(k, v)| Some((k, v.parse().ok()?)))
+            .collect();
+        let get = |name: &str| fields.get(name).copied();
+        Some(Tally {
+            attempts: get("attempts")?,
+            completed: get("completed")?,
+            refused: get("refused")?,
+            busy: get("busy")?,
+            lost: get("lost")?,
+            unavailable: get("unavailable")?,
+            not_replicated: get("not_replicated")?,
+            other: get("other")?,
+        })
+    }
+}
+
+/// Runs `tasks` tasks on `locks` until `deadline`: each picks a key and a hold at random and
+/// runs a critical section. Most holds are short (5–50 ms); one in five is long (2–5 s,
+/// longer than a failover takes), so that a lock a store loses is often still in use.
+pub async fn run(
+    locks: LockClient,
+    fencing: bool,
+    store_url: &str,
+    id: &str,
+    tasks: u64,
+    keys: u64,
+    deadline: Instant,
+) -> Fallible<Tally> {
+    let store = Store::connect(store_url).await?;
+    let mut running = Vec::new();
+    for task in 0..tasks {
+        let (locks, store) = (locks.clone(), store.clone());
+        let writer = format!("w{id}.{task}");
+        let mut dice = 0x9e37_79b9_7f4a_7c15_u64 ^ (u64::from(std::process::id()) << 16) ^ (task << 8);
+        for b in id.bytes() {
+            dice = dice.rotate_left(5) ^ u64::from(b);
+        }
+        running.push(tokio::spawn(async move {
+            let mut tally = Tally::default();
+            while Instant::now() < deadline {
+                dice ^= dice << 13;
+                dice ^= dice >> 7;
+                dice ^= dice << 17;
+                let k = dice % keys;
+                let hold = if (dice >> 20).is_multiple_of(5) {
+                    Duration::from_millis(2000 + (dice >> 24) % 3000)
+                } else {
+                    Duration::from_millis(5 + (dice >> 24) % 45)
+                };
+                // No hold past the end of the run: the run ends on time.
+                let hold = hold.min(deadline.saturating_duration_since(Instant::now()));
+                tally.attempts += 1;
+                let section = format!("{writer}.{}", tally.attempts);
+                let outcome = if fencing {
+                    fenced(&locks, &store, k, &section, hold).await
+                } else {
+                    unfenced(&locks, &store, k, &section, hold).await
+                };
+                match outcome {
+                    Ok(true) => tally.completed += 1,
+                    Ok(false) => tally.refused += 1,
+                    Err(Failure::Lock(LockError::Busy { .. })) => tally.busy += 1,
+                    Err(Failure::Lock(LockError::Lost { .. })) => tally.lost += 1,
+                    Err(Failure::Lock(LockError::NotReplicated { .. })) => {
+                        tally.not_replicated += 1;
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    Err(Failure::Lock(LockError::Unavailable { .. })) => {
+                        tally.unavailable += 1;
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    Err(e) => {
+                        if tally.other == 0 {
+                            eprintln!("checker worker {writer}: {e} (further errors counted, not shown)");
+                        }
+                        tally.other += 1;
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            }
+            tally
+        }));
+    }
+    let mut total = Tally::default();
+    for task in running {
+        total.add(&task.await?);
+    }
+    locks.shutdown().await;
+    Ok(total)
+}
+
+/// `worker <spec> <store-url> <id> <tasks> <keys> <millis>`: a worker process. Prints its
+/// tally.
+pub async fn main(args: &[String]) -> Fallible<()> {
+    let [spec, store_url, id, tasks, keys, millis] = args else {
+        return Err("usage: checker worker <spec> <store-url> <id> <tasks> <keys> <millis>".into());
+    };
+    let deadline = Instant::now() + Duration::from_millis(millis.parse()?);
+    let locks = client(spec).await?;
+    let fencing = fences(spec.split('|').next().unwrap_or_default());
+    let tally = run(
+        locks,
+        fencing,
+        store_url,
+        id,
+        tasks.parse()?,
+        keys.parse()?,
+        deadline,
+    )
+    .await?;
+    println!("{}", tally.line());
+    Ok(())
+}
