@@ -42,7 +42,10 @@ fn number(report: &HashMap<String, serde_json::Value>, name: &str) -> u64 {
 }
 
 /// A cell the library promises: no overlap, no late body, no stale write, no lost update, and
-/// the work went on (sections ran; every fault was followed by a write to every key).
+/// the work went on (sections ran; after a failover or a restart of the store, every key was
+/// written again: the deployment serves again). How soon a key held by a frozen, killed or
+/// cut-off worker is taken again depends on which task picks it next, so that is measured by the
+/// matrix, not asserted in these short runs.
 fn promised(args: &[&str], seconds: u64) {
     let report = run(args, seconds);
     assert_eq!(
@@ -63,6 +66,8 @@ fn promised(args: &[&str], seconds: u64) {
     let faults = report["faults"].as_array().map_or(0, Vec::len);
     if !args.contains(&"none") {
         assert!(faults >= 1, "the fault was injected: {report:?}");
+    }
+    if args.contains(&"failover") || args.contains(&"restart") {
         assert_eq!(
             number(&report, "unrecovered"),
             0,
@@ -150,7 +155,7 @@ fn cluster_failover_with_replica_acknowledgement() {
 
 #[test]
 fn etcd_leader_killed() {
-    promised(&["--store", "etcd", "--fault", "failover"], 6);
+    promised(&["--store", "etcd", "--fault", "failover"], 8);
 }
 
 #[test]
@@ -165,7 +170,7 @@ fn postgres_with_a_frozen_worker() {
 
 #[test]
 fn postgres_restarted() {
-    promised(&["--store", "postgres", "--fault", "restart"], 7);
+    promised(&["--store", "postgres", "--fault", "restart"], 8);
 }
 
 #[test]
