@@ -1,9 +1,12 @@
-//! The multi-process checker (`src/bin/checker/`), a short run of each cell of its matrix:
-//! every cell where the library promises no overlap must show none (and no late body, no stale
-//! write accepted, no lost update); the cells where the store itself forgets locks (one Redis
-//! restarted empty, a failover without replica acknowledgement, a RedLock master restarted
-//! empty) are run and their counts printed, never assumed to be zero. The full matrix, by hand:
-//! `cargo run --release -p lock-tests --bin checker -- --matrix --seconds 60`.
+//! The multi-process checker (`src/bin/checker/`), a short run of each cell of its matrix that
+//! says something in a few seconds: every cell where the library promises no overlap (a fault of
+//! a worker on one Redis, in memory, a failover with replica acknowledgement, every etcd and
+//! PostgreSQL cell) must show none, and no late body, stale write accepted or lost update; the
+//! cells where the store itself can forget locks (one Redis restarted empty, a failover without
+//! replica acknowledgement, a RedLock master restarted empty at once) are run and their overlaps
+//! printed, never assumed to be zero (fencing must still refuse every stale write where the store
+//! gives tokens). The matrix's other cell, RedLock with a delayed restart, runs only there. The
+//! full matrix, by hand: `cargo run --release -p lock-tests --bin checker -- --matrix --seconds 60`.
 
 use std::collections::HashMap;
 use std::process::Command;
@@ -62,7 +65,7 @@ fn promised(args: &[&str], seconds: u64) {
     ] {
         assert_eq!(number(&report, field), 0, "{field}: {report:?}");
     }
-    assert!(number(&report, "sections") >= 10, "the run did work: {report:?}");
+    assert!(number(&report, "sections") >= 5, "the run did work: {report:?}");
     let faults = report["faults"].as_array().map_or(0, Vec::len);
     if !args.contains(&"none") {
         assert!(faults >= 1, "the fault was injected: {report:?}");
@@ -76,9 +79,9 @@ fn promised(args: &[&str], seconds: u64) {
     }
 }
 
-/// A cell where the store may forget a lock: the counts are measured and printed, not asserted
-/// (fencing still refuses every stale write where the store gives tokens, which `run` checks
-/// through the exit status).
+/// A cell where the store may forget a lock: its overlaps and late bodies are measured and
+/// printed, not asserted (the exit status, which `run` checks, still requires that fencing
+/// refused every stale write where the store gives tokens).
 fn measured(args: &[&str], seconds: u64) {
     let report = run(args, seconds);
     assert_eq!(
@@ -86,7 +89,7 @@ fn measured(args: &[&str], seconds: u64) {
         Some(&serde_json::Value::Bool(false)),
         "{report:?}"
     );
-    assert!(number(&report, "sections") >= 10, "the run did work: {report:?}");
+    assert!(number(&report, "sections") >= 5, "the run did work: {report:?}");
     assert!(report["faults"].as_array().map_or(0, Vec::len) >= 1, "{report:?}");
     eprintln!(
         "measured {args:?}: overlaps {}, late bodies {}, stale writes accepted {}, refused by fencing {}, lost updates {}",
@@ -161,6 +164,16 @@ fn etcd_leader_killed() {
 #[test]
 fn etcd_with_a_frozen_worker() {
     promised(&["--store", "etcd", "--fault", "sigstop"], 8);
+}
+
+#[test]
+fn etcd_with_a_worker_cut_off() {
+    promised(&["--store", "etcd", "--fault", "partition"], 8);
+}
+
+#[test]
+fn postgres_with_a_worker_cut_off() {
+    promised(&["--store", "postgres", "--fault", "partition"], 8);
 }
 
 #[test]

@@ -83,8 +83,8 @@ impl Reader {
     }
 
     /// Reads every key's log and counter back and checks them; `struck` are the moments
-    /// (ms since the epoch) faults struck, each measured by when every key had a write
-    /// accepted again after it.
+    /// (ms since the epoch) faults struck, each measured by when every key had a section enter
+    /// after it (a long body already inside when it struck does not count).
     pub fn verdict(&mut self, keys: u64, struck: &[u64]) -> Fallible<(Verdict, Vec<Option<u64>>)> {
         let mut verdict = Verdict::default();
         let mut recovered: Vec<Option<u64>> = vec![Some(0); struck.len()];
@@ -100,7 +100,7 @@ impl Reader {
             for (at, r) in struck.iter().zip(&mut recovered) {
                 let next = entries
                     .iter()
-                    .find(|e| e.accepted && e.ms > *at)
+                    .find(|e| e.accepted && e.op == "enter" && e.ms > *at)
                     .map(|e| e.ms - at);
                 *r = match (*r, next) {
                     (Some(a), Some(b)) => Some(a.max(b)),
@@ -115,6 +115,7 @@ impl Reader {
 /// One line of a key's log.
 #[derive(Debug, PartialEq)]
 struct Entry<'a> {
+    token: u64,
     section: &'a str,
     op: &'a str,
     accepted: bool,
@@ -126,7 +127,7 @@ impl<'a> Entry<'a> {
     /// `<token> <section> <op> <1|0> <ms>`.
     fn parse(line: &'a str) -> Option<Entry<'a>> {
         let mut parts = line.split(' ');
-        let _token: u64 = parts.next()?.parse().ok()?;
+        let token: u64 = parts.next()?.parse().ok()?;
         let section = parts.next()?;
         let op = parts.next()?;
         let accepted = match parts.next()? {
@@ -136,6 +137,7 @@ impl<'a> Entry<'a> {
         };
         let ms = parts.next()?.parse().ok()?;
         Some(Entry {
+            token,
             section,
             op,
             accepted,
@@ -179,56 +181,63 @@ impl Verdict {
     }
 }
 
-/// Checks one key's log, in store order, against its final counter and increment count.
+/// Checks one key's log (in the order the store saw the writes) against its final counter.
+/// Sections are taken in the order the lock went to them, by fencing token (without tokens, all
+/// 0, by their first write): "the next holder" is the next token, whatever order the writes of
+/// two holders arrived in.
 fn check_log(entries: &[Entry<'_>], value: u64, increments: u64) -> Verdict {
-    // Each section's span in the log: its first and last entry.
-    let mut spans: Vec<(&str, usize, usize)> = Vec::new();
+    struct Span {
+        token: u64,
+        first: usize,
+        last: usize,
+    }
+    let mut spans: Vec<Span> = Vec::new();
     let mut index: HashMap<&str, usize> = HashMap::new();
     for (i, e) in entries.iter().enumerate() {
         match index.get(e.section) {
-            Some(&s) => spans[s].2 = i,
+            Some(&s) => spans[s].last = i,
             None => {
                 index.insert(e.section, spans.len());
-                spans.push((e.section, i, i));
+                spans.push(Span {
+                    token: e.token,
+                    first: i,
+                    last: i,
+                });
             }
         }
+    }
+    let mut order: Vec<usize> = (0..spans.len()).collect();
+    order.sort_by_key(|&s| (spans[s].token, spans[s].first));
+    // Where the next holder's first write is in the log, for each section.
+    let mut next_first: Vec<Option<usize>> = vec![None; spans.len()];
+    for pair in order.windows(2) {
+        next_first[pair[0]] = Some(spans[pair[1]].first);
     }
     let mut v = Verdict {
         sections: spans.len() as u64,
         ..Verdict::default()
     };
-    // Spans are in order of entry; a section overlaps when an earlier one ends after it began.
+    // A section overlaps when an earlier holder wrote again after it began.
     let mut open_until = None;
-    for &(_, first, last) in &spans {
-        if open_until.is_some_and(|end| end > first) {
+    for &s in &order {
+        if open_until.is_some_and(|end| end > spans[s].first) {
             v.overlaps += 1;
         }
-        open_until = open_until.max(Some(last));
+        open_until = open_until.max(Some(spans[s].last));
     }
-    // The next section of the key entered at `next_first`: what came after is late.
-    for (s, &(_, _, last)) in spans.iter().enumerate() {
-        let Some(&(_, next_first, _)) = spans.get(s + 1) else {
-            continue;
-        };
-        if last > next_first {
+    for (s, span) in spans.iter().enumerate() {
+        if next_first[s].is_some_and(|next| span.last > next) {
             v.late_bodies += 1;
         }
     }
-    let mut sets = 0u64;
     for (i, e) in entries.iter().enumerate() {
         if !e.accepted {
             v.fenced_refused += 1;
-            continue;
-        }
-        if e.op == "set" {
-            sets += 1;
-        }
-        let s = index[e.section];
-        if spans.get(s + 1).is_some_and(|&(_, next_first, _)| i > next_first) {
+        } else if next_first[index[e.section]].is_some_and(|next| i > next) {
             v.stale_accepted += 1;
         }
     }
-    v.lost_updates = increments.saturating_sub(value) + sets.abs_diff(increments);
+    v.lost_updates = increments.saturating_sub(value);
     v
 }
 
@@ -260,6 +269,29 @@ mod tests {
         let v = check_log(&log, 1, 1);
         assert_eq!((v.overlaps, v.late_bodies, v.fenced_refused), (1, 1, 1));
         assert_eq!((v.stale_accepted, v.lost_updates), (0, 0));
+    }
+
+    #[test]
+    fn a_late_first_write_of_an_earlier_holder_makes_it_the_late_one() {
+        // Token 5 took the lock first but its first write arrived after token 6's.
+        let log = entries(&["6 b enter 1 0", "5 a enter 0 0", "6 b set 1 0"]);
+        let v = check_log(&log, 1, 1);
+        assert_eq!((v.overlaps, v.late_bodies, v.fenced_refused), (1, 1, 1));
+        assert_eq!(
+            (v.stale_accepted, v.lost_updates),
+            (0, 0),
+            "b is the rightful holder"
+        );
+    }
+
+    #[test]
+    fn without_tokens_the_log_order_decides() {
+        let log = entries(&["0 a enter 1 0", "0 b enter 1 0", "0 a set 1 0", "0 b set 1 0"]);
+        let v = check_log(&log, 1, 2);
+        assert_eq!(
+            (v.overlaps, v.late_bodies, v.stale_accepted, v.lost_updates),
+            (1, 1, 1, 1)
+        );
     }
 
     #[test]

@@ -258,7 +258,8 @@ pub async fn run(
                 } else {
                     Duration::from_millis(5 + (dice >> 24) % 45)
                 };
-                // No hold past the end of the run: the run ends on time.
+                // No hold past the end of the run (an acquire begun just before it may still
+                // wait up to `wait_ms`).
                 let hold = hold.min(deadline.saturating_duration_since(Instant::now()));
                 tally.attempts += 1;
                 let section = format!("{writer}.{}", tally.attempts);
@@ -307,18 +308,13 @@ pub async fn main(args: &[String]) -> Fallible<()> {
         return Err("usage: checker worker <spec> <store-url> <id> <tasks> <keys> <millis>".into());
     };
     let deadline = Instant::now() + Duration::from_millis(millis.parse()?);
+    let (tasks, keys): (u64, u64) = (tasks.parse()?, keys.parse()?);
+    if keys == 0 {
+        return Err("a worker needs at least one key".into());
+    }
     let locks = client(spec).await?;
     let fencing = fences(spec.split('|').next().unwrap_or_default());
-    let tally = run(
-        locks,
-        fencing,
-        store_url,
-        id,
-        tasks.parse()?,
-        keys.parse()?,
-        deadline,
-    )
-    .await?;
+    let tally = run(locks, fencing, store_url, id, tasks, keys, deadline).await?;
     println!("{}", tally.line());
     Ok(())
 }
