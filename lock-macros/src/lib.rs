@@ -1,8 +1,10 @@
 //! The `#[distributed_lock]` attribute of `lock-runtime`. Depend on `lock-runtime` and use it as
 //! `lock_runtime::distributed_lock`; the reference lives there.
 //!
-//! Structure: [`parse`] reads the attribute's arguments as written, [`validate`] checks them
-//! against the fn and builds the [`validate::Config`], [`expand`] writes the code.
+//! Structure (private modules): `parse` reads the attribute's arguments as written, `validate`
+//! checks them against the fn and builds a `validate::Config`, `expand` writes the code.
+
+#![warn(missing_docs)]
 
 use proc_macro::TokenStream;
 

@@ -218,8 +218,8 @@ impl LockClientBuilder {
     /// while a majority of them hold it. An acquire is sent to all at once and holds once a
     /// majority said yes with validity to spare; renewals count on a majority; a release goes to
     /// all, and waiters hear releases from any. Fencing and fair mode are refused
-    /// ([`LockError::InvalidOptions`]): there is no single counter or line. See the README's
-    /// "RedLock" section for when to choose it, and when not.
+    /// ([`LockError::InvalidOptions`]): there is no single counter or line. See the guide's
+    /// deployments page (`docs/deployments.md`, "RedLock") for when to choose it, and when not.
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), lock_runtime::LockError> {

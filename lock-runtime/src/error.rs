@@ -127,7 +127,7 @@ fn refusal(e: &redis::RedisError) -> Option<&'static str> {
     use redis::{ErrorKind, ServerErrorKind};
     const CREDENTIALS: &str = "wrong user or password: fix the credentials in the Redis URL";
     const ACL: &str = "the Redis user's ACL lacks a command, key or channel right that locking \
-                       needs (see the README, \"Connecting in production\")";
+                       needs (see the guide, docs/operating.md, \"Connecting in production\")";
     match e.kind() {
         ErrorKind::AuthenticationFailed => return Some(CREDENTIALS),
         ErrorKind::Server(ServerErrorKind::NoPerm) => return Some(ACL),

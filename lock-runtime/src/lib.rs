@@ -33,6 +33,7 @@
 // docs.rs documents with `--cfg docsrs` on nightly (see `[package.metadata.docs.rs]`); there
 // `doc_cfg` labels every feature-gated item with the feature it needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
+#![warn(missing_docs)]
 
 /// This crate's README (the page crates.io shows), compiled as doc tests so it stays true. Only
 /// files inside the package can be included here (`cargo package` builds the crate alone): the
@@ -146,7 +147,7 @@ pub use scope::{current, LockInfo};
 /// #[async_trait]
 /// impl Orders for OrderService {
 ///     #[distributed_lock(key = "order:<id>", client = self.locks)]
-///     async fn pay(&self, id: u64) -> Result<String, Status> { … }
+///     async fn pay(&self, id: u64) -> Result<String, Status> { /* … */ }
 /// }
 /// ```
 ///

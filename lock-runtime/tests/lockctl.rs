@@ -625,17 +625,18 @@ async fn on_a_cluster_watch_prints_releases_as_they_are_announced() {
     watch.stop();
 }
 
-/// The rights the README names for lockctl on a Cluster, word for word, are enough for `list`,
+/// The rights the guide (docs/operating.md) names for lockctl on a Cluster, word for word, are
+/// enough for `list`,
 /// `watch` (hearing releases) and `release --force` (its SPUBLISH, which the script sends with
 /// `pcall`, included: no node logs a refusal).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_a_cluster_the_rights_the_readme_names_are_enough() {
+async fn on_a_cluster_the_rights_the_guide_names_are_enough() {
     let cluster = Cluster::spawn().await;
-    let readme = include_str!("../../README.md");
-    let rules = readme
+    let guide = include_str!("../../docs/operating.md");
+    let rules = guide
         .lines()
         .find(|l| l.starts_with("ACL SETUSER lockctl ") && l.contains("+spublish"))
-        .expect("the README names lockctl's rights on a Cluster");
+        .expect("the guide names lockctl's rights on a Cluster");
     let words: Vec<&str> = rules.split_whitespace().collect();
     for node in &cluster.nodes {
         node.run(&[&words]).await;
@@ -677,17 +678,17 @@ async fn on_a_cluster_the_rights_the_readme_names_are_enough() {
     }
 }
 
-/// Issue 30: the rights the README names for lockctl on one server, word for word, are enough
+/// Issue 30: the rights the guide names for lockctl on one server, word for word, are enough
 /// for `list`, `show`, `watch` (hearing releases by `PSUBSCRIBE`) and `release --force` (its
 /// `PUBLISH` included: the server logs no refusal).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_rights_the_readme_names_are_enough() {
+async fn the_rights_the_guide_names_are_enough() {
     let redis = Redis::spawn();
-    let readme = include_str!("../../README.md");
-    let rules = readme
+    let guide = include_str!("../../docs/operating.md");
+    let rules = guide
         .lines()
         .find(|l| l.starts_with("ACL SETUSER lockctl ") && l.contains("+publish"))
-        .expect("the README names lockctl's rights on one server");
+        .expect("the guide names lockctl's rights on one server");
     let words: Vec<&str> = rules.split_whitespace().collect();
     redis.run(&[&words]).await;
     let target = vec![

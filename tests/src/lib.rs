@@ -845,3 +845,29 @@ macro_rules! on_every_deployment {
 #[cfg(doctest)]
 #[doc = include_str!("../../README.md")]
 struct ReadmeDoctests;
+
+/// The guide's examples (docs/), each page compiled as doc tests for the same reason;
+/// `tests/tests/docs.rs` checks that every page with Rust blocks is here.
+#[cfg(doctest)]
+mod guide_doctests {
+    #[doc = include_str!("../../docs/getting-started.md")]
+    struct GettingStarted;
+    #[doc = include_str!("../../docs/choosing-a-store.md")]
+    struct ChoosingAStore;
+    #[doc = include_str!("../../docs/attribute.md")]
+    struct Attribute;
+    #[doc = include_str!("../../docs/safety.md")]
+    struct Safety;
+    #[doc = include_str!("../../docs/waiting.md")]
+    struct Waiting;
+    #[doc = include_str!("../../docs/holding.md")]
+    struct Holding;
+    #[doc = include_str!("../../docs/deployments.md")]
+    struct Deployments;
+    #[doc = include_str!("../../docs/operating.md")]
+    struct Operating;
+    #[doc = include_str!("../../docs/data-model.md")]
+    struct DataModel;
+    #[doc = include_str!("../../docs/troubleshooting.md")]
+    struct Troubleshooting;
+}

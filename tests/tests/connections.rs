@@ -29,7 +29,7 @@ async fn acl(server: &RedisServer, rules: &[&str]) {
         .unwrap();
 }
 
-/// The rights the README tells operators to grant a locking user, word for word.
+/// The rights the guide (docs/operating.md) tells operators to grant a locking user, word for word.
 const LOCKING_RIGHTS: &[&str] = &[
     "on",
     ">pw",

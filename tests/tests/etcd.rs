@@ -160,7 +160,7 @@ fn unix_ms() -> u128 {
         .map_or(0, |d| d.as_millis())
 }
 
-/// A fenced write to data in etcd, as README shows it: the data's fence key keeps the largest
+/// A fenced write to data in etcd, as the guide (docs/deployments.md) describes it: the data's fence key keeps the largest
 /// token that wrote; a write with a smaller one is refused, in the same transaction.
 async fn fenced_write(etcd: &mut etcd_client::Client, fence: u64, value: &str) -> bool {
     let token = format!("{fence:020}");

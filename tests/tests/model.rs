@@ -3,7 +3,7 @@
 //! policy; release, extend, drop, cancel, force release, time passing, and the queries) run
 //! against the in-memory
 //! backend and a spawned redis-server, and every answer is compared with a small model of the
-//! contract in the README. On a disagreement the sequence is shrunk (chunks, then single ops, then
+//! contract in the guide (docs/). On a disagreement the sequence is shrunk (chunks, then single ops, then
 //! simpler options, each candidate on a fresh store) and the test fails with the seed, the shrunk
 //! sequence and a trace of its failing run.
 //!
@@ -97,7 +97,7 @@ const SHRINK_BUDGET: Duration = Duration::from_secs(120);
 /// How many times a shrunk candidate must pass to be taken as passing.
 const SHRINK_TRIES: usize = 2;
 
-/// The validity a lease loses to drift, as the README states it: ttl/100 + 2 ms.
+/// The validity a lease loses to drift, as the guide states it (docs/holding.md): ttl/100 + 2 ms.
 fn drift(ttl: Duration) -> Duration {
     ttl / 100 + Duration::from_millis(2)
 }

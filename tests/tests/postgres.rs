@@ -568,7 +568,7 @@ async fn misconfigured_clients_are_refused_with_what_to_fix() {
         matches!(&denied, Err(LockError::Refused { reason, .. }) if reason.contains("lacks a right")),
         "{denied:?}"
     );
-    // Once a client that may create has made the schema, the rights the README names are enough.
+    // Once a client that may create has made the schema, the rights the guide names are enough.
     builder(&format!("{base}/locks")).build().await.unwrap();
     sqlx::raw_sql(
         "GRANT SELECT, INSERT, UPDATE, DELETE ON lock_runtime_locks, lock_runtime_line, \

@@ -76,7 +76,7 @@ impl TlsMaterial {
 /// connecting, with TCP keepalive. `TCP_NODELAY` stays off, as redis-rs leaves it: a request
 /// waits for no ACK anyway (the answer to the previous one carries it), while with many
 /// requests in flight Nagle's algorithm packs them into fewer packets, which measured 24% more
-/// pairs per second with 64 tasks (see README, Performance).
+/// pairs per second with 64 tasks (see BENCHMARKS.md).
 pub(crate) fn client_for_url(url: &str, tls: &TlsMaterial) -> Result<redis::Client, LockError> {
     if !url.contains("://") {
         return Err(LockError::invalid_options(

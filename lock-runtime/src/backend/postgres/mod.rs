@@ -468,7 +468,7 @@ pub(crate) fn store_error(e: sqlx::Error) -> LockError {
             Some("3D000") => Some("the database in the PostgreSQL URL does not exist"),
             // insufficient_privilege
             Some("42501") => Some(
-                "the PostgreSQL role lacks a right locking needs (see the README, \"PostgreSQL\": \
+                "the PostgreSQL role lacks a right locking needs (see the guide, docs/deployments.md, \"PostgreSQL\": \
                  CREATE on the schema for the first client, then the lock tables, sequences and \
                  functions)",
             ),
