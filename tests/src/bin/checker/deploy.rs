@@ -53,6 +53,12 @@ impl Kind {
         })
     }
 
+    /// Whether locks of this store come with a fencing token: every one but RedLock (five
+    /// independent counters make no one increasing sequence).
+    pub fn fences(self) -> bool {
+        self != Kind::Redlock
+    }
+
     /// Whether a worker's connections go through a fault proxy (so that `partition` applies):
     /// not where the client learns addresses from the store (Sentinel, Cluster) or reaches five
     /// of them (RedLock).

@@ -1,5 +1,6 @@
 //! The multi-process checker: P worker processes × T tasks contend on K keys through
-//! `#[distributed_lock(…, ttl_ms = 3000, watchdog, fencing)]` on one deployment of a lock store,
+//! `#[distributed_lock]` (a 3 s lease, the watchdog, fencing where the store gives tokens, 3 s
+//! of waiting: `worker::options`) on one deployment of a lock store,
 //! while one kind of fault is injected again and again; the log their writes left in a fenced
 //! store is checked afterwards. One run prints one table row; `--matrix` runs every store with
 //! the faults that tell most about it (18 cells, `--parallel` at a time) and prints the table.
@@ -67,8 +68,6 @@ use worker::Tally;
 
 pub type Fallible<T> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
-/// The lease every section takes (the attribute's `ttl_ms`).
-const TTL: Duration = Duration::from_millis(3000);
 /// How long a worker stays frozen or cut off: past the lease, so that its locks expire.
 const OUT: Duration = Duration::from_millis(4500);
 /// How long after a fault struck every key must have been written again.
@@ -127,7 +126,7 @@ impl Cell {
 
     /// Whether sections hold a fencing token (every store but RedLock).
     fn fenced(&self) -> bool {
-        worker::fences(self.store.name())
+        self.store.fences()
     }
 
     fn store_label(&self) -> String {
@@ -268,95 +267,74 @@ impl Report {
             && self.tally.other == 0
     }
 
-    fn json(&self) -> String {
+    /// The run as one JSON object: the cell, its labels, the counts, the tally, each fault.
+    fn json(&self) -> serde_json::Value {
         let (c, v) = (&self.cell, &self.verdict);
-        let faults: Vec<String> = self
+        let faults: Vec<serde_json::Value> = self
             .costs
             .iter()
             .map(|cost| {
-                format!(
-                    r#"{{"at_ms":{},"recovered_after_ms":{}}}"#,
-                    cost.at.as_millis(),
-                    cost.recovered_after
-                        .map_or("null".to_owned(), |d| d.as_millis().to_string())
-                )
+                serde_json::json!({
+                    "at_ms": cost.at.as_millis() as u64,
+                    "recovered_after_ms": cost.recovered_after.map(|d| d.as_millis() as u64),
+                })
             })
             .collect();
-        format!(
-            concat!(
-                r#"{{"store":"{}","fault":"{}","wait_for_replicas":{},"restart_delay_ms":{},"#,
-                r#""seconds":{},"processes":{},"tasks":{},"keys":{},"fenced":{},"promised":{},"held":{},"#,
-                r#""sections":{},"overlaps":{},"late_bodies":{},"stale_accepted":{},"#,
-                r#""fenced_refused":{},"lost_updates":{},"recovery_ms_max":{},"unrecovered":{},"#,
-                r#"{},"faults":[{}],"took_ms":{}}}"#
-            ),
-            c.store.name(),
-            c.fault.name(),
-            c.replicas,
-            c.restart_delay.as_millis(),
-            c.seconds,
-            c.processes,
-            c.tasks,
-            c.keys,
-            c.fenced(),
-            c.promised(),
-            self.held(),
-            v.sections,
-            v.overlaps,
-            v.late_bodies,
-            v.stale_accepted,
-            v.fenced_refused,
-            v.lost_updates,
-            self.recovery_ms_max(),
-            self.costs.iter().filter(|c| c.recovered_after.is_none()).count(),
-            self.tally.json_members(),
-            faults.join(","),
-            self.took.as_millis()
-        )
+        let mut json = serde_json::json!({
+            "store": c.store.name(),
+            "fault": c.fault.name(),
+            "store_label": c.store_label(),
+            "fault_label": c.fault_label(),
+            "wait_for_replicas": c.replicas,
+            "restart_delay_ms": c.restart_delay.as_millis() as u64,
+            "seconds": c.seconds,
+            "processes": c.processes,
+            "tasks": c.tasks,
+            "keys": c.keys,
+            "fenced": c.fenced(),
+            "promised": c.promised(),
+            "held": self.held(),
+            "sections": v.sections,
+            "overlaps": v.overlaps,
+            "late_bodies": v.late_bodies,
+            "stale_accepted": v.stale_accepted,
+            "fenced_refused": v.fenced_refused,
+            "lost_updates": v.lost_updates,
+            "recovery_ms_max": self.recovery_ms_max() as u64,
+            "unrecovered": self.costs.iter().filter(|c| c.recovered_after.is_none()).count(),
+            "faults": faults,
+            "took_ms": self.took.as_millis() as u64,
+        });
+        if let Some(object) = json.as_object_mut() {
+            object.extend(self.tally.json());
+        }
+        json
     }
 }
 
 const HEADER: &str = "| store | fault | faults | sections | overlaps | late bodies | stale writes accepted | refused by fencing | lost updates | recovery (max) |\n\
                       |---|---|--:|--:|--:|--:|--:|--:|--:|--:|";
 
-/// The table row of a report, from its JSON object.
-fn row(json: &str) -> Option<String> {
-    let text = |name: &str| -> Option<String> {
-        let start = json.find(&format!("\"{name}\":"))? + name.len() + 3;
-        let rest = &json[start..];
-        let end = rest.find([',', '}'])?;
-        Some(rest[..end].trim_matches('"').to_owned())
-    };
-    let (store, replicas, fault, delay) = (
-        text("store")?,
-        text("wait_for_replicas")?,
-        text("fault")?,
-        text("restart_delay_ms")?,
-    );
-    let store = match (text("fenced")?.as_str(), replicas.as_str()) {
-        ("false", _) => format!("{store} (no fencing)"),
-        (_, "0") => store,
-        _ => format!("{store} + WAIT {replicas}"),
-    };
-    let fault = if delay == "0" || fault != "restart-empty" {
-        fault
-    } else {
-        format!("{fault}, back after {delay} ms")
-    };
-    let faults = json.matches("\"at_ms\"").count();
-    let recovery = match (faults, text("unrecovered")?.as_str()) {
+/// The table row of a report, from its JSON object ([`Report::json`]).
+fn row(json: &serde_json::Value) -> Option<String> {
+    let text = |name: &str| json.get(name).and_then(serde_json::Value::as_str);
+    let number = |name: &str| json.get(name).and_then(serde_json::Value::as_u64);
+    let faults = json.get("faults")?.as_array()?.len();
+    let recovery = match (faults, number("unrecovered")?) {
         (0, _) => "–".to_owned(),
-        (_, "0") => format!("{} ms", text("recovery_ms_max")?),
+        (_, 0) => format!("{} ms", number("recovery_ms_max")?),
         (_, n) => format!("{n} not recovered in the run"),
     };
     Some(format!(
-        "| {store} | {fault} | {faults} | {} | {} | {} | {} | {} | {} | {recovery} |",
-        text("sections")?,
-        text("overlaps")?,
-        text("late_bodies")?,
-        text("stale_accepted")?,
-        text("fenced_refused")?,
-        text("lost_updates")?,
+        "| {} | {} | {faults} | {} | {} | {} | {} | {} | {} | {recovery} |",
+        text("store_label")?,
+        text("fault_label")?,
+        number("sections")?,
+        number("overlaps")?,
+        number("late_bodies")?,
+        number("stale_accepted")?,
+        number("fenced_refused")?,
+        number("lost_updates")?,
     ))
 }
 
@@ -515,7 +493,12 @@ impl Workers {
                 while !children.is_empty() {
                     let output = children.remove(0).wait_with_output()?;
                     let text = String::from_utf8_lossy(&output.stdout);
-                    match text.lines().find_map(Tally::parse) {
+                    let tally = text
+                        .lines()
+                        .find_map(|line| line.strip_prefix("tally "))
+                        .and_then(|json| serde_json::from_str(json).ok())
+                        .and_then(|json| Tally::from_json(&json));
+                    match tally {
                         Some(t) if output.status.success() => total.add(&t),
                         _ => return Err(format!("a worker failed ({}): {text}", output.status).into()),
                     }
@@ -627,7 +610,7 @@ fn cells(template: &Cell) -> Vec<Cell> {
         restart_delay: Duration::from_millis(delay),
         ..template.clone()
     };
-    let ttl = TTL.as_millis() as u64;
+    let ttl = worker::TTL.as_millis() as u64;
     vec![
         cell(Kind::Memory, Fault::None, 0, 0),
         cell(Kind::Redis, Fault::None, 0, 0),
@@ -650,6 +633,17 @@ fn cells(template: &Cell) -> Vec<Cell> {
     ]
 }
 
+/// A matrix cell's table row, from its report, or that it failed to run.
+fn cell_row(cell: &Cell, json: Option<&serde_json::Value>) -> String {
+    json.and_then(row).unwrap_or_else(|| {
+        format!(
+            "| {} | {} | failed to run |",
+            cell.store_label(),
+            cell.fault_label()
+        )
+    })
+}
+
 /// Runs every cell, `parallel` at a time, each as a checker process of its own, and prints the
 /// table. Fails when a cell failed to run or broke a promise.
 fn matrix(o: &Options) -> Fallible<bool> {
@@ -657,7 +651,7 @@ fn matrix(o: &Options) -> Fallible<bool> {
     let dir = tempfile::tempdir()?;
     let cells = cells(&o.cell);
     let started = Instant::now();
-    let mut results: Vec<Option<(bool, String)>> = vec![None; cells.len()];
+    let mut results: Vec<Option<(bool, Option<serde_json::Value>)>> = vec![None; cells.len()];
     let mut running: Vec<(usize, Child)> = Vec::new();
     let mut next = 0;
     while next < cells.len() || !running.is_empty() {
@@ -684,17 +678,12 @@ fn matrix(o: &Options) -> Fallible<bool> {
             match child.try_wait()? {
                 None => still.push((i, child)),
                 Some(status) => {
-                    let json =
-                        std::fs::read_to_string(dir.path().join(format!("{i}.json"))).unwrap_or_default();
-                    let line = row(json.trim()).unwrap_or_else(|| {
-                        format!(
-                            "| {} | {} | failed to run ({status}) |",
-                            cells[i].store_label(),
-                            cells[i].fault_label()
-                        )
-                    });
-                    eprintln!("{line}");
-                    results[i] = Some((status.success(), json.trim().to_owned()));
+                    let json: Option<serde_json::Value> =
+                        std::fs::read_to_string(dir.path().join(format!("{i}.json")))
+                            .ok()
+                            .and_then(|text| serde_json::from_str(text.trim()).ok());
+                    eprintln!("{}", cell_row(&cells[i], json.as_ref()));
+                    results[i] = Some((status.success(), json));
                 }
             }
         }
@@ -718,24 +707,17 @@ fn matrix(o: &Options) -> Fallible<bool> {
     );
     println!("{HEADER}");
     let mut all_held = true;
-    let mut objects = Vec::new();
+    let mut objects = String::new();
     for (cell, result) in cells.iter().zip(results) {
         let (held, json) = result.unwrap_or_default();
         all_held &= held;
-        match row(&json) {
-            Some(line) => println!("{line}"),
-            None => println!(
-                "| {} | {} | failed to run |",
-                cell.store_label(),
-                cell.fault_label()
-            ),
-        }
-        if !json.is_empty() {
-            objects.push(json);
+        println!("{}", cell_row(cell, json.as_ref()));
+        if let Some(json) = json {
+            objects.push_str(&format!("{json}\n"));
         }
     }
     if let Some(path) = &o.json {
-        std::fs::write(path, objects.join("\n") + "\n")?;
+        std::fs::write(path, objects)?;
     }
     Ok(all_held)
 }

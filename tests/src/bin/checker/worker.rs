@@ -1,10 +1,10 @@
 //! A worker: tasks that run critical sections on the keys until the time is up.
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use lock_runtime::{distributed_lock, LockClient, LockError};
+use lock_runtime::{distributed_lock, LockClient, LockError, LockOptions};
 
+use crate::deploy::Kind;
 use crate::store::{Op, Store};
 use crate::Fallible;
 
@@ -80,23 +80,24 @@ impl From<redis::RedisError> for Failure {
     }
 }
 
-/// One critical section under a fenced lock: a read-modify-write of key `k`'s counter.
-#[distributed_lock(key = "chk:<k>", ttl_ms = 3000, watchdog, fencing, wait_ms = 3000, client = locks)]
-async fn fenced(
-    locks: &LockClient,
-    store: &Store,
-    k: u64,
-    section: &str,
-    hold: Duration,
-) -> Result<bool, Failure> {
-    body(store, k, section, hold).await
+/// The lease every section takes.
+pub const TTL: Duration = Duration::from_millis(3000);
+
+/// The options of every section: the lease renewed by the watchdog, up to 3 s of waiting, and a
+/// fencing token where the store gives one (RedLock gives none: there every write carries token
+/// 0, and the store accepts them all, stale or not).
+fn options(fencing: bool) -> LockOptions {
+    LockOptions::new(TTL)
+        .watchdog(true)
+        .wait(Duration::from_millis(3000))
+        .fencing(fencing)
 }
 
-/// The same without a fencing token (RedLock offers none): every write carries token 0, so the
-/// store accepts them all, stale or not.
-#[distributed_lock(key = "chk:<k>", ttl_ms = 3000, watchdog, wait_ms = 3000, client = locks)]
-async fn unfenced(
+/// One critical section: a read-modify-write of key `k`'s counter under its lock.
+#[distributed_lock(key = "chk:<k>", options = options, client = locks)]
+async fn critical(
     locks: &LockClient,
+    options: &LockOptions,
     store: &Store,
     k: u64,
     section: &str,
@@ -128,11 +129,6 @@ async fn body(store: &Store, k: u64, section: &str, hold: Duration) -> Result<bo
         }
     }
     Ok(store.write(k, token, section, Op::Set(value + 1)).await?)
-}
-
-/// Whether locks of store `kind` come with a fencing token.
-pub fn fences(kind: &str) -> bool {
-    kind != "redlock"
 }
 
 /// What a worker's critical sections came to.
@@ -184,34 +180,18 @@ impl Tally {
         self.other += o.other;
     }
 
-    /// `tally attempts=… completed=… …`, the line a worker process ends with.
-    pub fn line(&self) -> String {
-        let pairs: Vec<String> = FIELDS
+    /// The tally as JSON members, by name.
+    pub fn json(self) -> serde_json::Map<String, serde_json::Value> {
+        FIELDS
             .iter()
             .zip(self.values())
-            .map(|(k, v)| format!("{k}={v}"))
-            .collect();
-        format!("tally {}", pairs.join(" "))
+            .map(|(k, v)| ((*k).to_owned(), v.into()))
+            .collect()
     }
 
-    /// The JSON members, for the report.
-    pub fn json_members(&self) -> String {
-        let pairs: Vec<String> = FIELDS
-            .iter()
-            .zip(self.values())
-            .map(|(k, v)| format!("\"{k}\":{v}"))
-            .collect();
-        pairs.join(",")
-    }
-
-    pub fn parse(line: &str) -> Option<Tally> {
-        let fields: HashMap<&str, u64> = line
-            .strip_prefix("tally ")?
-            .split(' ')
-            .filter_map(|kv| kv.split_once('='))
-            .filter_map(|(k, v)| Some((k, v.parse().ok()?)))
-            .collect();
-        let get = |name: &str| fields.get(name).copied();
+    /// A tally from [`json`](Self::json)'s members (extra members are ignored).
+    pub fn from_json(json: &serde_json::Value) -> Option<Tally> {
+        let get = |name: &str| json.get(name).and_then(serde_json::Value::as_u64);
         Some(Tally {
             attempts: get("attempts")?,
             completed: get("completed")?,
@@ -238,9 +218,10 @@ pub async fn run(
     deadline: Instant,
 ) -> Fallible<Tally> {
     let store = Store::connect(store_url).await?;
+    let options = options(fencing);
     let mut running = Vec::new();
     for task in 0..tasks {
-        let (locks, store) = (locks.clone(), store.clone());
+        let (locks, store, options) = (locks.clone(), store.clone(), options.clone());
         let writer = format!("w{id}.{task}");
         let mut dice = 0x9e37_79b9_7f4a_7c15_u64 ^ (u64::from(std::process::id()) << 16) ^ (task << 8);
         for b in id.bytes() {
@@ -263,12 +244,7 @@ pub async fn run(
                 let hold = hold.min(deadline.saturating_duration_since(Instant::now()));
                 tally.attempts += 1;
                 let section = format!("{writer}.{}", tally.attempts);
-                let outcome = if fencing {
-                    fenced(&locks, &store, k, &section, hold).await
-                } else {
-                    unfenced(&locks, &store, k, &section, hold).await
-                };
-                match outcome {
+                match critical(&locks, &options, &store, k, &section, hold).await {
                     Ok(true) => tally.completed += 1,
                     Ok(false) => tally.refused += 1,
                     Err(Failure::Lock(LockError::Busy { .. })) => tally.busy += 1,
@@ -313,8 +289,8 @@ pub async fn main(args: &[String]) -> Fallible<()> {
         return Err("a worker needs at least one key".into());
     }
     let locks = client(spec).await?;
-    let fencing = fences(spec.split('|').next().unwrap_or_default());
+    let fencing = Kind::parse(spec.split('|').next().unwrap_or_default())?.fences();
     let tally = run(locks, fencing, store_url, id, tasks, keys, deadline).await?;
-    println!("{}", tally.line());
+    println!("tally {}", serde_json::Value::Object(tally.json()));
     Ok(())
 }
