@@ -162,3 +162,60 @@ fn the_readme_is_a_front_door() {
     let lines = read(Path::new("README.md")).lines().count();
     assert!(lines < 300, "README.md has {lines} lines: depth goes to docs/");
 }
+
+/// Every test the promises ledger names (`path/to/file.rs::name`, `…::module::name`,
+/// `…::prefix_*`) is a fn in that file: a test renamed or removed leaves its promise without a
+/// backing, and this says which.
+#[test]
+fn every_test_the_promises_name_exists() {
+    let ledger = read(Path::new("docs/promises.md"));
+    let mut checked = 0;
+    let mut missing = Vec::new();
+    for quoted in ledger.split('`').skip(1).step_by(2) {
+        let Some((file, path)) = quoted.split_once(".rs::") else {
+            continue;
+        };
+        if !["tests/", "lock-runtime/", "lock-macros/", "examples/"]
+            .iter()
+            .any(|root| file.starts_with(root))
+        {
+            continue; // a short form (`attribute_forms.rs::…`) next to a full one
+        }
+        // `module::name` (a test module, or one the kit's macros generate per deployment): the
+        // fn is the last segment; `prefix_*` stands for every fn that starts so.
+        let path: String = path
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || matches!(c, '_' | ':' | '*'))
+            .collect();
+        let last = path.rsplit("::").next().unwrap_or_default();
+        if last.is_empty() {
+            continue; // a whole module (`…::etcd::`), generated per deployment by the kit
+        }
+        let (name, prefix) = match last.strip_suffix('*') {
+            Some(name) => (name, true),
+            None => (last, false),
+        };
+        let file = format!("{file}.rs");
+        let Ok(source) = std::fs::read_to_string(root().join(&file)) else {
+            missing.push(format!("{file} (no such file)"));
+            continue;
+        };
+        let whole = |rest: &str| !rest.starts_with(|c: char| c.is_alphanumeric() || c == '_');
+        let defined = source
+            .match_indices(&format!("fn {name}"))
+            .any(|(at, found)| prefix || whole(&source[at + found.len()..]));
+        if !defined {
+            missing.push(format!("{file}::{path}"));
+        }
+        checked += 1;
+    }
+    assert!(
+        checked > 100,
+        "the ledger names {checked} tests: is it still parsed right?"
+    );
+    assert!(
+        missing.is_empty(),
+        "named in docs/promises.md, not found:\n{}",
+        missing.join("\n")
+    );
+}
