@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::{Ask, Attempt, Kind, LockKeys, Pinned};
-use crate::core::{release_in_background, Abandoned, Core};
+use crate::core::{give_back, release_in_background, Abandoned, Core};
 use crate::error::ShutDown;
 use crate::guard::LockGuard;
 use crate::state::LockState;
+use crate::store::{Ask, Attempt, Flight, Kind, Lock, Release};
 use crate::telemetry::{self, Labels};
 use crate::wakeups::Registration;
 use crate::{LockError, LockMode, LockOptions, FAIR_PLACE_KEPT};
@@ -26,7 +26,8 @@ pub(crate) struct Acquire<'a> {
     pub(crate) core: &'a Arc<Core>,
     /// The key as the caller gave it.
     pub(crate) key: &'a str,
-    pub(crate) keys: LockKeys,
+    /// The lock, named by the store.
+    pub(crate) lock: Lock,
     pub(crate) options: &'a LockOptions,
 }
 
@@ -38,7 +39,7 @@ impl Acquire<'_> {
         let Acquire {
             core,
             key,
-            keys,
+            lock,
             options,
         } = self;
         let called = Instant::now();
@@ -67,7 +68,7 @@ impl Acquire<'_> {
         let token = crate::holder::new_value(&core.owner);
         // A fair waiter's place in line, or a waiting writer's claim on a read-write lock: given
         // up if the call ends without the lock.
-        let mut place = (fair && will_wait).then(|| QueuePlace::new(core, &keys, &token).fair());
+        let mut place = (fair && will_wait).then(|| QueuePlace::new(core, &lock, &token).fair());
         let mut claimed = false;
         let mut wakeup: Option<Registration> = None;
         // Until refused once, no holder's expiry is known.
@@ -79,8 +80,8 @@ impl Acquire<'_> {
         // instead of barging in ahead of waiters already there, and tries when woken. (A fair
         // waiter asks at once: its place in line is taken in the store.)
         let mut sleep_first = false;
-        if will_wait && !fair && backend.wakeups().queued(&keys.channel) > 0 {
-            wakeup = Some(backend.wakeups().register(&keys.channel, None));
+        if will_wait && !fair && core.wakeups.queued(lock.name()) > 0 {
+            wakeup = Some(core.wakeups.register(lock.name(), None));
             sleep_first = true;
         }
         // An attempt made at once is sent as the call began (as far as a lock's validity, which
@@ -97,7 +98,7 @@ impl Acquire<'_> {
                     now + nap(pttl_ms, keeps_place).min(deadline.saturating_duration_since(now))
                 });
                 let listen_until = nap_end.filter(|_| keeps_place).unwrap_or(deadline);
-                let _ = tokio::time::timeout_at(listen_until, backend.listen(wakeup)).await;
+                let _ = tokio::time::timeout_at(listen_until, backend.listen(&lock)).await;
                 if let (true, Some(nap_end)) = (std::mem::take(&mut sleep_first), nap_end) {
                     tokio::select! {
                         () = wakeup.woken() => {}
@@ -152,8 +153,8 @@ impl Acquire<'_> {
                 };
                 let first = at_once.take();
                 let started = first.unwrap_or_else(Instant::now);
-                let pending = PendingAcquire::new(core, (key, &keys), &token, (&ask, kind));
-                let answer = backend.attempt(&keys, &token, &ask, &pending.pin).await;
+                let pending = PendingAcquire::new(core, &lock, &token, (&ask, kind));
+                let answer = backend.attempt(&lock, &token, &ask, &pending.flight).await;
                 deciding = Decided {
                     attempt: started.elapsed(),
                     at_once: first.is_some(),
@@ -180,15 +181,8 @@ impl Acquire<'_> {
                     tracing::debug!(key, fence, "lock acquired");
                     // Taken at `started` (a minimum hold and the hold time count from there:
                     // after the release, for a lock handed over).
-                    let mut state = LockState::new(
-                        key,
-                        (keys, kind),
-                        token,
-                        fence,
-                        options,
-                        started,
-                        (valid_from, lease),
-                    );
+                    let mut state =
+                        LockState::new((lock, kind), token, fence, options, started, (valid_from, lease));
                     state.by_key_class = core.metrics_key_class;
                     let guard = LockGuard::new(
                         Arc::clone(core),
@@ -210,7 +204,7 @@ impl Acquire<'_> {
                         place = Some(
                             place
                                 .take()
-                                .unwrap_or_else(|| QueuePlace::new(core, &keys, &token))
+                                .unwrap_or_else(|| QueuePlace::new(core, &lock, &token))
                                 .claimed(),
                         );
                     }
@@ -228,7 +222,7 @@ impl Acquire<'_> {
                         // uncontended acquire never pays for the subscription. A fair waiter
                         // with others ahead in line need not: no release before its turn names it.
                         let name = fair.then_some(token.as_str());
-                        wakeup = Some(backend.wakeups().register(&keys.channel, name));
+                        wakeup = Some(core.wakeups.register(lock.name(), name));
                         sleep_first = behind;
                     } else {
                         sleep_first = true;
@@ -256,33 +250,26 @@ impl Acquire<'_> {
 /// the claim up too, so that it does not hold readers back until it lapses.
 struct PendingAcquire<'a> {
     core: &'a Arc<Core>,
-    key: &'a str,
-    keys: &'a LockKeys,
+    lock: &'a Lock,
     token: &'a str,
     kind: Kind,
     may_claim: bool,
     settled: bool,
-    /// The connection the attempt went on, for its release if its answer never comes (kept
-    /// inline: nothing is allocated for it on the common path).
-    pin: Pinned,
+    /// The route the attempt took, for its release if its answer never comes (kept inline:
+    /// nothing is allocated for it on the common path).
+    flight: Flight,
 }
 
 impl<'a> PendingAcquire<'a> {
-    fn new(
-        core: &'a Arc<Core>,
-        (key, keys): (&'a str, &'a LockKeys),
-        token: &'a str,
-        (ask, kind): (&Ask, Kind),
-    ) -> Self {
+    fn new(core: &'a Arc<Core>, lock: &'a Lock, token: &'a str, (ask, kind): (&Ask, Kind)) -> Self {
         PendingAcquire {
             core,
-            key,
-            keys,
+            lock,
             token,
             kind,
             may_claim: ask.join && !ask.fair && !ask.shared,
             settled: false,
-            pin: Pinned::default(),
+            flight: Flight::default(),
         }
     }
 
@@ -299,15 +286,14 @@ impl Drop for PendingAcquire<'_> {
             release_in_background(
                 Arc::clone(self.core),
                 Abandoned::InFlight {
-                    key: self.key.to_owned(),
-                    keys: self.keys.clone(),
+                    lock: self.lock.clone(),
                     token: self.token.to_owned(),
                     kind: self.kind,
-                    pin: std::mem::take(&mut self.pin),
+                    flight: std::mem::take(&mut self.flight),
                 },
             );
             if self.may_claim {
-                drop(QueuePlace::new(self.core, self.keys, self.token).claimed());
+                drop(QueuePlace::new(self.core, self.lock, self.token).claimed());
             }
         }
     }
@@ -327,7 +313,7 @@ struct Decided {
 /// the waiters behind it do not wait for the place to lapse.
 struct QueuePlace {
     core: Arc<Core>,
-    keys: LockKeys,
+    lock: Lock,
     token: String,
     /// It may hold a writer's claim: leaving tells the readers it held back.
     claimed: bool,
@@ -338,10 +324,10 @@ struct QueuePlace {
 }
 
 impl QueuePlace {
-    fn new(core: &Arc<Core>, keys: &LockKeys, token: &str) -> Self {
+    fn new(core: &Arc<Core>, lock: &Lock, token: &str) -> Self {
         QueuePlace {
             core: Arc::clone(core),
-            keys: keys.clone(),
+            lock: lock.clone(),
             token: token.to_owned(),
             claimed: false,
             fair: false,
@@ -373,9 +359,9 @@ impl Drop for QueuePlace {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let (core, keys, token, claimed, fair) = (
+        let (core, lock, token, claimed, fair) = (
             Arc::clone(&self.core),
-            self.keys.clone(),
+            self.lock.clone(),
             std::mem::take(&mut self.token),
             self.claimed,
             self.fair,
@@ -384,14 +370,19 @@ impl Drop for QueuePlace {
         let releasing = core.held.releasing();
         runtime.spawn(async move {
             let _releasing = releasing;
-            if let Err(e) = core.store.leave_queue(&keys, &token, claimed).await {
-                tracing::debug!(redis_key = %keys.lock, error = %e, "could not leave the fair queue; the place lapses");
+            if let Err(e) = core.store.leave(&lock, &token, claimed).await {
+                tracing::debug!(key = %lock.key(), error = %e, "could not leave the fair queue; the place lapses");
             }
             // Out of line now, so no later release hands it the lock; one before may have
             // (token-checked: nothing happens if none did).
             if fair {
-                if let Err(e) = core.store.release(&keys, &token, 0, Kind::Fair, None).await {
-                    tracing::debug!(redis_key = %keys.lock, error = %e, "could not give back a lock handed over to a waiter that left; it lapses with the waiter's place");
+                let release = Release {
+                    hold_ms: 0,
+                    kind: Kind::Fair,
+                    after: None,
+                };
+                if let Err(e) = give_back(&core, &lock, &token, release).await {
+                    tracing::debug!(key = %lock.key(), error = %e, "could not give back a lock handed over to a waiter that left; it lapses with the waiter's place");
                 }
             }
         });

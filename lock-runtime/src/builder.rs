@@ -1,15 +1,15 @@
-//! Configuring a client: where its locks live, how it reaches them, and how it labels them. Each
-//! store is one builder method and one arm of [`LockClientBuilder::build_lazy`].
+//! Configuring a client: where its locks live, how it reaches them, and how it labels them.
+//! Where the locks live is one store's description (a [`StoreConfig`]), given by that store's
+//! builder method (each store's folder adds its own: `.url`, `.cluster`, `.sentinel`,
+//! `.redis_client`, `.redlock`, `.postgres`, `.etcd`) and checked by that store at `build()`;
+//! everything else here is the same for every store.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::connection::{client_for_url, Place, Timeouts, TlsMaterial};
-use crate::backend::redis::RedisBackend;
-use crate::backend::redlock::RedlockBackend;
-use crate::backend::replicas::Replicas;
-use crate::backend::{LockKeys, Store};
 use crate::core::Core;
+use crate::store::{Replicas, Settings, StoreConfig, Timeouts, TlsMaterial};
+use crate::wakeups::Wakeups;
 use crate::{LockClient, LockError, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT};
 
 impl LockClient {
@@ -52,13 +52,9 @@ impl LockClient {
 /// ```
 #[derive(Clone)]
 pub struct LockClientBuilder {
-    url: Option<String>,
-    redis_client: Option<redis::Client>,
-    cluster: Option<Vec<String>>,
-    sentinel: Option<(Vec<String>, String)>,
-    redlock: Option<Vec<String>>,
-    postgres: Option<String>,
-    etcd: Option<Vec<String>>,
+    /// Where the locks live: each store's builder method adds its description (exactly one must
+    /// be given).
+    places: Vec<Arc<dyn StoreConfig>>,
     replicas: Option<(usize, Duration)>,
     owner: Option<String>,
     metrics_key_class: bool,
@@ -71,13 +67,7 @@ pub struct LockClientBuilder {
 impl Default for LockClientBuilder {
     fn default() -> Self {
         LockClientBuilder {
-            url: None,
-            redis_client: None,
-            cluster: None,
-            sentinel: None,
-            redlock: None,
-            postgres: None,
-            etcd: None,
+            places: Vec::new(),
             replicas: None,
             owner: None,
             metrics_key_class: false,
@@ -91,50 +81,9 @@ impl Default for LockClientBuilder {
 
 impl std::fmt::Debug for LockClientBuilder {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The URL may carry a password: show where it points, not who logs in.
-        let url = self.url.as_deref().map(crate::redact::hide_credentials);
+        // Each store's description shows where it points, never who logs in.
         f.debug_struct("LockClientBuilder")
-            .field("url", &url)
-            .field("redis_client", &self.redis_client)
-            .field(
-                "cluster",
-                &self.cluster.as_ref().map(|urls| {
-                    urls.iter()
-                        .map(|u| crate::redact::hide_credentials(u))
-                        .collect::<Vec<_>>()
-                }),
-            )
-            .field(
-                "sentinel",
-                &self.sentinel.as_ref().map(|(urls, name)| {
-                    (
-                        urls.iter()
-                            .map(|u| crate::redact::hide_credentials(u))
-                            .collect::<Vec<_>>(),
-                        name,
-                    )
-                }),
-            )
-            .field(
-                "redlock",
-                &self.redlock.as_ref().map(|urls| {
-                    urls.iter()
-                        .map(|u| crate::redact::hide_credentials(u))
-                        .collect::<Vec<_>>()
-                }),
-            )
-            .field(
-                "postgres",
-                &self.postgres.as_deref().map(crate::redact::hide_credentials),
-            )
-            .field(
-                "etcd",
-                &self.etcd.as_ref().map(|urls| {
-                    urls.iter()
-                        .map(|u| crate::redact::hide_credentials(u))
-                        .collect::<Vec<_>>()
-                }),
-            )
+            .field("store", &self.places)
             .field("wait_for_replicas", &self.replicas)
             .field("owner", &self.owner)
             .field("tls", &self.tls)
@@ -146,156 +95,24 @@ impl std::fmt::Debug for LockClientBuilder {
 }
 
 impl LockClientBuilder {
-    /// The Redis server: `redis://[user:password@]host:port[/db]`, or `rediss://…` for TLS
-    /// (with the `tls` feature). Give this or [`redis_client`](Self::redis_client).
-    pub fn url(mut self, url: &str) -> Self {
-        self.url = Some(url.to_owned());
-        self
+    /// Where the locks live: a store's builder method gives its description here.
+    pub(crate) fn place(self, config: impl StoreConfig + 'static) -> Self {
+        self.place_shared(Arc::new(config))
     }
 
-    /// The Redis server, as a `redis::Client` you built: for anything redis-rs supports that
-    /// this builder does not name (your own TLS setup, RESP3, a Unix socket, …). Give this or
-    /// [`url`](Self::url).
-    pub fn redis_client(mut self, client: redis::Client) -> Self {
-        self.redis_client = Some(client);
-        self
-    }
-
-    /// A Redis Cluster (the `cluster` feature, on by default), given some of its nodes: the
-    /// client learns the rest, sends each request to the primary owning the lock's slot
-    /// (following MOVED/ASK while slots migrate and failovers), and wakes waiters with sharded
-    /// pub/sub on that slot.
-    ///
-    /// ```no_run
-    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
-    /// let locks = lock_runtime::LockClient::builder()
-    ///     .cluster(["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"])
-    ///     .wait_for_replicas(1, std::time::Duration::from_millis(100))
-    ///     .build()
-    ///     .await?;
-    /// # let _ = locks; Ok(()) }
-    /// ```
-    #[cfg(feature = "cluster")]
-    pub fn cluster<I, S>(mut self, urls: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
-    {
-        self.cluster = Some(urls.into_iter().map(|u| u.as_ref().to_owned()).collect());
-        self
-    }
-
-    /// A primary managed by Redis Sentinel (the `sentinel` feature, on by default): `urls` are
-    /// the sentinels', `master_name` the name they monitor it under. Each connection asks the
-    /// sentinels for the primary (and checks its `ROLE`); after a failover (announced by the
-    /// sentinels, or found by a request that reached the demoted node or a dead connection) the
-    /// client reconnects to the new primary. The primary is reached with the first URL's user,
-    /// password, database and TLS mode.
-    ///
-    /// ```no_run
-    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
-    /// let locks = lock_runtime::LockClient::builder()
-    ///     .sentinel(["redis://10.0.0.1:26379", "redis://10.0.0.2:26379"], "locks")
-    ///     .wait_for_replicas(1, std::time::Duration::from_millis(100))
-    ///     .build()
-    ///     .await?;
-    /// # let _ = locks; Ok(()) }
-    /// ```
-    #[cfg(feature = "sentinel")]
-    pub fn sentinel<I, S>(mut self, urls: I, master_name: &str) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
-    {
-        self.sentinel = Some((
-            urls.into_iter().map(|u| u.as_ref().to_owned()).collect(),
-            master_name.to_owned(),
-        ));
-        self
-    }
-
-    /// A quorum of independent Redis masters (RedLock; at least 3, usually 5): a lock is held
-    /// while a majority of them hold it. An acquire is sent to all at once and holds once a
-    /// majority said yes with validity to spare; renewals count on a majority; a release goes to
-    /// all, and waiters hear releases from any. Fencing and fair mode are refused
-    /// ([`LockError::InvalidOptions`]): there is no single counter or line. See the guide's
-    /// deployments page (`docs/deployments.md`, "RedLock") for when to choose it, and when not.
-    ///
-    /// ```no_run
-    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
-    /// let locks = lock_runtime::LockClient::builder()
-    ///     .redlock([
-    ///         "redis://10.0.1.1:6379",
-    ///         "redis://10.0.2.1:6379",
-    ///         "redis://10.0.3.1:6379",
-    ///         "redis://10.0.4.1:6379",
-    ///         "redis://10.0.5.1:6379",
-    ///     ])
-    ///     .build()
-    ///     .await?;
-    /// # let _ = locks; Ok(()) }
-    /// ```
-    pub fn redlock<I, S>(mut self, urls: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
-    {
-        self.redlock = Some(urls.into_iter().map(|u| u.as_ref().to_owned()).collect());
-        self
-    }
-
-    /// A PostgreSQL database (`postgres://user:password@host:5432/database`; the `postgres`
-    /// feature): each lock is a row of `lock_runtime_locks` (made, with the other tables and
-    /// functions the store needs, by the first client that connects, in the connection's
-    /// `search_path`), leased on the database's clock, with fencing tokens from one sequence and
-    /// waiters woken by `LISTEN`/`NOTIFY`. No connection or transaction is held while a lock is
-    /// held; every request is one statement. The prefix starts each row's key, as on Redis.
-    ///
-    /// ```no_run
-    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
-    /// let locks = lock_runtime::LockClient::builder()
-    ///     .postgres("postgres://app:secret@db.internal:5432/orders")
-    ///     .build()
-    ///     .await?;
-    /// # let _ = locks; Ok(()) }
-    /// ```
-    #[cfg(feature = "postgres")]
-    pub fn postgres(mut self, url: &str) -> Self {
-        self.postgres = Some(url.to_owned());
-        self
-    }
-
-    /// An etcd v3 cluster (`http://host:2379` for each member; the `etcd` feature; TLS to etcd
-    /// is not offered yet): each lock is a key attached to a lease of its own, its
-    /// fencing token the revision that took it (strictly increasing across leader changes),
-    /// and waiters are woken by a watch, in revision order when fair. etcd's leases have whole
-    /// seconds and a minimum (2 s with etcd's default election timeout): the server's lease is
-    /// the ttl rounded up to it, while the holder's validity is the ttl as asked. The prefix
-    /// starts each key, as on Redis.
-    ///
-    /// ```no_run
-    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
-    /// let locks = lock_runtime::LockClient::builder()
-    ///     .etcd(["http://10.0.0.1:2379", "http://10.0.0.2:2379", "http://10.0.0.3:2379"])
-    ///     .build()
-    ///     .await?;
-    /// # let _ = locks; Ok(()) }
-    /// ```
-    #[cfg(feature = "etcd")]
-    pub fn etcd<I, S>(mut self, endpoints: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
-    {
-        self.etcd = Some(endpoints.into_iter().map(|u| u.as_ref().to_owned()).collect());
+    /// [`place`](Self::place), for a description already shared.
+    pub(crate) fn place_shared(mut self, config: Arc<dyn StoreConfig>) -> Self {
+        self.places.push(config);
         self
     }
 
     /// Every acquire (with its fencing counter) counts only once `replicas` replicas have
-    /// acknowledged it: `WAIT replicas timeout` is sent right behind the acquire, in the same
-    /// round trip. When fewer acknowledge within `timeout`, the lock is given back and the
-    /// acquire fails with [`LockError::NotReplicated`]. A lock acknowledged this way survives a
-    /// failover to one of those replicas. Renewals and releases do not wait.
+    /// acknowledged it, and so does every renewal: on Redis (one server, Sentinel, Cluster),
+    /// `WAIT replicas timeout` is sent right behind the write, in the same round trip. When
+    /// fewer acknowledge within `timeout`, an acquire gives the lock back and fails with
+    /// [`LockError::NotReplicated`], and a renewal moves no validity. A lock acknowledged this
+    /// way survives a failover to one of those replicas. Stores that replicate otherwise
+    /// (RedLock, PostgreSQL, etcd) refuse it at `build()`, saying what they do instead.
     pub fn wait_for_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
         self.replicas = Some((replicas, timeout));
         self
@@ -359,17 +176,14 @@ impl LockClientBuilder {
     /// timeout.
     pub async fn build(self) -> Result<LockClient, LockError> {
         let client = self.build_lazy()?;
-        // The rights check's keys: under the prefix, where the user's key rights are.
-        let probe = LockKeys::new(client.prefix(), "rights-check");
-        client.core().store.connect(&probe).await?;
+        client.core().store.connect().await?;
         Ok(client)
     }
 
     /// Checks the configuration (URL, timeouts, TLS material) without connecting; the first
-    /// operation connects. A service can start while Redis is down: its operations fail with
-    /// [`LockError::Unavailable`] until Redis is back, and then work.
+    /// operation connects. A service can start while its store is down: its operations fail
+    /// with [`LockError::Unavailable`] until the store is back, and then work.
     pub fn build_lazy(self) -> Result<LockClient, LockError> {
-        self.no_insecure_urls()?;
         if self.connect_timeout.is_zero() || self.response_timeout.is_zero() {
             return Err(LockError::invalid_options("timeouts must be greater than zero"));
         }
@@ -392,136 +206,35 @@ impl LockClientBuilder {
             }
             Some((wanted, timeout)) => Some(Replicas { wanted, timeout }),
         };
-        if let Some(urls) = &self.redlock {
-            return self.build_redlock(urls, timeouts, replicas.is_some());
-        }
-        if let Some(url) = &self.postgres {
-            return self.build_postgres(url, timeouts, replicas.is_some());
-        }
-        if let Some(endpoints) = &self.etcd {
-            return self.build_etcd(endpoints, timeouts, replicas.is_some());
-        }
-        let answer_within = timeouts.response + replicas.map_or(Duration::ZERO, |r| 2 * r.timeout);
-        let place = self.place(timeouts, answer_within)?;
-        let store = Arc::new(RedisBackend::new(place, timeouts, replicas));
-        self.client(store)
-    }
-
-    /// Refuses a URL whose `#insecure` fragment would turn TLS certificate checks off (redis-rs
-    /// honours it when any crate in the build enables its insecure TLS feature): a lock that
-    /// guards money does not talk to whoever answers.
-    fn no_insecure_urls(&self) -> Result<(), LockError> {
-        let urls = self
-            .url
-            .iter()
-            .chain(self.cluster.iter().flatten())
-            .chain(self.sentinel.iter().flat_map(|(urls, _)| urls))
-            .chain(self.redlock.iter().flatten());
-        for url in urls {
-            if url
-                .split_once('#')
-                .is_some_and(|(_, fragment)| fragment.eq_ignore_ascii_case("insecure"))
-            {
-                return Err(LockError::invalid_options(format!(
-                    "{}: `#insecure` would turn TLS certificate verification off; trust a private \
-                     CA with .tls_root_ca(…) instead",
-                    crate::redact::hide_credentials(url)
-                )));
+        let place = match self.places.as_slice() {
+            [] => {
+                return Err(LockError::invalid_options(
+                    "no store given to the builder: say where the locks live (.url(…), .cluster(…), \
+                     .sentinel(…), .redis_client(…), .redlock(…), .postgres(…) or .etcd(…))",
+                ))
             }
-        }
-        Ok(())
-    }
-
-    fn build_redlock(
-        &self,
-        urls: &[String],
-        timeouts: Timeouts,
-        replicas: bool,
-    ) -> Result<LockClient, LockError> {
-        self.one_place()?;
-        if replicas {
-            return Err(LockError::invalid_options(
-                "wait_for_replicas does not apply to RedLock: its masters are independent",
-            ));
-        }
-        if urls.len() > crate::backend::redlock::MAX_MASTERS {
-            return Err(LockError::invalid_options(format!(
-                "RedLock takes at most {} masters",
-                crate::backend::redlock::MAX_MASTERS
-            )));
-        }
-        if urls.len() < 3 {
-            return Err(LockError::invalid_options(
-                "RedLock needs at least 3 independent masters (5 is usual)",
-            ));
-        }
-        let clients = urls
-            .iter()
-            .map(|url| client_for_url(url, &self.tls))
-            .collect::<Result<Vec<_>, _>>()?;
-        self.client(Arc::new(RedlockBackend::new(clients, timeouts)))
-    }
-
-    #[cfg_attr(not(feature = "postgres"), allow(unused_variables))]
-    fn build_postgres(&self, url: &str, timeouts: Timeouts, replicas: bool) -> Result<LockClient, LockError> {
-        self.one_place()?;
-        if replicas {
-            return Err(LockError::invalid_options(
-                "wait_for_replicas does not apply to PostgreSQL: set synchronous_commit and \
-                 synchronous_standby_names on the server, and every lock waits for its standbys",
-            ));
-        }
-        if !self.tls.is_empty() {
-            return Err(LockError::invalid_options(
-                "TLS for PostgreSQL goes into its URL (sslmode, sslrootcert, sslcert, sslkey), not the builder",
-            ));
-        }
-        #[cfg(feature = "postgres")]
-        return self.client(Arc::new(crate::backend::postgres::PostgresBackend::new(
-            url, timeouts,
-        )?));
-        #[cfg(not(feature = "postgres"))]
-        Err(LockError::invalid_options(
-            "a PostgreSQL store needs lock-runtime's `postgres` feature",
-        ))
-    }
-
-    #[cfg_attr(not(feature = "etcd"), allow(unused_variables))]
-    fn build_etcd(
-        &self,
-        endpoints: &[String],
-        timeouts: Timeouts,
-        replicas: bool,
-    ) -> Result<LockClient, LockError> {
-        self.one_place()?;
-        if replicas {
-            return Err(LockError::invalid_options(
-                "wait_for_replicas does not apply to etcd: every write is committed by a majority \
-                 of its members before it answers",
-            ));
-        }
-        if !self.tls.is_empty() {
-            return Err(LockError::invalid_options(
-                "TLS to etcd is not offered yet: the builder's TLS material is for Redis",
-            ));
-        }
-        #[cfg(feature = "etcd")]
-        return self.client(Arc::new(crate::backend::etcd::EtcdBackend::new(
-            endpoints.to_vec(),
+            [place] => place,
+            _ => {
+                return Err(LockError::invalid_options(
+                    "give the builder one store (.url(…), .cluster(…), .sentinel(…), \
+                     .redis_client(…), .redlock(…), .postgres(…) or .etcd(…)), not several",
+                ))
+            }
+        };
+        let owner = self.owner_label()?;
+        let wakeups = Wakeups::new();
+        let settings = Settings {
+            prefix: self.prefix.clone(),
             timeouts,
-        )?));
-        #[cfg(not(feature = "etcd"))]
-        Err(LockError::invalid_options(
-            "an etcd store needs lock-runtime's `etcd` feature",
-        ))
-    }
-
-    /// A client of `store`, with this builder's prefix, owner and metrics labels.
-    fn client(&self, store: Arc<dyn Store>) -> Result<LockClient, LockError> {
+            tls: self.tls.clone(),
+            replicas,
+            notices: wakeups.notices(),
+        };
+        let store = place.open(settings)?;
         let core = Core::new(
-            store,
-            self.prefix.clone(),
-            self.owner_label()?,
+            (store, wakeups, timeouts),
+            self.prefix,
+            owner,
             self.metrics_key_class,
         );
         Ok(LockClient::from_core(core))
@@ -536,59 +249,6 @@ impl LockClientBuilder {
             }
             None => Ok(crate::holder::default_owner()),
         }
-    }
-
-    /// Checks that exactly one of the ways to say where the locks live was given.
-    fn one_place(&self) -> Result<(), LockError> {
-        let given = [
-            self.url.is_some(),
-            self.redis_client.is_some(),
-            self.cluster.is_some(),
-            self.sentinel.is_some(),
-            self.redlock.is_some(),
-            self.postgres.is_some(),
-            self.etcd.is_some(),
-        ];
-        match given.iter().filter(|&&g| g).count() {
-            0 => Err(LockError::invalid_options(
-                "no store given to the builder (.url(…), .redis_client(…), .cluster(…), .sentinel(…), .redlock(…), .postgres(…) or .etcd(…))",
-            )),
-            1 => Ok(()),
-            _ => Err(LockError::invalid_options(
-                "give the builder one of .url(…), .redis_client(…), .cluster(…), .sentinel(…), .redlock(…), .postgres(…) or .etcd(…), not several",
-            )),
-        }
-    }
-
-    /// Where the locks live, for every deployment but RedLock.
-    fn place(&self, timeouts: Timeouts, answer_within: Duration) -> Result<Place, LockError> {
-        self.one_place()?;
-        if let Some(url) = &self.url {
-            return Ok(Place::Server(client_for_url(url, &self.tls)?));
-        }
-        if let Some(client) = &self.redis_client {
-            if !self.tls.is_empty() {
-                return Err(LockError::invalid_options(
-                    "TLS certificates go into the redis::Client given to .redis_client(…), not the builder",
-                ));
-            }
-            return Ok(Place::Server(client.clone()));
-        }
-        #[cfg(feature = "cluster")]
-        if let Some(urls) = &self.cluster {
-            let cluster =
-                crate::backend::cluster::ClusterPlace::new(urls, &self.tls, timeouts, answer_within)?;
-            return Ok(Place::Cluster(Arc::new(cluster)));
-        }
-        #[cfg(feature = "sentinel")]
-        if let Some((urls, master_name)) = &self.sentinel {
-            let sentinels = crate::backend::sentinel::Sentinels::new(urls, master_name, &self.tls)?;
-            return Ok(Place::Sentinel(Arc::new(sentinels)));
-        }
-        let _ = (timeouts, answer_within);
-        Err(LockError::invalid_options(
-            "this deployment needs a lock-runtime feature that is off",
-        ))
     }
 }
 

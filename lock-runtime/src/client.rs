@@ -8,11 +8,11 @@ use futures_util::future::join_all;
 use tokio::time::Instant;
 
 use crate::acquire::Acquire;
-use crate::backend::memory::MemoryBackend;
-use crate::backend::Kind;
 use crate::core::{release_state, Core};
 use crate::guard::LockGuard;
 use crate::holder::Holder;
+use crate::store::memory::MemoryStore;
+use crate::store::{ForceReleased, Kind, Lock, Timeouts};
 use crate::telemetry::{self, Labels};
 use crate::{scope, LockError, LockMode, LockOptions, DEFAULT_PREFIX};
 
@@ -60,35 +60,17 @@ impl LockClient {
     /// members go to [`LockClientBuilder::etcd`](crate::LockClientBuilder::etcd)), with the
     /// default prefix and timeouts.
     pub async fn connect(url: &str) -> Result<LockClient, LockError> {
-        let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
-        if scheme.eq_ignore_ascii_case("etcd") {
-            #[cfg(feature = "etcd")]
-            return LockClient::builder()
-                .etcd([format!("http://{}", &url[scheme.len() + 3..])])
-                .build()
-                .await;
-            #[cfg(not(feature = "etcd"))]
-            return Err(LockError::invalid_options(
-                "an etcd:// URL needs lock-runtime's `etcd` feature",
-            ));
-        }
-        if scheme.eq_ignore_ascii_case("postgres") || scheme.eq_ignore_ascii_case("postgresql") {
-            #[cfg(feature = "postgres")]
-            return LockClient::builder().postgres(url).build().await;
-            #[cfg(not(feature = "postgres"))]
-            return Err(LockError::invalid_options(
-                "a postgres:// URL needs lock-runtime's `postgres` feature",
-            ));
-        }
-        LockClient::builder().url(url).build().await
+        LockClient::builder().store(url).build().await
     }
 
     /// A process-local backend with the same semantics (ttl, tokens, fencing, waiting, watchdog)
     /// on tokio's clock: for tests of code that takes locks, and demos without Redis. It locks
     /// nothing across processes.
     pub fn in_memory() -> LockClient {
+        let wakeups = crate::wakeups::Wakeups::new();
+        let store = Arc::new(MemoryStore::new(DEFAULT_PREFIX, wakeups.notices()));
         LockClient::from_core(Core::new(
-            Arc::new(MemoryBackend::new()),
+            (store, wakeups, Timeouts::default()),
             DEFAULT_PREFIX.to_owned(),
             crate::holder::default_owner(),
             false,
@@ -114,14 +96,14 @@ impl LockClient {
     /// Redis cannot be reached in time, and `InvalidKey`/`InvalidOptions` for bad input. Note that
     /// a bare `acquire` is its own owner: unlike [`run`](LockClient::run), it is not reentrant.
     pub async fn acquire(&self, key: &str, options: &LockOptions) -> Result<LockGuard, LockError> {
-        let keys = self.checked(key, options)?;
+        let lock = self.checked(key, options)?;
         self.offered(key, options)?;
-        self.acquire_keys(key, keys, options).await
+        self.acquire_lock(key, lock, options).await
     }
 
-    /// The key's names, once the key and the options are found valid; a bad one is counted as
+    /// The lock on `key`, once the key and the options are found valid; a bad one is counted as
     /// an `invalid` acquire in the metrics.
-    fn checked(&self, key: &str, options: &LockOptions) -> Result<crate::keys::LockKeys, LockError> {
+    fn checked(&self, key: &str, options: &LockOptions) -> Result<Lock, LockError> {
         let checked = self.core.checked(key, options);
         self.refused(key, options, checked)
     }
@@ -147,16 +129,16 @@ impl LockClient {
     }
 
     /// The wait loop ([`Acquire`]) for a checked key.
-    fn acquire_keys<'a>(
+    fn acquire_lock<'a>(
         &'a self,
         key: &'a str,
-        keys: crate::keys::LockKeys,
+        lock: Lock,
         options: &'a LockOptions,
     ) -> impl Future<Output = Result<LockGuard, LockError>> + Send + 'a {
         Acquire {
             core: &self.core,
             key,
-            keys,
+            lock,
             options,
         }
         .run()
@@ -184,14 +166,14 @@ impl LockClient {
         // Boxed once, before anything else: the body is then moved around as a pointer, so
         // the future of a guarded call (and of calls nested in it) holds it only once.
         let body = Box::pin(body);
-        let keys = self.checked(key, options)?;
-        if let Some(outer) = scope::held(self.core.id(), &keys.lock) {
+        let lock = self.checked(key, options)?;
+        if let Some(outer) = scope::held(self.core.id(), lock.name()) {
             return self.run_nested(key, &outer, options, body).await;
         }
         self.offered(key, options)?;
         // Boxed: the acquire's state machine would otherwise sit inside every guarded future,
         // nested bodies included.
-        let guard = Box::pin(self.acquire_keys(key, keys, options)).await?;
+        let guard = Box::pin(self.acquire_lock(key, lock, options)).await?;
         let state = Arc::clone(guard.state());
         let outcome = scope::enter(
             self.core.id(),
@@ -240,15 +222,15 @@ impl LockClient {
 
     /// Whether anyone holds the lock on `key` right now.
     pub async fn is_locked(&self, key: &str) -> Result<bool, LockError> {
-        let keys = self.core.keys(key)?;
-        self.core.store.is_locked(&keys).await
+        let lock = self.core.lock(key)?;
+        Ok(self.core.store.inspect(&lock).await?.is_held())
     }
 
     /// How long the lock on `key` has left, `None` when nobody holds it (or, on Redis, when
     /// the key exists without an expiry, which a lock never does).
     pub async fn remaining_ttl(&self, key: &str) -> Result<Option<Duration>, LockError> {
-        let keys = self.core.keys(key)?;
-        self.core.store.remaining_ttl(&keys).await
+        let lock = self.core.lock(key)?;
+        Ok(self.core.store.inspect(&lock).await?.remaining)
     }
 
     /// Who holds the lock on `key`, and for how long yet; `None` when nobody does. For operators
@@ -263,24 +245,40 @@ impl LockClient {
     /// # Ok(()) }
     /// ```
     pub async fn holder(&self, key: &str) -> Result<Option<Holder>, LockError> {
-        let keys = self.core.keys(key)?;
-        let found = self.core.store.holder(&keys).await?;
-        Ok(found.map(|(stored, remaining)| Holder::from_stored(&stored, remaining)))
+        let lock = self.core.lock(key)?;
+        let seen = self.core.store.inspect(&lock).await?;
+        Ok(Holder::from_view(&seen))
     }
 
     /// Deletes the lock on `key` whoever holds it, and wakes its waiters; `true` if there was
     /// one. An administrative tool (as Redisson's `forceUnlock`): the holder finds out at its next
     /// renewal, or when its validity runs out.
     pub async fn force_release(&self, key: &str) -> Result<bool, LockError> {
-        let keys = self.core.keys(key)?;
-        self.core.store.force_release(&keys).await
+        let lock = self.core.lock(key)?;
+        // What it holds, then freed if it still holds that: a holder that came meanwhile is
+        // looked at again (a few times: locks that change hands faster than that are not stuck).
+        for _ in 0..3 {
+            let seen = self.core.store.inspect(&lock).await?;
+            if !seen.is_held() {
+                return Ok(false);
+            }
+            match self.core.store.force_release(&lock, &seen).await? {
+                ForceReleased::Freed => {
+                    self.core.wakeups.released(lock.name());
+                    return Ok(true);
+                }
+                ForceReleased::Gone => return Ok(false),
+                ForceReleased::Changed => {}
+            }
+        }
+        Ok(true)
     }
 
     /// How many of this client's callers are waiting for `key` right now, queued in the order
     /// they began waiting (a release wakes the first of them).
     pub fn waiting(&self, key: &str) -> Result<usize, LockError> {
-        let keys = self.core.keys(key)?;
-        Ok(self.core.store.wakeups().queued(&keys.channel))
+        let lock = self.core.lock(key)?;
+        Ok(self.core.wakeups.queued(lock.name()))
     }
 
     /// Gives back every lock this client holds, for a process that is stopping (a SIGTERM
@@ -306,7 +304,7 @@ impl LockClient {
     /// ```
     pub async fn shutdown(&self) {
         self.core.held.close();
-        let bound = self.core.store.response_timeout();
+        let bound = self.core.timeouts.response;
         // An acquire already on the wire may still take a lock: wait for it to be registered.
         if tokio::time::timeout(bound, self.core.held.acquires_settled())
             .await
@@ -320,13 +318,13 @@ impl LockClient {
         let locks = self.core.held.take_all();
         for state in &locks {
             if state.give_up() {
-                tracing::debug!(key = %state.key, "lock given back by shutdown");
+                tracing::debug!(key = %state.key(), "lock given back by shutdown");
             }
         }
         let releases = locks.iter().map(|state| release_state(&self.core, state));
         for (state, released) in locks.iter().zip(join_all(releases).await) {
             if let Err(e) = released {
-                tracing::warn!(key = %state.key, error = %e, "lock release at shutdown failed; the lock will expire");
+                tracing::warn!(key = %state.key(), error = %e, "lock release at shutdown failed; the lock will expire");
             }
         }
         if tokio::time::timeout(bound, self.core.held.released_all())
@@ -347,7 +345,7 @@ impl LockClient {
     /// How many locks this client's waiters are listening on right now (each is one
     /// subscribed channel on Redis). Zero when nobody waits: subscriptions do not pile up.
     pub fn waiting_channels(&self) -> usize {
-        self.core.store.wakeups().len()
+        self.core.wakeups.len()
     }
 }
 

@@ -1,25 +1,28 @@
-//! What every part of a client shares: its store, its prefix and owner label, the locks it holds
-//! and the watchdog that renews them. The client's facade, the wait loop and the guards hold it;
-//! it knows none of them.
+//! What every part of a client shares: its store, its prefix and owner label, its waiters, the
+//! locks it holds and the watchdog that renews them. The client's facade, the wait loop and the
+//! guards hold it; it knows none of them.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use tokio::time::Instant;
 
-use crate::backend::{Kind, LockKeys, Pinned, Store};
 use crate::held::HeldLocks;
-use crate::keys::MAX_KEY_LEN;
 use crate::options::ceil_millis;
 use crate::state::LockState;
+use crate::store::{DynStore, Flight, Kind, Lock, Release, Released, Timeouts};
 use crate::telemetry;
+use crate::wakeups::Wakeups;
 use crate::watchdog::Watchdog;
-use crate::{LockError, LockOptions};
+use crate::{LockError, LockOptions, MAX_KEY_LEN};
 
 /// One client's shared inside.
 #[derive(Debug)]
 pub(crate) struct Core {
-    pub(crate) store: Arc<dyn Store>,
+    pub(crate) store: Arc<dyn DynStore>,
+    /// This client's waiters, by lock: the store tells them of releases.
+    pub(crate) wakeups: Arc<Wakeups>,
+    pub(crate) timeouts: Timeouts,
     pub(crate) prefix: String,
     /// Stored with every lock this client takes (see [`LockClient::holder`](crate::LockClient::holder)).
     pub(crate) owner: String,
@@ -37,9 +40,24 @@ impl Drop for Core {
 }
 
 impl Core {
-    pub(crate) fn new(store: Arc<dyn Store>, prefix: String, owner: String, metrics_key_class: bool) -> Core {
+    /// A client's inside: `store` tells `wakeups` of releases (it was opened with its notices),
+    /// and is told when nobody waits for a lock any more.
+    pub(crate) fn new(
+        (store, wakeups, timeouts): (Arc<dyn DynStore>, Arc<Wakeups>, Timeouts),
+        prefix: String,
+        owner: String,
+        metrics_key_class: bool,
+    ) -> Core {
+        let told = Arc::downgrade(&store);
+        wakeups.on_idle(move |name| {
+            if let Some(store) = told.upgrade() {
+                store.unlisten(name);
+            }
+        });
         Core {
             store,
+            wakeups,
+            timeouts,
             prefix,
             owner,
             metrics_key_class,
@@ -53,14 +71,14 @@ impl Core {
         Arc::as_ptr(self) as usize
     }
 
-    /// The names of the lock on `key`, once the key is found valid.
-    pub(crate) fn keys(&self, key: &str) -> Result<LockKeys, LockError> {
+    /// The lock on `key` as the store names it, once the key is found valid.
+    pub(crate) fn lock(&self, key: &str) -> Result<Lock, LockError> {
         let reason = if key.is_empty() {
             "the key is empty"
         } else if key.len() > MAX_KEY_LEN {
             "the key is longer than 1024 bytes"
         } else {
-            return Ok(LockKeys::new(&self.prefix, key));
+            return Ok(Lock::new(key, self.store.name(key)));
         };
         let mut end = key.len().min(64);
         while !key.is_char_boundary(end) {
@@ -72,11 +90,11 @@ impl Core {
         })
     }
 
-    /// The key's names, once the key and the options are found valid.
-    pub(crate) fn checked(&self, key: &str, options: &LockOptions) -> Result<LockKeys, LockError> {
-        let keys = self.keys(key)?;
+    /// The lock on `key`, once the key and the options are found valid.
+    pub(crate) fn checked(&self, key: &str, options: &LockOptions) -> Result<Lock, LockError> {
+        let lock = self.lock(key)?;
         options.validate()?;
-        Ok(keys)
+        Ok(lock)
     }
 
     /// Refuses options the store does not offer, before an acquire (checked here, once per
@@ -91,8 +109,7 @@ impl Core {
 pub(crate) async fn release_state(core: &Core, state: &LockState) -> Result<bool, LockError> {
     let released = release_lock(
         core,
-        &state.key,
-        &state.keys,
+        &state.lock,
         &state.token,
         Some(state.hold_until()).filter(|until| *until > state.taken_at),
         state.kind,
@@ -106,7 +123,7 @@ pub(crate) async fn release_state(core: &Core, state: &LockState) -> Result<bool
     {
         let held = state.taken_at.elapsed();
         telemetry::released(&state.labels(), held);
-        tracing::debug!(key = %state.key, held_ms = ceil_millis(held), "lock released");
+        tracing::debug!(key = %state.key(), held_ms = ceil_millis(held), "lock released");
     }
     released
 }
@@ -115,8 +132,7 @@ pub(crate) async fn release_state(core: &Core, state: &LockState) -> Result<bool
 /// then.
 async fn release_lock(
     core: &Core,
-    key: &str,
-    keys: &LockKeys,
+    lock: &Lock,
     token: &str,
     hold_until: Option<Instant>,
     kind: Kind,
@@ -124,17 +140,41 @@ async fn release_lock(
     let hold_ms = hold_until.map_or(0, |until| {
         ceil_millis(until.saturating_duration_since(Instant::now()))
     });
-    let released = core
-        .store
-        .release(keys, token, hold_ms, kind, None)
+    let release = Release {
+        hold_ms,
+        kind,
+        after: None,
+    };
+    let released = give_back(core, lock, token, release)
         .await
         .inspect_err(|_| telemetry::release_failed())?;
+    let key = lock.key();
     if !released {
         tracing::debug!(key, "lock had expired or been taken before its release");
     } else if hold_ms > 0 {
         tracing::debug!(key, hold_ms, "lock kept for its minimum hold");
     }
     Ok(released)
+}
+
+/// The store's release, and the wake-up of this client's next waiter it leaves to the client:
+/// `true` when it was ours.
+pub(crate) async fn give_back(
+    core: &Core,
+    lock: &Lock,
+    token: &str,
+    release: Release<'_>,
+) -> Result<bool, LockError> {
+    match core.store.release(lock, token, release).await? {
+        Released::NotOurs => Ok(false),
+        Released::Freed => {
+            // This client's own next waiter need not hear it from the store (which skips this
+            // client's own announcements, where it has any).
+            core.wakeups.released(lock.name());
+            Ok(true)
+        }
+        Released::Quiet => Ok(true),
+    }
 }
 
 /// Releases from a spawned task: for a dropped guard (`state`), and for an acquire abandoned in
@@ -151,18 +191,22 @@ pub(crate) fn release_in_background(core: Arc<Core>, lock: Abandoned) {
         let released = match &lock {
             Abandoned::Held(state) => release_state(&core, state).await,
             Abandoned::InFlight {
-                key,
-                keys,
+                lock,
                 token,
                 kind,
-                pin,
+                flight,
             } => {
-                // After the acquire, on its connection, even if that was replaced meanwhile: a
-                // release on a newer one could reach Redis first, and the acquire would then
-                // take the lock for nobody.
-                let released = core.store.release(keys, token, 0, *kind, Some(pin)).await;
+                // After the acquire, on the route it took, even if that was replaced meanwhile:
+                // a release on a newer one could reach the store first, and the acquire would
+                // then take the lock for nobody.
+                let release = Release {
+                    hold_ms: 0,
+                    kind: *kind,
+                    after: Some(flight),
+                };
+                let released = give_back(&core, lock, token, release).await;
                 if matches!(released, Ok(false)) {
-                    tracing::debug!(key, "an abandoned acquire had not taken the lock");
+                    tracing::debug!(key = %lock.key(), "an abandoned acquire had not taken the lock");
                 }
                 released.inspect_err(|_| telemetry::release_failed())
             }
@@ -180,20 +224,19 @@ pub(crate) enum Abandoned {
     Held(Arc<LockState>),
     /// An acquire whose answer never came: it may have taken the lock.
     InFlight {
-        key: String,
-        keys: LockKeys,
+        lock: Lock,
         token: String,
         kind: Kind,
-        /// The connection it went on: its release follows it there.
-        pin: Pinned,
+        /// The route it took: its release follows it there.
+        flight: Flight,
     },
 }
 
 impl Abandoned {
     fn key(&self) -> &str {
         match self {
-            Abandoned::Held(state) => &state.key,
-            Abandoned::InFlight { key, .. } => key,
+            Abandoned::Held(state) => state.key(),
+            Abandoned::InFlight { lock, .. } => lock.key(),
         }
     }
 }

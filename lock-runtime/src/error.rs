@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-/// A boxed error from a backend (the `redis` crate, a timeout).
+/// A boxed error from a store (its client crate's error, a timeout).
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Why a lock could not be taken, kept, or released.
@@ -108,54 +108,7 @@ impl LockError {
     }
 }
 
-impl From<redis::RedisError> for LockError {
-    /// `Refused` when Redis answered with a refusal that only a configuration change can fix,
-    /// `Unavailable` for everything else.
-    fn from(e: redis::RedisError) -> Self {
-        match refusal(&e) {
-            Some(reason) => LockError::Refused {
-                reason,
-                source: e.into(),
-            },
-            None => LockError::unavailable(e),
-        }
-    }
-}
-
-/// What to fix, when `e` is Redis refusing this client rather than failing.
-fn refusal(e: &redis::RedisError) -> Option<&'static str> {
-    use redis::{ErrorKind, ServerErrorKind};
-    const CREDENTIALS: &str = "wrong user or password: fix the credentials in the Redis URL";
-    const ACL: &str = "the Redis user's ACL lacks a command, key or channel right that locking \
-                       needs (see the guide, docs/operating.md, \"Connecting in production\")";
-    match e.kind() {
-        ErrorKind::AuthenticationFailed => return Some(CREDENTIALS),
-        ErrorKind::Server(ServerErrorKind::NoPerm) => return Some(ACL),
-        _ => {}
-    }
-    let code = e.code().unwrap_or_default();
-    let text = e.to_string().to_ascii_lowercase();
-    if matches!(code, "WRONGPASS" | "NOAUTH") || text.contains("wrongpass") || text.contains("noauth") {
-        Some(CREDENTIALS)
-    } else if code == "NOPERM"
-        || (code != "WRONGTYPE" && (text.contains("noperm") || text.contains("can't run this command")))
-    {
-        // (The last: a command a script runs that the user may not, as Redis 7 words it.)
-        Some(ACL)
-    } else if text.contains("db index is out of range") || text.contains("invalid db index") {
-        Some("the database index in the Redis URL does not exist on this server")
-    } else if text.contains("invalid peer certificate") || text.contains("certificate verify failed") {
-        Some("the server's TLS certificate is not trusted here: give the CA that signed it with .tls_root_ca(…)")
-    } else if text.contains("certificaterequired") || text.contains("certificate required") {
-        Some("the server requires a TLS client certificate: give one with .tls_client_auth(…)")
-    } else if text.contains("unknown command") || text.contains("scripts are disabled") {
-        Some("this Redis server does not offer the script commands locking needs (EVALSHA, SCRIPT LOAD)")
-    } else {
-        None
-    }
-}
-
-/// The source of [`LockError::Unavailable`] when Redis did not answer in time.
+/// The source of [`LockError::Unavailable`] when the store did not answer in time.
 #[derive(Debug, thiserror::Error)]
 #[error("no answer from the lock backend within {after:?}")]
 pub struct TimedOut {

@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backend::Renewal;
 use crate::core::{release_in_background, release_state, Abandoned, Core};
 use crate::options::{ceil_millis, MIN_TTL};
 use crate::state::LockState;
+use crate::store::{Renewal, Undecided};
 use crate::telemetry;
 use crate::LockError;
 
@@ -73,7 +73,7 @@ impl LockGuard {
 
     /// The key as the caller gave it, without the prefix.
     pub fn key(&self) -> &str {
-        &self.state.key
+        self.state.key()
     }
 
     /// The fencing token taken with the lock, when the options asked for one: strictly greater
@@ -116,7 +116,7 @@ impl LockGuard {
         let renewed = self
             .core
             .store
-            .renew(&self.state.keys, &self.state.token, ceil_millis(ttl))
+            .renew_one(&self.state.lock, &self.state.token, ceil_millis(ttl))
             .await
             .inspect_err(|_| telemetry::renewal_failed())?;
         match renewed {
@@ -127,18 +127,18 @@ impl LockGuard {
             }
             Renewal::Gone => {
                 if self.state.mark_lost() {
-                    tracing::warn!(key = %self.state.key, "lock lost: found gone or taken on extend");
+                    tracing::warn!(key = %self.state.key(), "lock lost: found gone or taken on extend");
                 }
                 Err(self.lost_error())
             }
             Renewal::Undecided => {
                 telemetry::renewal_failed();
-                Err(LockError::unavailable(crate::backend::Undecided))
+                Err(LockError::unavailable(Undecided))
             }
             Renewal::NotReplicated { acked, wanted } => {
                 telemetry::renewal_failed();
                 Err(LockError::NotReplicated {
-                    key: self.state.key.clone(),
+                    key: self.state.key().to_owned(),
                     acked,
                     wanted,
                 })
@@ -169,7 +169,7 @@ impl LockGuard {
 
     fn lost_error(&self) -> LockError {
         LockError::Lost {
-            key: self.state.key.clone(),
+            key: self.state.key().to_owned(),
         }
     }
 }

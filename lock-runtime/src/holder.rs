@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use crate::backend::Stored;
+use crate::view::{Holding, LockView};
 
 /// What [`LockClient::holder`](crate::LockClient::holder) found at a held lock.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -20,39 +20,30 @@ pub struct Holder {
 }
 
 impl Holder {
-    /// Reads what a backend found at the lock key.
-    pub(crate) fn from_stored(stored: &Stored, remaining: Option<Duration>) -> Holder {
-        match stored {
-            Stored::One(value) => Holder::from_value(value, remaining),
-            Stored::Shares(values) => Holder {
+    /// Who a store found holding the lock; `None` when it is free.
+    pub(crate) fn from_view(view: &LockView) -> Option<Holder> {
+        let remaining = view.remaining;
+        Some(match &view.holding {
+            Holding::Free => return None,
+            Holding::Exclusive { owner, released, .. } => Holder {
+                owner: Some(owner.clone()),
+                remaining,
+                released: *released,
+                readers: Vec::new(),
+            },
+            Holding::Shared { readers } => Holder {
                 owner: None,
                 remaining,
                 released: false,
-                readers: values
-                    .iter()
-                    .map(|v| Holder::from_value(v, None).owner.unwrap_or_default())
-                    .collect(),
+                readers: readers.iter().map(|r| r.owner.clone()).collect(),
             },
-        }
-    }
-
-    /// Reads a stored value; `None` for an owner means a value this library did not write.
-    pub(crate) fn from_value(value: &[u8], remaining: Option<Duration>) -> Holder {
-        let value = String::from_utf8_lossy(value);
-        let (value, released) = match value.strip_suffix(RELEASED) {
-            Some(kept) => (kept, true),
-            None => (value.as_ref(), false),
-        };
-        let owner = value
-            .split_once(' ')
-            .filter(|(id, _)| id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()))
-            .map(|(_, owner)| owner.to_owned());
-        Holder {
-            owner,
-            remaining,
-            released,
-            readers: Vec::new(),
-        }
+            Holding::Foreign { .. } => Holder {
+                owner: None,
+                remaining,
+                released: false,
+                readers: Vec::new(),
+            },
+        })
     }
 
     /// The owner label of the client holding it (`<hostname>:<pid>` unless set with
@@ -85,9 +76,6 @@ impl Holder {
         self.released
     }
 }
-
-/// What a release that keeps the lock for its minimum hold appends to its value.
-const RELEASED: &str = ":released";
 
 /// A fresh value for one acquisition call: a UUID v4 and the owner label. The UUID's random bits
 /// come from rand's thread-local CSPRNG (uuid's `fast-rng`), seeded and reseeded from the OS: a
@@ -137,13 +125,19 @@ mod tests {
     fn values_carry_a_fresh_uuid_and_the_owner() {
         let (a, b) = (new_value("web-1:42"), new_value("web-1:42"));
         assert_ne!(a, b);
-        let holder = Holder::from_value(a.as_bytes(), Some(Duration::from_secs(3)));
+        let found = |value: &[u8]| {
+            let mut view = LockView::free("k", "lock:{k}");
+            view.holding = Holding::of_value(value);
+            view.remaining = Some(Duration::from_secs(3));
+            Holder::from_view(&view).unwrap_or_else(|| panic!("not held"))
+        };
+        let holder = found(a.as_bytes());
         assert_eq!(holder.owner(), Some("web-1:42"));
         assert!(!holder.is_released());
-        let kept = Holder::from_value(format!("{a}:released").as_bytes(), None);
+        let kept = found(format!("{a}:released").as_bytes());
         assert_eq!(kept.owner(), Some("web-1:42"));
         assert!(kept.is_released());
-        assert_eq!(Holder::from_value(b"someone else's value", None).owner(), None);
+        assert_eq!(found(b"someone else's value").owner(), None);
         assert!(default_owner().contains(':'));
         assert!(
             check_owner("").is_err() && check_owner("a\nb").is_err() && check_owner("job runner 7").is_ok()

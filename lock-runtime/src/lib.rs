@@ -43,37 +43,54 @@
 struct ReadmeDoctests;
 
 mod acquire;
-mod backend;
+#[cfg(feature = "cli")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cli")))]
+pub mod admin;
 mod background;
 mod builder;
 mod client;
 mod core;
 mod error;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod fencing;
 mod guard;
 mod held;
 mod holder;
-pub mod keys;
 mod options;
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
-pub mod postgres;
 mod redact;
 mod scope;
 mod state;
+mod store;
 #[cfg(test)]
 mod store_tests;
 mod telemetry;
+mod view;
 mod wakeups;
 mod watchdog;
 
+pub use store::redis::keys;
+
+/// Fenced writes in PostgreSQL: the old name of [`fencing::postgres`].
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+#[deprecated(since = "0.1.0", note = "renamed lock_runtime::fencing::postgres")]
+pub mod postgres {
+    pub use crate::fencing::postgres::{check_fence, create_fence_table, FENCES_TABLE};
+}
+
 pub use acquire::MAX_WAIT_NAP;
-pub use backend::connection::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT};
 pub use builder::LockClientBuilder;
 pub use client::{default_client, set_default_client, LockClient};
 pub use error::{BoxError, LockError, ShutDown, TimedOut};
 pub use guard::LockGuard;
 pub use holder::Holder;
-pub use keys::{DEFAULT_PREFIX, MAX_KEY_LEN};
+pub use store::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT};
+
+/// The longest key accepted, in bytes, before the prefix is added.
+pub const MAX_KEY_LEN: usize = 1024;
+/// The default key prefix: on Redis, `order:42` is stored at `lock:{order:42}`.
+pub const DEFAULT_PREFIX: &str = "lock:";
 pub use options::{LockMode, LockOptions, OnLost, FAIR_PLACE_KEPT, MAX_DURATION, MIN_TTL, MIN_WATCHDOG_TTL};
 pub use scope::{current, LockInfo};
 

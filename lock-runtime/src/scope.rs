@@ -107,7 +107,7 @@ pub(crate) fn held(client: usize, lock_key: &str) -> Option<Arc<Frame>> {
     HELD.try_with(|innermost| {
         let mut frame = Some(innermost);
         while let Some(f) = frame {
-            if f.client == client && f.state.keys.lock == lock_key {
+            if f.client == client && f.state.lock.name() == lock_key {
                 return Some(Arc::clone(f));
             }
             frame = f.parent.as_ref();
@@ -127,7 +127,7 @@ pub(crate) fn enter<F: Future>(
     let frame = Frame {
         client,
         info: LockInfo {
-            key: state.key.clone(),
+            key: state.key().to_owned(),
             fencing_token: state.fence,
             state: Arc::clone(&state),
         },

@@ -9,8 +9,8 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::backend::{Kind, LockKeys};
 use crate::options::drift;
+use crate::store::{Kind, Lock};
 use crate::telemetry::{self, Labels};
 use crate::{LockError, LockOptions, OnLost};
 
@@ -27,8 +27,8 @@ struct Status {
 /// What the guard, its watchdog and the reentrancy scope share about one held lock.
 #[derive(Debug)]
 pub(crate) struct LockState {
-    pub(crate) key: String,
-    pub(crate) keys: LockKeys,
+    /// The user's key and the store's name for it.
+    pub(crate) lock: Lock,
     pub(crate) token: String,
     pub(crate) fence: Option<u64>,
     pub(crate) ttl: Duration,
@@ -56,8 +56,7 @@ impl LockState {
     /// handed over, the waiter's attempt whose place it was handed over for and what was left of
     /// that place (which may be sooner than its ttl).
     pub(crate) fn new(
-        key: &str,
-        (keys, kind): (LockKeys, Kind),
+        (lock, kind): (Lock, Kind),
         token: String,
         fence: Option<u64>,
         options: &LockOptions,
@@ -68,8 +67,7 @@ impl LockState {
         let hold_limit = options.get_hold_at_most().map(|most| started + most);
         let valid_until = sent + lease.saturating_sub(drift(lease));
         LockState {
-            key: key.to_owned(),
-            keys,
+            lock,
             token,
             fence,
             ttl,
@@ -85,6 +83,11 @@ impl LockState {
             }),
             changed: Notify::new(),
         }
+    }
+
+    /// The key as the caller gave it.
+    pub(crate) fn key(&self) -> &str {
+        self.lock.key()
     }
 
     fn status(&self) -> std::sync::MutexGuard<'_, Status> {
@@ -129,7 +132,7 @@ impl LockState {
 
     /// The labels of this lock's metrics.
     pub(crate) fn labels(&self) -> Labels<'_> {
-        Labels::new(self.kind == Kind::Shared, &self.key, self.by_key_class)
+        Labels::new(self.kind == Kind::Shared, self.key(), self.by_key_class)
     }
 
     /// Records a successful renewal sent at `sent` for `ttl`, unless the lock was already lost
@@ -175,7 +178,7 @@ impl LockState {
         let finished = std::future::poll_fn(|cx| {
             if self.is_lost() {
                 if self.mark_lost() {
-                    tracing::warn!(key = %self.key, "lock validity ran out without a renewal; lock lost");
+                    tracing::warn!(key = %self.key(), "lock validity ran out without a renewal; lock lost");
                 }
                 return Poll::Ready(None);
             }
@@ -190,13 +193,13 @@ impl LockState {
         }
         match policy {
             OnLost::Abort => {
-                tracing::warn!(key = %self.key, "lock lost while held; aborting the guarded code");
+                tracing::warn!(key = %self.key(), "lock lost while held; aborting the guarded code");
                 Err(LockError::Lost {
-                    key: self.key.clone(),
+                    key: self.key().to_owned(),
                 })
             }
             OnLost::Continue => {
-                tracing::warn!(key = %self.key, "lock lost while held; the guarded code continues (on_lost = continue)");
+                tracing::warn!(key = %self.key(), "lock lost while held; the guarded code continues (on_lost = continue)");
                 Ok(body.await)
             }
         }
@@ -227,7 +230,7 @@ impl LockState {
                 () = tokio::time::sleep_until(status.valid_until) => {
                     if Instant::now() >= self.valid_until() {
                         if self.mark_lost() {
-                            tracing::warn!(key = %self.key, "lock validity ran out without a renewal; lock lost");
+                            tracing::warn!(key = %self.key(), "lock validity ran out without a renewal; lock lost");
                         }
                         return;
                     }
@@ -243,8 +246,7 @@ mod tests {
 
     fn state(ttl: Duration, started: Instant) -> LockState {
         LockState::new(
-            "k",
-            (LockKeys::new("lock:", "k"), Kind::Plain),
+            (Lock::new("k", "lock:{k}".to_owned()), Kind::Plain),
             "t".into(),
             None,
             &LockOptions::new(ttl),

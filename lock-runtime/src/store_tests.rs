@@ -7,25 +7,25 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::memory::MemoryBackend;
-use crate::backend::{
-    Answer, Ask, Attempt, Capabilities, Kind, LockKeys, Offered, Pinned, Renewal, Store, Stored,
-};
 use crate::core::Core;
+use crate::store::memory::MemoryStore;
+use crate::store::{
+    Ask, Attempt, Capabilities, Flight, ForceReleased, Lock, LockView, Offered, Release, Released, Renewal,
+    Renewing, Store, Timeouts,
+};
 use crate::wakeups::Wakeups;
 use crate::{LockClient, LockError, LockMode, LockOptions};
 
 #[derive(Debug)]
 struct Counting {
-    inner: MemoryBackend,
+    inner: MemoryStore,
     offers: Capabilities,
     requests: AtomicUsize,
 }
 
 impl Counting {
-    fn counted<'a, T: Send + 'a>(&'a self, answer: Answer<'a, T>) -> Answer<'a, T> {
+    fn count(&self) {
         self.requests.fetch_add(1, Ordering::Relaxed);
-        answer
     }
 }
 
@@ -34,59 +34,65 @@ impl Store for Counting {
         self.offers
     }
 
-    fn attempt<'a>(
-        &'a self,
-        keys: &'a LockKeys,
-        token: &'a str,
-        ask: &'a Ask,
-        pin: &'a Pinned,
-    ) -> Answer<'a, Attempt> {
-        self.counted(self.inner.attempt(keys, token, ask, pin))
+    fn name(&self, key: &str) -> String {
+        Store::name(&self.inner, key)
     }
 
-    fn renew_many<'a>(&'a self, locks: &'a [(&'a LockKeys, &'a str, u64)]) -> Answer<'a, Vec<Renewal>> {
-        self.counted(Store::renew_many(&self.inner, locks))
+    async fn attempt(
+        &self,
+        lock: &Lock,
+        token: &str,
+        ask: &Ask,
+        flight: &Flight,
+    ) -> Result<Attempt, LockError> {
+        self.count();
+        Store::attempt(&self.inner, lock, token, ask, flight).await
     }
 
-    fn release<'a>(
-        &'a self,
-        keys: &'a LockKeys,
-        token: &'a str,
-        hold_ms: u64,
-        kind: Kind,
-        after: Option<&'a Pinned>,
-    ) -> Answer<'a, bool> {
-        self.counted(Store::release(&self.inner, keys, token, hold_ms, kind, after))
+    async fn renew(&self, locks: &[Renewing<'_>]) -> Result<Vec<Renewal>, LockError> {
+        self.count();
+        Store::renew(&self.inner, locks).await
     }
 
-    fn leave_queue<'a>(&'a self, keys: &'a LockKeys, token: &'a str, claimed: bool) -> Answer<'a, ()> {
-        self.counted(Store::leave_queue(&self.inner, keys, token, claimed))
+    async fn release(&self, lock: &Lock, token: &str, release: Release<'_>) -> Result<Released, LockError> {
+        self.count();
+        Store::release(&self.inner, lock, token, release).await
     }
 
-    fn holder<'a>(&'a self, keys: &'a LockKeys) -> Answer<'a, Option<(Stored, Option<Duration>)>> {
-        self.counted(Store::holder(&self.inner, keys))
+    async fn leave(&self, lock: &Lock, token: &str, claimed: bool) -> Result<(), LockError> {
+        self.count();
+        Store::leave(&self.inner, lock, token, claimed).await
     }
 
-    fn force_release<'a>(&'a self, keys: &'a LockKeys) -> Answer<'a, bool> {
-        self.counted(Store::force_release(&self.inner, keys))
+    async fn inspect(&self, lock: &Lock) -> Result<LockView, LockError> {
+        self.count();
+        Store::inspect(&self.inner, lock).await
     }
 
-    fn response_timeout(&self) -> Duration {
-        Duration::from_secs(1)
+    async fn list(&self, pattern: &str) -> Result<Vec<LockView>, LockError> {
+        self.count();
+        Store::list(&self.inner, pattern).await
     }
 
-    fn wakeups(&self) -> &Arc<Wakeups> {
-        Store::wakeups(&self.inner)
+    async fn force_release(&self, lock: &Lock, seen: &LockView) -> Result<ForceReleased, LockError> {
+        self.count();
+        Store::force_release(&self.inner, lock, seen).await
     }
 }
 
 fn client(offers: Capabilities) -> (LockClient, Arc<Counting>) {
+    let wakeups = Wakeups::new();
     let store = Arc::new(Counting {
-        inner: MemoryBackend::new(),
+        inner: MemoryStore::new("lock:", wakeups.notices()),
         offers,
         requests: AtomicUsize::new(0),
     });
-    let core = Core::new(store.clone(), "lock:".into(), "test".into(), false);
+    let core = Core::new(
+        (store.clone(), wakeups, Timeouts::default()),
+        "lock:".into(),
+        "test".into(),
+        false,
+    );
     (LockClient::from_core(core), store)
 }
 

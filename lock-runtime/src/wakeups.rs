@@ -1,44 +1,73 @@
 //! Local hand-off of "this lock was released" to the waiters of one client: one waiter per
 //! release, in the order they began waiting.
 //!
-//! Each lock's channel has a FIFO queue of this client's waiters. A release wakes only the head
+//! Each lock has a FIFO queue of this client's waiters. A release wakes only the head
 //! of the queue, so a hand-off costs one acquire attempt per client, not one per waiter; the
 //! head that fails (someone else barged in) stays at the head and sleeps again. A waiter leaving
 //! the queue without the lock (it gave up, its wait ran out, it was cancelled) wakes the next
 //! one in its place, so no wake-up is lost with it. A wake-up is a stored permit, so one that
 //! arrives while the head is busy with an attempt is seen when it next sleeps.
 //!
-//! A waiter registers (and, on Redis, makes sure the channel is subscribed) *before* the attempt
-//! it will wait after, so a release between that attempt and the wait still reaches it. The
-//! last registration of a channel to go removes the entry and asks the backend to unsubscribe,
-//! so channels never pile up.
+//! A waiter registers (and has the store listen for the lock's releases: on Redis, its channel
+//! is subscribed) *before* the attempt it will wait after, so a release between that attempt and
+//! the wait still reaches it. The last registration of a lock to go removes the entry and tells
+//! the store nobody listens any more, so subscriptions never pile up.
+//!
+//! Stores tell the registry what they hear through [`Notices`], the one narrow way in: a
+//! release, the next waiter's turn, and whether their listening for a lock is confirmed or was
+//! lost.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use tokio::sync::{mpsc, Notify};
 
+/// The waiters of one lock.
 #[derive(Debug)]
-struct Channel {
+struct Line {
     /// This client's waiters, in the order they began waiting; the head is woken next.
     queue: VecDeque<Arc<Waiter>>,
-    /// Which listeners confirmed the subscription, one bit each (a RedLock client listens on
-    /// every master; other backends have listener 0; in memory all bits are set).
-    subscribed: u64,
-    /// Which listeners lost their subscription since it was last confirmed: when one confirms
-    /// it again, the head of the queue checks its lock once more (a release between its re-check
-    /// at the loss and the new subscription went unheard).
+    /// Those told of every release of the lock, waiting for nothing (an operator's watch): each
+    /// one's id and where it hears the lock's name.
+    watchers: Vec<(u64, mpsc::UnboundedSender<String>)>,
+    /// Which listeners confirmed they listen for the lock's releases, one bit each (a RedLock
+    /// client listens on every master; other stores have listener 0).
+    confirmed: u64,
+    /// Which listeners lost their listening since it was last confirmed: when one confirms it
+    /// again, the head of the queue checks its lock once more (a release between its re-check at
+    /// the loss and the new confirmation went unheard).
     relisten: u64,
 }
 
-impl Channel {
-    /// Listener `who`'s subscription is gone: every waiter re-checks its lock (a release may
-    /// have gone unheard), and the next one to wait subscribes again.
+impl Line {
+    fn new() -> Line {
+        Line {
+            queue: VecDeque::new(),
+            watchers: Vec::new(),
+            confirmed: 0,
+            relisten: 0,
+        }
+    }
+
+    /// Nobody waits for the lock nor watches it.
+    fn is_idle(&self) -> bool {
+        self.queue.is_empty() && self.watchers.is_empty()
+    }
+
+    fn tell_watchers(&self, name: &str) {
+        for (_, to) in &self.watchers {
+            // A watch that ended has dropped its receiver: it leaves with its `Watching`.
+            let _ = to.send(name.to_owned());
+        }
+    }
+
+    /// Listener `who` no longer listens: every waiter re-checks its lock (a release may have
+    /// gone unheard), and the next one to wait has the store listen again.
     fn lost(&mut self, who: usize) {
         let bit = listener_bit(who);
-        if self.subscribed & bit != 0 {
-            self.subscribed &= !bit;
+        if self.confirmed & bit != 0 {
+            self.confirmed &= !bit;
             self.relisten |= bit;
             for waiter in &self.queue {
                 waiter.wake.notify_one();
@@ -68,39 +97,56 @@ pub(crate) struct HandedOver {
     /// The fencing token taken for it (0: none, the key has no counter).
     pub(crate) fence: u64,
     /// Which of the waiter's attempts kept the place it was handed over for (what that attempt
-    /// was told, [`Attempt::Held`](crate::backend::Attempt::Held)'s `kept`).
+    /// was told, [`Attempt::Held`](crate::store::Attempt::Held)'s `kept`).
     pub(crate) kept: u64,
 }
 
-/// The channels this client's waiters listen on.
-#[derive(Debug, Default)]
+/// Told the name of a lock nobody of this client waits for any more.
+type OnIdle = Box<dyn Fn(&str) + Send + Sync>;
+
+/// This client's waiters, by the name of the lock they wait for.
+#[derive(Default)]
 pub(crate) struct Wakeups {
-    channels: Mutex<HashMap<String, Channel>>,
-    /// How many waiters are registered: a release with nobody waiting skips the lock.
+    lines: Mutex<HashMap<String, Line>>,
+    /// How many waiters are registered: a release with nobody waiting skips the map.
     waiters: AtomicUsize,
-    /// Told the name of a channel nobody waits on any more (Redis: each listener, to
-    /// unsubscribe it).
-    on_idle: Vec<mpsc::UnboundedSender<String>>,
+    /// Set once, by the client, to tell its store (which may stop listening).
+    on_idle: OnceLock<OnIdle>,
+}
+
+impl std::fmt::Debug for Wakeups {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Wakeups")
+            .field("waiters", &self.waiters.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
 }
 
 impl Wakeups {
-    /// Wake-ups heard by one listener per `on_idle` sender (none: in memory, nothing to
-    /// subscribe).
-    pub(crate) fn new(on_idle: Vec<mpsc::UnboundedSender<String>>) -> Arc<Self> {
-        Arc::new(Wakeups {
-            channels: Mutex::default(),
-            waiters: AtomicUsize::new(0),
-            on_idle,
-        })
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::default()
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Channel>> {
+    /// Who is told when nobody waits for a lock any more (set once; later calls are ignored).
+    pub(crate) fn on_idle(&self, told: impl Fn(&str) + Send + Sync + 'static) {
+        let _ = self.on_idle.set(Box::new(told));
+    }
+
+    /// The way a store tells this registry what it hears (as listener 0).
+    pub(crate) fn notices(self: &Arc<Self>) -> Notices {
+        Notices {
+            wakeups: Arc::clone(self),
+            listener: 0,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Line>> {
         // A panic while holding this lock leaves the map consistent (every update is one step).
-        self.channels.lock().unwrap_or_else(|e| e.into_inner())
+        self.lines.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Joins the end of `channel`'s queue; a fair waiter gives its token.
-    pub(crate) fn register(self: &Arc<Self>, channel: &str, token: Option<&str>) -> Registration {
+    /// Joins the end of the queue of the lock named `name`; a fair waiter gives its token.
+    pub(crate) fn register(self: &Arc<Self>, name: &str, token: Option<&str>) -> Registration {
         static IDS: AtomicU64 = AtomicU64::new(0);
         let waiter = Arc::new(Waiter {
             id: IDS.fetch_add(1, Ordering::Relaxed),
@@ -108,45 +154,68 @@ impl Wakeups {
             wake: Notify::new(),
             handed: Mutex::new(None),
         });
-        let mut channels = self.lock();
-        let entry = channels.entry(channel.to_owned()).or_insert_with(|| Channel {
-            queue: VecDeque::new(),
-            subscribed: if self.on_idle.is_empty() { u64::MAX } else { 0 },
-            relisten: 0,
-        });
+        let mut lines = self.lock();
+        let entry = lines.entry(name.to_owned()).or_insert_with(Line::new);
         entry.queue.push_back(Arc::clone(&waiter));
         self.waiters.fetch_add(1, Ordering::SeqCst);
         Registration {
             waiter,
-            channel: channel.to_owned(),
+            name: name.to_owned(),
             owner: Arc::clone(self),
             acquired: false,
         }
     }
 
-    /// How many of this client's waiters queue for `channel`.
-    pub(crate) fn queued(&self, channel: &str) -> usize {
+    /// How many of this client's waiters queue for the lock named `name`.
+    pub(crate) fn queued(&self, name: &str) -> usize {
         if self.waiters.load(Ordering::SeqCst) == 0 {
             return 0; // every uncontended acquire asks: no lock then
         }
-        self.lock().get(channel).map_or(0, |c| c.queue.len())
+        self.lock().get(name).map_or(0, |c| c.queue.len())
     }
 
-    /// A release of `channel`'s lock: wakes the head of its queue.
-    pub(crate) fn notify(&self, channel: &str) {
+    #[cfg_attr(not(feature = "cli"), allow(dead_code))] // operators' watches (`admin`)
+    /// Tells `to` the name of the lock named `name` at each release heard (a release, or a fair
+    /// release naming the next waiter), until the returned value is dropped; the store listens
+    /// for it as for a waiter.
+    pub(crate) fn watch(self: &Arc<Self>, name: &str, to: mpsc::UnboundedSender<String>) -> Watching {
+        static IDS: AtomicU64 = AtomicU64::new(0);
+        let id = IDS.fetch_add(1, Ordering::Relaxed);
+        let mut lines = self.lock();
+        lines
+            .entry(name.to_owned())
+            .or_insert_with(Line::new)
+            .watchers
+            .push((id, to));
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        Watching {
+            id,
+            name: name.to_owned(),
+            owner: Arc::clone(self),
+        }
+    }
+
+    /// A release of the lock named `name`: wakes the head of its queue.
+    pub(crate) fn released(&self, name: &str) {
         if self.waiters.load(Ordering::SeqCst) == 0 {
             return;
         }
-        if let Some(head) = self.lock().get(channel).and_then(|c| c.queue.front()) {
-            head.wake.notify_one();
+        if let Some(line) = self.lock().get(name) {
+            if let Some(head) = line.queue.front() {
+                head.wake.notify_one();
+            }
+            line.tell_watchers(name);
         }
     }
 
     /// A fair release named the waiter whose turn it is, and with `handed` handed it the lock:
     /// wakes it, if it is one of ours.
-    pub(crate) fn notify_waiter(&self, channel: &str, token: &[u8], handed: Option<HandedOver>) {
-        let channels = self.lock();
-        let named = channels.get(channel).and_then(|c| {
+    fn turn(&self, name: &str, token: &[u8], handed: Option<HandedOver>) {
+        let lines = self.lock();
+        if let Some(line) = lines.get(name) {
+            line.tell_watchers(name);
+        }
+        let named = lines.get(name).and_then(|c| {
             c.queue
                 .iter()
                 .find(|w| w.token.as_deref().map(str::as_bytes) == Some(token))
@@ -159,68 +228,24 @@ impl Wakeups {
         }
     }
 
-    /// The subscriber connection was lost: every subscribed channel needs subscribing again,
-    /// and its waiters re-check their lock at once, since a release may have gone unheard.
-    /// Channels that were never subscribed lost nothing, and are left asleep.
-    pub(crate) fn subscriptions_lost(&self, who: usize) {
-        for entry in self.lock().values_mut() {
-            entry.lost(who);
-        }
-    }
-
-    /// The server dropped this one subscription (a cluster slot moved away): its waiters
-    /// re-check, and the next of them subscribes again.
-    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
-    pub(crate) fn subscription_lost(&self, channel: &str, who: usize) {
-        if let Some(entry) = self.lock().get_mut(channel) {
-            entry.lost(who);
-        }
-    }
-
-    pub(crate) fn is_subscribed(&self, channel: &str, who: usize) -> bool {
-        self.lock()
-            .get(channel)
-            .is_some_and(|c| c.subscribed & listener_bit(who) != 0)
-    }
-
-    /// Listener `who` confirmed `channel`'s subscription; after a loss, the head of its queue
-    /// checks its lock once more.
-    pub(crate) fn set_subscribed(&self, channel: &str, who: usize) {
-        if let Some(entry) = self.lock().get_mut(channel) {
-            let bit = listener_bit(who);
-            entry.subscribed |= bit;
-            if entry.relisten & bit != 0 {
-                entry.relisten &= !bit;
-                if let Some(head) = entry.queue.front() {
-                    head.wake.notify_one();
-                }
-            }
-        }
-    }
-
-    pub(crate) fn is_wanted(&self, channel: &str) -> bool {
-        self.lock().contains_key(channel)
-    }
-
-    /// How many channels have local waiters.
+    /// How many locks have local waiters.
     pub(crate) fn len(&self) -> usize {
         self.lock().len()
     }
 
-    fn unregister(&self, channel: &str, waiter: u64, acquired: bool) {
-        let mut channels = self.lock();
+    fn unregister(&self, name: &str, waiter: u64, acquired: bool) {
+        let mut lines = self.lock();
         self.waiters.fetch_sub(1, Ordering::SeqCst);
-        let Some(entry) = channels.get_mut(channel) else {
+        let Some(entry) = lines.get_mut(name) else {
             return;
         };
         let was_head = entry.queue.front().is_some_and(|w| w.id == waiter);
         entry.queue.retain(|w| w.id != waiter);
-        if entry.queue.is_empty() {
-            channels.remove(channel);
-            drop(channels);
-            for tx in &self.on_idle {
-                // The receiver only goes away with the client; nothing to do then.
-                let _ = tx.send(channel.to_owned());
+        if entry.is_idle() {
+            lines.remove(name);
+            drop(lines);
+            if let Some(told) = self.on_idle.get() {
+                told(name);
             }
         } else if was_head && !acquired {
             // It may have taken a wake-up meant for the lock's next holder with it: the next
@@ -232,20 +257,123 @@ impl Wakeups {
     }
 }
 
-/// One waiter's place in a channel's queue; dropping it leaves the queue.
+/// How a store tells this client's waiters what it hears: one listener's view of the
+/// registry (a RedLock client has one listener per master; every other store, one).
+#[derive(Debug, Clone)]
+pub(crate) struct Notices {
+    wakeups: Arc<Wakeups>,
+    listener: usize,
+}
+
+impl Notices {
+    /// The notices of listener `who` (0 to 63) of the same registry.
+    pub(crate) fn listener(&self, who: usize) -> Notices {
+        Notices {
+            wakeups: Arc::clone(&self.wakeups),
+            listener: who,
+        }
+    }
+
+    /// The lock named `name` was released: the head of this client's queue for it tries.
+    pub(crate) fn released(&self, name: &str) {
+        self.wakeups.released(name);
+    }
+
+    /// A fair release named `token` as the next in line of `name`, and with `handed` handed it
+    /// the lock: wakes that waiter, if it is this client's.
+    pub(crate) fn turn(&self, name: &str, token: &[u8], handed: Option<HandedOver>) {
+        self.wakeups.turn(name, token, handed);
+    }
+
+    /// This listener no longer hears anything (its connection was lost): every lock it listened
+    /// for needs listening again, and its waiters re-check at once, since a release may have
+    /// gone unheard. Locks it never listened for lost nothing, and are left asleep.
+    pub(crate) fn lost_all(&self) {
+        for entry in self.wakeups.lock().values_mut() {
+            entry.lost(self.listener);
+        }
+    }
+
+    /// This listener no longer hears the lock named `name` (a cluster slot moved away): its
+    /// waiters re-check, and the next of them has the store listen again.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+    pub(crate) fn lost(&self, name: &str) {
+        if let Some(entry) = self.wakeups.lock().get_mut(name) {
+            entry.lost(self.listener);
+        }
+    }
+
+    /// Whether this listener confirmed it hears the lock named `name`.
+    pub(crate) fn is_confirmed(&self, name: &str) -> bool {
+        self.wakeups
+            .lock()
+            .get(name)
+            .is_some_and(|c| c.confirmed & listener_bit(self.listener) != 0)
+    }
+
+    /// This listener hears the lock named `name` now; after a loss, the head of its queue checks
+    /// its lock once more.
+    pub(crate) fn confirmed(&self, name: &str) {
+        if let Some(entry) = self.wakeups.lock().get_mut(name) {
+            let bit = listener_bit(self.listener);
+            entry.confirmed |= bit;
+            if entry.relisten & bit != 0 {
+                entry.relisten &= !bit;
+                if let Some(head) = entry.queue.front() {
+                    head.wake.notify_one();
+                }
+            }
+        }
+    }
+
+    /// Whether any of this client's callers waits for any lock.
+    pub(crate) fn anyone_waits(&self) -> bool {
+        self.wakeups.len() > 0
+    }
+
+    /// Whether any of this client's callers waits for the lock named `name`.
+    pub(crate) fn is_wanted(&self, name: &str) -> bool {
+        self.wakeups.lock().contains_key(name)
+    }
+}
+
+/// An operator's watch of one lock's releases ([`Wakeups::watch`]); dropping it ends it.
+#[derive(Debug)]
+#[cfg_attr(not(feature = "cli"), allow(dead_code))]
+pub(crate) struct Watching {
+    id: u64,
+    name: String,
+    owner: Arc<Wakeups>,
+}
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        let mut lines = self.owner.lock();
+        self.owner.waiters.fetch_sub(1, Ordering::SeqCst);
+        let Some(entry) = lines.get_mut(&self.name) else {
+            return;
+        };
+        entry.watchers.retain(|(id, _)| *id != self.id);
+        if entry.is_idle() {
+            lines.remove(&self.name);
+            drop(lines);
+            if let Some(told) = self.owner.on_idle.get() {
+                told(&self.name);
+            }
+        }
+    }
+}
+
+/// One waiter's place in a lock's queue; dropping it leaves the queue.
 #[derive(Debug)]
 pub(crate) struct Registration {
     waiter: Arc<Waiter>,
-    channel: String,
+    name: String,
     owner: Arc<Wakeups>,
     acquired: bool,
 }
 
 impl Registration {
-    pub(crate) fn channel(&self) -> &str {
-        &self.channel
-    }
-
     /// Completes at the first wake-up since the last one seen (a release heard while this
     /// waiter was the head, or its turn passed on by a waiter that left).
     pub(crate) async fn woken(&self) {
@@ -270,8 +398,7 @@ impl Registration {
 
 impl Drop for Registration {
     fn drop(&mut self) {
-        self.owner
-            .unregister(&self.channel, self.waiter.id, self.acquired);
+        self.owner.unregister(&self.name, self.waiter.id, self.acquired);
     }
 }
 
@@ -288,17 +415,20 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_release_wakes_the_head_only_and_idle_channels_go() {
+    async fn a_release_wakes_the_head_only_and_idle_locks_go() {
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let wakeups = Wakeups::new(vec![tx]);
+        let wakeups = Wakeups::new();
+        wakeups.on_idle(move |name| {
+            let _ = tx.send(name.to_owned());
+        });
         let a = wakeups.register("c", None);
         let b = wakeups.register("c", None);
-        wakeups.notify("c");
+        wakeups.released("c");
         assert!(is_woken(&a).await, "the wake-up before the wait was lost");
         assert!(!is_woken(&b).await, "only the head is woken");
         a.acquired();
         assert!(!is_woken(&b).await, "a head that took the lock passes nothing on");
-        wakeups.notify("c");
+        wakeups.released("c");
         assert!(is_woken(&b).await);
         assert_eq!(wakeups.len(), 1);
         drop(b);
@@ -306,40 +436,56 @@ mod tests {
         assert_eq!(rx.recv().await.as_deref(), Some("c"));
     }
 
-    /// A subscription confirmed again after a loss has the head check its lock once more (a
-    /// release between its re-check at the loss and the new subscription went unheard); a first
-    /// subscription wakes nobody.
+    /// Listening confirmed again after a loss has the head check its lock once more (a
+    /// release between its re-check at the loss and the new confirmation went unheard); a first
+    /// confirmation wakes nobody.
     #[tokio::test]
-    async fn a_subscription_confirmed_again_after_a_loss_wakes_the_head_once() {
-        let (tx, _rx) = mpsc::unbounded_channel();
-        let wakeups = Wakeups::new(vec![tx]);
+    async fn listening_confirmed_again_after_a_loss_wakes_the_head_once() {
+        let wakeups = Wakeups::new();
+        let notices = wakeups.notices();
         let a = wakeups.register("c", None);
         let b = wakeups.register("c", None);
-        wakeups.set_subscribed("c", 0);
-        assert!(!is_woken(&a).await, "a first subscription wakes nobody");
-        wakeups.subscriptions_lost(0);
+        notices.confirmed("c");
+        assert!(!is_woken(&a).await, "a first confirmation wakes nobody");
+        notices.lost_all();
         assert!(
             is_woken(&a).await && is_woken(&b).await,
             "a loss wakes every waiter"
         );
-        wakeups.set_subscribed("c", 0);
+        notices.confirmed("c");
         assert!(is_woken(&a).await, "confirmed again: the head checks once more");
         assert!(!is_woken(&b).await, "only the head");
-        wakeups.set_subscribed("c", 0);
+        notices.confirmed("c");
         assert!(!is_woken(&a).await, "once");
     }
 
     #[tokio::test]
     async fn a_head_that_leaves_without_the_lock_passes_its_turn_on() {
-        let wakeups = Wakeups::new(Vec::new());
+        let wakeups = Wakeups::new();
         let a = wakeups.register("c", None);
         let b = wakeups.register("c", None);
         let c = wakeups.register("c", None);
-        wakeups.notify("c");
+        wakeups.released("c");
         drop(a); // woken, then gave up before trying
         assert!(is_woken(&b).await, "the next waiter tries in its place");
         assert!(!is_woken(&c).await);
         drop(c); // not the head: leaving wakes nobody
         assert!(!is_woken(&b).await);
+    }
+
+    #[tokio::test]
+    async fn a_watch_hears_every_release_and_turn_of_its_lock() {
+        let wakeups = Wakeups::new();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let watching = wakeups.watch("c", tx);
+        wakeups.released("c");
+        wakeups.notices().turn("c", b"someone", None);
+        wakeups.released("other");
+        assert_eq!(rx.recv().await.as_deref(), Some("c"));
+        assert_eq!(rx.recv().await.as_deref(), Some("c"));
+        assert!(rx.try_recv().is_err());
+        assert_eq!(wakeups.queued("c"), 0, "a watch is no waiter");
+        drop(watching);
+        assert_eq!(wakeups.len(), 0);
     }
 }

@@ -22,10 +22,10 @@ use futures_util::future::join_all;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::backend::{Renewal, Store};
 use crate::background::Background;
 use crate::options::ceil_millis;
 use crate::state::LockState;
+use crate::store::{DynStore, Renewal};
 use crate::telemetry;
 
 /// The most locks one renew script extends.
@@ -77,7 +77,7 @@ impl Watchdog {
     /// [`unwatch`](Self::unwatch) takes.
     pub(crate) fn watch(
         self: &Arc<Self>,
-        store: &Arc<dyn Store>,
+        store: &Arc<dyn DynStore>,
         state: Arc<LockState>,
         (sent, lease): (Instant, Duration),
         once: bool,
@@ -111,7 +111,7 @@ impl Watchdog {
 
     /// Starts the task (if it is not running on a live runtime); it holds the store weakly, and
     /// ends once the client is gone.
-    fn start(self: &Arc<Self>, store: &Arc<dyn Store>) {
+    fn start(self: &Arc<Self>, store: &Arc<dyn DynStore>) {
         self.task.ensure(|| Arc::clone(self).run(Arc::downgrade(store)));
     }
 
@@ -121,7 +121,7 @@ impl Watchdog {
         self.held().clear();
     }
 
-    async fn run(self: Arc<Self>, store: Weak<dyn Store>) {
+    async fn run(self: Arc<Self>, store: Weak<dyn DynStore>) {
         loop {
             let earliest = self.held().values().map(|w| w.due).min();
             match earliest {
@@ -145,13 +145,13 @@ impl Watchdog {
     }
 
     /// Renews every lock due now or within the next half interval, in batches sent together.
-    async fn renew_due(&self, store: &dyn Store) {
+    async fn renew_due(&self, store: &dyn DynStore) {
         let now = Instant::now();
         let mut due = Vec::new();
         self.held().retain(|&id, watched| {
             if watched.state.is_lost() {
                 if watched.state.mark_lost() {
-                    tracing::warn!(key = %watched.state.key, "lock lost: validity ran out before a renewal succeeded");
+                    tracing::warn!(key = %watched.state.key(), "lock lost: validity ran out before a renewal succeeded");
                 }
                 return false;
             }
@@ -170,7 +170,7 @@ impl Watchdog {
         join_all(batches).await;
     }
 
-    async fn renew_batch(&self, store: &dyn Store, batch: &[(u64, Arc<LockState>)]) {
+    async fn renew_batch(&self, store: &dyn DynStore, batch: &[(u64, Arc<LockState>)]) {
         let sent = Instant::now();
         // Each for its ttl, or what is left of its maximum hold.
         let leases: Vec<Duration> = batch
@@ -182,9 +182,9 @@ impl Watchdog {
         let locks: Vec<_> = batch
             .iter()
             .zip(&leases)
-            .map(|((_, s), lease)| (&s.keys, s.token.as_str(), ceil_millis(*lease)))
+            .map(|((_, s), lease)| (&s.lock, s.token.as_str(), ceil_millis(*lease)))
             .collect();
-        let answer = store.renew_many(&locks).await;
+        let answer = store.renew(&locks).await;
         match &answer {
             Ok(renewed) => {
                 telemetry::renewed(renewed.iter().filter(|r| **r == Renewal::Renewed).count() as u64)
@@ -204,28 +204,28 @@ impl Watchdog {
                         state.renewed(sent, leases[i]);
                         watched.due = sent + interval(state.ttl);
                         watched.lease = state.ttl;
-                        tracing::trace!(key = %state.key, "lock renewed");
+                        tracing::trace!(key = %state.key(), "lock renewed");
                         if watched.once {
                             gone.push(*id);
                         }
                     }
                     Renewal::Gone => {
                         if state.mark_lost() {
-                            tracing::warn!(key = %state.key, "lock lost: its key is gone or holds another token");
+                            tracing::warn!(key = %state.key(), "lock lost: its key is gone or holds another token");
                         }
                         gone.push(*id);
                     }
                     Renewal::Undecided => {
-                        tracing::warn!(key = %state.key, "lock renewal undecided (its Cluster shard, or too many RedLock masters, did not answer); retrying while the lock is valid");
+                        tracing::warn!(key = %state.key(), "lock renewal undecided (its Cluster shard, or too many RedLock masters, did not answer); retrying while the lock is valid");
                         retry_soon(watched);
                     }
                     Renewal::NotReplicated { acked, wanted } => {
-                        tracing::warn!(key = %state.key, acked, wanted, "lock renewal not acknowledged by enough replicas; its validity does not move, retrying while it lasts");
+                        tracing::warn!(key = %state.key(), acked, wanted, "lock renewal not acknowledged by enough replicas; its validity does not move, retrying while it lasts");
                         retry_soon(watched);
                     }
                 },
                 Err(e) => {
-                    tracing::warn!(key = %state.key, error = %e, "lock renewal failed; retrying while the lock is valid");
+                    tracing::warn!(key = %state.key(), error = %e, "lock renewal failed; retrying while the lock is valid");
                     retry_soon(watched);
                 }
             }

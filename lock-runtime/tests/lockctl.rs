@@ -320,7 +320,7 @@ async fn release_with_force_never_deletes_a_holder_that_took_the_lock_since() {
         .unwrap();
     assert!(guard.release().await.unwrap());
     let taken = second.acquire("order:7", &minute()).await.unwrap();
-    let force = redis::Script::new(include_str!("../src/bin/lockctl/force.lua"));
+    let force = redis::Script::new(include_str!("../src/store/redis/scripts/force.lua"));
     let conn = raw.clone();
     let run = |kind: &'static str, value: String| {
         let (force, mut raw) = (force.clone(), conn.clone());
@@ -1464,7 +1464,7 @@ fn free_port() -> u16 {
 }
 
 // ---------------------------------------------------------------------------------------------
-// PostgreSQL (`--postgres`): the machine's server (`$LOCK_TEST_POSTGRES_URL`, else
+// PostgreSQL (`--url postgres://…`): the machine's server (`$LOCK_TEST_POSTGRES_URL`, else
 // `postgres://postgres@127.0.0.1:5432/test`), each test under a prefix of its own.
 
 /// The machine's PostgreSQL and a prefix no other test or run uses; the options that point
@@ -1475,7 +1475,7 @@ fn postgres_target(test: &str) -> (String, String, Vec<String>) {
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
     let prefix = format!("lockctl.{}.{test}:", std::process::id());
     let target = vec![
-        "--postgres".to_owned(),
+        "--url".to_owned(),
         url.clone(),
         "--prefix".to_owned(),
         prefix.clone(),
@@ -1701,8 +1701,8 @@ impl Etcd {
     /// lockctl's options for this member, with `prefix`.
     fn target(&self, prefix: &str) -> Vec<String> {
         vec![
-            "--etcd".to_owned(),
-            self.endpoint(),
+            "--url".to_owned(),
+            self.endpoint().replacen("http://", "etcd://", 1),
             "--prefix".to_owned(),
             prefix.to_owned(),
         ]

@@ -32,7 +32,7 @@ const TTL_MS: u64 = 10_000;
 const ROUNDS: usize = 30;
 const SLICE: Duration = Duration::from_millis(300);
 /// The common release script, as the library sends it.
-const UNLOCK_LUA: &str = include_str!("../../lock-runtime/src/backend/scripts/unlock.lua");
+const UNLOCK_LUA: &str = include_str!("../../lock-runtime/src/store/redis/scripts/unlock.lua");
 const NAMES: [&str; 4] = [
     "hand-written",
     "hand-written, our traffic",

@@ -599,9 +599,9 @@ async fn the_acquire_script_is_idempotent_for_its_token() {
     let server = RedisServer::spawn();
     let mut raw = server.raw().await;
     let acquire = redis::Script::new(concat!(
-        include_str!("../../lock-runtime/src/backend/scripts/fence.lua"),
-        include_str!("../../lock-runtime/src/backend/scripts/taking.lua"),
-        include_str!("../../lock-runtime/src/backend/scripts/acquire.lua")
+        include_str!("../../lock-runtime/src/store/redis/scripts/fence.lua"),
+        include_str!("../../lock-runtime/src/store/redis/scripts/taking.lua"),
+        include_str!("../../lock-runtime/src/store/redis/scripts/acquire.lua")
     ));
     let call = |token: &'static str| {
         let mut invocation = acquire.prepare_invoke();
@@ -629,7 +629,7 @@ async fn a_claimed_attempt_fails_with_nothing_changed_when_the_writers_key_is_fo
     let mut raw = server.raw().await;
     let dir = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/../lock-runtime/src/backend/scripts/"
+        "/../lock-runtime/src/store/redis/scripts/"
     );
     let source = |name: &str| std::fs::read_to_string(format!("{dir}{name}")).unwrap();
     let _: () = raw.set("lock:{foreign}:writers", "not a claim").await.unwrap();

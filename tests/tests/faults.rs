@@ -637,7 +637,9 @@ async fn a_renewal_applied_after_a_release_with_a_minimum_hold_cannot_extend_it(
     let guard = client.acquire("late", &options).await.unwrap();
     let token: String = raw.get("lock:{late}").await.unwrap();
     assert!(guard.release().await.unwrap());
-    let renew = redis::Script::new(include_str!("../../lock-runtime/src/backend/scripts/renew.lua"));
+    let renew = redis::Script::new(include_str!(
+        "../../lock-runtime/src/store/redis/scripts/renew.lua"
+    ));
     let renewed: Vec<i64> = renew
         .key("lock:{late}")
         .arg(&token)
@@ -653,8 +655,8 @@ async fn a_renewal_applied_after_a_release_with_a_minimum_hold_cannot_extend_it(
     );
     // A release sent again (its answer was lost) still stands, and changes nothing.
     let release = redis::Script::new(concat!(
-        include_str!("../../lock-runtime/src/backend/scripts/fence.lua"),
-        include_str!("../../lock-runtime/src/backend/scripts/release.lua")
+        include_str!("../../lock-runtime/src/store/redis/scripts/fence.lua"),
+        include_str!("../../lock-runtime/src/store/redis/scripts/release.lua")
     ));
     let again: i64 = release
         .key("lock:{late}")
@@ -780,7 +782,9 @@ async fn shutdown_waits_for_a_cancelled_fair_waiter_to_leave_the_line() {
 async fn the_common_release_hands_what_it_cannot_decide_to_the_full_one() {
     let server = RedisServer::spawn();
     let mut raw = server.raw().await;
-    let unlock = redis::Script::new(include_str!("../../lock-runtime/src/backend/scripts/unlock.lua"));
+    let unlock = redis::Script::new(include_str!(
+        "../../lock-runtime/src/store/redis/scripts/unlock.lua"
+    ));
     let conn = server.raw().await;
     let run = |key: &'static str, token: &'static str| {
         let (unlock, mut raw) = (unlock.clone(), conn.clone());

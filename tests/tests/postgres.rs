@@ -403,7 +403,7 @@ async fn a_stopped_server_is_unavailable_without_a_hang() {
 /// refused: the check and the write commit together.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_holders_fenced_write_is_refused() {
-    use lock_runtime::postgres::{check_fence, create_fence_table};
+    use lock_runtime::fencing::postgres::{check_fence, create_fence_table};
     let server = PostgresServer::spawn();
     let (c, other) = (client(&server).await, client(&server).await);
     let db = pool(&server).await;

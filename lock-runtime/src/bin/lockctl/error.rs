@@ -10,9 +10,8 @@ pub(crate) enum Error {
     Usage(String),
     /// The command ran and failed, or was not confirmed (exit code 1).
     Failed(String),
-    /// Redis could not be reached, or answered with an error (exit code 1).
-    Redis(redis::RedisError),
-    /// The lock library refused or failed (exit code 1).
+    /// The lock library refused or failed (exit code 1): the store could not be reached, or
+    /// answered with an error.
     Lock(LockError),
     /// Standard output was closed (`lockctl watch | head -3`): stop quietly, successfully.
     Closed,
@@ -22,33 +21,23 @@ impl Error {
     /// The process's exit code.
     pub(crate) fn exit_code(&self) -> u8 {
         match self {
-            Error::Usage(_) => 2,
+            // A bad URL, key or option, found before anything was sent.
+            Error::Usage(_)
+            | Error::Lock(LockError::InvalidKey { .. } | LockError::InvalidOptions { .. }) => 2,
             Error::Closed => 0,
-            Error::Failed(_) | Error::Redis(_) | Error::Lock(_) => 1,
+            Error::Failed(_) | Error::Lock(_) => 1,
         }
     }
 
-    /// One line for stderr; `url` is the server's URL without its credentials.
-    pub(crate) fn describe(self, url: &str) -> String {
+    /// One line for stderr; `store` names the store ("Redis"), `at` where it is, without
+    /// credentials.
+    pub(crate) fn describe(self, store: &str, at: &str) -> String {
         let text = match self {
             Error::Usage(message) | Error::Failed(message) => message,
-            Error::Redis(e) => describe_lock_error(&LockError::from(e), url),
-            Error::Lock(e) => describe_lock_error(&e, url),
+            Error::Lock(e) => describe_lock_error(&e, store, at),
             Error::Closed => "standard output closed".to_owned(),
         };
         one_line(&text)
-    }
-}
-
-impl From<redis::RedisError> for Error {
-    fn from(e: redis::RedisError) -> Self {
-        Error::Redis(e)
-    }
-}
-
-impl From<redis::ParsingError> for Error {
-    fn from(e: redis::ParsingError) -> Self {
-        Error::Failed(format!("unexpected answer from Redis: {e}"))
     }
 }
 
@@ -58,18 +47,19 @@ impl From<LockError> for Error {
     }
 }
 
-/// The library's classification of a Redis error (a refusal that only configuration can fix,
-/// or a server that cannot be reached), said with where it happened.
-fn describe_lock_error(e: &LockError, url: &str) -> String {
+/// The library's classification of a store's error (a refusal that only configuration can
+/// fix, or a store that cannot be reached), said with where it happened.
+fn describe_lock_error(e: &LockError, store: &str, at: &str) -> String {
     match e {
-        LockError::Unavailable { source } => format!("cannot reach Redis at {url}: {source}"),
+        LockError::Unavailable { source } => format!("cannot reach {store} at {at}: {source}"),
         LockError::Refused { reason, source } => {
             // The library's advice names its builder's methods; say which options do the same.
             let reason = reason
                 .replace(".tls_root_ca(…)", "--tls-ca FILE")
                 .replace(".tls_client_auth(…)", "--tls-cert FILE --tls-key FILE");
-            format!("Redis at {url} refuses lockctl: {reason} ({source})")
+            format!("{store} at {at} refuses lockctl: {reason} ({source})")
         }
+        LockError::InvalidOptions { reason } => reason.clone(),
         other => other.to_string(),
     }
 }

@@ -3,59 +3,34 @@
 //! ```text
 //! lockctl list [PATTERN]         the locks held now, sorted by key
 //! lockctl show KEY               everything about one key
-//! lockctl release KEY --force    delete a lock whoever holds it, and wake its waiters
-//! lockctl watch [PATTERN]        acquisitions and releases as they happen
+//! lockctl release KEY --force    free a lock whoever holds it, and wake its waiters
+//! lockctl watch [PATTERN]        acquisitions, releases, expiries and take-overs as they happen
 //! ```
 //!
-//! Where the locks live, as the library's builder says it: one server (`--url`, as `.url`), a
-//! Redis Cluster (`--cluster`, the `--url` values its seed nodes, as `.cluster(urls)`), or the
-//! primary that Redis Sentinels name (`--sentinel --master-name NAME`, the `--url` values the
-//! sentinels, as `.sentinel(urls, master_name)`). On a Cluster, `list` and `watch` walk every
-//! primary, one key's reads (and `force.lua`) go to the primary owning its slot, `release`
-//! announces with `SPUBLISH` and `watch` hears releases by `SSUBSCRIBE` to the channel of each
-//! lock it has seen held, as the library's waiters there do (see `target.rs`).
-//!
-//! With `--postgres URL` (the `postgres` feature) the same commands read the library's
-//! PostgreSQL store instead (see `postgres.rs`), and with `--etcd ENDPOINTS` (the `etcd`
-//! feature) its etcd store (see `etcd.rs`).
-//!
-//! It reads the data model the library writes (see the crate docs): the lock of key `k` at
-//! `<prefix>{k}`, its fencing counter at `<prefix>{k}:fence`, fair waiters at
-//! `<prefix>{k}:queue` and `<prefix>{k}:queue:kept`, waiting writers at `<prefix>{k}:writers`,
-//! the waiting mark at `<prefix>{k}:waiting`, and releases announced on `<prefix>{k}:released`.
-//! Every one of these keys carries an expiry: the lock its ttl, the counter an hour after its
-//! last token, the others about a second after the last waiter stopped asking. It never writes,
-//! except `release --force`, which deletes with one compare-and-delete script (`force.lua`) on the
-//! connection it read with.
+//! Where the locks live, as the library's builder says it: `--url` takes every URL
+//! `LockClient::connect` does and picks the store from its scheme (`redis://`, `rediss://`,
+//! `postgres://`, `etcd://`; several `etcd://` URLs are one cluster's members); `--cluster`,
+//! `--sentinel --master-name NAME` and `--redlock` make the `--url` values a Redis Cluster's seed
+//! nodes, the sentinels of a primary, or RedLock's masters. Every command goes through
+//! `lock_runtime::admin`, the same on every store: this binary only reads the command line and
+//! prints.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use lock_runtime::admin::Admin;
+use lock_runtime::{LockClient, LockClientBuilder};
 
-// The library's connection type (a file shared with it).
-#[path = "../../backend/conn.rs"]
-mod conn;
 mod error;
-#[cfg(feature = "etcd")]
-mod etcd;
-mod inspect;
 mod output;
-#[cfg(feature = "postgres")]
-mod postgres;
-// The library's own (a file shared with it, so both hide the same credentials).
-#[path = "../../redact.rs"]
-mod redact;
 mod release;
-mod target;
 mod watch;
 
 use error::Error;
 use output::Out;
-use target::Target;
 
-/// Inspect and manage the distributed locks of lock-runtime on Redis (or PostgreSQL, with
-/// `--postgres`, or etcd, with `--etcd`).
+/// Inspect and manage the distributed locks of lock-runtime, on any store it speaks.
 #[derive(Debug, Parser)]
 #[command(name = "lockctl", version)]
 struct Cli {
@@ -69,15 +44,16 @@ struct Cli {
 #[derive(Debug, Args)]
 #[command(next_help_heading = "Global options")]
 struct Global {
-    /// The Redis server (`redis://[user:password@]host:port[/db]`, `rediss://…` for TLS); with
-    /// `--cluster` or `--sentinel`, one of several (repeat it, or separate URLs with commas).
+    /// Where the locks live.
     #[arg(
         long,
-        help = "The Redis server: redis://[user:password@]host:port[/db], or rediss://… for TLS; \
-                with --cluster the seed nodes, with --sentinel the sentinels (repeat --url, or \
-                separate the URLs with commas)",
+        help = "Where the locks live, as LockClient::connect takes it: redis://[user:password@]host:port[/db] \
+                (rediss:// for TLS), postgres://user:password@host:5432/db or etcd://host:2379; with \
+                --cluster the seed nodes, with --sentinel the sentinels, with --redlock the masters, \
+                and several etcd:// URLs one cluster's members (repeat --url, or separate the URLs \
+                with commas)",
         global = true,
-        env = "REDIS_URL",
+        env = "LOCKCTL_URL",
         hide_env_values = true,
         default_value = "redis://127.0.0.1:6379",
         action = clap::ArgAction::Append
@@ -87,9 +63,8 @@ struct Global {
     #[arg(
         long,
         global = true,
-        conflicts_with = "sentinel",
-        help = "The --url values are seed nodes of a Redis Cluster (as the library's .cluster(urls)): \
-                list and watch walk every primary, release announces with SPUBLISH"
+        conflicts_with_all = ["sentinel", "redlock"],
+        help = "The --url values are seed nodes of a Redis Cluster (as the library's .cluster(urls))"
     )]
     cluster: bool,
     /// The URLs are Redis Sentinels; the locks live on the primary they name.
@@ -97,6 +72,7 @@ struct Global {
         long,
         global = true,
         requires = "master_name",
+        conflicts_with = "redlock",
         help = "The --url values are Redis Sentinels; the locks live on the primary they name for \
                 --master-name (as the library's .sentinel(urls, master_name))"
     )]
@@ -104,34 +80,14 @@ struct Global {
     /// The name the sentinels monitor the primary under (`master_name` of `.sentinel`).
     #[arg(long, global = true, value_name = "NAME", requires = "sentinel")]
     master_name: Option<String>,
-    /// The locks are in this PostgreSQL database (the library's `.postgres(url)`; the
-    /// `postgres` feature) instead of Redis.
-    #[cfg(feature = "postgres")]
+    /// The URLs are RedLock's independent masters (the library's `.redlock(urls)`).
     #[arg(
         long,
         global = true,
-        value_name = "URL",
-        env = "LOCKCTL_POSTGRES_URL",
-        hide_env_values = true,
-        conflicts_with_all = ["cluster", "sentinel"],
-        help = "The locks are in this PostgreSQL database (postgres://user:password@host:5432/db, as \
-                the library's .postgres(url)) instead of Redis"
+        help = "The --url values are RedLock's independent masters (as the library's .redlock(urls)): \
+                a lock is shown held when a majority hold it"
     )]
-    postgres: Option<String>,
-    /// The locks are in this etcd cluster (the library's `.etcd(endpoints)`; the `etcd`
-    /// feature) instead of Redis.
-    #[cfg(feature = "etcd")]
-    #[arg(
-        long,
-        global = true,
-        value_name = "ENDPOINTS",
-        env = "LOCKCTL_ETCD_ENDPOINTS",
-        value_delimiter = ',',
-        conflicts_with_all = ["cluster", "sentinel"],
-        help = "The locks are in this etcd cluster (http://host:2379, repeat --etcd or separate the \
-                members with commas, as the library's .etcd(endpoints)) instead of Redis"
-    )]
-    etcd: Vec<String>,
+    redlock: bool,
     /// The key prefix the services' lock clients use.
     #[arg(long, global = true, default_value = lock_runtime::DEFAULT_PREFIX)]
     prefix: String,
@@ -142,9 +98,15 @@ struct Global {
     #[arg(long, global = true, value_name = "MS", default_value_t = 5000,
           value_parser = clap::value_parser!(u64).range(1..))]
     timeout_ms: u64,
-    #[cfg(feature = "tls")]
-    #[command(flatten)]
-    tls: target::TlsArgs,
+    /// Trust the CA certificate(s) in this PEM file for a rediss:// server.
+    #[arg(long, global = true, value_name = "FILE")]
+    tls_ca: Option<std::path::PathBuf>,
+    /// Present this client certificate (PEM) to a rediss:// server; needs --tls-key.
+    #[arg(long, global = true, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// The client certificate's private key (PEM); needs --tls-cert.
+    #[arg(long, global = true, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
 }
 
 /// What to do.
@@ -191,68 +153,44 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let shown_url = target::shown(&cli.global);
-    match run(cli) {
+    let at = shown(&cli.global);
+    let mut store = store_named(&cli.global);
+    match run(cli, &mut store) {
         Ok(()) | Err(Error::Closed) => ExitCode::SUCCESS,
         Err(e) => {
             let code = e.exit_code();
-            eprintln!("lockctl: {}", e.describe(&shown_url));
+            eprintln!("lockctl: {}", e.describe(store, &at));
             ExitCode::from(code)
         }
     }
 }
 
 /// Runs one command on a single-threaded runtime (a CLI makes one request at a time).
-fn run(cli: Cli) -> Result<(), Error> {
+fn run(cli: Cli, store: &mut &'static str) -> Result<(), Error> {
     if let Command::Release {
         key, force: false, ..
     } = &cli.command
     {
         return Err(release::refusal(key));
     }
+    let admin = Admin::new(client(&cli.global)?.build_lazy()?);
+    *store = store_name(admin.store());
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| Error::Failed(format!("cannot start the async runtime: {e}")))?;
     let mut out = Out::new(cli.global.json);
-    #[cfg(feature = "postgres")]
-    if let Some(url) = &cli.global.postgres {
-        if cli.global.prefix.is_empty() {
-            return Err(Error::Usage("--prefix must not be empty".to_owned()));
-        }
-        let timeout = Duration::from_millis(cli.global.timeout_ms);
-        return runtime.block_on(postgres::run(
-            cli.command,
-            url,
-            &cli.global.prefix,
-            timeout,
-            &mut out,
-        ));
-    }
-    #[cfg(feature = "etcd")]
-    if !cli.global.etcd.is_empty() {
-        #[cfg(feature = "postgres")]
-        if cli.global.postgres.is_some() {
-            return Err(Error::Usage("give --etcd or --postgres, not both".to_owned()));
-        }
-        if cli.global.prefix.is_empty() {
-            return Err(Error::Usage("--prefix must not be empty".to_owned()));
-        }
-        let timeout = Duration::from_millis(cli.global.timeout_ms);
-        return runtime.block_on(etcd::run(
-            cli.command,
-            &cli.global.etcd,
-            &cli.global.prefix,
-            timeout,
-            &mut out,
-        ));
-    }
-    let target = Target::new(&cli.global)?;
     runtime.block_on(async {
         match cli.command {
-            Command::List { pattern } => inspect::list(&target, &pattern, &mut out).await,
-            Command::Show { key } => inspect::show(&target, &key, &mut out).await,
-            Command::Release { key, yes, .. } => release::release(&target, &key, yes, &mut out).await,
+            Command::List { pattern } => {
+                let views = admin.list(&pattern).await?;
+                out.list(&pattern, &views)
+            }
+            Command::Show { key } => {
+                let view = admin.show(&key).await?;
+                out.show(&view)
+            }
+            Command::Release { key, yes, .. } => release::release(&admin, &key, yes, &mut out).await,
             Command::Watch {
                 pattern,
                 interval_ms,
@@ -263,8 +201,131 @@ fn run(cli: Cli) -> Result<(), Error> {
                     interval: Duration::from_millis(interval_ms),
                     stop_after: for_ms.map(Duration::from_millis),
                 };
-                watch::watch(&target, &plan, &mut out).await
+                watch::watch(&admin, &plan, &mut out).await
             }
         }
     })
+}
+
+/// The `--url` values: with `--cluster`, `--sentinel` or `--redlock`, or for etcd, each may list
+/// several, separated by commas (a single server's URL is taken whole).
+fn urls(global: &Global) -> Vec<String> {
+    let several = global.cluster || global.sentinel || global.redlock || is_etcd(&global.url);
+    if !several {
+        return global.url.clone();
+    }
+    global
+        .url
+        .iter()
+        .flat_map(|url| url.split(','))
+        .map(str::trim)
+        .filter(|url| !url.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+fn is_etcd(urls: &[String]) -> bool {
+    urls.first()
+        .is_some_and(|url| url.get(..7).is_some_and(|s| s.eq_ignore_ascii_case("etcd://")))
+}
+
+/// A client builder for the store the options name.
+fn client(global: &Global) -> Result<LockClientBuilder, Error> {
+    if global.prefix.is_empty() {
+        return Err(Error::Usage("--prefix must not be empty".to_owned()));
+    }
+    let urls = urls(global);
+    let timeout = Duration::from_millis(global.timeout_ms);
+    let builder = LockClient::builder()
+        .prefix(&global.prefix)
+        .connect_timeout(timeout)
+        .response_timeout(timeout);
+    let builder = if global.cluster {
+        builder.cluster(&urls)
+    } else if global.sentinel {
+        let master_name = global.master_name.as_deref().unwrap_or_default();
+        if master_name.is_empty() {
+            return Err(Error::Usage("--master-name must not be empty".to_owned()));
+        }
+        builder.sentinel(&urls, master_name)
+    } else if global.redlock {
+        builder.redlock(&urls)
+    } else if is_etcd(&urls) {
+        // One etcd:// URL for every member.
+        let members: Vec<&str> = urls.iter().map(|url| url.get(7..).unwrap_or_default()).collect();
+        builder.store(&format!("etcd://{}", members.join(",")))
+    } else {
+        match urls.as_slice() {
+            [url] => builder.store(url),
+            [] => return Err(Error::Usage("--url is empty".to_owned())),
+            _ => {
+                return Err(Error::Usage(
+                    "several --url values are the seed nodes of --cluster, the sentinels of \
+                     --sentinel, RedLock's masters (--redlock), or an etcd cluster's members \
+                     (etcd://…); one server takes one"
+                        .to_owned(),
+                ))
+            }
+        }
+    };
+    tls(builder, global)
+}
+
+/// The TLS material given, for a rediss:// server.
+fn tls(mut builder: LockClientBuilder, global: &Global) -> Result<LockClientBuilder, Error> {
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| Error::Failed(format!("cannot read {}: {e}", path.display())))
+    };
+    if let Some(ca) = &global.tls_ca {
+        builder = builder.tls_root_ca(&read(ca)?);
+    }
+    if let (Some(cert), Some(key)) = (&global.tls_cert, &global.tls_key) {
+        builder = builder.tls_client_auth(&read(cert)?, &read(key)?);
+    }
+    Ok(builder)
+}
+
+/// The store the options name, as a message says it, before the client is made.
+fn store_named(global: &Global) -> &'static str {
+    let scheme = global
+        .url
+        .first()
+        .and_then(|url| url.split_once("://"))
+        .map_or("", |(scheme, _)| scheme)
+        .to_ascii_lowercase();
+    match scheme.as_str() {
+        "postgres" | "postgresql" => "PostgreSQL",
+        "etcd" => "etcd",
+        _ => "Redis",
+    }
+}
+
+/// The store, as a message says it.
+fn store_name(store: &'static str) -> &'static str {
+    match store {
+        "redis" | "RedLock" => "Redis",
+        other => other,
+    }
+}
+
+/// Where the locks are, as an operator's messages show it: without credentials, and saying what
+/// the URLs are.
+fn shown(global: &Global) -> String {
+    let urls: Vec<String> = urls(global).iter().map(|url| hide_credentials(url)).collect();
+    let urls = urls.join(", ");
+    if global.cluster {
+        format!("{urls} (Redis Cluster seed nodes)")
+    } else if global.sentinel {
+        let name = global.master_name.as_deref().unwrap_or_default();
+        format!("{urls} (the sentinels of {name})")
+    } else if global.redlock {
+        format!("{urls} (RedLock masters)")
+    } else {
+        urls
+    }
+}
+
+/// `url` with its user and password replaced by `<credentials>`.
+fn hide_credentials(url: &str) -> String {
+    lock_runtime::admin::hide_credentials(url)
 }

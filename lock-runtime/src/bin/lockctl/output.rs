@@ -2,12 +2,12 @@
 //! as it is written so that `watch` can be piped.
 
 use std::io::Write;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
 
+use lock_runtime::admin::{Fence, Holding, LockView};
+
 use crate::error::Error;
-use crate::inspect::{Fence, Holding, LockView};
 
 /// Standard output, in the format chosen.
 #[derive(Debug)]
@@ -70,35 +70,41 @@ pub(crate) fn view_json(view: &LockView) -> Value {
         }
         Holding::Shared { .. } => ("shared", None, None, Some("hash")),
         Holding::Foreign { kind, value } => ("foreign", None, value.as_deref(), Some(kind.as_str())),
+        _ => ("unknown", None, None, None),
     };
     let readers: Vec<Value> = match &view.holding {
         Holding::Shared { readers } => readers
             .iter()
-            .map(|r| json!({ "owner": r.owner, "ttl_ms": r.ttl_ms, "value": r.value }))
+            .map(|r| json!({ "owner": r.owner, "ttl_ms": millis(r.remaining), "value": r.value }))
             .collect(),
         _ => Vec::new(),
     };
     json!({
         "key": view.key,
-        "lock_key": view.lock_key,
+        "lock_key": view.name,
         "state": state,
         "owner": owner,
         "readers": readers,
         "type": kind,
         "value": value,
-        "ttl_ms": view.ttl_ms,
+        "ttl_ms": view.remaining.map(millis),
         "fence": fence_json(&view.fence),
-        "fair_waiters": view.fair_waiters,
-        "waiting_writers": view.waiting_writers,
+        "fair_waiters": view.queued,
+        "waiting_writers": view.writers,
     })
 }
 
 fn fence_json(fence: &Fence) -> Value {
     match fence {
-        Fence::None => Value::Null,
         Fence::Token(token) => json!(token),
         Fence::Other(text) => json!(text),
+        _ => Value::Null,
     }
+}
+
+/// A duration in whole milliseconds.
+pub(crate) fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// `text` as it may reach a terminal: keys, owners and values are request data, so control
@@ -130,7 +136,7 @@ fn table(views: &[LockView]) -> String {
         [
             clean(&v.key),
             clean(&holder_text(&v.holding)),
-            ttl_text(v.ttl_ms),
+            ttl_text(v.remaining.map(millis)),
             fence_text(&v.fence),
             waiting_text(v),
         ]
@@ -159,7 +165,7 @@ fn table(views: &[LockView]) -> String {
 fn details(view: &LockView) -> String {
     let mut lines = vec![
         format!("key:             {}", clean(&view.key)),
-        format!("redis key:       {}", clean(&view.lock_key)),
+        format!("stored as:       {}", clean(&view.name)),
         format!("state:           {}", clean(&state_text(&view.holding))),
     ];
     match &view.holding {
@@ -171,18 +177,21 @@ fn details(view: &LockView) -> String {
             format!(
                 "reader:          {} (ttl {}; value {})",
                 clean(&r.owner),
-                ttl_text(Some(r.ttl_ms)),
+                ttl_text(Some(millis(r.remaining))),
                 clean(&r.value)
             )
         })),
-        Holding::Free | Holding::Foreign { value: None, .. } => {}
+        _ => {}
     }
-    if view.holding != Holding::Free {
-        lines.push(format!("ttl:             {}", ttl_text(view.ttl_ms)));
+    if view.is_held() {
+        lines.push(format!(
+            "ttl:             {}",
+            ttl_text(view.remaining.map(millis))
+        ));
     }
     lines.push(format!("fence:           {}", fence_text(&view.fence)));
-    lines.push(format!("fair waiters:    {}", view.fair_waiters));
-    lines.push(format!("waiting writers: {}", view.waiting_writers));
+    lines.push(format!("fair waiters:    {}", view.queued));
+    lines.push(format!("waiting writers: {}", view.writers));
     lines.join("\n")
 }
 
@@ -213,6 +222,7 @@ pub(crate) fn holder_text(holding: &Holding) -> String {
             }
         }
         Holding::Foreign { kind, .. } => format!("(foreign {kind})"),
+        _ => "?".to_owned(),
     }
 }
 
@@ -236,6 +246,7 @@ fn state_text(holding: &Holding) -> String {
         Holding::Foreign { kind, .. } => {
             format!("a foreign {kind} value (not written by lock-runtime; left alone)")
         }
+        _ => "unknown".to_owned(),
     }
 }
 
@@ -255,9 +266,9 @@ pub(crate) fn ttl_text(ttl_ms: Option<u64>) -> String {
 /// The fencing counter in a table cell: the number, `-` when there is none.
 pub(crate) fn fence_text(fence: &Fence) -> String {
     match fence {
-        Fence::None => "-".to_owned(),
         Fence::Token(token) => token.to_string(),
         Fence::Other(text) => format!("? ({text})"),
+        _ => "-".to_owned(),
     }
 }
 
@@ -265,10 +276,10 @@ pub(crate) fn fence_text(fence: &Fence) -> String {
 /// when nobody does.
 fn waiting_text(view: &LockView) -> String {
     let mut parts = Vec::new();
-    if view.fair_waiters > 0 {
-        parts.push(format!("{} queued", view.fair_waiters));
+    if view.queued > 0 {
+        parts.push(format!("{} queued", view.queued));
     }
-    match view.waiting_writers {
+    match view.writers {
         0 => {}
         1 => parts.push("1 writer".to_owned()),
         n => parts.push(format!("{n} writers")),
@@ -278,13 +289,6 @@ fn waiting_text(view: &LockView) -> String {
     } else {
         parts.join(", ")
     }
-}
-
-/// Milliseconds since the Unix epoch, now.
-pub(crate) fn now_unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// The UTC time of day of `unix_ms`, `HH:MM:SS.mmm`.

@@ -1,0 +1,598 @@
+//! Where locks live. The client (its wait loop, guards, watchdog, validity, reentrancy and
+//! telemetry) speaks to a store only through [`Store`], in the words of locks: a lock's name, a
+//! holder's token, a lease, a place in a line, a release and who hears of it. What a store
+//! offers beyond the plain exclusive lock ([`Capabilities`]) is checked once per call, before
+//! any request.
+//!
+//! Each store is one folder (or file) here: `redis/` (one server, Sentinel and Cluster: its
+//! connection, subscriber, replica acknowledgement, scripts and key names), `redlock.rs` (a
+//! quorum of Redis stores), `postgres/` (feature `postgres`), `etcd/` (feature `etcd`) and
+//! `memory.rs`. A store is described by a [`StoreConfig`], which the builder keeps until
+//! `build()`: it checks the description and opens the store with the client's [`Settings`].
+//!
+//! | a store… | through |
+//! |---|---|
+//! | names a user's key its own way (a Redis hash tag, a row key) | [`Store::name`] |
+//! | takes a lock, or says who holds it and, for a caller that will wait, gives it a place in line | [`Store::attempt`] |
+//! | lengthens many leases in one request where it can | [`Store::renew`] |
+//! | gives a lock back, or keeps it for a minimum hold | [`Store::release`] |
+//! | takes a waiter that stops waiting out of its line | [`Store::leave`] |
+//! | reads one lock, and lists the locks under its prefix (for operators) | [`Store::inspect`], [`Store::list`] |
+//! | frees a lock whoever holds it, if it still holds what was seen | [`Store::force_release`] |
+//! | tells this client's waiters of releases, through the [`Notices`] it was opened with | [`Store::listen`], [`Store::unlisten`] |
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::LockError;
+use crate::options::{LockMode, LockOptions};
+pub(crate) use crate::view::LockView;
+pub(crate) use crate::wakeups::Notices;
+
+pub(crate) mod announcement;
+#[cfg(feature = "etcd")]
+pub(crate) mod etcd;
+pub(crate) mod memory;
+#[cfg(feature = "postgres")]
+pub(crate) mod postgres;
+pub(crate) mod redis;
+pub(crate) mod redlock;
+pub(crate) mod url;
+
+/// How long [`LockClientBuilder::build`](crate::LockClientBuilder::build) waits for a connection
+/// by default.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long any one request may take by default before it fails as
+/// [`LockError::Unavailable`].
+pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long to wait for a connection, and for any one answer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timeouts {
+    pub(crate) connect: Duration,
+    pub(crate) response: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            connect: DEFAULT_CONNECT_TIMEOUT,
+            response: DEFAULT_RESPONSE_TIMEOUT,
+        }
+    }
+}
+
+/// PEM material for TLS beyond the system's trust store: a private CA, a client certificate.
+#[derive(Clone, Default)]
+pub(crate) struct TlsMaterial {
+    pub(crate) root_ca: Option<Vec<u8>>,
+    pub(crate) client_auth: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl Debug for TlsMaterial {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print key material.
+        f.debug_struct("TlsMaterial")
+            .field("root_ca", &self.root_ca.is_some())
+            .field("client_auth", &self.client_auth.is_some())
+            .finish()
+    }
+}
+
+impl TlsMaterial {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.root_ca.is_none() && self.client_auth.is_none()
+    }
+}
+
+/// Every write acknowledged by this many replicas within this long
+/// ([`LockClientBuilder::wait_for_replicas`](crate::LockClientBuilder::wait_for_replicas)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Replicas {
+    pub(crate) wanted: usize,
+    pub(crate) timeout: Duration,
+}
+
+/// What every store is opened with: the client's settings that are not the store's own
+/// description, and where it tells this client's waiters of releases.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    /// Put before every key (checked not empty).
+    pub(crate) prefix: String,
+    pub(crate) timeouts: Timeouts,
+    pub(crate) tls: TlsMaterial,
+    /// Replica acknowledgement, when asked for (a store that cannot give it refuses it).
+    pub(crate) replicas: Option<Replicas>,
+    pub(crate) notices: Notices,
+}
+
+impl Settings {
+    /// Refuses replica acknowledgement (`why`: what the store does instead).
+    pub(crate) fn no_replicas(&self, why: &str) -> Result<(), LockError> {
+        match self.replicas {
+            Some(_) => Err(LockError::invalid_options(format!(
+                "wait_for_replicas does not apply to {why}"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Refuses the builder's TLS material (`why`: where TLS is set up instead).
+    pub(crate) fn no_tls_material(&self, why: &str) -> Result<(), LockError> {
+        match self.tls.is_empty() {
+            true => Ok(()),
+            false => Err(LockError::invalid_options(why.to_owned())),
+        }
+    }
+}
+
+/// Where the locks of a client live, as the builder was told (one per store: a Redis
+/// deployment, RedLock's masters, a database URL, etcd's endpoints), until `build()`.
+pub(crate) trait StoreConfig: Debug + Send + Sync {
+    /// Checks the description against the client's settings and makes the store; nothing is
+    /// connected yet.
+    fn open(&self, settings: Settings) -> Result<Arc<dyn DynStore>, LockError>;
+}
+
+/// A description that could not be made (a URL whose scheme names no store): it fails at
+/// `build()`, with its reason.
+#[derive(Debug)]
+pub(crate) struct Refused {
+    url: String,
+    reason: String,
+}
+
+impl Refused {
+    pub(crate) fn new(url: &str, refusal: LockError) -> Refused {
+        Refused {
+            url: crate::redact::hide_credentials(url),
+            reason: match refusal {
+                LockError::InvalidOptions { reason } => reason,
+                other => other.to_string(),
+            },
+        }
+    }
+}
+
+impl StoreConfig for Refused {
+    fn open(&self, _: Settings) -> Result<Arc<dyn DynStore>, LockError> {
+        let _ = &self.url;
+        Err(LockError::invalid_options(self.reason.clone()))
+    }
+}
+
+/// One lock as a store names it: the user's key and the store's own name for it
+/// ([`Store::name`]), made once per call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Lock {
+    key: String,
+    name: String,
+}
+
+impl Lock {
+    pub(crate) fn new(key: &str, name: String) -> Lock {
+        Lock {
+            key: key.to_owned(),
+            name,
+        }
+    }
+
+    /// The key as the caller gave it.
+    pub(crate) fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The store's name for it: what its release notices name.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+}
+
+/// What kind of lock a token holds: its release depends on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// An exclusive lock that is not fair.
+    Plain,
+    /// An exclusive fair lock: its release hands over to the head of the line.
+    Fair,
+    /// A share of a read-write lock (a read lock is never fair): the last share to go wakes a
+    /// waiter.
+    Shared,
+}
+
+impl Kind {
+    /// A lock taken with these options (validated: a shared lock is never fair).
+    pub(crate) fn of(fair: bool, shared: bool) -> Kind {
+        match (fair, shared) {
+            (_, true) => Kind::Shared,
+            (true, false) => Kind::Fair,
+            (false, false) => Kind::Plain,
+        }
+    }
+}
+
+/// What one acquire attempt asks for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ask {
+    pub(crate) ttl_ms: u64,
+    pub(crate) fencing: bool,
+    /// The caller listens for releases: a refusal should say how long the holder has left (a
+    /// first attempt may skip that, to cost one request).
+    pub(crate) waiting: bool,
+    /// Waiters queue in the store, and the head of the line comes first.
+    pub(crate) fair: bool,
+    /// The caller will wait: with `fair`, a refused attempt takes (or keeps) a place in line;
+    /// without, refused by readers, it claims the writers' turn.
+    pub(crate) join: bool,
+    /// A share of a read-write lock ([`LockMode::Shared`]).
+    pub(crate) shared: bool,
+    /// An earlier attempt of this call claimed the writers' turn: taking the lock ends the claim.
+    pub(crate) claimed: bool,
+}
+
+/// The result of one acquire attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Attempt {
+    /// Ours; `fence` is the new fencing token when one was asked for.
+    Acquired { fence: Option<u64> },
+    /// Held by someone (or something) else; `pttl_ms` is its remaining life when it has one.
+    /// `behind`: a fair waiter with others ahead of it in line (the next release names one of
+    /// them, not it). `claimed`: refused by readers, the caller claimed the writers' turn, which
+    /// lapses unless it asks again within [`FAIR_PLACE_KEPT`](crate::FAIR_PLACE_KEPT).
+    /// `kept`: a fair waiter's place was kept by this attempt, and this stamp names it (a
+    /// release that hands the lock over names the stamp it handed it over for).
+    Held {
+        pttl_ms: Option<u64>,
+        behind: bool,
+        claimed: bool,
+        kept: Option<u64>,
+    },
+    /// Taken, but fewer replicas than asked for acknowledged it, so it was given back.
+    NotReplicated { acked: usize, wanted: usize },
+}
+
+impl Attempt {
+    /// Refused, with nothing more to say.
+    pub(crate) const HELD: Attempt = Attempt::Held {
+        pttl_ms: None,
+        behind: false,
+        claimed: false,
+        kept: None,
+    };
+}
+
+/// What one renewal found for one lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Renewal {
+    /// Still ours, and its lease set (acknowledged by the replicas asked for, if any).
+    Renewed,
+    /// Gone or someone else's: the lock is lost.
+    Gone,
+    /// No answer either way for this lock: its Cluster shard failed while others answered, or
+    /// a RedLock majority neither renewed it nor found it gone. Retried while the lock is valid.
+    Undecided,
+    /// Renewed, but fewer replicas than `wait_for_replicas` asked for acknowledged it: the
+    /// holder's validity does not move (a failover to a replica could bring back the earlier
+    /// expiry). Retried while the acknowledged validity lasts.
+    NotReplicated { acked: usize, wanted: usize },
+}
+
+impl Renewal {
+    /// A store's yes or no.
+    pub(crate) fn from_ours(ours: bool) -> Renewal {
+        if ours {
+            Renewal::Renewed
+        } else {
+            Renewal::Gone
+        }
+    }
+}
+
+/// A renewal that neither a majority renewed nor a majority found gone.
+#[derive(Debug, thiserror::Error)]
+#[error("the renewal was not answered either way (too few RedLock masters, or its Cluster shard, answered)")]
+pub(crate) struct Undecided;
+
+/// One lock to renew: its name, its holder's token and the lease it asks for.
+pub(crate) type Renewing<'a> = (&'a Lock, &'a str, u64);
+
+/// How a lock is given back.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Release<'a> {
+    /// Keep the lock this much longer (what is left of its minimum hold); 0 to free it now.
+    pub(crate) hold_ms: u64,
+    /// What it is; a hint that spares a store a first try (a share is recognised by its token
+    /// whatever this says).
+    pub(crate) kind: Kind,
+    /// The release of an attempt whose answer never came, sent after it (see [`Flight`]).
+    pub(crate) after: Option<&'a Flight>,
+}
+
+/// What a release did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Released {
+    /// It had expired or been taken: nothing was done.
+    NotOurs,
+    /// Given back (freed, or kept for its minimum hold): this client's next waiter may try now.
+    Freed,
+    /// Given back, with nothing for this client's waiters to do: other readers still share it,
+    /// or the store named the next waiter itself (a fair hand-over).
+    Quiet,
+}
+
+/// The route one attempt took to the store, for the release of an attempt whose answer never
+/// came (the caller was cancelled, the answer timed out): a store that keeps several
+/// connections records which one the attempt went on, so that the release follows it there and
+/// cannot overtake it (an attempt that lands after its own release would take the lock for
+/// nobody). One word, kept inline by the caller: nothing is allocated for it.
+#[derive(Debug, Default)]
+pub(crate) struct Flight(AtomicU64);
+
+impl Flight {
+    /// No route recorded.
+    const NONE: u64 = 0;
+
+    /// Records the route (a store's own number for a connection; not 0).
+    pub(crate) fn set(&self, route: u64) {
+        self.0.store(route, Ordering::Relaxed);
+    }
+
+    /// The route recorded, if any.
+    pub(crate) fn get(&self) -> Option<u64> {
+        Some(self.0.load(Ordering::Relaxed)).filter(|&r| r != Flight::NONE)
+    }
+}
+
+/// Whether a store offers something; when not, why (said in the `InvalidOptions` refusal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Offered {
+    Yes,
+    No(&'static str),
+}
+
+/// What a store offers beyond the plain exclusive lock that every store has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Capabilities {
+    /// The store's name, in messages and `Debug` ("redis", "RedLock", "in-memory").
+    pub(crate) name: &'static str,
+    /// Fencing tokens: one counter per key, raised with every acquire.
+    pub(crate) fencing: Offered,
+    /// Fair mode: one line per key, the head comes first.
+    pub(crate) fair: Offered,
+    /// Read-write locks (shares).
+    pub(crate) shared: Offered,
+    /// A fair release hands the lock to the next in line, who may hold it without asking (not
+    /// where every acquire must be acknowledged by replicas: the release's write was not
+    /// waited for, so the waiter asks, and its attempt is acknowledged).
+    pub(crate) hand_over: bool,
+}
+
+impl Capabilities {
+    /// Everything (the in-memory store; Redis without replica acknowledgement).
+    pub(crate) const ALL: Capabilities = Capabilities {
+        name: "redis",
+        fencing: Offered::Yes,
+        fair: Offered::Yes,
+        shared: Offered::Yes,
+        hand_over: true,
+    };
+
+    /// Refuses options this store does not offer, saying why.
+    pub(crate) fn check(&self, options: &LockOptions) -> Result<(), LockError> {
+        let asked = [
+            (options.is_fencing(), self.fencing, "fencing"),
+            (options.is_fair(), self.fair, "fair mode"),
+            (
+                options.get_mode() == LockMode::Shared,
+                self.shared,
+                "read-write locks",
+            ),
+        ];
+        for (asked, offered, what) in asked {
+            if let (true, Offered::No(why)) = (asked, offered) {
+                return Err(LockError::invalid_options(format!(
+                    "a {} client offers no {what} ({why})",
+                    self.name
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where locks live: what one attempt, renewal and release do there. Every request is one
+/// round trip (or one quorum of them) where the store allows, bounded by the response timeout;
+/// the client does the waiting, renewing, validity and bookkeeping around them, the same for
+/// every store. Written with `async fn`; the client holds stores as [`DynStore`], which one
+/// blanket impl provides.
+pub(crate) trait Store: Send + Sync + Debug + 'static {
+    /// What this store offers; the client refuses options it does not, before any request.
+    fn capabilities(&self) -> Capabilities;
+
+    /// The store's name for the lock on `key` (the key is checked), made once per call.
+    fn name(&self, key: &str) -> String;
+
+    /// Connects now, and checks that this client may do everything the protocol does (`Refused`
+    /// naming what it may not); for [`build`](crate::LockClientBuilder::build). A store with
+    /// nothing to connect to answers at once.
+    fn connect(&self) -> impl Future<Output = Result<(), LockError>> + Send {
+        std::future::ready(Ok(()))
+    }
+
+    /// One attempt; idempotent for one token (a request sent again finds its own lock). `flight`
+    /// records the route it took, for [`release`](Self::release) `after` it.
+    fn attempt(
+        &self,
+        lock: &Lock,
+        token: &str,
+        ask: &Ask,
+        flight: &Flight,
+    ) -> impl Future<Output = Result<Attempt, LockError>> + Send;
+
+    /// Lengthens each lock's lease to its ttl if it still holds its token (never shortens it),
+    /// in one request where the store allows: what it found for each, in order.
+    fn renew(&self, locks: &[Renewing<'_>]) -> impl Future<Output = Result<Vec<Renewal>, LockError>> + Send;
+
+    /// Gives the lock back if it still holds `token` (or keeps it `hold_ms` longer), and tells
+    /// waiters elsewhere (a fair lock: the head of the line).
+    fn release(
+        &self,
+        lock: &Lock,
+        token: &str,
+        release: Release<'_>,
+    ) -> impl Future<Output = Result<Released, LockError>> + Send;
+
+    /// Takes `token` out of the lock's line and withdraws its claim as a waiting writer (a
+    /// waiter that stops waiting). `claimed`: it may have claimed the writers' turn, so readers
+    /// held back by the claim are told to try again. A store without a line has nothing to do.
+    fn leave(
+        &self,
+        _lock: &Lock,
+        _token: &str,
+        _claimed: bool,
+    ) -> impl Future<Output = Result<(), LockError>> + Send {
+        std::future::ready(Ok(()))
+    }
+
+    /// The lock as it is now.
+    fn inspect(&self, lock: &Lock) -> impl Future<Output = Result<LockView, LockError>> + Send;
+
+    /// The locks held now whose keys match the glob `pattern` (`*`, `?`, `[abc]`), sorted by key.
+    #[cfg_attr(not(feature = "cli"), allow(dead_code))] // for operators (`admin`)
+    fn list(&self, pattern: &str) -> impl Future<Output = Result<Vec<LockView>, LockError>> + Send;
+
+    /// Frees the lock whoever holds it, if it still holds what `seen` shows, and wakes its
+    /// waiters: `Ok(false)` when it was free by then, [`ForceReleased::Changed`] when it changed
+    /// hands.
+    fn force_release(
+        &self,
+        lock: &Lock,
+        seen: &LockView,
+    ) -> impl Future<Output = Result<ForceReleased, LockError>> + Send;
+
+    /// Makes sure releases of `lock` reach this client's waiters (Redis: its channel is
+    /// subscribed). Best effort: on failure a waiter still wakes at the holder's expiry. A store
+    /// whose releases reach the notices directly (in memory) has nothing to do.
+    fn listen(&self, _lock: &Lock) -> impl Future<Output = ()> + Send {
+        std::future::ready(())
+    }
+
+    /// Nobody of this client waits for the lock named `name` any more (Redis: its channel may be
+    /// unsubscribed).
+    fn unlisten(&self, _name: &str) {}
+}
+
+/// What a forced release did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForceReleased {
+    /// Freed, and its waiters told.
+    Freed,
+    /// Nothing to free: the lock was free by then.
+    Gone,
+    /// Left alone: another holder has it since it was seen.
+    Changed,
+}
+
+/// What a store's request answers, boxed as a `dyn Future + Send` at the seam: a caller's future
+/// then holds a pointer, not the store's state machines (redis-rs's are deep), so proving a
+/// user's spawned task `Send` (and laying out its future) stops at the box. Without it, ordinary
+/// user code (a spawned fn that acquires and releases) overflowed rustc's default query depth.
+/// One allocation per request; the instructions and contention benches measure it.
+pub(crate) type Answer<'a, T> = Pin<Box<dyn Future<Output = Result<T, LockError>> + Send + 'a>>;
+
+/// [`Store`] as the client holds it (`Arc<dyn DynStore>`): the same methods, each answer boxed.
+/// Implemented once, for every store.
+pub(crate) trait DynStore: Send + Sync + Debug {
+    fn capabilities(&self) -> Capabilities;
+    fn name(&self, key: &str) -> String;
+    fn connect(&self) -> Answer<'_, ()>;
+    fn attempt<'a>(
+        &'a self,
+        lock: &'a Lock,
+        token: &'a str,
+        ask: &'a Ask,
+        flight: &'a Flight,
+    ) -> Answer<'a, Attempt>;
+    fn renew<'a>(&'a self, locks: &'a [Renewing<'a>]) -> Answer<'a, Vec<Renewal>>;
+    fn release<'a>(&'a self, lock: &'a Lock, token: &'a str, release: Release<'a>) -> Answer<'a, Released>;
+    fn leave<'a>(&'a self, lock: &'a Lock, token: &'a str, claimed: bool) -> Answer<'a, ()>;
+    fn inspect<'a>(&'a self, lock: &'a Lock) -> Answer<'a, LockView>;
+    #[cfg_attr(not(feature = "cli"), allow(dead_code))]
+    fn list<'a>(&'a self, pattern: &'a str) -> Answer<'a, Vec<LockView>>;
+    fn force_release<'a>(&'a self, lock: &'a Lock, seen: &'a LockView) -> Answer<'a, ForceReleased>;
+    fn listen<'a>(&'a self, lock: &'a Lock) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+    fn unlisten(&self, name: &str);
+}
+
+impl<S: Store> DynStore for S {
+    fn capabilities(&self) -> Capabilities {
+        Store::capabilities(self)
+    }
+
+    fn name(&self, key: &str) -> String {
+        Store::name(self, key)
+    }
+
+    fn connect(&self) -> Answer<'_, ()> {
+        Box::pin(Store::connect(self))
+    }
+
+    fn attempt<'a>(
+        &'a self,
+        lock: &'a Lock,
+        token: &'a str,
+        ask: &'a Ask,
+        flight: &'a Flight,
+    ) -> Answer<'a, Attempt> {
+        Box::pin(Store::attempt(self, lock, token, ask, flight))
+    }
+
+    fn renew<'a>(&'a self, locks: &'a [Renewing<'a>]) -> Answer<'a, Vec<Renewal>> {
+        Box::pin(Store::renew(self, locks))
+    }
+
+    fn release<'a>(&'a self, lock: &'a Lock, token: &'a str, release: Release<'a>) -> Answer<'a, Released> {
+        Box::pin(Store::release(self, lock, token, release))
+    }
+
+    fn leave<'a>(&'a self, lock: &'a Lock, token: &'a str, claimed: bool) -> Answer<'a, ()> {
+        Box::pin(Store::leave(self, lock, token, claimed))
+    }
+
+    fn inspect<'a>(&'a self, lock: &'a Lock) -> Answer<'a, LockView> {
+        Box::pin(Store::inspect(self, lock))
+    }
+
+    fn list<'a>(&'a self, pattern: &'a str) -> Answer<'a, Vec<LockView>> {
+        Box::pin(Store::list(self, pattern))
+    }
+
+    fn force_release<'a>(&'a self, lock: &'a Lock, seen: &'a LockView) -> Answer<'a, ForceReleased> {
+        Box::pin(Store::force_release(self, lock, seen))
+    }
+
+    fn listen<'a>(&'a self, lock: &'a Lock) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
+        Box::pin(Store::listen(self, lock))
+    }
+
+    fn unlisten(&self, name: &str) {
+        Store::unlisten(self, name);
+    }
+}
+
+impl dyn DynStore {
+    /// [`renew`](DynStore::renew) of one lock.
+    pub(crate) async fn renew_one(
+        &self,
+        lock: &Lock,
+        token: &str,
+        ttl_ms: u64,
+    ) -> Result<Renewal, LockError> {
+        let renewed = self.renew(&[(lock, token, ttl_ms)]).await?;
+        Ok(renewed.first().copied().unwrap_or(Renewal::Undecided))
+    }
+}

@@ -1,0 +1,592 @@
+//! Locks in a PostgreSQL database (the `postgres` feature): one row per lock in
+//! `lock_runtime_locks`, leases on the database's clock, fencing tokens from one sequence, and
+//! waiters woken by `NOTIFY`, heard on one listening connection per client.
+//!
+//! Every request is one statement calling one of the functions of `schema.sql` (made if missing
+//! when the client first connects), so one round trip and atomic: the row of the lock is locked
+//! for the few microseconds the statement runs, and no connection or transaction is held while a
+//! lock is held. A connection from the pool serves each request.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use tokio::sync::OnceCell;
+
+use super::{
+    Ask, Attempt, Capabilities, DynStore, Flight, ForceReleased, Kind, Lock, LockView, Notices, Release,
+    Released, Renewal, Renewing, Settings, Store, StoreConfig, Timeouts,
+};
+use crate::background::Background;
+use crate::error::TimedOut;
+use crate::options::FAIR_PLACE_KEPT;
+use crate::redact::hide_credentials;
+use crate::{LockClientBuilder, LockError};
+
+mod listener;
+
+/// The tables, sequences and functions, made if missing (`CREATE … IF NOT EXISTS`, `CREATE OR
+/// REPLACE FUNCTION`).
+const SCHEMA: &str = include_str!("schema.sql");
+
+/// Whether this schema is there, exactly: the comment on its last function (made last, in the
+/// same transaction as the rest) names a hash of `schema.sql`. Any other (an older build's) is
+/// made again: every statement of it is idempotent.
+const SCHEMA_READY: &str = "SELECT coalesce(obj_description(\
+     to_regprocedure('lock_runtime_v1_sweep(integer)'), 'pg_proc'), '') = $1";
+
+/// Names this `schema.sql` (FNV-1a of its text).
+const SCHEMA_HASH: u64 = {
+    let bytes = SCHEMA.as_bytes();
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut i = 0;
+    while i < bytes.len() {
+        hash ^= bytes[i] as u64;
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+        i += 1;
+    }
+    hash
+};
+
+fn schema_mark() -> String {
+    format!("lock-runtime schema {SCHEMA_HASH:016x}")
+}
+
+/// Serialises clients that make the schema at once: the ASCII of "lockrtv1".
+const SCHEMA_LOCK: i64 = 0x6c6f_636b_7274_7631;
+
+/// Every this many acquires (and at the first), the client sweeps rows nothing needs any more,
+/// in the background.
+const SWEEP_EVERY: usize = 1024;
+/// The most rows one batch of a sweep deletes.
+const SWEEP_ROWS: i32 = 1000;
+/// The most batches one sweep runs.
+const SWEEP_BATCHES: usize = 20;
+
+/// How many connections a client's pool opens at most (one of them listens for releases).
+const POOL_SIZE: u32 = 10;
+
+/// The common acquire, one statement without a function: an exclusive lock that is not fair,
+/// taken if free, expired or already this token's, and no reader holds it (the same statement
+/// as `lock_runtime_v1_acquire`'s first; `EXCLUDED.expires_ms - $3` is the statement's now).
+/// No row: refused, and the function is asked only when the caller wants the refusal's details.
+/// A fencing token is taken in `SET`, once the row is locked and the lock granted: one taken in
+/// `VALUES` (evaluated before the statement waits for the row) could be smaller than that of a
+/// holder who got in meanwhile. `VALUES`' own serves a key without a row (no earlier holder's
+/// token is kept there: a fenced lock's row stays an hour after its release).
+const TAKE: &str = "INSERT INTO lock_runtime_locks AS l (key, token, expires_ms, fence) \
+     VALUES ($1, $2, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint + $3, \
+             CASE WHEN $4 THEN nextval('lock_runtime_fences') END) \
+     ON CONFLICT (key) DO UPDATE \
+         SET token = EXCLUDED.token, expires_ms = EXCLUDED.expires_ms, \
+             fence = CASE WHEN NOT $4 THEN l.fence \
+                          WHEN l.token = EXCLUDED.token AND l.fence IS NOT NULL THEN l.fence \
+                          ELSE nextval('lock_runtime_fences') END, \
+             marked = false, shares = NULL \
+         WHERE (l.token IS NULL OR l.expires_ms <= EXCLUDED.expires_ms - $3 OR l.token = EXCLUDED.token) \
+             AND l.shares_until <= EXCLUDED.expires_ms - $3 \
+     RETURNING l.fence";
+/// The common release, one statement without a function: deletes a lock still held by this
+/// token that nothing else needs (no waiter marked it, no fencing token or writers' claim to
+/// keep): what `lock_runtime_v1_release` does then. No row: the function decides.
+const GIVE_BACK: &str = "DELETE FROM lock_runtime_locks \
+     WHERE key = $1 AND token = $2 AND NOT marked AND fence IS NULL AND claims IS NULL \
+         AND expires_ms > floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+const ACQUIRE: &str = "SELECT got, got_fence, left_ms, is_behind, has_claimed, kept_stamp \
+     FROM lock_runtime_v1_acquire($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+const SHARE: &str = "SELECT got, got_fence, left_ms FROM lock_runtime_v1_share($1, $2, $3, $4)";
+const RENEW: &str = "SELECT lock_runtime_v1_renew($1, $2, $3)";
+const RELEASE: &str = "SELECT lock_runtime_v1_release($1, $2, $3, $4, $5, $6)";
+const LEAVE: &str = "SELECT lock_runtime_v1_leave($1, $2, $3, $4)";
+const SWEEP: &str = "SELECT lock_runtime_v1_sweep($1)";
+
+/// Runs one request (an expression over `conn`, a connection of the pool) within the
+/// response timeout.
+macro_rules! ask {
+    ($self:ident, |$conn:ident| $request:expr) => {{
+        let pool = $self.ready().await?;
+        let $conn = &pool;
+        match tokio::time::timeout($self.timeouts.response, $request).await {
+            Ok(answer) => answer.map_err($crate::store::postgres::store_error),
+            Err(_) => Err($crate::LockError::unavailable($crate::error::TimedOut {
+                after: $self.timeouts.response,
+            })),
+        }
+    }};
+}
+
+mod admin;
+
+/// A PostgreSQL database, as the builder was told.
+#[derive(Clone)]
+pub(crate) struct PostgresConfig(String);
+
+impl std::fmt::Debug for PostgresConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Postgres")
+            .field(&hide_credentials(&self.0))
+            .finish()
+    }
+}
+
+impl StoreConfig for PostgresConfig {
+    fn open(&self, settings: Settings) -> Result<Arc<dyn DynStore>, LockError> {
+        settings.no_replicas(
+            "PostgreSQL: set synchronous_commit and synchronous_standby_names on the server, and \
+             every lock waits for its standbys",
+        )?;
+        settings.no_tls_material(
+            "TLS for PostgreSQL goes into its URL (sslmode, sslrootcert, sslcert, sslkey), not the builder",
+        )?;
+        Ok(Arc::new(PostgresStore::new(&self.0, settings)?))
+    }
+}
+
+/// A database by URL (`LockClient::connect`).
+pub(crate) fn from_url(url: &str) -> Result<Arc<dyn StoreConfig>, LockError> {
+    Ok(Arc::new(PostgresConfig(url.to_owned())))
+}
+
+impl LockClientBuilder {
+    /// A PostgreSQL database (`postgres://user:password@host:5432/database`; the `postgres`
+    /// feature): each lock is a row of `lock_runtime_locks` (made, with the other tables and
+    /// functions the store needs, by the first client that connects, in the connection's
+    /// `search_path`), leased on the database's clock, with fencing tokens from one sequence and
+    /// waiters woken by `LISTEN`/`NOTIFY`. No connection or transaction is held while a lock is
+    /// held; every request is one statement. The prefix starts each row's key, as on Redis.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
+    /// let locks = lock_runtime::LockClient::builder()
+    ///     .postgres("postgres://app:secret@db.internal:5432/orders")
+    ///     .build()
+    ///     .await?;
+    /// # let _ = locks; Ok(()) }
+    /// ```
+    pub fn postgres(self, url: &str) -> Self {
+        self.place(PostgresConfig(url.to_owned()))
+    }
+}
+
+/// Locks in one PostgreSQL database.
+#[derive(Debug)]
+pub(crate) struct PostgresStore {
+    options: PgConnectOptions,
+    timeouts: Timeouts,
+    /// The pool, made on the runtime that first needs it (and again if that runtime has gone:
+    /// its connections went with it).
+    pool: Mutex<Option<PgPool>>,
+    /// Runs while the pool's runtime does.
+    pool_runtime: Background,
+    /// The schema is there (checked once per client).
+    schema: OnceCell<()>,
+    /// Each row's key starts with it.
+    prefix: String,
+    notices: Notices,
+    listener: listener::Listener,
+    /// What this client's releases say when they announce themselves, so its own listener
+    /// skips them (its waiters are woken without the database).
+    announcement: String,
+    acquires: AtomicUsize,
+}
+
+impl PostgresStore {
+    /// A store for `url` (`postgres://user:password@host:port/database`); connects on first use.
+    pub(crate) fn new(url: &str, settings: Settings) -> Result<Self, LockError> {
+        let Settings {
+            prefix,
+            timeouts,
+            notices,
+            ..
+        } = settings;
+        let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+        if !(scheme.eq_ignore_ascii_case("postgres") || scheme.eq_ignore_ascii_case("postgresql")) {
+            return Err(LockError::invalid_options(format!(
+                "{}: a PostgreSQL URL starts with postgres:// or postgresql://",
+                crate::redact::hide_credentials(url)
+            )));
+        }
+        let options: PgConnectOptions = url.parse().map_err(|e| {
+            LockError::invalid_options(format!(
+                "{}: not a PostgreSQL URL ({e})",
+                crate::redact::hide_credentials(url)
+            ))
+        })?;
+        let options = options.application_name("lock-runtime");
+        Ok(PostgresStore {
+            options,
+            timeouts,
+            pool: Mutex::new(None),
+            pool_runtime: Background::default(),
+            schema: OnceCell::new(),
+            prefix,
+            notices,
+            listener: listener::Listener::default(),
+            announcement: format!("c:{:016x}", rand::random::<u64>()),
+            acquires: AtomicUsize::new(0),
+        })
+    }
+
+    fn slot(&self) -> MutexGuard<'_, Option<PgPool>> {
+        // Every update is one step, so a poisoned slot is still consistent.
+        self.pool.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The pool of this runtime (made lazily, so building a client needs no runtime).
+    fn pool(&self) -> PgPool {
+        let mut slot = self.slot();
+        if let Some(pool) = slot.as_ref().filter(|_| self.pool_runtime.is_running()) {
+            return pool.clone();
+        }
+        let pool = PgPoolOptions::new()
+            .max_connections(POOL_SIZE)
+            .acquire_timeout(self.timeouts.connect)
+            .connect_lazy_with(self.options.clone());
+        *slot = Some(pool.clone());
+        self.pool_runtime.replace(std::future::pending);
+        pool
+    }
+
+    /// The pool, with the schema there (checked once per client, within the timeouts).
+    async fn ready(&self) -> Result<PgPool, LockError> {
+        let pool = self.pool();
+        if self.schema.get().is_none() {
+            let made = self.schema.get_or_try_init(|| make_schema(&pool));
+            bounded(self.timeouts.connect + self.timeouts.response, made).await?;
+        }
+        Ok(pool)
+    }
+
+    /// At a client's first acquire and every [`SWEEP_EVERY`] after, deletes rows nothing needs
+    /// any more, in the background: batches of [`SWEEP_ROWS`] while batches come back full (at
+    /// most [`SWEEP_BATCHES`]), so a load of keys locked once does not outgrow the sweep.
+    fn sweep_now_and_then(&self) {
+        if !self
+            .acquires
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(SWEEP_EVERY)
+        {
+            return;
+        }
+        let pool = self.pool();
+        tokio::spawn(async move {
+            for _ in 0..SWEEP_BATCHES {
+                match sqlx::query_scalar::<_, i64>(SWEEP)
+                    .bind(SWEEP_ROWS)
+                    .fetch_one(&pool)
+                    .await
+                {
+                    Ok(gone) if gone >= i64::from(SWEEP_ROWS) => {}
+                    Ok(_) => return,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "sweeping expired lock rows failed");
+                        return;
+                    }
+                }
+            }
+        });
+    }
+
+    async fn acquire(&self, lock: &Lock, token: &str, ask: &Ask) -> Result<Attempt, LockError> {
+        self.sweep_now_and_then();
+        let ttl = millis(ask.ttl_ms);
+        if ask.shared {
+            let (got, fence, left): (bool, Option<i64>, Option<i64>) =
+                ask!(self, |conn| sqlx::query_as(SHARE)
+                    .bind(lock.name())
+                    .bind(token)
+                    .bind(ttl)
+                    .bind(ask.waiting)
+                    .fetch_one(conn))?;
+            return Ok(if got {
+                Attempt::Acquired {
+                    fence: fence.filter(|_| ask.fencing).map(unsigned),
+                }
+            } else {
+                Attempt::Held {
+                    pttl_ms: left.map(unsigned),
+                    behind: false,
+                    claimed: false,
+                    kept: None,
+                }
+            });
+        }
+        // A waiter's attempt (it has been refused before) goes to the function at once: the
+        // function tries the same statement first, and a refusal then costs one request.
+        if !ask.fair && !ask.claimed && !ask.waiting {
+            let taken: Option<Option<i64>> = ask!(self, |conn| sqlx::query_scalar(TAKE)
+                .bind(lock.name())
+                .bind(token)
+                .bind(ttl)
+                .bind(ask.fencing)
+                .fetch_optional(conn))?;
+            match taken {
+                Some(fence) => {
+                    return Ok(Attempt::Acquired {
+                        fence: fence.filter(|_| ask.fencing).map(unsigned),
+                    })
+                }
+                // A first try that will not wait needs no more.
+                None if !ask.join => {
+                    return Ok(Attempt::Held {
+                        pttl_ms: None,
+                        behind: false,
+                        claimed: false,
+                        kept: None,
+                    })
+                }
+                None => {}
+            }
+        }
+        type Row = (bool, Option<i64>, Option<i64>, bool, bool, Option<i64>);
+        let place_ms = millis(crate::options::ceil_millis(FAIR_PLACE_KEPT));
+        let (got, fence, left, behind, claimed, kept): Row = ask!(self, |conn| sqlx::query_as(ACQUIRE)
+            .bind(lock.name())
+            .bind(lock.name())
+            .bind(token)
+            .bind(ttl)
+            .bind(ask.fencing)
+            .bind(ask.waiting)
+            .bind(ask.fair)
+            .bind(ask.join)
+            .bind(ask.claimed)
+            .bind(place_ms)
+            .fetch_one(conn))?;
+        Ok(if got {
+            Attempt::Acquired {
+                fence: fence.filter(|_| ask.fencing).map(unsigned),
+            }
+        } else {
+            Attempt::Held {
+                pttl_ms: left.map(unsigned),
+                behind,
+                claimed,
+                kept: kept.map(unsigned),
+            }
+        })
+    }
+
+    async fn renew_locks(&self, locks: &[Renewing<'_>]) -> Result<Vec<Renewal>, LockError> {
+        let keys: Vec<&str> = locks.iter().map(|(lock, _, _)| lock.name()).collect();
+        let tokens: Vec<&str> = locks.iter().map(|(_, token, _)| *token).collect();
+        let ttls: Vec<i64> = locks.iter().map(|(_, _, ttl)| millis(*ttl)).collect();
+        let renewed: Vec<i32> = ask!(self, |conn| sqlx::query_scalar(RENEW)
+            .bind(&keys)
+            .bind(&tokens)
+            .bind(&ttls)
+            .fetch_all(conn))?;
+        let mut found = vec![Renewal::Gone; locks.len()];
+        for position in renewed {
+            let at = usize::try_from(position).ok().and_then(|p| p.checked_sub(1));
+            if let Some(slot) = at.and_then(|at| found.get_mut(at)) {
+                *slot = Renewal::Renewed;
+            }
+        }
+        Ok(found)
+    }
+
+    async fn release_lock(
+        &self,
+        lock: &Lock,
+        token: &str,
+        hold_ms: u64,
+        kind: Kind,
+    ) -> Result<Released, LockError> {
+        if kind == Kind::Plain && hold_ms == 0 {
+            let deleted = ask!(self, |conn| sqlx::query(GIVE_BACK)
+                .bind(lock.name())
+                .bind(token)
+                .execute(conn))?;
+            if deleted.rows_affected() == 1 {
+                // Nobody marked it: only this client's own waiters may want it.
+                return Ok(Released::Freed);
+            }
+        }
+        let released: i32 = ask!(self, |conn| sqlx::query_scalar(RELEASE)
+            .bind(lock.name())
+            .bind(lock.name())
+            .bind(token)
+            .bind(millis(hold_ms))
+            .bind(kind == Kind::Fair)
+            .bind(&self.announcement)
+            .fetch_one(conn))?;
+        Ok(match released {
+            0 => Released::NotOurs,
+            // Other readers still share the lock: nobody can enter because this one left.
+            2 => Released::Quiet,
+            // A fair release names the next waiter.
+            _ if kind == Kind::Fair => Released::Quiet,
+            // This client's own next waiter need not hear it from the database (its listener
+            // skips the announcement): the client wakes it.
+            _ => Released::Freed,
+        })
+    }
+
+    async fn leave(&self, lock: &Lock, token: &str, claimed: bool) -> Result<(), LockError> {
+        let withdrawn: bool = ask!(self, |conn| sqlx::query_scalar(LEAVE)
+            .bind(lock.name())
+            .bind(lock.name())
+            .bind(token)
+            .bind(&self.announcement)
+            .fetch_one(conn))?;
+        if claimed && withdrawn {
+            // Readers held back by the claim try again.
+            self.notices.released(lock.name());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for PostgresStore {
+    /// The listening connection goes with the client (its task would keep it open).
+    fn drop(&mut self) {
+        self.listener.stop();
+        self.pool_runtime.stop();
+    }
+}
+
+/// Makes the schema unless this version's is there: one multi-statement query, which
+/// PostgreSQL runs as one transaction, the first statement taking a transaction-level advisory
+/// lock, so clients starting together make it one at a time.
+async fn make_schema(pool: &PgPool) -> Result<(), LockError> {
+    let ready: bool = sqlx::query_scalar(SCHEMA_READY)
+        .bind(schema_mark())
+        .fetch_one(pool)
+        .await
+        .map_err(store_error)?;
+    if ready {
+        return Ok(());
+    }
+    let script = format!(
+        "SELECT pg_advisory_xact_lock({SCHEMA_LOCK});\n{SCHEMA}\n\
+         COMMENT ON FUNCTION lock_runtime_v1_sweep(integer) IS '{}';",
+        schema_mark()
+    );
+    sqlx::raw_sql(&script).execute(pool).await.map_err(store_error)?;
+    tracing::info!("made lock-runtime's tables and functions in the database");
+    Ok(())
+}
+
+async fn bounded<T>(
+    after: Duration,
+    request: impl std::future::Future<Output = Result<T, LockError>>,
+) -> Result<T, LockError> {
+    tokio::time::timeout(after, request)
+        .await
+        .map_err(|_| LockError::unavailable(TimedOut { after }))?
+}
+
+/// `Refused` when the database answered with a refusal only a configuration change can fix,
+/// `Unavailable` for everything else.
+pub(crate) fn store_error(e: sqlx::Error) -> LockError {
+    let refusal = match &e {
+        sqlx::Error::Database(db) => match db.code().as_deref() {
+            // invalid_authorization_specification, invalid_password
+            Some("28000" | "28P01") => {
+                Some("wrong user or password: fix the credentials in the PostgreSQL URL")
+            }
+            // invalid_catalog_name
+            Some("3D000") => Some("the database in the PostgreSQL URL does not exist"),
+            // insufficient_privilege
+            Some("42501") => Some(
+                "the PostgreSQL role lacks a right locking needs (see the guide, docs/deployments.md, \"PostgreSQL\": \
+                 CREATE on the schema for the first client, then the lock tables, sequences and \
+                 functions)",
+            ),
+            _ => None,
+        },
+        _ => None,
+    };
+    match refusal {
+        Some(reason) => LockError::Refused {
+            reason,
+            source: e.into(),
+        },
+        None => LockError::unavailable(e),
+    }
+}
+
+/// Milliseconds as PostgreSQL's bigint (options are validated far below its range).
+fn millis(ms: u64) -> i64 {
+    i64::try_from(ms).unwrap_or(i64::MAX)
+}
+
+fn unsigned(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
+impl Store for PostgresStore {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            name: "PostgreSQL",
+            ..Capabilities::ALL
+        }
+    }
+
+    /// `<prefix>{<key>}`, the rows' key.
+    fn name(&self, key: &str) -> String {
+        format!("{}{{{key}}}", self.prefix)
+    }
+
+    async fn connect(&self) -> Result<(), LockError> {
+        // The schema, and the rights locking needs, on a probe row: take it, let it go.
+        let token = format!("{}:rights-check", self.announcement);
+        let ask = Ask {
+            ttl_ms: 1000,
+            fencing: false,
+            waiting: false,
+            fair: false,
+            join: false,
+            shared: false,
+            claimed: false,
+        };
+        let probe = Lock::new("rights-check", Store::name(self, "rights-check"));
+        self.acquire(&probe, &token, &ask).await?;
+        self.release_lock(&probe, &token, 0, Kind::Plain).await?;
+        Ok(())
+    }
+
+    async fn attempt(&self, lock: &Lock, token: &str, ask: &Ask, _: &Flight) -> Result<Attempt, LockError> {
+        self.acquire(lock, token, ask).await
+    }
+
+    async fn renew(&self, locks: &[Renewing<'_>]) -> Result<Vec<Renewal>, LockError> {
+        self.renew_locks(locks).await
+    }
+
+    async fn release(&self, lock: &Lock, token: &str, release: Release<'_>) -> Result<Released, LockError> {
+        self.release_lock(lock, token, release.hold_ms, release.kind)
+            .await
+    }
+
+    async fn leave(&self, lock: &Lock, token: &str, claimed: bool) -> Result<(), LockError> {
+        PostgresStore::leave(self, lock, token, claimed).await
+    }
+
+    async fn inspect(&self, lock: &Lock) -> Result<LockView, LockError> {
+        self.read_one(lock).await
+    }
+
+    async fn list(&self, pattern: &str) -> Result<Vec<LockView>, LockError> {
+        self.held(pattern).await
+    }
+
+    async fn force_release(&self, lock: &Lock, seen: &LockView) -> Result<ForceReleased, LockError> {
+        self.force(lock, seen).await
+    }
+
+    async fn listen(&self, lock: &Lock) {
+        let listening = self
+            .listener
+            .ensure(|| self.pool(), &self.notices, &self.announcement);
+        if tokio::time::timeout(self.timeouts.response, listening)
+            .await
+            .is_ok()
+        {
+            // After the listening connection broke, this also has the lock checked once more
+            // (see `Notices::confirmed`).
+            self.notices.confirmed(lock.name());
+        }
+    }
+}

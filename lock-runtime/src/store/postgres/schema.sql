@@ -1,0 +1,439 @@
+-- lock-runtime's PostgreSQL store, schema version 1: one row per lock, a fair line, two sequences
+-- and the functions every request calls (one statement each, so one round trip, atomic). Made
+-- if missing by the first client that connects (under a transaction-level advisory lock, so
+-- clients starting together do not race), in the connection's search_path (public by default).
+--
+-- Times are the database's clock (clock_timestamp()), in epoch milliseconds. No connection or
+-- transaction is held while a lock is held: a lock is its row.
+
+CREATE TABLE IF NOT EXISTS lock_runtime_locks (
+    -- The lock's name: `<prefix>{<key>}`, as on Redis.
+    key text PRIMARY KEY,
+    -- The exclusive holder's value (its token and owner label), `<value>:released` while a
+    -- lock released early is kept for its minimum hold; NULL: no exclusive holder.
+    token text,
+    -- When the exclusive holder's lease ends.
+    expires_ms bigint NOT NULL DEFAULT 0,
+    -- A read-write lock's readers: value -> when its share ends; NULL: none.
+    shares jsonb,
+    -- When the last share ends.
+    shares_until bigint NOT NULL DEFAULT 0,
+    -- Writers waiting for readers to leave: value -> when the claim lapses. No new reader
+    -- enters while one stands.
+    claims jsonb,
+    -- The last fencing token taken at this key (kept an hour after the lock, for readers).
+    fence bigint,
+    -- A waiter was refused, so the release announces itself (NOTIFY).
+    marked boolean NOT NULL DEFAULT false
+);
+
+-- Fair waiters, by arrival: each one's place lapses unless it asks again in time.
+CREATE TABLE IF NOT EXISTS lock_runtime_line (
+    key text NOT NULL,
+    token text NOT NULL,
+    arrival bigint NOT NULL,
+    kept_until bigint NOT NULL,
+    -- Names the attempt that last kept the place (a hand-over names the place it was for).
+    stamp bigint NOT NULL,
+    PRIMARY KEY (key, token)
+);
+CREATE INDEX IF NOT EXISTS lock_runtime_line_by_arrival ON lock_runtime_line (key, arrival);
+
+-- Fenced writes (lock_runtime::postgres::check_fence): per resource, the highest token a write
+-- carried.
+CREATE TABLE IF NOT EXISTS lock_runtime_fenced (resource text PRIMARY KEY, token bigint NOT NULL);
+
+-- Fencing tokens: one sequence for every key, so a token is larger than every token taken
+-- before it, at any key, across restarts (a sequence never goes back) and row sweeps.
+CREATE SEQUENCE IF NOT EXISTS lock_runtime_fences;
+-- Orders fair arrivals and names each keeping of a place.
+CREATE SEQUENCE IF NOT EXISTS lock_runtime_arrivals;
+
+CREATE OR REPLACE FUNCTION lock_runtime_v1_now() RETURNS bigint
+LANGUAGE sql VOLATILE AS $$ SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint $$;
+
+-- The entries of a value -> ms map that are still live at `at_ms` (NULL when none).
+CREATE OR REPLACE FUNCTION lock_runtime_v1_live(m jsonb, at_ms bigint) RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_object_agg(e.key, e.value) FROM jsonb_each(m) AS e WHERE e.value::bigint > at_ms
+$$;
+
+-- The latest end in a value -> ms map (0 when empty).
+CREATE OR REPLACE FUNCTION lock_runtime_v1_last(m jsonb) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce(max(e.value::bigint), 0) FROM jsonb_each(m) AS e
+$$;
+
+-- Announces a release (or whose turn it is) to every client listening: the payload is the
+-- message's length in bytes, `:`, the message, then the lock's name (what its waiters wait for).
+CREATE OR REPLACE FUNCTION lock_runtime_v1_tell(chan text, said text) RETURNS void
+LANGUAGE sql VOLATILE AS $$
+    SELECT pg_notify('lock_runtime', octet_length(said) || ':' || said || chan)
+$$;
+
+-- The lock's row, locked until the statement's transaction ends: made (free) if missing. A row
+-- deleted by a release between the insert that found it and the select that locks it is made
+-- again, so the caller never works on a row that is not there.
+CREATE OR REPLACE FUNCTION lock_runtime_v1_row(k text) RETURNS lock_runtime_locks
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    r lock_runtime_locks;
+BEGIN
+    LOOP
+        SELECT * INTO r FROM lock_runtime_locks WHERE key = k FOR UPDATE;
+        IF FOUND THEN
+            RETURN r;
+        END IF;
+        INSERT INTO lock_runtime_locks (key) VALUES (k) ON CONFLICT DO NOTHING;
+    END LOOP;
+END
+$$;
+
+-- One attempt at an exclusive lock. Answers taken (with the fencing token, when asked), or the
+-- refusal: the holder's remaining ms (NULL: none, a fair waiter is behind others), whether this
+-- fair waiter is behind others in line, whether it claimed the writers' turn (refused by
+-- readers, and will wait), and the stamp of the place this attempt kept. Idempotent for one
+-- token.
+CREATE OR REPLACE FUNCTION lock_runtime_v1_acquire(
+    k text, chan text, tok text, ttl bigint, fencing boolean, waiting boolean, fair boolean,
+    joining boolean, had_claimed boolean, place_ms bigint,
+    OUT got boolean, OUT got_fence bigint, OUT left_ms bigint, OUT is_behind boolean,
+    OUT has_claimed boolean, OUT kept_stamp bigint)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    at_ms bigint := lock_runtime_v1_now();
+    r lock_runtime_locks;
+    holder bigint;
+    purged bigint;
+    head text;
+    live_claims jsonb;
+BEGIN
+    got := false; is_behind := false; has_claimed := false;
+    IF NOT fair THEN
+        -- The common case, one statement: taken if free, expired or ours, and no reader holds
+        -- it (the row is locked either way, for the refusal below).
+        INSERT INTO lock_runtime_locks AS l (key, token, expires_ms, fence)
+        VALUES (k, tok, at_ms + ttl, CASE WHEN fencing THEN nextval('lock_runtime_fences') END)
+        ON CONFLICT (key) DO UPDATE
+            SET token = EXCLUDED.token, expires_ms = EXCLUDED.expires_ms,
+                -- The token is taken here, with the row locked and the lock granted, not in
+                -- VALUES (evaluated before the statement waits for the row): a waiter that
+                -- took a number, then waited, must not hold after one that took a larger one.
+                -- A repeat by the holder keeps its token (idempotent for one token).
+                fence = CASE WHEN NOT fencing THEN l.fence
+                             WHEN l.token = tok AND l.fence IS NOT NULL THEN l.fence
+                             ELSE nextval('lock_runtime_fences') END,
+                -- A writer that claimed its turn keeps the mark the readers it held back left,
+                -- so its release tells them.
+                marked = had_claimed, shares = NULL,
+                claims = CASE WHEN had_claimed THEN NULLIF(l.claims - tok, '{}'::jsonb) ELSE l.claims END
+            WHERE (l.token IS NULL OR l.expires_ms <= at_ms OR l.token = tok)
+                AND l.shares_until <= at_ms
+        RETURNING l.fence INTO got_fence;
+        IF FOUND THEN
+            got := true;
+            IF NOT fencing THEN got_fence := NULL; END IF;
+            RETURN;
+        END IF;
+    END IF;
+    -- (Refused above, the row is ours to read until the transaction ends.) The clock is read
+    -- again: the statement may have waited for the row, and a lease must not be judged by a
+    -- time from before the wait.
+    r := lock_runtime_v1_row(k);
+    at_ms := lock_runtime_v1_now();
+    IF r.token = tok AND r.expires_ms > at_ms THEN
+        -- Ours already: a fair turn handed over by a release. Its lease counts from now; with
+        -- no token taken for it then, it takes one.
+        got_fence := r.fence;
+        IF fencing AND got_fence IS NULL THEN
+            got_fence := nextval('lock_runtime_fences');
+        END IF;
+        UPDATE lock_runtime_locks SET expires_ms = greatest(expires_ms, at_ms + ttl), fence = got_fence
+            WHERE key = k;
+        got := true;
+        IF NOT fencing THEN got_fence := NULL; END IF;
+        RETURN;
+    END IF;
+    IF r.token IS NOT NULL AND r.expires_ms > at_ms THEN
+        holder := r.expires_ms;
+    END IF;
+    live_claims := lock_runtime_v1_live(r.claims, at_ms);
+    IF r.shares_until > at_ms THEN
+        -- Readers share it: a writer that will wait claims its turn, so no new reader enters.
+        IF joining THEN
+            live_claims := coalesce(live_claims, '{}'::jsonb) || jsonb_build_object(tok, at_ms + place_ms);
+            has_claimed := true;
+        END IF;
+        holder := greatest(holder, r.shares_until);
+    END IF;
+    IF fair THEN
+        DELETE FROM lock_runtime_line WHERE key = k AND kept_until <= at_ms;
+        GET DIAGNOSTICS purged = ROW_COUNT;
+        SELECT l.token INTO head FROM lock_runtime_line l WHERE l.key = k ORDER BY l.arrival LIMIT 1;
+        IF holder IS NOT NULL OR (head IS NOT NULL AND head <> tok) THEN
+            IF joining THEN
+                kept_stamp := nextval('lock_runtime_arrivals');
+                INSERT INTO lock_runtime_line AS l (key, token, arrival, kept_until, stamp)
+                VALUES (k, tok, kept_stamp, at_ms + place_ms, kept_stamp)
+                ON CONFLICT (key, token) DO UPDATE
+                    SET kept_until = EXCLUDED.kept_until, stamp = EXCLUDED.stamp;
+            END IF;
+            IF holder IS NULL AND purged > 0 AND head IS NOT NULL THEN
+                -- The lock is free and the waiters ahead of the new head are gone.
+                PERFORM lock_runtime_v1_tell(chan, 'w:' || head);
+            END IF;
+            is_behind := EXISTS (SELECT 1 FROM lock_runtime_line l WHERE l.key = k AND l.token = tok)
+                AND head IS DISTINCT FROM tok AND head IS NOT NULL;
+            UPDATE lock_runtime_locks SET claims = live_claims, marked = r.marked OR waiting
+                WHERE key = k;
+            left_ms := holder - at_ms;
+            RETURN;
+        END IF;
+        DELETE FROM lock_runtime_line WHERE key = k AND token = tok;
+    END IF;
+    IF holder IS NOT NULL THEN
+        UPDATE lock_runtime_locks SET claims = live_claims, marked = r.marked OR waiting
+            WHERE key = k;
+        left_ms := holder - at_ms;
+        RETURN;
+    END IF;
+    -- Free (a fair waiter at the head of the line, or none).
+    IF had_claimed THEN
+        live_claims := NULLIF(live_claims - tok, '{}'::jsonb);
+    END IF;
+    IF fencing THEN
+        got_fence := nextval('lock_runtime_fences');
+    END IF;
+    UPDATE lock_runtime_locks
+        SET token = tok, expires_ms = at_ms + ttl, fence = coalesce(got_fence, r.fence),
+            marked = had_claimed, shares = NULL, shares_until = 0, claims = live_claims
+        WHERE key = k;
+    got := true;
+END
+$$;
+
+-- One attempt at a share of a read-write lock: refused while a writer holds it, or (for a
+-- reader not in already) while a waiting writer's claim stands. A reader with fencing reads the
+-- last writer's token (0: none).
+CREATE OR REPLACE FUNCTION lock_runtime_v1_share(
+    k text, tok text, ttl bigint, waiting boolean,
+    OUT got boolean, OUT got_fence bigint, OUT left_ms bigint)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    at_ms bigint := lock_runtime_v1_now();
+    r lock_runtime_locks;
+    readers jsonb;
+    live_claims jsonb;
+BEGIN
+    got := false;
+    r := lock_runtime_v1_row(k);
+    at_ms := lock_runtime_v1_now();
+    IF r.token IS NOT NULL AND r.expires_ms > at_ms THEN
+        left_ms := r.expires_ms - at_ms;
+        UPDATE lock_runtime_locks SET marked = marked OR waiting WHERE key = k;
+        RETURN;
+    END IF;
+    readers := lock_runtime_v1_live(r.shares, at_ms);
+    live_claims := lock_runtime_v1_live(r.claims, at_ms);
+    IF live_claims IS NOT NULL AND NOT coalesce(readers ? tok, false) THEN
+        left_ms := lock_runtime_v1_last(live_claims) - at_ms;
+        UPDATE lock_runtime_locks SET marked = marked OR waiting, claims = live_claims WHERE key = k;
+        RETURN;
+    END IF;
+    readers := coalesce(readers, '{}'::jsonb) || jsonb_build_object(tok, at_ms + ttl);
+    -- An expired writer's value goes: its late renewal or release must not find it.
+    UPDATE lock_runtime_locks
+        SET shares = readers, shares_until = lock_runtime_v1_last(readers), claims = live_claims,
+            token = NULL
+        WHERE key = k;
+    got := true;
+    got_fence := coalesce(r.fence, 0);
+END
+$$;
+
+-- Lengthens each lock's (or share's) lease to its ttl from at_ms if it still holds its value,
+-- never shortening it: the positions (1-based) of the renewed ones.
+CREATE OR REPLACE FUNCTION lock_runtime_v1_renew(ks text[], toks text[], ttls bigint[])
+RETURNS SETOF integer
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    at_ms bigint := lock_runtime_v1_now();
+    done integer[];
+    i integer;
+BEGIN
+    -- Every row locked first, in key order (two clients renewing shares of the same keys never
+    -- wait for each other in a cycle), then the clock read: no lease is judged by a time from
+    -- before a wait.
+    PERFORM 1 FROM lock_runtime_locks WHERE key = ANY (ks) ORDER BY key FOR UPDATE;
+    at_ms := lock_runtime_v1_now();
+    -- Exclusive holders in one statement (a key is listed at most once per holder).
+    WITH asked AS (
+        SELECT * FROM unnest(ks, toks, ttls) WITH ORDINALITY AS a(k, t, ttl, i)
+    ), renewed AS (
+        UPDATE lock_runtime_locks l SET expires_ms = greatest(l.expires_ms, at_ms + asked.ttl)
+        FROM asked
+        WHERE l.key = asked.k AND l.token = asked.t AND l.expires_ms > at_ms
+        RETURNING asked.i
+    )
+    SELECT coalesce(array_agg(renewed.i::integer), '{}') INTO done FROM renewed;
+    -- Shares one by one (several readers of one key may be renewed together).
+    FOR i IN 1 .. coalesce(array_length(ks, 1), 0) LOOP
+        IF NOT i = ANY (done) THEN
+            UPDATE lock_runtime_locks l
+                SET shares = jsonb_set(l.shares, ARRAY[toks[i]],
+                        to_jsonb(greatest((l.shares ->> toks[i])::bigint, at_ms + ttls[i]))),
+                    shares_until = greatest(l.shares_until, at_ms + ttls[i])
+                WHERE l.key = ks[i] AND (l.shares ->> toks[i])::bigint > at_ms;
+            IF FOUND THEN
+                done := done || i;
+            END IF;
+        END IF;
+    END LOOP;
+    RETURN QUERY SELECT unnest(done);
+END
+$$;
+
+-- Gives the lock back if it still holds `tok`: deletes it, or with `hold_ms > 0` keeps it
+-- (marked released) for that long; a share leaves, and the last to leave frees the lock. A fair
+-- release hands the lock to the head of the line (with a fencing token when the key has one)
+-- and names it; another release announces itself (`said`) if a waiter marked the lock.
+-- Answers 0: not ours, 1: released, 2: a share left and other readers remain.
+CREATE OR REPLACE FUNCTION lock_runtime_v1_release(
+    k text, chan text, tok text, hold_ms bigint, fair boolean, said text)
+RETURNS integer
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    at_ms bigint := lock_runtime_v1_now();
+    r lock_runtime_locks;
+    kept_tok text := tok || ':released';
+    readers jsonb;
+    live_claims jsonb;
+    head lock_runtime_line;
+    f bigint;
+BEGIN
+    SELECT * INTO r FROM lock_runtime_locks WHERE key = k FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
+    -- Read after the row is locked: the lease is judged by the time the release runs.
+    at_ms := lock_runtime_v1_now();
+    IF r.expires_ms > at_ms AND (r.token = tok OR r.token = kept_tok) THEN
+        IF hold_ms > 0 THEN
+            -- Kept for its minimum hold: a renewal after the release cannot extend it, and a
+            -- second release stands. Waiters that marked it hear when it will be free.
+            IF r.token = tok THEN
+                UPDATE lock_runtime_locks SET token = kept_tok, expires_ms = at_ms + hold_ms WHERE key = k;
+                IF r.marked THEN
+                    PERFORM lock_runtime_v1_tell(chan, said);
+                END IF;
+            END IF;
+            RETURN 1;
+        END IF;
+    ELSE
+        readers := lock_runtime_v1_live(r.shares, at_ms);
+        IF readers IS NULL OR NOT readers ? tok THEN
+            RETURN 0;
+        END IF;
+        readers := readers - tok;
+        IF readers <> '{}'::jsonb THEN
+            UPDATE lock_runtime_locks SET shares = readers, shares_until = lock_runtime_v1_last(readers)
+                WHERE key = k;
+            RETURN 2;
+        END IF;
+    END IF;
+    -- Free now.
+    IF fair THEN
+        DELETE FROM lock_runtime_line WHERE key = k AND kept_until <= at_ms;
+        SELECT * INTO head FROM lock_runtime_line l WHERE l.key = k ORDER BY l.arrival LIMIT 1;
+        IF FOUND THEN
+            -- The lock goes to the head of the line until its place would have lapsed.
+            DELETE FROM lock_runtime_line WHERE key = k AND token = head.token;
+            IF r.fence IS NOT NULL THEN
+                f := nextval('lock_runtime_fences');
+            END IF;
+            UPDATE lock_runtime_locks
+                SET token = head.token, expires_ms = head.kept_until, fence = coalesce(f, r.fence),
+                    marked = false, shares = NULL, shares_until = 0
+                WHERE key = k;
+            PERFORM lock_runtime_v1_tell(chan,
+                'g:' || coalesce(f, 0) || ':' || head.stamp || ':' || head.token);
+            RETURN 1;
+        END IF;
+    END IF;
+    live_claims := lock_runtime_v1_live(r.claims, at_ms);
+    IF r.fence IS NULL AND live_claims IS NULL THEN
+        DELETE FROM lock_runtime_locks WHERE key = k;
+    ELSE
+        UPDATE lock_runtime_locks
+            SET token = NULL, expires_ms = at_ms, shares = NULL, shares_until = 0,
+                claims = live_claims, marked = false
+            WHERE key = k;
+    END IF;
+    IF r.marked OR fair THEN
+        PERFORM lock_runtime_v1_tell(chan, said);
+    END IF;
+    RETURN 1;
+END
+$$;
+
+-- A waiter that stops waiting: gives up its place in line and its claim as a waiting writer;
+-- true if it withdrew a claim (readers held back by it are told, with `said`).
+CREATE OR REPLACE FUNCTION lock_runtime_v1_leave(k text, chan text, tok text, said text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    -- The lock's row first, as every other function locks it before the line (no deadlock
+    -- with a fair release).
+    PERFORM 1 FROM lock_runtime_locks WHERE key = k FOR UPDATE;
+    DELETE FROM lock_runtime_line WHERE key = k AND token = tok;
+    UPDATE lock_runtime_locks SET claims = NULLIF(claims - tok, '{}'::jsonb) WHERE key = k AND claims ? tok;
+    IF FOUND THEN
+        PERFORM lock_runtime_v1_tell(chan, said);
+        RETURN true;
+    END IF;
+    RETURN false;
+END
+$$;
+
+-- Deletes the lock whoever holds it, and wakes its waiters: true if it was held.
+CREATE OR REPLACE FUNCTION lock_runtime_v1_force(k text, chan text, said text)
+RETURNS boolean
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    at_ms bigint := lock_runtime_v1_now();
+    r lock_runtime_locks;
+BEGIN
+    SELECT * INTO r FROM lock_runtime_locks WHERE key = k FOR UPDATE;
+    at_ms := lock_runtime_v1_now();
+    IF NOT FOUND OR NOT (r.expires_ms > at_ms AND r.token IS NOT NULL OR r.shares_until > at_ms) THEN
+        RETURN false;
+    END IF;
+    UPDATE lock_runtime_locks
+        SET token = NULL, expires_ms = at_ms, shares = NULL, shares_until = 0, marked = false
+        WHERE key = k;
+    PERFORM lock_runtime_v1_tell(chan, said);
+    RETURN true;
+END
+$$;
+
+-- Deletes up to `n` rows that nothing needs any more: no holder, reader or claim for a while,
+-- and no fencing token kept (an hour after the last lock, as Redis keeps its counter), and fair
+-- places that lapsed. Rows another request has locked are skipped.
+CREATE OR REPLACE FUNCTION lock_runtime_v1_sweep(n integer)
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    at_ms bigint := lock_runtime_v1_now();
+    gone bigint;
+BEGIN
+    DELETE FROM lock_runtime_locks WHERE key IN (
+        SELECT key FROM lock_runtime_locks
+        WHERE greatest(expires_ms, shares_until) + CASE WHEN fence IS NULL THEN 2000 ELSE 3600000 END < at_ms
+        LIMIT n FOR UPDATE SKIP LOCKED);
+    GET DIAGNOSTICS gone = ROW_COUNT;
+    DELETE FROM lock_runtime_line WHERE (key, token) IN (
+        SELECT key, token FROM lock_runtime_line WHERE kept_until + 2000 < at_ms
+        LIMIT n FOR UPDATE SKIP LOCKED);
+    RETURN gone;
+END
+$$;

@@ -1,0 +1,152 @@
+//! The Redis protocol: the Lua scripts (each `.lua` file here) and their Rust halves, one typed
+//! call and one typed answer per script ([`acquire`], [`share`], [`renew`], [`release`]), and how
+//! they are sent: by hash (`EVALSHA`), and on `NOSCRIPT` (a restarted server, a new primary
+//! after a failover, a node added to a cluster) once more with their source (`EVAL`), to the
+//! same node as any keyed command. redis-rs's own `Script` would answer `NOSCRIPT` with
+//! `SCRIPT LOAD`, which a cluster sends to every node: one unreachable node would then fail an
+//! acquire that does not concern it.
+//!
+//! | script | what | prefixed with |
+//! |---|---|---|
+//! | `acquire.lua` | one attempt at an exclusive lock that is not fair (with fencing, or waiting) | `fence.lua`, `taking.lua` |
+//! | `fair.lua` | one attempt at a fair lock | `fence.lua`, `taking.lua` |
+//! | `share.lua` | one attempt at a read share | |
+//! | `renew.lua` | renews many locks | |
+//! | `unlock.lua` | the common release | |
+//! | `release.lua` | every other release (fair hand-over, minimum hold, read share) | `fence.lua` |
+//! | `rights.lua` | checks once per client that it may run all of the above | |
+//! | `inspect.lua` | reads one lock at one instant (`holder`, `lock_runtime::admin`) | |
+//! | `force.lua` | an operator's forced release of what was seen (`lock_runtime::admin`) | |
+//!
+//! The cheapest attempt, a bare `SET NX PX … GET`, is no script: the Redis store sends it itself.
+
+pub(crate) mod acquire;
+pub(crate) mod force;
+pub(crate) mod inspect;
+pub(crate) mod release;
+pub(crate) mod renew;
+pub(crate) mod share;
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::{Cmd, FromRedisValue, RedisResult, ToRedisArgs};
+
+use super::connection::Conn;
+
+static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("fence.lua"),
+        include_str!("taking.lua"),
+        include_str!("acquire.lua")
+    ))
+});
+static FAIR: LazyLock<Lua> = LazyLock::new(|| {
+    Lua::new(concat!(
+        include_str!("fence.lua"),
+        include_str!("taking.lua"),
+        include_str!("fair.lua")
+    ))
+});
+static RENEW: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("renew.lua")));
+static SHARE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("share.lua")));
+/// The common release (a lock that is neither fair nor kept for a minimum hold): release.lua's
+/// work for that case, in a script small enough to cost Redis what a bare compare-and-delete does.
+static UNLOCK: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("unlock.lua")));
+/// Run once per client before its first lock: that it may run every command the others run.
+pub(crate) static RIGHTS: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("rights.lua")));
+/// One lock as it is now.
+static INSPECT: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("inspect.lua")));
+/// An operator's forced release, compared with what was seen.
+static FORCE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("force.lua")));
+static RELEASE: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(concat!(include_str!("fence.lua"), include_str!("release.lua"))));
+
+/// A script's source and its SHA1.
+#[derive(Debug)]
+pub(crate) struct Lua {
+    source: &'static str,
+    hash: String,
+}
+
+impl Lua {
+    fn new(source: &'static str) -> Lua {
+        Lua {
+            source,
+            hash: redis::Script::new(source).get_hash().to_owned(),
+        }
+    }
+
+    /// A call of this script on `keys`, to fill with arguments. The request is written as it is
+    /// built (no intermediate copies of the keys and arguments: this is on every release's path).
+    pub(crate) fn call<K: AsRef<str>>(&'static self, keys: &[K]) -> Call {
+        let size = keys.iter().map(|k| k.as_ref().len()).sum::<usize>() + 160;
+        let mut cmd = Cmd::with_capacity(keys.len() + 9, size);
+        cmd.arg("EVALSHA").arg(&self.hash).arg(keys.len());
+        for key in keys {
+            cmd.arg(key.as_ref());
+        }
+        Call { lua: self, cmd }
+    }
+}
+
+/// One call: `EVALSHA`, its keys and its arguments.
+#[derive(Debug)]
+pub(crate) struct Call {
+    lua: &'static Lua,
+    cmd: Cmd,
+}
+
+impl Call {
+    pub(crate) fn arg(&mut self, arg: impl ToRedisArgs) -> &mut Self {
+        self.cmd.arg(arg);
+        self
+    }
+
+    /// The same call by source (`EVAL`), for a node that has not cached the script.
+    fn by_source(&self) -> Cmd {
+        let mut cmd = redis::cmd("EVAL");
+        cmd.arg(self.lua.source);
+        for arg in self.cmd.args_iter().skip(2) {
+            if let redis::Arg::Simple(bytes) = arg {
+                cmd.arg(bytes);
+            }
+        }
+        cmd
+    }
+
+    /// The first key (where a keyed command is routed on a Cluster).
+    fn first_key(&self) -> &[u8] {
+        match self.cmd.args_iter().nth(3) {
+            Some(redis::Arg::Simple(key)) => key,
+            _ => &[],
+        }
+    }
+
+    /// Runs the script on the node owning its first key.
+    pub(crate) async fn invoke<T: FromRedisValue>(&self, conn: &mut Conn) -> RedisResult<T> {
+        match self.cmd.query_async(conn).await {
+            Err(e) if unknown_script(&e) => self.by_source().query_async(conn).await,
+            answer => answer,
+        }
+    }
+
+    /// [`invoke`](Self::invoke), then `WAIT replicas timeout` on the same node in the same
+    /// round trip: the answer and how many replicas acknowledged the script's writes.
+    pub(crate) async fn invoke_then_wait<T: FromRedisValue>(
+        &self,
+        conn: &mut Conn,
+        replicas: usize,
+        timeout: Duration,
+    ) -> RedisResult<(T, usize)> {
+        let key = self.first_key();
+        match conn.then_wait(self.cmd.clone(), key, replicas, timeout).await {
+            Err(e) if unknown_script(&e) => conn.then_wait(self.by_source(), key, replicas, timeout).await,
+            answer => answer,
+        }
+    }
+}
+
+fn unknown_script(e: &redis::RedisError) -> bool {
+    e.code() == Some("NOSCRIPT")
+}

@@ -1,0 +1,114 @@
+//! The Rust half of `unlock.lua` (the common release) and `release.lua` (every other one): what
+//! each call puts in `KEYS` and `ARGV`, what the answers mean, and what a release announces on
+//! the lock's channel.
+
+use std::borrow::Cow;
+
+use super::super::keys;
+use super::{Call, RELEASE, UNLOCK};
+
+/// The common release: a lock that is neither fair nor kept for a minimum hold (`unlock.lua`).
+#[derive(Debug)]
+pub(crate) struct Unlock<'a> {
+    /// The lock's key.
+    pub(crate) lock: &'a str,
+    pub(crate) token: &'a str,
+    /// Told on the channel (this client's id: its own waiters are woken without it).
+    pub(crate) announcement: &'a str,
+    /// The release is announced only if a waiter marked the lock (not on a Cluster).
+    pub(crate) marks: bool,
+    /// Announce with `SPUBLISH` (a Cluster).
+    pub(crate) sharded: bool,
+}
+
+impl Unlock<'_> {
+    /// `KEYS`: the lock, and its waiting mark when the deployment marks. `ARGV`: token,
+    /// announcement, and `1` on a Cluster.
+    pub(crate) fn call(&self) -> Call {
+        let lock = self.lock;
+        let mut call = if self.marks {
+            UNLOCK.call(&[lock, keys::waiting(lock).as_str()])
+        } else {
+            UNLOCK.call(&[lock])
+        };
+        call.arg(self.token).arg(self.announcement);
+        if self.sharded {
+            call.arg("1");
+        }
+        call
+    }
+}
+
+/// Any release (`release.lua`): a fair one, one kept for a minimum hold, a read share, and what
+/// `unlock.lua` could not decide.
+#[derive(Debug)]
+pub(crate) struct Release<'a> {
+    /// The lock's key.
+    pub(crate) lock: &'a str,
+    pub(crate) token: &'a str,
+    /// How long the lock must still be held (its minimum hold); 0 to delete it now.
+    pub(crate) hold_ms: u64,
+    pub(crate) announcement: &'a str,
+    /// Hand the lock to the next in line, and name it.
+    pub(crate) fair: bool,
+    pub(crate) marks: bool,
+    pub(crate) sharded: bool,
+}
+
+impl Release<'_> {
+    /// `KEYS`: the lock; for a fair lock its line, places and counter; then its waiting mark
+    /// when the deployment marks. `ARGV`: token, hold, announcement, channel, and (only when
+    /// one is on) fair and sharded.
+    pub(crate) fn call(&self) -> Call {
+        let lock = self.lock;
+        let mut named = vec![Cow::Borrowed(lock)];
+        if self.fair {
+            named.extend([keys::queue(lock), keys::kept(lock), keys::fence(lock)].map(Cow::Owned));
+        }
+        if self.marks {
+            named.push(Cow::Owned(keys::waiting(lock)));
+        }
+        let mut call = RELEASE.call(&named);
+        call.arg(self.token)
+            .arg(self.hold_ms)
+            .arg(self.announcement)
+            .arg(keys::channel(lock));
+        if self.fair || self.sharded {
+            call.arg(if self.fair { "1" } else { "0" });
+        }
+        if self.sharded {
+            call.arg("1");
+        }
+        call
+    }
+}
+
+/// What a release script answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReleaseAnswer {
+    /// It had expired, or been taken by someone else.
+    NotOurs,
+    /// Given back (deleted, or kept for its minimum hold) and announced if anyone waits.
+    Ours,
+    /// Given back, but Redis refused the announcement (an ACL without rights on the channel):
+    /// waiters elsewhere wake on their timers.
+    Unannounced,
+    /// A read share given back while other readers still share the lock: nothing announced,
+    /// since nobody can enter because of it.
+    ShareLeft,
+    /// `unlock.lua` cannot decide (another type at the key, our token marked released):
+    /// `release.lua` must.
+    Undecided,
+}
+
+impl ReleaseAnswer {
+    pub(crate) fn from_answer(answer: i64) -> ReleaseAnswer {
+        match answer {
+            1 => ReleaseAnswer::Ours,
+            2 => ReleaseAnswer::Unannounced,
+            3 => ReleaseAnswer::ShareLeft,
+            -1 => ReleaseAnswer::Undecided,
+            _ => ReleaseAnswer::NotOurs,
+        }
+    }
+}
