@@ -770,6 +770,87 @@ async fn through_sentinels_list_show_and_release_reach_the_primary() {
     drop(guard);
 }
 
+/// Issue 38: with `--redlock`, the URLs are independent masters; a lock is listed and shown held
+/// when a majority hold it (one master's stray value is not a lock), `release --force` frees it
+/// on every master and wakes a waiter, and `watch` sees it come and go, through the library's
+/// RedLock store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redlock_list_show_release_and_watch_count_a_majority() {
+    let masters = [Redis::spawn(), Redis::spawn(), Redis::spawn()];
+    let urls: Vec<String> = masters.iter().map(Redis::url).collect();
+    let target = vec!["--redlock".to_owned(), "--url".to_owned(), urls.join(",")];
+    let redlock = |owner: &'static str| {
+        let urls = urls.clone();
+        async move {
+            LockClient::builder()
+                .redlock(&urls)
+                .owner(owner)
+                .build()
+                .await
+                .unwrap_or_else(|e| panic!("cannot connect to the masters: {e}"))
+        }
+    };
+    let holder = redlock("billing-1").await;
+    let held = holder.acquire("order:5", &minute()).await.unwrap();
+    // A value on one master only: no majority holds it.
+    masters[0]
+        .run(&[&[
+            "SET",
+            "lock:{order:9}",
+            "0123456789abcdef0123456789abcdef stray",
+            "PX",
+            "60000",
+        ]])
+        .await;
+
+    let listed = json(&lockctl_at(&target, &["--json", "list"]).await);
+    assert_eq!(keys_of(&listed), ["order:5"], "{listed}");
+    assert_eq!(listed[0]["owner"], "billing-1", "{listed}");
+    assert_eq!(listed[0]["fence"], Value::Null, "RedLock has no counter");
+    let ttl = listed[0]["ttl_ms"].as_u64().unwrap();
+    assert!(ttl > 0 && ttl <= 60_000, "{listed}");
+    let shown = json(&lockctl_at(&target, &["--json", "show", "order:9"]).await);
+    assert_eq!(shown["state"], "free", "one master of three: {shown}");
+
+    let mut watch = Watch::start_command(&bin_command_at(
+        &target,
+        &["--json", "watch", "order:*", "--interval-ms", "50"],
+    ));
+    assert!(held.release().await.unwrap());
+    let released = watch.next_event();
+    assert_eq!(
+        event_of(&released),
+        ["released", "order:5", "billing-1"],
+        "{released}"
+    );
+    let _again = holder.acquire("order:5", &minute()).await.unwrap();
+    let acquired = watch.next_event();
+    assert_eq!(
+        event_of(&acquired),
+        ["acquired", "order:5", "billing-1"],
+        "{acquired}"
+    );
+    watch.stop();
+
+    let waiter = redlock("billing-2").await;
+    let waiting = tokio::spawn(async move { waiter.acquire("order:5", &minute().wait(DEADLINE)).await });
+    let report = json(&lockctl_at(&target, &["--json", "release", "order:5", "--force", "--yes"]).await);
+    assert_eq!(report["released"], true, "{report}");
+    assert_eq!(report["previous"]["owner"], "billing-1");
+    let guard = tokio::time::timeout(DEADLINE, waiting)
+        .await
+        .unwrap()
+        .unwrap()
+        .expect("the waiter takes the lock");
+    let now = holder
+        .holder("order:5")
+        .await
+        .unwrap()
+        .expect("held by the waiter");
+    assert_eq!(now.owner(), Some("billing-2"));
+    drop(guard);
+}
+
 /// Deployment options that do not fit together are usage errors (exit code 2), said before
 /// anything connects.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -906,7 +987,7 @@ async fn lockctl_at(target: &[String], args: &[&str]) -> Output {
 fn spawn_piped(command: &[String]) -> Child {
     Command::new(&command[0])
         .args(&command[1..])
-        .env_remove("REDIS_URL")
+        .env_remove("LOCKCTL_URL")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -7,7 +7,7 @@
 //! BENCH_SCALE=3 cargo bench -p lock-tests --bench contention      # 3x the rounds, + 10,000 locks for 30 s
 //! BENCH_SCALE=0.2 cargo bench -p lock-tests --bench contention    # smoke run: 1 round, short windows
 //! BENCH_NODELAY=1 cargo bench -p lock-tests --bench contention    # TCP_NODELAY for all four
-//! BENCH_PIN=0 cargo bench -p lock-tests --bench contention        # scenario 1 not pinned
+//! BENCH_PIN=0 cargo bench -p lock-tests --bench contention        # scenarios 1 and 2 not pinned
 //! ```
 //!
 //! The contenders, each with one client (one connection, plus ours' subscriber connection)
@@ -37,8 +37,8 @@
 //! otherwise:
 //! 1. one task, acquire + release in a loop on one key: pairs/s, the median of the per-round
 //!    ratios to the hand-written minimum, and this process's CPU time and context switches per
-//!    pair (all threads, from `/proc/self/task/*/{schedstat,status}`). For this scenario only,
-//!    this process is pinned to one CPU and the server to another (`taskset`, when there are two
+//!    pair (all threads, from `/proc/self/task/*/{schedstat,status}`). For this scenario and the
+//!    next only, this process is pinned to one CPU and the server to another (`taskset`, when there are two
 //!    CPUs; `BENCH_PIN=0` to not): left to the scheduler of a 2-vCPU VM, whether the two share a
 //!    vCPU or wake each other across two changes pairs/s several-fold from slice to slice (see
 //!    `Pinning`);
@@ -1381,9 +1381,9 @@ async fn fair_processes(url: &str, key: &str, window: Duration, probe: Option<&P
 }
 
 // ---------------------------------------------------------------------------------------------
-// Scenario 1's CPU pinning.
+// Scenarios 1 and 2's CPU pinning.
 
-/// This process on one CPU and the server on another, for scenario 1 only. Left to the
+/// This process on one CPU and the server on another, for scenarios 1 and 2 only. Left to the
 /// scheduler, one request at a time is a lottery on this kind of machine: whether the server
 /// and the client's worker thread share a vCPU, or wake each other across two (an interrupt to
 /// a halted vCPU per request), changes a library's pairs/s by a factor of 1.5 to 5 from one 250 ms
@@ -1446,7 +1446,7 @@ struct Config {
     scale: f64,
     /// TCP_NODELAY for all four (otherwise off, redis-rs's default, for all four).
     nodelay: bool,
-    /// Scenario 1 with this process and the server on separate CPUs (`BENCH_PIN=0`: not).
+    /// Scenarios 1 and 2 with this process and the server on separate CPUs (`BENCH_PIN=0`: not).
     pin: bool,
     rounds: usize,
     sequential_window: Duration,
@@ -1506,7 +1506,7 @@ struct Results {
     watchdog: Vec<[Option<Watchdog>; 4]>,
     /// Scenario 7 (ours only): the timed window, and the counting window (for its counts).
     fair: Option<Fair>,
-    /// The CPUs this process and the server were pinned to for scenario 1, if they were.
+    /// The CPUs this process and the server were pinned to for scenarios 1 and 2, if they were.
     pinned: Option<(usize, usize)>,
     fair_counting: Option<Fair>,
 }
@@ -1611,7 +1611,9 @@ async fn bench() {
                 .map(|k| format!("{}:r{round}:s2:{k}", KEY_PREFIXES[which]))
                 .collect()
         };
+        let pinned = pinning.as_ref().map(Pinning::pin);
         let runs = pairs_round(&libs, &order, many_keys, config.many_keys_window).await;
+        drop(pinned);
         for (which, run) in runs.into_iter().enumerate() {
             eprintln!("  2. {:<17} {:>8.0} pairs/s", NAMES[which], run.per_sec());
             results.many_keys[which].push(run);
@@ -2053,10 +2055,10 @@ fn report(config: &Config, redis_version: &str, inner_counted: (bool, u64), tick
     );
     match results.pinned {
         Some((client, server)) => println!(
-            "scenario 1: this process pinned to CPU {client}, redis-server to CPU {server} (taskset; \
+            "scenarios 1 and 2: this process pinned to CPU {client}, redis-server to CPU {server} (taskset; \
              BENCH_PIN=0 to leave them to the scheduler)"
         ),
-        None => println!("scenario 1: not pinned (BENCH_PIN=0, or taskset or a second CPU missing)"),
+        None => println!("scenarios 1 and 2: not pinned (BENCH_PIN=0, or taskset or a second CPU missing)"),
     }
     println!(
         "total_commands_processed counts commands run inside scripts: {} (delta {} for INFO + \

@@ -540,18 +540,31 @@ where
     }
 }
 
-/// A lock store for behaviour tests: a spawned Redis server, or the in-memory backend.
+/// A lock store for behaviour tests: a client of one deployment (made from a builder, which
+/// makes more of them), with what the target owns (a server of its own, rows to delete) kept
+/// until it goes. A new store is one constructor here and one line in [`on_every_deployment!`].
 #[derive(Debug)]
 pub struct Target {
     client: LockClient,
-    server: Option<RedisServer>,
-    /// How to make another client of the same server.
+    /// How to make another client of the same store (none in memory: the same client serves).
     builder: Option<LockClientBuilder>,
+    /// What the target owns, dropped with it: a server spawned for it, rows to delete.
+    owned: Vec<Box<dyn Owned>>,
     /// The servers a refused waiter leaves the lock's waiting mark on (plain `redis://` URLs);
-    /// none in memory and on a Cluster, where every release announces itself.
+    /// none where there are no marks (every store but one Redis, Sentinel and RedLock).
     marks_on: Vec<String>,
-    /// On a shared PostgreSQL: the rows to delete when the target goes.
-    rows: Option<postgres::Rows>,
+}
+
+/// Something a target keeps until it goes.
+pub trait Owned: std::fmt::Debug + Send + Sync + std::any::Any {
+    /// As `Any`, to find a server of a given kind.
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+impl<T: std::fmt::Debug + Send + Sync + 'static> Owned for T {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
 
 impl Target {
@@ -587,10 +600,9 @@ impl Target {
             .unwrap_or_else(|e| panic!("cannot connect to {url}: {e}"));
         Target {
             client,
-            server: Some(server),
             builder: Some(builder),
+            owned: vec![Box::new(server)],
             marks_on,
-            rows: None,
         }
     }
 
@@ -638,10 +650,9 @@ impl Target {
             .unwrap_or_else(|e| panic!("cannot connect to the shared deployment: {e}"));
         Target {
             client,
-            server: None,
             builder: Some(builder),
+            owned: Vec::new(),
             marks_on,
-            rows: None,
         }
     }
 
@@ -656,7 +667,7 @@ impl Target {
             .connect_timeout(Duration::from_secs(2))
             .response_timeout(Duration::from_secs(1));
         let mut target = Target::shared(builder, Vec::new()).await;
-        target.rows = Some(postgres::Rows { url, prefix });
+        target.owned.push(Box::new(postgres::Rows { url, prefix }));
         target
     }
 
@@ -675,10 +686,9 @@ impl Target {
     pub fn memory() -> Target {
         Target {
             client: LockClient::in_memory(),
-            server: None,
             builder: None,
+            owned: Vec::new(),
             marks_on: Vec::new(),
-            rows: None,
         }
     }
 
@@ -733,9 +743,9 @@ impl Target {
         !self.marks_on.is_empty()
     }
 
-    /// The Redis server, for Redis-only checks.
+    /// The Redis server spawned for this target, for Redis-only checks.
     pub fn server(&self) -> Option<&RedisServer> {
-        self.server.as_ref()
+        self.owned.iter().find_map(|o| o.as_any().downcast_ref())
     }
 }
 
