@@ -745,7 +745,7 @@ impl Target {
 
     /// The Redis server spawned for this target, for Redis-only checks.
     pub fn server(&self) -> Option<&RedisServer> {
-        self.owned.iter().find_map(|o| o.as_any().downcast_ref())
+        self.owned.iter().find_map(|o| (**o).as_any().downcast_ref())
     }
 }
 
