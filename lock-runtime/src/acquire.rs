@@ -66,11 +66,21 @@ impl Acquire<'_> {
         let kind = Kind::of(fair, shared);
         // One token for every attempt of this call: it is also a fair waiter's place in line.
         let token = crate::holder::new_value(&core.owner);
+        // A store whose every waiter queues (etcd): a waiting call's first attempt takes its
+        // place in line, and the store wakes it by its token when the one ahead of it goes.
+        let queues = will_wait && backend.capabilities().queues;
         // A fair waiter's place in line, or a waiting writer's claim on a read-write lock: given
         // up if the call ends without the lock.
-        let mut place = (fair && will_wait).then(|| QueuePlace::new(core, &lock, &token).fair());
+        let mut place = if queues {
+            Some(QueuePlace::new(core, &lock, &token))
+        } else {
+            (fair && will_wait).then(|| QueuePlace::new(core, &lock, &token).fair())
+        };
         let mut claimed = false;
-        let mut wakeup: Option<Registration> = None;
+        // Registered before the first attempt where the store queues: its wake-up may come as
+        // soon as that attempt has taken the place.
+        let mut wakeup: Option<Registration> =
+            queues.then(|| core.wakeups.register_early(lock.name(), &token));
         // Until refused once, no holder's expiry is known.
         let mut pttl_ms = None;
         // The place a fair waiter's last refused attempt kept (its stamp), and when that attempt
@@ -80,7 +90,7 @@ impl Acquire<'_> {
         // instead of barging in ahead of waiters already there, and tries when woken. (A fair
         // waiter asks at once: its place in line is taken in the store.)
         let mut sleep_first = false;
-        if will_wait && !fair && core.wakeups.queued(lock.name()) > 0 {
+        if will_wait && !fair && !queues && core.wakeups.queued(lock.name()) > 0 {
             wakeup = Some(core.wakeups.register(lock.name(), None));
             sleep_first = true;
         }
@@ -91,8 +101,9 @@ impl Acquire<'_> {
             if let Some(wakeup) = &wakeup {
                 // A fair waiter or a claiming writer must ask again before its place lapses:
                 // by the end of its nap, however the subscriber fares (a subscription cut short
-                // goes on by itself). Anyone else waits for it up to the own deadline.
-                let keeps_place = fair || claimed;
+                // goes on by itself). Anyone else waits for it up to the own deadline. (A place
+                // in a queueing store's line lasts as long as this client.)
+                let keeps_place = (fair || claimed) && !queues;
                 let nap_end = (keeps_place || sleep_first).then(|| {
                     let now = Instant::now();
                     now + nap(pttl_ms, keeps_place).min(deadline.saturating_duration_since(now))
@@ -140,7 +151,11 @@ impl Acquire<'_> {
                 tracing::debug!(key, "lock handed over by a fair release");
                 deciding = Decided::default(); // no request decided it
                 let fence = options.is_fencing().then_some(fence);
-                (Attempt::Acquired { fence }, Instant::now(), (sent, lease))
+                let acquired = Attempt::Acquired {
+                    fence,
+                    kept_until: None,
+                };
+                (acquired, Instant::now(), (sent, lease))
             } else {
                 let ask = Ask {
                     ttl_ms: options.ttl_ms(),
@@ -162,16 +177,27 @@ impl Acquire<'_> {
                 match answer {
                     Ok(answer) => {
                         pending.settled();
-                        (answer, started, (started, options.ttl()))
+                        // The store keeps the lock for less than the ttl whatever happens to
+                        // this client (etcd: its session lease was last renewed a while ago):
+                        // valid until then, and renewed a third of the way there.
+                        let lease = match answer {
+                            Attempt::Acquired {
+                                kept_until: Some(until),
+                                ..
+                            } => until.saturating_duration_since(started).min(options.ttl()),
+                            _ => options.ttl(),
+                        };
+                        (answer, started, (started, lease))
                     }
                     Err(e) => return outcome(Err(e), deciding), // `pending` releases in the background as it drops
                 }
             };
             match attempt {
-                Attempt::Acquired { fence } => {
+                Attempt::Acquired { fence, .. } => {
                     match wakeup {
-                        // A reader passes the wake-up on: the next waiter may be a reader too.
-                        Some(wakeup) if shared => drop(wakeup),
+                        // A reader passes the wake-up on: the next waiter may be a reader too
+                        // (where the store queues, it wakes each waiter itself).
+                        Some(wakeup) if shared && !queues => drop(wakeup),
                         Some(wakeup) => wakeup.acquired(),
                         None => {}
                     }
@@ -216,7 +242,10 @@ impl Acquire<'_> {
                     deciding.at_once = false;
                     pttl_ms = left;
                     last_kept = kept.map(|kept| (kept, started));
-                    if wakeup.is_none() {
+                    if let (true, Some(wakeup)) = (queues, &wakeup) {
+                        wakeup.in_line();
+                        sleep_first = behind;
+                    } else if wakeup.is_none() {
                         // First refusal: listen for the release, then try again at once, so a
                         // release between that attempt and the subscription is not missed. An
                         // uncontended acquire never pays for the subscription. A fair waiter

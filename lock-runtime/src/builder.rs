@@ -100,6 +100,37 @@ impl LockClientBuilder {
         self.place_shared(Arc::new(config))
     }
 
+    /// Changes the store description given last, if it is a `C` (a store's own setting, such
+    /// as etcd's user): `method` (`.etcd_user`) needs `store` (`.etcd([…])`) before it, and
+    /// fails at `build()` without.
+    pub(crate) fn refine<C>(mut self, method: &str, store: &str, change: impl FnOnce(&mut C)) -> Self
+    where
+        C: StoreConfig + Clone + 'static,
+    {
+        let last = self.places.last().map(|place| {
+            let any: &dyn std::any::Any = &**place;
+            any.downcast_ref::<C>().cloned()
+        });
+        match last {
+            Some(Some(mut config)) => {
+                change(&mut config);
+                if let Some(place) = self.places.last_mut() {
+                    *place = Arc::new(config);
+                }
+                self
+            }
+            _ => {
+                let refusal = LockError::invalid_options(format!("{method}(…) needs {store} before it"));
+                let refused: Arc<dyn StoreConfig> = Arc::new(crate::store::Refused::new("", refusal));
+                match self.places.last_mut() {
+                    Some(last) => *last = refused,
+                    None => self.places.push(refused),
+                }
+                self
+            }
+        }
+    }
+
     /// [`place`](Self::place), for a description already shared.
     pub(crate) fn place_shared(mut self, config: Arc<dyn StoreConfig>) -> Self {
         self.places.push(config);
@@ -118,15 +149,17 @@ impl LockClientBuilder {
         self
     }
 
-    /// Trusts the CA certificate(s) in `pem` for a `rediss://` server, instead of the system's
-    /// trust store: for servers whose certificate a private CA signed.
+    /// Trusts the CA certificate(s) in `pem` for a `rediss://` server (or `https://` etcd
+    /// members), instead of the system's trust store: for servers whose certificate a private
+    /// CA signed.
     pub fn tls_root_ca(mut self, pem: &[u8]) -> Self {
         self.tls.root_ca = Some(pem.to_vec());
         self
     }
 
     /// Presents this client certificate (PEM chain and its PEM private key) to a `rediss://`
-    /// server started with `--tls-auth-clients yes`.
+    /// server started with `--tls-auth-clients yes` (or to `https://` etcd members started
+    /// with `--client-cert-auth`).
     pub fn tls_client_auth(mut self, cert_pem: &[u8], key_pem: &[u8]) -> Self {
         self.tls.client_auth = Some((cert_pem.to_vec(), key_pem.to_vec()));
         self

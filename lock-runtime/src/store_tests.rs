@@ -156,6 +156,7 @@ async fn options_a_store_does_not_offer_are_refused_before_any_request() {
         fair: Offered::No("it keeps no line"),
         shared: Offered::No("it keeps no shares"),
         hand_over: false,
+        queues: false,
     });
     for options in [
         ttl().fencing(true),

@@ -89,6 +89,9 @@ struct Waiter {
     wake: Notify,
     /// A fair release handed this waiter the lock.
     handed: Mutex<Option<HandedOver>>,
+    /// It has a place in line: counted by [`Wakeups::queued`] (a waiter registered before its
+    /// first attempt has one only once that attempt was refused).
+    in_line: std::sync::atomic::AtomicBool,
 }
 
 /// A fair release handed a waiter the lock.
@@ -147,12 +150,24 @@ impl Wakeups {
 
     /// Joins the end of the queue of the lock named `name`; a fair waiter gives its token.
     pub(crate) fn register(self: &Arc<Self>, name: &str, token: Option<&str>) -> Registration {
+        self.register_with(name, token, true)
+    }
+
+    /// [`register`](Self::register) before the attempt that takes the waiter's place in line
+    /// (a store that queues every waiter): not counted as waiting until
+    /// [`Registration::in_line`].
+    pub(crate) fn register_early(self: &Arc<Self>, name: &str, token: &str) -> Registration {
+        self.register_with(name, Some(token), false)
+    }
+
+    fn register_with(self: &Arc<Self>, name: &str, token: Option<&str>, in_line: bool) -> Registration {
         static IDS: AtomicU64 = AtomicU64::new(0);
         let waiter = Arc::new(Waiter {
             id: IDS.fetch_add(1, Ordering::Relaxed),
             token: token.map(str::to_owned),
             wake: Notify::new(),
             handed: Mutex::new(None),
+            in_line: std::sync::atomic::AtomicBool::new(in_line),
         });
         let mut lines = self.lock();
         let entry = lines.entry(name.to_owned()).or_insert_with(Line::new);
@@ -171,7 +186,12 @@ impl Wakeups {
         if self.waiters.load(Ordering::SeqCst) == 0 {
             return 0; // every uncontended acquire asks: no lock then
         }
-        self.lock().get(name).map_or(0, |c| c.queue.len())
+        self.lock().get(name).map_or(0, |c| {
+            c.queue
+                .iter()
+                .filter(|w| w.in_line.load(Ordering::Relaxed))
+                .count()
+        })
     }
 
     #[cfg_attr(not(feature = "cli"), allow(dead_code))] // operators' watches (`admin`)
@@ -387,6 +407,11 @@ impl Registration {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take()
+    }
+
+    /// The waiter has its place in line now (see [`Wakeups::register_early`]).
+    pub(crate) fn in_line(&self) {
+        self.waiter.in_line.store(true, Ordering::Relaxed);
     }
 
     /// Leaves the queue holding the lock: the next waiter is woken by this one's release, not

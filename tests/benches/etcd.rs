@@ -9,16 +9,20 @@
 //! Contenders, each with one client:
 //!
 //! - **ours, etcd**: `LockClient::builder().etcd(endpoints)`, `acquire` (ttl 10 s) then
-//!   `release`: a lease grant, one transaction, a lease revoke.
-//! - **hand-written, etcd**: the minimum a lock with a ttl needs on etcd, through etcd-client
-//!   (its balanced channel over the three members): a lease grant (10 s), a transaction that
-//!   puts the key with the lease if it has no create revision, and a transaction that deletes it
-//!   if its mod revision is still the one taken (the lease is left to end by itself).
+//!   `release`: one transaction on the client's session lease, one deletion.
+//! - **recipe, etcd**: etcd's `concurrency` package's mutex written by hand through etcd-client
+//!   (its balanced channel over the three members): a session lease granted once and kept
+//!   alive, a transaction that puts the caller's key under the lock's prefix with the lease if it
+//!   has no create revision and reads the prefix's oldest key, and a deletion: the minimum.
+//! - **hand-written, etcd**: a lease per lock: a lease grant (10 s), a transaction that puts the
+//!   key with the lease if it has no create revision, and a transaction that deletes it if its
+//!   mod revision is still the one taken (the lease is left to end by itself).
 //! - **ours, Redis**: `LockClient::connect(redis_url)`, the same acquire and release.
 //!
 //! Measured: (1) one task doing sequential pairs on one key: latency median and p99, pairs/s;
 //! (2) 64 tasks on 64 keys, all on one client: pairs/s; both in 5 interleaved rounds, with the
-//! median of the per-round ratios ours / hand-written. (3) The hand-off on one key: 8 clients
+//! median of the per-round ratios ours / recipe. One transaction's round trip (a put, one task):
+//! median and p99. (3) The hand-off on one key: 8 clients
 //! (one task each) take turns, each acquiring with a wait, holding it 1 ms and releasing: from a
 //! release's start to the next holder's lock, median and p99, plain and fair, on etcd and Redis;
 //! on etcd also what the members served per hand-off, by gRPC method (from their `/metrics`).
@@ -29,7 +33,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+use etcd_client::{
+    Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
+};
 use lock_runtime::{LockClient, LockOptions};
 use lock_tests::bench::{handoffs, median, ms, quantile};
 use lock_tests::{EtcdCluster, RedisServer};
@@ -50,16 +56,23 @@ fn scale() -> f64 {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Contender {
     OursEtcd,
+    Recipe,
     HandWritten,
     OursRedis,
 }
 
-const CONTENDERS: [Contender; 3] = [Contender::OursEtcd, Contender::HandWritten, Contender::OursRedis];
+const CONTENDERS: [Contender; 4] = [
+    Contender::OursEtcd,
+    Contender::Recipe,
+    Contender::HandWritten,
+    Contender::OursRedis,
+];
 
 impl Contender {
     fn name(self) -> &'static str {
         match self {
             Contender::OursEtcd => "ours, etcd",
+            Contender::Recipe => "recipe, etcd",
             Contender::HandWritten => "hand-written, etcd",
             Contender::OursRedis => "ours, Redis",
         }
@@ -70,6 +83,8 @@ struct Bench {
     etcd: LockClient,
     redis: LockClient,
     raw: etcd_client::Client,
+    /// The recipe's session lease.
+    session: i64,
     options: LockOptions,
 }
 
@@ -86,6 +101,37 @@ impl Bench {
                 };
                 let guard = client.acquire(&key, &self.options).await.unwrap();
                 assert!(guard.release().await.unwrap());
+            }
+            Contender::Recipe => {
+                // concurrency.Mutex: the caller's key is the lock's prefix and its lease.
+                let prefix = format!("recipe:{key}/");
+                let mine = format!("{prefix}{:x}", self.session);
+                let oldest = GetOptions::new()
+                    .with_prefix()
+                    .with_sort(SortTarget::Create, SortOrder::Ascend)
+                    .with_limit(1);
+                let take = Txn::new()
+                    .when([Compare::create_revision(mine.as_str(), CompareOp::Equal, 0)])
+                    .and_then([
+                        TxnOp::put(
+                            mine.as_str(),
+                            "",
+                            Some(PutOptions::new().with_lease(self.session)),
+                        ),
+                        TxnOp::get(prefix.as_str(), Some(oldest.clone())),
+                    ])
+                    .or_else([
+                        TxnOp::get(mine.as_str(), None),
+                        TxnOp::get(prefix.as_str(), Some(oldest)),
+                    ]);
+                let taken = self.raw.kv_client().txn(take).await.unwrap();
+                let revision = taken.header().unwrap().revision();
+                let owner = match &taken.op_responses()[1] {
+                    TxnOpResponse::Get(got) => got.kvs()[0].create_revision(),
+                    _ => unreachable!("a read"),
+                };
+                assert_eq!(owner, revision, "uncontended: the caller's key is the oldest");
+                self.raw.kv_client().delete(mine.as_str(), None).await.unwrap();
             }
             Contender::HandWritten => {
                 let key = format!("hand:{key}");
@@ -165,10 +211,21 @@ async fn main() {
     let cluster = EtcdCluster::spawn();
     let redis = RedisServer::spawn();
     let endpoints = cluster.endpoints();
+    let raw = etcd_client::Client::connect(&endpoints, None).await.unwrap();
+    let session = raw.lease_client().grant(10, None).await.unwrap().id();
+    let (mut keeper, mut kept) = raw.lease_client().keep_alive(session).await.unwrap();
+    let keeping = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            keeper.keep_alive().await.unwrap();
+            kept.message().await.unwrap();
+        }
+    });
     let bench = Arc::new(Bench {
         etcd: LockClient::builder().etcd(&endpoints).build().await.unwrap(),
         redis: LockClient::connect(&redis.url()).await.unwrap(),
-        raw: etcd_client::Client::connect(&endpoints, None).await.unwrap(),
+        raw,
+        session,
         options: LockOptions::new(Duration::from_secs(10)),
     });
     for who in CONTENDERS {
@@ -230,6 +287,16 @@ async fn main() {
         wide_ratio.push(round_rate[0] / round_rate[1]);
     }
 
+    eprintln!("one transaction's round trip");
+    let mut round_trip = Vec::new();
+    for _ in 0..per_round {
+        let put = Txn::new().and_then([TxnOp::put("bench:round-trip", "x", None)]);
+        let t = Instant::now();
+        bench.raw.kv_client().txn(put).await.unwrap();
+        round_trip.push(t.elapsed());
+    }
+    let (rt50, rt99) = (quantile(&mut round_trip, 0.5), quantile(&mut round_trip, 0.99));
+
     eprintln!("hand-off, {WAITERS} clients on one key");
     let count = ((300.0 * scale) as usize).max(40);
     let mut clients = Vec::new();
@@ -271,7 +338,12 @@ async fn main() {
         );
     }
     let (one_ratio, wide_ratio) = (median(&mut ratio), median(&mut wide_ratio));
-    println!("ours / hand-written on etcd: {one_ratio:.2} (one task), {wide_ratio:.2} (64 tasks)");
+    println!("ours / recipe on etcd: {one_ratio:.2} (one task), {wide_ratio:.2} (64 tasks)");
+    println!(
+        "one transaction's round trip: {:.3}ms median, {:.3}ms p99",
+        ms(rt50),
+        ms(rt99)
+    );
     let (r50, r99) = (
         quantile(&mut redis_handoff, 0.5),
         quantile(&mut redis_handoff, 0.99),
@@ -279,14 +351,21 @@ async fn main() {
     println!("\nhand-off, {WAITERS} clients on one key, {count} hand-offs");
     let plain = plain.report("etcd (watch)");
     let fair = fair.report("etcd, fair");
+    keeping.abort();
     println!("{:<24} {:>8.3}ms {:>8.3}ms", "Redis (pub/sub)", ms(r50), ms(r99));
+    let handoff_p99 = plain["p99_ms"].as_f64().unwrap_or(f64::NAN);
+    println!(
+        "etcd hand-off p99 / one transaction's median round trip: {:.2}",
+        handoff_p99 / ms(rt50)
+    );
     println!(
         "{}",
         json!({
             "bench": "etcd",
             "pairs": rows,
-            "ratio_one_task": one_ratio,
-            "ratio_64_tasks": wide_ratio,
+            "ratio_to_recipe_one_task": one_ratio,
+            "txn_round_trip": {"median_ms": ms(rt50), "p99_ms": ms(rt99)},
+            "ratio_to_recipe_64_tasks": wide_ratio,
             "handoff": {
                 "etcd": plain,
                 "etcd_fair": fair,

@@ -256,6 +256,23 @@ impl EtcdCluster {
         }
     }
 
+    /// How many raft proposals the cluster has committed (`etcd_server_proposals_committed_total`,
+    /// the highest any running member reports: the leader's): every write, and every
+    /// transaction that is not read-only, is one.
+    pub fn proposals_committed(&self) -> f64 {
+        self.members
+            .iter()
+            .filter(|m| m.child.is_some())
+            .filter_map(|m| http_get(m.client_port, "/metrics"))
+            .filter_map(|metrics| {
+                metrics.lines().find_map(|line| {
+                    line.strip_prefix("etcd_server_proposals_committed_total ")
+                        .and_then(|v| v.trim().parse::<f64>().ok())
+                })
+            })
+            .fold(0.0, f64::max)
+    }
+
     /// What the running members have served so far, summed over them, by gRPC method: unary
     /// requests handled (`Txn`, `LeaseGrant`, …), messages received on streams
     /// (`LeaseKeepAlive`, `Watch`: each keep-alive, each watch created or cancelled), and watch

@@ -144,6 +144,13 @@ impl FaultProxy {
         self.set_mode(Mode::Blackhole);
     }
 
+    /// Drop-answers mode: what clients send is relayed, what the server answers is dropped (see
+    /// [`dropped`](Self::dropped)): a request is applied and its answer lost. A connection
+    /// carries a broken stream afterwards; [`reset_all`](Self::reset_all) ends it.
+    pub fn drop_answers(&self) {
+        self.set_mode(Mode::DropAnswers);
+    }
+
     /// Silences, for good, every connection open at the time of the call (including any that a
     /// client has opened but the proxy had not yet accepted): its sockets stay open and nothing
     /// more is relayed on it, in either direction, whatever the mode later. Connections accepted
@@ -209,6 +216,7 @@ enum Mode {
     Relay,
     Delay(Duration),
     Blackhole,
+    DropAnswers,
 }
 
 #[derive(Debug)]
@@ -315,8 +323,12 @@ struct Ctl {
 }
 
 impl Ctl {
-    fn silent(&self) -> bool {
-        self.silenced.load(Ordering::SeqCst) || self.shared.mode() == Mode::Blackhole
+    /// Whether nothing is passed on (`answers`: from the server to the client).
+    fn silent(&self, answers: bool) -> bool {
+        let mode = self.shared.mode();
+        self.silenced.load(Ordering::SeqCst)
+            || mode == Mode::Blackhole
+            || (answers && mode == Mode::DropAnswers)
     }
 
     fn count_dropped(&self, bytes: usize) {
@@ -326,7 +338,7 @@ impl Ctl {
     fn delay(&self) -> Duration {
         match self.shared.mode() {
             Mode::Delay(by) => by,
-            Mode::Relay | Mode::Blackhole => Duration::ZERO,
+            Mode::Relay | Mode::Blackhole | Mode::DropAnswers => Duration::ZERO,
         }
     }
 }
@@ -392,8 +404,8 @@ enum Flow {
 async fn relay(client: &mut TcpStream, server: &mut TcpStream, ctl: &Ctl) -> Option<End> {
     let (client_read, client_write) = client.split();
     let (server_read, server_write) = server.split();
-    let up = direction(client_read, server_write, ctl);
-    let down = direction(server_read, client_write, ctl);
+    let up = direction(client_read, server_write, ctl, false);
+    let down = direction(server_read, client_write, ctl, true);
     tokio::pin!(up, down);
     let (mut up_flow, mut down_flow) = (None, None);
     loop {
@@ -418,14 +430,14 @@ struct Chunk {
 
 /// Relays `from` to `to`: a reader that stamps each chunk with its due time, and a writer
 /// that forwards it then, so a delay adds latency without cutting throughput.
-async fn direction(mut from: ReadHalf<'_>, mut to: WriteHalf<'_>, ctl: &Ctl) -> Flow {
+async fn direction(mut from: ReadHalf<'_>, mut to: WriteHalf<'_>, ctl: &Ctl, answers: bool) -> Flow {
     let (queue, mut due) = mpsc::unbounded_channel::<Chunk>();
     // Returns `None` once it queued the end of stream, for the writer to finish.
     let reader = async move {
         let mut buf = vec![0u8; 16 * 1024];
         loop {
             let read = from.read(&mut buf).await;
-            if ctl.silent() {
+            if ctl.silent(answers) {
                 match read {
                     Ok(n) if n > 0 => {
                         ctl.count_dropped(n);
@@ -453,7 +465,7 @@ async fn direction(mut from: ReadHalf<'_>, mut to: WriteHalf<'_>, ctl: &Ctl) -> 
     let writer = async {
         while let Some(chunk) = due.recv().await {
             tokio::time::sleep_until(chunk.at).await;
-            if ctl.silent() {
+            if ctl.silent(answers) {
                 match chunk.data {
                     Some(data) => ctl.count_dropped(data.len()),
                     None => return Flow::Quiet,
@@ -470,7 +482,11 @@ async fn direction(mut from: ReadHalf<'_>, mut to: WriteHalf<'_>, ctl: &Ctl) -> 
                 }
             };
             if written.is_err() {
-                return if ctl.silent() { Flow::Quiet } else { Flow::Failed };
+                return if ctl.silent(answers) {
+                    Flow::Quiet
+                } else {
+                    Flow::Failed
+                };
             }
         }
         // The reader is gone without an end of stream: cannot happen, as it stops only by

@@ -1,14 +1,19 @@
-//! The etcd store under faults, each test on a 3-member cluster of its own: the leader killed
-//! while a lock is held, a minority and a majority of members down, a holder's process frozen
-//! past its lease (SIGSTOP), and a holder partitioned from every member. The behaviour suite runs
-//! on etcd too (`behaviour.rs`, `coordination.rs`, `read_write.rs`: the `etcd::` tests).
+//! The etcd store under faults: the leader killed while a lock is held, a minority and a
+//! majority of members down, a holder's process frozen past its lease (SIGSTOP), a holder
+//! partitioned from every member (at each point its validity could outlive the server's keep:
+//! after an acquire, an extend, a minimum hold, a maximum hold), an extend whose answer is
+//! lost, extends racing renewals, raft writes counted from etcd's own metrics, etcd's auth, and
+//! watches below the compacted revision. Tests that kill, freeze or reconfigure members start
+//! a cluster of their own; the others share the binary's and keep to keys of their own. The
+//! behaviour suite runs on etcd too (`behaviour.rs`, `coordination.rs`, `read_write.rs`: the
+//! `etcd::` tests).
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use etcd_client::{Compare, CompareOp, Txn, TxnOp};
-use lock_runtime::{LockClient, LockError};
+use lock_runtime::{LockClient, LockError, LockOptions};
 use lock_tests::{eventually, ttl, waiting, EtcdCluster, FaultProxy, SECOND};
 
 fn builder(endpoints: &[String]) -> lock_runtime::LockClientBuilder {
@@ -315,12 +320,13 @@ async fn misconfigured_etcd_clients_are_refused_and_etcd_urls_connect() {
         Err(LockError::InvalidOptions { reason }) => reason,
         other => panic!("not refused: {other:?}"),
     };
-    let tls = refused(
-        LockClient::builder()
-            .etcd(["https://127.0.0.1:2379"])
-            .build_lazy(),
+    let scheme = refused(LockClient::builder().etcd(["etcd://127.0.0.1:2379"]).build_lazy());
+    assert!(
+        scheme.contains("http://host:2379") && scheme.contains("LockClient::connect"),
+        "{scheme}"
     );
-    assert!(tls.contains("TLS to etcd is not offered yet"), "{tls}");
+    let http = refused(LockClient::builder().store("http://127.0.0.1:2379").build_lazy());
+    assert!(http.contains("etcd://host:2379"), "{http}");
     let none = refused(LockClient::builder().etcd(Vec::<String>::new()).build_lazy());
     assert!(none.contains("no etcd endpoint"), "{none}");
     let replicas = refused(
@@ -337,7 +343,38 @@ async fn misconfigured_etcd_clients_are_refused_and_etcd_urls_connect() {
             .tls_root_ca(certs.ca_pem())
             .build_lazy(),
     );
-    assert!(material.contains("TLS to etcd"), "{material}");
+    assert!(material.contains("https://"), "{material}");
+    let user_first = refused(LockClient::builder().etcd_user("app", "secret").build_lazy());
+    assert!(
+        user_first.contains(".etcd_user(…) needs .etcd([…]) before it"),
+        "{user_first}"
+    );
+    let two_users = refused(
+        LockClient::builder()
+            .etcd(["http://a:x@127.0.0.1:2379", "http://b:y@127.0.0.1:2380"])
+            .build_lazy(),
+    );
+    assert!(two_users.contains("different users"), "{two_users}");
+    assert!(
+        !two_users.contains('x') || !two_users.contains(":x@"),
+        "{two_users}"
+    );
+    // https:// is taken (the `tls` feature), and a member that is down is said in one line.
+    let tls = LockClient::builder()
+        .etcd(["https://127.0.0.1:1"])
+        .tls_root_ca(certs.ca_pem())
+        .connect_timeout(SECOND)
+        .response_timeout(SECOND)
+        .build()
+        .await
+        .unwrap_err();
+    let said = tls.to_string();
+    assert!(matches!(tls, LockError::Unavailable { .. }), "{tls:?}");
+    assert!(
+        said.contains("etcd at https://127.0.0.1:1: cannot be reached"),
+        "{said}"
+    );
+    assert!(!said.contains("tonic") && !said.contains('\n'), "{said}");
 
     let cluster = EtcdCluster::shared();
     let url = format!("etcd://127.0.0.1:{}", cluster.client_port(0));
@@ -347,11 +384,19 @@ async fn misconfigured_etcd_clients_are_refused_and_etcd_urls_connect() {
     assert!(guard.release().await.unwrap());
 }
 
-/// A fair waiter that stops asking (its process died) leaves a place in line on a short lease
-/// of its own: it holds the line back until that lease ends, no longer, and the next waiter in
-/// line then takes the lock.
+/// The keys of a lock as the library names them: `<prefix>{<key>}`, 0xff, then `rest`.
+fn lock_key(prefix: &str, key: &str, rest: &[u8]) -> Vec<u8> {
+    let mut name = format!("{prefix}{{{key}}}").into_bytes();
+    name.push(0xff);
+    name.extend_from_slice(rest);
+    name
+}
+
+/// A client whose process died leaves its place in line on its session lease, which nobody
+/// keeps alive: it holds the line back until that lease ends, no longer, and the next in line
+/// then takes the lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dead_waiters_place_lapses_and_the_next_in_line_takes_the_lock() {
+async fn a_dead_clients_place_lapses_and_the_next_in_line_takes_the_lock() {
     let cluster = EtcdCluster::shared();
     let c = builder(&cluster.endpoints())
         .prefix("ghost:")
@@ -361,30 +406,446 @@ async fn a_dead_waiters_place_lapses_and_the_next_in_line_takes_the_lock() {
     let mut etcd = etcd_client::Client::connect(cluster.endpoints(), None)
         .await
         .unwrap();
-    // The place of a waiter that will never ask again: on a lease of etcd's minimum, not kept
-    // alive (the library's own name for it: the lock's key, 0xff, `q/<token>`).
+    // The place of a client that will never renew its session: a lease of etcd's minimum.
     let lease = etcd.lease_grant(2, None).await.unwrap().id();
-    let mut ghost = b"ghost:{line}".to_vec();
-    ghost.push(0xff);
-    ghost.extend_from_slice(b"q/ghost");
-    etcd.put(
-        ghost.clone(),
-        "",
-        Some(etcd_client::PutOptions::new().with_lease(lease)),
-    )
-    .await
-    .unwrap();
-    let fair = ttl(5000).fair(true);
-    let refused = c.acquire("line", &fair).await;
+    let ghost = lock_key("ghost:", "line", b"lw/ghost");
+    let options = etcd_client::PutOptions::new().with_lease(lease);
+    etcd.put(ghost.clone(), "ghost owner", Some(options))
+        .await
+        .unwrap();
+    let refused = c.acquire("line", &ttl(5000)).await;
     assert!(
         matches!(refused, Err(LockError::Busy { .. })),
         "an older place in line is passed: {refused:?}"
     );
-    let guard = c.acquire("line", &fair.wait(10 * SECOND)).await.unwrap();
+    let guard = c.acquire("line", &ttl(5000).wait(10 * SECOND)).await.unwrap();
     let left = etcd.get(ghost, None).await.unwrap();
     assert!(
         left.kvs().is_empty(),
-        "taken while the dead waiter's place was there"
+        "taken while the dead client's place was there"
     );
     assert!(guard.release().await.unwrap());
+}
+
+/// Clients through fault proxies, one per member of the shared cluster (cut off together).
+struct CutOff {
+    proxies: Vec<FaultProxy>,
+    client: LockClient,
+}
+
+impl CutOff {
+    async fn new(prefix: &str) -> CutOff {
+        let cluster = EtcdCluster::shared();
+        let proxies: Vec<FaultProxy> = (0..3)
+            .map(|i| FaultProxy::start(cluster.client_port(i)))
+            .collect();
+        let through: Vec<String> = proxies
+            .iter()
+            .map(|p| format!("http://127.0.0.1:{}", p.port()))
+            .collect();
+        let client = builder(&through)
+            .prefix(prefix)
+            .response_timeout(Duration::from_millis(500))
+            .build()
+            .await
+            .unwrap();
+        CutOff { proxies, client }
+    }
+
+    fn each(&self, what: impl Fn(&FaultProxy)) {
+        self.proxies.iter().for_each(what);
+    }
+}
+
+/// Tries to take `key` through `other` until it gets it, checking at each success that the
+/// holder `held` no longer counts its lock valid: the server never kept it for less than the
+/// holder's validity. Returns how long that took.
+async fn taken_only_after_its_validity(
+    other: &LockClient,
+    key: &str,
+    held: Option<&lock_runtime::LockGuard>,
+) -> Duration {
+    let started = tokio::time::Instant::now();
+    loop {
+        let still_valid = held.is_some_and(|held| !held.is_lost());
+        match other.acquire(key, &ttl(5000)).await {
+            Ok(next) => {
+                assert!(
+                    !still_valid || held.is_some_and(lock_runtime::LockGuard::is_lost),
+                    "{key}: another client got in while the holder counted its lock valid"
+                );
+                assert!(next.release().await.unwrap());
+                return started.elapsed();
+            }
+            Err(LockError::Busy { .. }) => tokio::time::sleep(Duration::from_millis(20)).await,
+            Err(e) => panic!("{key}: {e}"),
+        }
+        assert!(started.elapsed() < 20 * SECOND, "{key}: never freed");
+    }
+}
+
+/// A holder cut off from every member (its connections silent) never counts its lock valid
+/// longer than the cluster keeps it: right after an acquire (its session was last renewed a
+/// while before), after an `extend` (the lock moved to a longer session), with a maximum hold
+/// under the watchdog; and a lock given back before its minimum hold stays held on the cluster
+/// until the hold ends, also when its holder is cut off right after. Nothing hangs meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_holders_validity_never_outlives_the_clusters_keep() {
+    let cluster = EtcdCluster::shared();
+    let other = builder(&cluster.endpoints())
+        .prefix("cut:")
+        .build()
+        .await
+        .unwrap();
+    let cases: [(&str, LockOptions); 4] = [
+        ("acquired", ttl(2000)),
+        ("extended", ttl(2000)),
+        (
+            "at-most",
+            ttl(2000).watchdog(true).hold_at_most(Duration::from_millis(3000)),
+        ),
+        ("at-least", ttl(2000).hold_at_least(Duration::from_millis(3000))),
+    ];
+    for (key, options) in cases {
+        let cut = CutOff::new("cut:").await;
+        let held = cut.client.acquire(key, &options).await.unwrap();
+        if key == "extended" {
+            held.extend(Duration::from_secs(4)).await.unwrap();
+        }
+        if key == "at-least" {
+            // Given back at once: kept on the cluster for the rest of its 3 s minimum hold.
+            let acquired = tokio::time::Instant::now();
+            assert!(held.release().await.unwrap());
+            cut.each(FaultProxy::blackhole);
+            let took = taken_only_after_its_validity(&other, key, None).await;
+            assert!(
+                acquired.elapsed() >= Duration::from_millis(2900),
+                "freed {took:?} in, before its minimum hold"
+            );
+            continue;
+        }
+        cut.each(FaultProxy::blackhole);
+        let took = taken_only_after_its_validity(&other, key, Some(&held)).await;
+        assert!(held.is_lost(), "{key}");
+        let late = tokio::time::timeout(5 * SECOND, held.release())
+            .await
+            .expect("a release cut off from etcd hangs");
+        assert!(
+            matches!(late, Err(_) | Ok(false)),
+            "{key}: {late:?} after {took:?}"
+        );
+    }
+}
+
+/// The answer of an `extend` is lost (etcd applied it: the lock moved to a longer session): the
+/// holder's renewals go on keeping the lock's real lease alive, so nobody else gets in, and the
+/// holder never counts it lost. Before, renewals kept only the old lease alive, the lock
+/// lapsed, and a second client held it while the first still did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_extend_whose_answer_is_lost_lets_nobody_else_in() {
+    let cut = CutOff::new("lost-extend:").await;
+    let other = builder(&EtcdCluster::shared().endpoints())
+        .prefix("lost-extend:")
+        .build()
+        .await
+        .unwrap();
+    let held = cut
+        .client
+        .acquire("ledger", &ttl(2000).watchdog(true))
+        .await
+        .unwrap();
+    cut.each(FaultProxy::drop_answers);
+    let extended = held.extend(Duration::from_secs(6)).await;
+    assert!(extended.is_err(), "the extend's answer was dropped: {extended:?}");
+    cut.each(FaultProxy::reset_all);
+    cut.each(FaultProxy::relay);
+    // Three times the old ttl and more: renewals keep the lock, whichever session it is on.
+    let until = tokio::time::Instant::now() + 8 * SECOND;
+    while tokio::time::Instant::now() < until {
+        let refused = other.acquire("ledger", &ttl(1000)).await;
+        assert!(
+            matches!(refused, Err(LockError::Busy { .. })),
+            "a second holder got in: {refused:?}"
+        );
+        assert!(!held.is_lost(), "the holder lost a lock that was still its own");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(held.release().await.unwrap());
+}
+
+/// Extends of every length racing the watchdog's renewals for ten seconds (each extend to a
+/// longer ttl moves the lock to another session): never `Lost`, and nobody else gets in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extends_racing_renewals_for_ten_seconds_never_lose_the_lock() {
+    let cluster = EtcdCluster::shared();
+    let c = builder(&cluster.endpoints())
+        .prefix("race:")
+        .build()
+        .await
+        .unwrap();
+    let other = builder(&cluster.endpoints())
+        .prefix("race:")
+        .build()
+        .await
+        .unwrap();
+    let held = std::sync::Arc::new(c.acquire("k", &ttl(300).watchdog(true)).await.unwrap());
+    let until = tokio::time::Instant::now() + 10 * SECOND;
+    let extenders: Vec<_> = (0..2u64)
+        .map(|n| {
+            let held = std::sync::Arc::clone(&held);
+            tokio::spawn(async move {
+                let mut i = n;
+                let mut extends = 0;
+                while tokio::time::Instant::now() < until {
+                    let to = [300, 1500, 2500, 4000, 700][usize::try_from(i % 5).unwrap()];
+                    held.extend(Duration::from_millis(to))
+                        .await
+                        .unwrap_or_else(|e| panic!("extend {i}: {e}"));
+                    extends += 1;
+                    i += 3;
+                }
+                extends
+            })
+        })
+        .collect();
+    while tokio::time::Instant::now() < until {
+        assert!(!held.is_lost(), "lost while extends raced renewals");
+        let refused = other.acquire("k", &ttl(1000)).await;
+        assert!(matches!(refused, Err(LockError::Busy { .. })), "{refused:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for extender in extenders {
+        assert!(extender.await.unwrap() > 20);
+    }
+    let held = std::sync::Arc::into_inner(held).unwrap();
+    assert!(held.release().await.unwrap());
+}
+
+/// 1,000 fenced acquire/release pairs on distinct keys leave nothing without a lease: the
+/// places in line go with their releases, the last writers' tokens are kept on a short lease;
+/// once the leases end (ended here by revoking them), nothing is left under the prefix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_fenced_pairs_leave_nothing_once_their_leases_end() {
+    let cluster = EtcdCluster::shared();
+    let c = builder(&cluster.endpoints())
+        .prefix("pairs:")
+        .build()
+        .await
+        .unwrap();
+    let tasks: Vec<_> = (0..8)
+        .map(|t| {
+            let c = c.clone();
+            tokio::spawn(async move {
+                for k in (t..1000).step_by(8) {
+                    let guard = c
+                        .acquire(&format!("order:{k}"), &ttl(5000).fencing(true))
+                        .await
+                        .unwrap();
+                    assert!(guard.fencing_token().is_some());
+                    assert!(guard.release().await.unwrap());
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    drop(c);
+    let mut etcd = etcd_client::Client::connect(cluster.endpoints(), None)
+        .await
+        .unwrap();
+    let prefix = Some(etcd_client::GetOptions::new().with_prefix());
+    let left = etcd.get("pairs:", prefix.clone()).await.unwrap();
+    let mut leases: Vec<i64> = left.kvs().iter().map(|kv| kv.lease()).collect();
+    assert!(left.kvs().len() <= 1000, "{} keys left", left.kvs().len());
+    assert!(
+        left.kvs()
+            .iter()
+            .all(|kv| !kv.key().windows(2).any(|w| w == [0xff, b'l'])),
+        "a place in line outlived its release"
+    );
+    assert!(
+        leases.iter().all(|&lease| lease != 0),
+        "a key without a lease: it would stay forever"
+    );
+    leases.sort_unstable();
+    leases.dedup();
+    assert!(
+        leases.len() <= 3,
+        "the kept tokens share a lease or two: {}",
+        leases.len()
+    );
+    for lease in leases {
+        let ttl = etcd.lease_time_to_live(lease, None).await.unwrap().ttl();
+        assert!(ttl <= 60, "kept for at most a minute: {ttl} s");
+        etcd.lease_revoke(lease).await.unwrap();
+    }
+    assert_eq!(etcd.get("pairs:", prefix).await.unwrap().count(), 0);
+}
+
+/// The cluster's committed raft proposals once the count stops moving (what was answered is
+/// counted; a metric read races nothing then).
+async fn settled(cluster: &EtcdCluster) -> f64 {
+    let mut last = cluster.proposals_committed();
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = cluster.proposals_committed();
+        if now == last {
+            return now;
+        }
+        last = now;
+    }
+}
+
+/// Raft writes, from etcd's own metrics: a try-once refused costs at most one, a hand-off
+/// between clients (a release, and the next waiter's place put when it joined) at most two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_try_costs_at_most_one_raft_write_and_a_hand_off_two() {
+    let cluster = blocking(EtcdCluster::spawn).await;
+    let endpoints = cluster.endpoints();
+    let (a, b) = (client(&endpoints).await, client(&endpoints).await);
+    // Sessions granted, the fence lease too: what is counted below is the steady state.
+    for c in [&a, &b] {
+        let warm = c.acquire("warm", &ttl(5000).fencing(true)).await.unwrap();
+        assert!(warm.release().await.unwrap());
+    }
+    let held = a.acquire("held", &ttl(5000)).await.unwrap();
+    let before = settled(&cluster).await;
+    const TRIES: u32 = 50;
+    for _ in 0..TRIES {
+        let refused = b.acquire("held", &ttl(5000)).await;
+        assert!(matches!(refused, Err(LockError::Busy { .. })), "{refused:?}");
+    }
+    let per_try = (settled(&cluster).await - before) / f64::from(TRIES);
+    assert!(per_try <= 1.0, "{per_try} raft writes per refused try");
+    assert!(held.release().await.unwrap());
+
+    const HANDOFFS: u32 = 40;
+    let before = settled(&cluster).await;
+    // (The clients outlive the count: a client that goes revokes its sessions, two writes.)
+    let turns: Vec<_> = [a.clone(), b.clone()]
+        .into_iter()
+        .map(|c| {
+            tokio::spawn(async move {
+                for _ in 0..HANDOFFS / 2 {
+                    let guard = c
+                        .acquire("handoff", &ttl(5000).fencing(true).wait(10 * SECOND))
+                        .await
+                        .unwrap();
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    assert!(guard.release().await.unwrap());
+                }
+            })
+        })
+        .collect();
+    for turn in turns {
+        turn.await.unwrap();
+    }
+    let per_handoff = (settled(&cluster).await - before) / f64::from(HANDOFFS);
+    assert!(per_handoff <= 2.0, "{per_handoff} raft writes per hand-off");
+    drop((a, b));
+}
+
+/// With etcd's auth on: a client without credentials, or with a wrong password, is refused at
+/// `build()` saying what to give; a user without rights on the prefix is refused saying which;
+/// credentials in the endpoint or given to the builder lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_auth_on_credentials_are_asked_for_and_used() {
+    let cluster = blocking(EtcdCluster::spawn).await;
+    let endpoints = cluster.endpoints();
+    let mut etcd = etcd_client::Client::connect(&endpoints, None).await.unwrap();
+    etcd.user_add("root", "rootpw", None).await.unwrap();
+    etcd.user_grant_role("root", "root").await.unwrap();
+    etcd.user_add("app", "apppw", None).await.unwrap();
+    etcd.role_add("locks").await.unwrap();
+    let rights = etcd_client::Permission::read_write("lock:").with_prefix();
+    etcd.role_grant_permission("locks", rights).await.unwrap();
+    etcd.user_grant_role("app", "locks").await.unwrap();
+    etcd.user_add("reader", "readerpw", None).await.unwrap();
+    etcd.auth_enable().await.unwrap();
+
+    let refusal = |built: Result<LockClient, LockError>| match built {
+        Err(LockError::Refused { reason, source }) => format!("{reason} ({source})"),
+        other => panic!("not refused: {other:?}"),
+    };
+    let anonymous = refusal(builder(&endpoints).build().await);
+    assert!(
+        anonymous.contains("etcd_user") && anonymous.contains("user name is empty"),
+        "{anonymous}"
+    );
+    let wrong = refusal(builder(&endpoints).etcd_user("app", "nope").build().await);
+    assert!(wrong.contains("authentication failed"), "{wrong}");
+    let no_rights = refusal(builder(&endpoints).etcd_user("reader", "readerpw").build().await);
+    assert!(no_rights.contains("lacks a right"), "{no_rights}");
+
+    let in_url: Vec<String> = endpoints
+        .iter()
+        .map(|e| e.replace("http://", "http://app:apppw@"))
+        .collect();
+    for c in [
+        client(&in_url).await,
+        builder(&endpoints)
+            .etcd_user("app", "apppw")
+            .build()
+            .await
+            .unwrap(),
+    ] {
+        let guard = c
+            .acquire("authed", &ttl(2000).watchdog(true).fencing(true))
+            .await
+            .unwrap();
+        assert!(c.is_locked("authed").await.unwrap());
+        assert!(guard.release().await.unwrap());
+        assert!(!format!("{c:?}").contains("apppw"));
+    }
+}
+
+/// Waiters whose watches start below a revision already compacted away (compaction to the
+/// newest revision every few milliseconds, racing the hand-offs) are told to look again and
+/// watch from a newer one: every waiter gets the lock, in line order, each woken by the release
+/// ahead of it rather than by its nap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_survive_watches_started_below_the_compacted_revision() {
+    let cluster = EtcdCluster::shared();
+    let endpoints = cluster.endpoints();
+    let clients = [client(&endpoints).await, client(&endpoints).await];
+    let compacting = tokio::spawn({
+        let endpoints = endpoints.clone();
+        async move {
+            let mut etcd = etcd_client::Client::connect(&endpoints, None).await.unwrap();
+            loop {
+                let put = etcd.put("compact:noise", "x", None).await.unwrap();
+                let revision = put.header().unwrap().revision();
+                let _ = etcd.compact(revision, None).await;
+                tokio::time::sleep(Duration::from_millis(3)).await;
+            }
+        }
+    });
+    let started = tokio::time::Instant::now();
+    const ROUNDS: usize = 60;
+    let tasks: Vec<_> = (0..4)
+        .map(|i| {
+            let c = clients[i % 2].clone();
+            tokio::spawn(async move {
+                for _ in 0..ROUNDS / 4 {
+                    let guard = c
+                        .acquire("compacted", &ttl(5000).wait(20 * SECOND))
+                        .await
+                        .unwrap();
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    assert!(guard.release().await.unwrap());
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    compacting.abort();
+    // Woken by releases: sixty hand-offs take far less than one nap each.
+    assert!(
+        started.elapsed() < lock_runtime::MAX_WAIT_NAP * 10,
+        "waiters slept through their wake-ups: {:?}",
+        started.elapsed()
+    );
 }

@@ -249,7 +249,7 @@ impl MemoryStore {
                 0 => store.next_fence(lock, now, lease),
                 fence => fence,
             });
-            return Attempt::Acquired { fence };
+            return Attempt::acquired(fence);
         }
         // Someone else's: until when.
         let mut holder = store.live(lock, now).map(|h| h.expires_at);
@@ -327,7 +327,7 @@ impl MemoryStore {
                 expires_at: now + Duration::from_millis(ask.ttl_ms),
             },
         );
-        Attempt::Acquired { fence }
+        Attempt::acquired(fence)
     }
 
     /// A share of a read-write lock, as share.lua takes it.
@@ -359,7 +359,7 @@ impl MemoryStore {
             .or_default()
             .readers
             .insert(token.to_owned(), now + Duration::from_millis(ask.ttl_ms));
-        Attempt::Acquired { fence }
+        Attempt::acquired(fence)
     }
 
     pub(crate) fn leave_queue(&self, lock: &str, token: &str, claimed: bool) {
@@ -668,7 +668,10 @@ mod tests {
     async fn expired_locks_and_counters_are_swept_and_tokens_still_rise() {
         let memory = MemoryStore::new("lock:", crate::wakeups::Wakeups::new().notices());
         let first = "lock:first";
-        let Attempt::Acquired { fence: Some(before) } = memory.acquire(first, "t0", &ask(true)) else {
+        let Attempt::Acquired {
+            fence: Some(before), ..
+        } = memory.acquire(first, "t0", &ask(true))
+        else {
             panic!("not acquired");
         };
         for i in 0..3 * SWEEP_AFTER {
@@ -692,7 +695,10 @@ mod tests {
             ));
         }
         assert!(memory.store().len() <= acquires, "{}", memory.store().len());
-        let Attempt::Acquired { fence: Some(after) } = memory.acquire(first, "t1", &ask(true)) else {
+        let Attempt::Acquired {
+            fence: Some(after), ..
+        } = memory.acquire(first, "t1", &ask(true))
+        else {
             panic!("not acquired");
         };
         assert!(after > before, "{after} <= {before}");

@@ -132,7 +132,7 @@ impl Settings {
 
 /// Where the locks of a client live, as the builder was told (one per store: a Redis
 /// deployment, RedLock's masters, a database URL, etcd's endpoints), until `build()`.
-pub(crate) trait StoreConfig: Debug + Send + Sync {
+pub(crate) trait StoreConfig: Debug + Send + Sync + std::any::Any {
     /// Checks the description against the client's settings and makes the store; nothing is
     /// connected yet.
     fn open(&self, settings: Settings) -> Result<Arc<dyn DynStore>, LockError>;
@@ -237,8 +237,14 @@ pub(crate) struct Ask {
 /// The result of one acquire attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Attempt {
-    /// Ours; `fence` is the new fencing token when one was asked for.
-    Acquired { fence: Option<u64> },
+    /// Ours; `fence` is the new fencing token when one was asked for. `kept_until`: the store
+    /// keeps the lock until then whatever happens to this client, when that is sooner than the
+    /// ttl from the attempt's send (etcd: a session lease last renewed a while ago); the lock is
+    /// valid until then, and renewed a third of the way there.
+    Acquired {
+        fence: Option<u64>,
+        kept_until: Option<tokio::time::Instant>,
+    },
     /// Held by someone (or something) else; `pttl_ms` is its remaining life when it has one.
     /// `behind`: a fair waiter with others ahead of it in line (the next release names one of
     /// them, not it). `claimed`: refused by readers, the caller claimed the writers' turn, which
@@ -256,6 +262,14 @@ pub(crate) enum Attempt {
 }
 
 impl Attempt {
+    /// Taken, valid for its ttl.
+    pub(crate) fn acquired(fence: Option<u64>) -> Attempt {
+        Attempt::Acquired {
+            fence,
+            kept_until: None,
+        }
+    }
+
     /// Refused, with nothing more to say.
     pub(crate) const HELD: Attempt = Attempt::Held {
         pttl_ms: None,
@@ -369,6 +383,12 @@ pub(crate) struct Capabilities {
     /// where every acquire must be acknowledged by replicas: the release's write was not
     /// waited for, so the waiter asks, and its attempt is acknowledged).
     pub(crate) hand_over: bool,
+    /// Every waiting call queues in the store (fair or not): its first attempt takes a place in
+    /// line, which lasts as long as the client does, and the store wakes it by its token
+    /// ([`Notices::turn`]) when the place ahead of it goes; its next attempt only looks. The
+    /// client registers such a waiter before its first attempt, and does not re-ask to keep
+    /// the place.
+    pub(crate) queues: bool,
 }
 
 impl Capabilities {
@@ -379,6 +399,7 @@ impl Capabilities {
         fair: Offered::Yes,
         shared: Offered::Yes,
         hand_over: true,
+        queues: false,
     };
 
     /// Refuses options this store does not offer, saying why.

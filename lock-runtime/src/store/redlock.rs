@@ -258,7 +258,7 @@ impl RedlockStore {
         let drift = ttl / 100 + Duration::from_millis(2);
         if yes >= self.quorum && started.elapsed() + drift < ttl {
             stragglers.register();
-            return Ok(Attempt::Acquired { fence: None });
+            return Ok(Attempt::acquired(None));
         }
         // Not held: give back what was taken, on every master, after every attempt has ended
         // (each is bounded), so that no release overtakes the acquire it must undo.
@@ -582,6 +582,7 @@ impl Store for RedlockStore {
                 "shares on a majority of masters could not keep writers out across a master's restart",
             ),
             hand_over: false,
+            queues: false,
         }
     }
 

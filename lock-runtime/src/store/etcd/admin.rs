@@ -1,9 +1,10 @@
 //! What operators read and do on the etcd store (`lock_runtime::admin`, `lockctl`), and what
-//! `holder` reads: every key of a lock (the holder, past a 0xff byte the readers' shares `r/…`,
-//! fair waiters `q/…`, waiting writers `w/…` and the last fenced writer's `fence`), read in one
-//! request so a lock is seen at one revision; and a forced release that deletes the holder's
-//! keys in one transaction comparing each with what was seen (its value and lease), then revokes
-//! their leases, so the holder's renewals find them gone and waiters hear the deletion.
+//! `holder` reads: every key of a lock (its places in line, the last fenced writer's token),
+//! read in one request so a lock is seen at one revision; the holders are the oldest place (a
+//! writer) or the readers before the oldest writer. A forced release deletes the holders'
+//! places in one transaction comparing each with what was seen (its value and create
+//! revision): the holders' renewals find them gone, and the waiters behind hear the deletion.
+//! No lease is revoked: a session lease holds its client's other locks too.
 #![cfg_attr(not(feature = "cli"), allow(dead_code))]
 
 use std::collections::BTreeMap;
@@ -12,63 +13,54 @@ use std::time::Duration;
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, Txn, TxnOp};
 use tokio::time::Instant;
 
-use super::{EtcdStore, RELEASED};
+use super::names::{split, Part};
+use super::EtcdStore;
 use crate::store::{ForceReleased, Lock};
-use crate::view::{glob_escape, glob_matches, Fence, Holding, LockView, Reader};
+use crate::view::{glob_escape, glob_matches, Fence, Holding, LockView, Reader, RELEASED};
 use crate::LockError;
 
-/// What kind of key of its lock a key is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Part {
-    Holder,
-    Share,
-    Place,
-    Claim,
-    Fence,
-}
+/// A place in line as read: its create revision, whether a writer's, the key-value.
+type Seen = (i64, bool, KeyValue);
 
 /// What one lock's keys hold, as read.
 #[derive(Default)]
 struct Keys {
-    holder: Option<KeyValue>,
-    shares: Vec<KeyValue>,
-    places: u64,
-    claims: u64,
-    fence: Option<u64>,
+    /// Its places in line.
+    line: Vec<Seen>,
+    fence: Option<i64>,
+}
+
+impl Keys {
+    /// The holders (the oldest writer, or the readers before the oldest writer) and the
+    /// waiters, in line order.
+    fn split(&mut self) -> (Vec<&Seen>, Vec<&Seen>) {
+        self.line.sort_by_key(|(created, _, _)| *created);
+        let first_writer = self.line.iter().position(|(_, writer, _)| *writer);
+        let holding = match first_writer {
+            Some(0) => 1,
+            Some(at) => at,
+            None => self.line.len(),
+        };
+        let (holders, waiters) = self.line.split_at(holding);
+        (holders.iter().collect(), waiters.iter().collect())
+    }
 }
 
 impl EtcdStore {
     /// The user's key and what kind of key of its lock `name` is.
-    fn split<'a>(&self, name: &'a [u8]) -> Option<(&'a str, Part)> {
+    fn split<'a>(&self, name: &'a [u8]) -> Option<(&'a str, Part<'a>)> {
         let rest = name.strip_prefix(self.prefix.as_bytes())?.strip_prefix(b"{")?;
-        let (lock, part) = match rest.iter().position(|&b| b == 0xff) {
-            Some(at) => {
-                let helper = &rest[at + 1..];
-                let part = if helper.starts_with(b"r/") {
-                    Part::Share
-                } else if helper.starts_with(b"q/") {
-                    Part::Place
-                } else if helper.starts_with(b"w/") {
-                    Part::Claim
-                } else if helper == b"fence" {
-                    Part::Fence
-                } else {
-                    return None;
-                };
-                (&rest[..at], part)
-            }
-            None => (rest, Part::Holder),
-        };
-        let key = std::str::from_utf8(lock.strip_suffix(b"}")?).ok()?;
+        let at = rest.iter().position(|&b| b == 0xff)?;
+        let part = split(&rest[at + 1..])?;
+        let key = std::str::from_utf8(rest[..at].strip_suffix(b"}")?).ok()?;
         Some((key, part))
     }
 
-    /// Every lock whose key matches `pattern` (a glob), read under `from` (the prefix, or one
-    /// lock's key), free ones too (those with only a fence key, or waiters).
-    async fn rows(&self, from: &str, pattern: &str) -> Result<Vec<LockView>, LockError> {
+    /// Every key under `from` (the prefix, or one lock's name).
+    async fn read(&self, from: &str) -> Result<Vec<KeyValue>, LockError> {
         let from = from.to_owned();
         let read = self
-            .pool
+            .pool()
             .ask(|client| {
                 let from = from.clone();
                 async move {
@@ -79,9 +71,16 @@ impl EtcdStore {
                 }
             })
             .await?;
+        Ok(read.kvs().to_vec())
+    }
+
+    /// Every lock whose key matches `pattern` (a glob), read under `from` (the prefix, or one
+    /// lock's name), free ones too (those with only a fence key).
+    async fn rows(&self, from: &str, pattern: &str) -> Result<Vec<LockView>, LockError> {
+        let read = self.read(from).await?;
         let read_at = Instant::now();
         let mut locks: BTreeMap<String, Keys> = BTreeMap::new();
-        for kv in read.kvs() {
+        for kv in read {
             let Some((key, part)) = self.split(kv.key()) else {
                 continue;
             };
@@ -90,11 +89,9 @@ impl EtcdStore {
             }
             let lock = locks.entry(key.to_owned()).or_default();
             match part {
-                Part::Holder => lock.holder = Some(kv.clone()),
-                Part::Share => lock.shares.push(kv.clone()),
-                Part::Place => lock.places += 1,
-                Part::Claim => lock.claims += 1,
-                Part::Fence => lock.fence = u64::try_from(kv.mod_revision()).ok(),
+                Part::Writer(_) => lock.line.push((kv.create_revision(), true, kv)),
+                Part::Reader(_) => lock.line.push((kv.create_revision(), false, kv)),
+                Part::Fence => lock.fence = Some(super::fence_of(&kv)),
             }
         }
         let mut views = Vec::with_capacity(locks.len());
@@ -104,48 +101,68 @@ impl EtcdStore {
         Ok(views)
     }
 
-    /// What is left of `kv`'s lock: its lease's remaining whole seconds, or less when this
-    /// client holds it and ends it sooner (see `Lease::valid_until`).
-    async fn remaining(&self, kv: &KeyValue) -> Result<Option<Duration>, LockError> {
-        if kv.lease() == 0 {
-            return Ok(None);
-        }
-        let Some(left) = self.pool.time_to_live(kv.lease()).await? else {
-            return Ok(None);
-        };
+    /// What is left of `kv`'s lock: its lease's remaining whole seconds, or when this client
+    /// holds it, until this client deletes it (no later than its session is kept).
+    async fn remaining(&self, kv: &KeyValue) -> Result<Duration, LockError> {
         let value = String::from_utf8_lossy(kv.value());
         let token = value.strip_suffix(RELEASED).unwrap_or(&value);
+        let now = Instant::now();
         let ours = self
-            .leases()
+            .shared
+            .places()
             .get(token)
-            .filter(|ours| ours.holds(kv))
-            .map(|ours| ours.valid_until.saturating_duration_since(Instant::now()));
-        Ok(Some(ours.map_or(left, |ours| ours.min(left))))
+            .filter(|p| p.created == kv.create_revision())
+            .and_then(|p| p.until);
+        if let Some(until) = ours {
+            if let Some(session) = self.shared.sessions.by_id(kv.lease()) {
+                return Ok(until.min(session.kept_until).saturating_duration_since(now));
+            }
+        }
+        let left = match kv.lease() {
+            0 => None,
+            lease => self.pool().time_to_live(lease).await?,
+        };
+        let left = left.unwrap_or_default();
+        Ok(ours.map_or(left, |until| left.min(until.saturating_duration_since(now))))
     }
 
-    async fn view(&self, key: String, keys: Keys, read_at: Instant) -> Result<LockView, LockError> {
+    async fn view(&self, key: String, mut keys: Keys, read_at: Instant) -> Result<LockView, LockError> {
         let name = super::Store::name(self, &key);
-        let (holding, remaining) = match keys.holder {
-            Some(kv) => (Holding::of_value(kv.value()), self.remaining(&kv).await?),
-            None if !keys.shares.is_empty() => {
-                let mut readers = Vec::with_capacity(keys.shares.len());
-                for kv in &keys.shares {
-                    let left = self.remaining(kv).await?.unwrap_or_default();
-                    readers.push(Reader::of(&String::from_utf8_lossy(kv.value()), left));
+        let fence_kept = keys.fence;
+        let (holders, waiters) = keys.split();
+        let waiting_writers = waiters.iter().filter(|(_, writer, _)| *writer).count();
+        let (holding, remaining, fence) = match holders.as_slice() {
+            [] => (Holding::Free, None, fence_kept),
+            [(created, true, kv)] => (
+                Holding::of_value(kv.value()),
+                Some(self.remaining(kv).await?),
+                Some(*created),
+            ),
+            readers => {
+                let mut shares = Vec::with_capacity(readers.len());
+                for (_, _, kv) in readers {
+                    let left = self.remaining(kv).await?;
+                    shares.push(Reader::of(&String::from_utf8_lossy(kv.value()), left));
                 }
-                let remaining = readers.iter().map(|r| r.remaining).max();
-                (Holding::shared(readers), remaining)
+                let remaining = shares.iter().map(|r| r.remaining).max();
+                (Holding::shared(shares), remaining, fence_kept)
             }
-            None => (Holding::Free, None),
         };
+        let shared = matches!(holding, Holding::Shared { .. });
         Ok(LockView {
             key,
             name,
             holding,
             remaining,
-            fence: keys.fence.map_or(Fence::None, Fence::Token),
-            queued: keys.places,
-            writers: keys.claims,
+            fence: fence
+                .and_then(|f| u64::try_from(f).ok())
+                .map_or(Fence::None, Fence::Token),
+            queued: u64::try_from(waiters.len()).unwrap_or(u64::MAX),
+            writers: if shared {
+                u64::try_from(waiting_writers).unwrap_or(u64::MAX)
+            } else {
+                0
+            },
             read_at,
         })
     }
@@ -165,65 +182,51 @@ impl EtcdStore {
             .unwrap_or_else(|| LockView::free(lock.key(), lock.name())))
     }
 
-    /// Frees `lock` if its keys still hold what `seen` shows.
+    /// Frees `lock` if its holders are still the ones `seen` shows.
     pub(super) async fn force(&self, lock: &Lock, seen: &LockView) -> Result<ForceReleased, LockError> {
-        let from = lock.name().to_owned();
-        // The keys and leases to free, read again: the deletion compares each with what was seen.
-        let now = self
-            .pool
-            .ask(|client| {
-                let from = from.clone();
-                async move {
-                    client
-                        .kv_client()
-                        .get(from, Some(GetOptions::new().with_prefix()))
-                        .await
+        let mut keys = Keys::default();
+        for kv in self.read(lock.name()).await? {
+            match self.split(kv.key()) {
+                Some((key, Part::Writer(_))) if key == lock.key() => {
+                    keys.line.push((kv.create_revision(), true, kv))
                 }
-            })
-            .await?;
-        let wanted: Vec<(Vec<u8>, Vec<u8>, i64)> = now
-            .kvs()
-            .iter()
-            .filter_map(|kv| {
-                let (key, part) = self.split(kv.key())?;
-                let value = String::from_utf8_lossy(kv.value());
-                let shown = match (&seen.holding, part) {
-                    (Holding::Exclusive { value: shown, .. }, Part::Holder) => *shown == value,
-                    (Holding::Shared { readers }, Part::Share) => readers.iter().any(|r| r.value == value),
-                    _ => false,
-                };
-                (key == lock.key() && shown).then(|| (kv.key().to_vec(), kv.value().to_vec(), kv.lease()))
-            })
-            .collect();
-        if wanted.is_empty() {
-            let again = self.read_one(lock).await?;
-            return Ok(if again.is_held() {
-                ForceReleased::Changed
-            } else {
-                ForceReleased::Gone
-            });
+                Some((key, Part::Reader(_))) if key == lock.key() => {
+                    keys.line.push((kv.create_revision(), false, kv))
+                }
+                _ => {}
+            }
         }
-        let compares: Vec<Compare> = wanted
-            .iter()
-            .flat_map(|(name, value, lease)| {
-                [
-                    Compare::value(name.clone(), CompareOp::Equal, value.clone()),
-                    Compare::lease(name.clone(), CompareOp::Equal, *lease),
-                ]
-            })
-            .collect();
-        let deletes: Vec<TxnOp> = wanted
-            .iter()
-            .map(|(name, _, _)| TxnOp::delete(name.clone(), None))
-            .collect();
-        let deleted = self.pool.txn(Txn::new().when(compares).and_then(deletes)).await?;
-        if !deleted.succeeded() {
+        let (holders, _) = keys.split();
+        let shown = |kv: &KeyValue| {
+            let value = String::from_utf8_lossy(kv.value());
+            match &seen.holding {
+                Holding::Exclusive { value: shown, .. } => *shown == value,
+                Holding::Shared { readers } => readers.iter().any(|r| r.value == value),
+                _ => false,
+            }
+        };
+        if holders.is_empty() {
+            return Ok(ForceReleased::Gone);
+        }
+        if !holders.iter().all(|(_, _, kv)| shown(kv)) {
             return Ok(ForceReleased::Changed);
         }
-        for (_, _, lease) in wanted.iter().filter(|(_, _, lease)| *lease != 0) {
-            // Best effort: the keys are gone already; a lease that ended meanwhile is no error.
-            let _ = self.pool.revoke(*lease).await;
-        }
-        Ok(ForceReleased::Freed)
+        let compares: Vec<Compare> = holders
+            .iter()
+            .map(|(created, _, kv)| Compare::create_revision(kv.key().to_vec(), CompareOp::Equal, *created))
+            .collect();
+        let deletes: Vec<TxnOp> = holders
+            .iter()
+            .map(|(_, _, kv)| TxnOp::delete(kv.key().to_vec(), None))
+            .collect();
+        let deleted = self
+            .pool()
+            .txn(Txn::new().when(compares).and_then(deletes))
+            .await?;
+        Ok(if deleted.succeeded() {
+            ForceReleased::Freed
+        } else {
+            ForceReleased::Changed
+        })
     }
 }

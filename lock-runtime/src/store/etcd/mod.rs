@@ -1,111 +1,184 @@
-//! Locks in an etcd v3 cluster (the `etcd` feature): one key per lock, attached to a lease of its
-//! own, fencing tokens from etcd's revisions, and waiters woken by one watch stream per client.
+//! Locks in an etcd v3 cluster (the `etcd` feature), on etcd's own recipe (its `concurrency`
+//! and `recipes` packages): a line of keys in revision order, each attached to its client's
+//! session lease.
 //!
-//! The keys of a lock `L` (`<prefix>{<key>}`, as on Redis):
+//! The keys of a lock named `L` (`<prefix>{<key>}`), past a byte 0xff (which UTF-8 never has:
+//! no other lock's key falls among them):
 //!
-//! - `L`: the exclusive holder's token, attached to the holder's lease (the ttl rounded up to
-//!   whole seconds; etcd raises it to its minimum). Taking it is one transaction (`L` absent, no
-//!   share, and for a fair waiter no older place in line): its revision is the fencing token,
-//!   strictly increasing across leader changes, as every etcd revision is.
-//! - `L:r/<token>`: a reader's share, attached to its own lease.
-//! - `L:fence`: written with every fenced exclusive acquire; its mod revision is that token.
-//! - `L:q/<token>`: a fair waiter's place in line, ordered by its create revision.
-//! - `L:w/<token>`: a waiting writer's claim, which holds new readers back.
+//! - `L␣lw/<id>`: a writer's place in line (an exclusive lock is a writer), its value the
+//!   holder's token (`<id> <owner>`), attached to the session lease of its client for its ttl.
+//!   A writer holds the lock when no place in line was created before its own.
+//! - `L␣lr/<id>`: a reader's place; a reader holds a share when no writer's place was created
+//!   before its own.
+//! - `L␣fence`: the last fenced writer's token (20 digits), written with its release on a
+//!   short lease, for a fenced reader after it.
 //!
-//! (`:` stands for the byte 0xff there, which UTF-8 never has: no other lock's key falls among
-//! a lock's helpers.) A waiter's place and claim are attached to a short lease of the waiter's
-//! own, which each of its attempts keeps alive: they go [`PLACE_TTL`] after its last attempt.
+//! A try that will not wait is one transaction that puts the caller's place only if the line
+//! is empty (for a reader: has no writer): at most one raft write, also when refused. A caller
+//! that will wait puts its place at once (one write) and, when someone is ahead, watches only
+//! the place just ahead of its own; that one's deletion wakes it to look again (a read). A
+//! release is one deletion, and the hand-off to the next in line that deletion plus one watch
+//! event. The fencing token of a writer is its place's create revision, which etcd raises with
+//! every write, across leader changes; a reader's is the last writer's before it.
 //!
-//! A lock's key goes only with its lease: a release revokes the lease (one request), and so does
-//! a forced release. So a lease that is alive holds its key, and a renewal is a keep-alive of the
-//! lease (checked against the key in one read per batch).
+//! A client's places live as long as its session lease (see [`sessions`]): a client that dies or
+//! is cut off loses them within the ttl. A lock taken for a ttl and not renewed is deleted by
+//! this client when its ttl ends (the reaper), and a minimum hold moves the key to a lease of
+//! its own. Nothing is written without a lease or a deletion that follows.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
-
-use tokio::time::Instant;
 
 use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
     TxnResponse,
 };
 use futures_util::future::join_all;
+use tokio::sync::Notify;
+use tokio::time::Instant;
 
 use super::{
-    Ask, Attempt, Capabilities, DynStore, Flight, ForceReleased, Kind, Lock, LockView, Notices, Release,
-    Released, Renewal, Renewing, Settings, Store, StoreConfig,
+    Ask, Attempt, Capabilities, DynStore, Flight, ForceReleased, Lock, LockView, Notices, Release, Released,
+    Renewal, Renewing, Settings, Store, StoreConfig,
 };
+use crate::background::Background;
 use crate::redact::hide_credentials;
+use crate::view::RELEASED;
 use crate::{LockClientBuilder, LockError};
 
 mod admin;
 mod names;
 mod pool;
+mod sessions;
 mod watcher;
 
-use names::Names;
-use pool::Pool;
-
-/// What a lock kept for its minimum hold after its release has after its token (as on Redis).
-const RELEASED: &str = ":released";
-
-/// A waiter's place and claim lease's ttl (seconds): etcd's minimum with its default election
-/// timeout. A waiter asks again well within it (every 300 ms at most, when fair).
-const PLACE_TTL: i64 = 2;
+use names::{fence_value, Names};
+use pool::{Access, Pool};
+use sessions::{seconds, Session, Sessions};
 
 /// The most operations etcd takes in one transaction (its default `--max-txn-ops`).
 const MAX_TXN_OPS: usize = 128;
 
-/// The lease a token's lock (or share) is attached to.
-#[derive(Debug, Clone)]
-struct Lease {
-    id: i64,
-    /// Its ttl in whole seconds, as granted.
-    ttl_s: i64,
-    /// A lease the key may have moved to (a longer `extend`, or a minimum hold, whose answer
-    /// has not come): renewals accept it, a release revokes it too.
-    moving: Option<i64>,
-    /// The key it holds (`L`, or a reader's `L:r/<token>`).
-    key: Vec<u8>,
-    /// Until when its holder counts it valid, at the latest: the lock's ttl from when the
-    /// request that took or renewed it was made. A lease longer than that (rounded up to whole
-    /// seconds, or etcd's minimum) is revoked then, so the lock ends when its ttl says, as on
-    /// Redis, unless the holder's process is gone (then its lease ends it).
-    valid_until: Instant,
-    /// A task revokes it at `valid_until` (see [`EtcdStore::expire_when_invalid`]).
-    expiring: bool,
-}
+/// How long the last fenced writer's token is kept after its release, for the readers after
+/// it (a reader after that gets the revision of its own place, which is above every earlier
+/// writer's token and below every later one).
+const FENCE_KEPT: Duration = Duration::from_secs(60);
 
-impl Lease {
-    fn holds(&self, kv: &KeyValue) -> bool {
-        kv.lease() == self.id || Some(kv.lease()) == self.moving
-    }
-}
+/// The first etcd releases with both fixes for leases that end early on a leader change (etcd
+/// #13932 in 3.5.3 and 3.4.20; #15247 by #16822 in 3.5.13 and 3.4.31), by minor version.
+const FIXED_IN: [(u64, u64, u64); 2] = [(3, 4, 31), (3, 5, 13)];
 
-/// A waiting call's place in the fair line and its claim as a waiting writer: the short lease
-/// they are attached to, and the place's create revision once it has one.
-#[derive(Debug, Clone, Copy)]
-struct Waiting {
-    lease: i64,
-    revision: Option<i64>,
-}
+/// An etcd user's name and password.
+type User = (String, String);
 
-type Leases = Arc<Mutex<HashMap<String, Lease>>>;
-
-fn held(leases: &Leases) -> MutexGuard<'_, HashMap<String, Lease>> {
-    // Every update is one step, so a poisoned map is still consistent.
-    leases.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// An etcd cluster's endpoints, as the builder was told.
+/// An etcd cluster's endpoints, and who this client is to it.
 #[derive(Clone)]
-pub(crate) struct EtcdConfig(Vec<String>);
+pub(crate) struct EtcdConfig {
+    endpoints: Vec<String>,
+    user: Option<User>,
+}
 
 impl std::fmt::Debug for EtcdConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let endpoints: Vec<String> = self.0.iter().map(|e| hide_credentials(e)).collect();
-        f.debug_tuple("Etcd").field(&endpoints).finish()
+        let endpoints: Vec<String> = self.endpoints.iter().map(|e| hide_credentials(e)).collect();
+        f.debug_struct("Etcd")
+            .field("endpoints", &endpoints)
+            .field("user", &self.user.as_ref().map(|(user, _)| user))
+            .finish()
+    }
+}
+
+/// `%XX` escapes decoded (a user or password in a URL).
+fn percent_decoded(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut at = 0;
+    while at < bytes.len() {
+        let hex = bytes
+            .get(at + 1..at + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[at], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                at += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                at += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// An endpoint without its credentials, and the credentials (`user:password@`) it had.
+fn split_credentials(endpoint: &str) -> (String, Option<User>) {
+    let Some((scheme, rest)) = endpoint.split_once("://") else {
+        return (endpoint.to_owned(), None);
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+            let plain = format!("{scheme}://{host}{}", &rest[authority_end..]);
+            (plain, Some((percent_decoded(user), percent_decoded(password))))
+        }
+        None => (endpoint.to_owned(), None),
+    }
+}
+
+impl EtcdConfig {
+    fn new(endpoints: impl IntoIterator<Item = String>) -> Self {
+        EtcdConfig {
+            endpoints: endpoints.into_iter().collect(),
+            user: None,
+        }
+    }
+
+    /// The endpoints checked, without credentials, and who logs in (given to the builder, or
+    /// in the endpoints, the same in each).
+    fn checked(&self) -> Result<(Vec<String>, Option<User>), LockError> {
+        if self.endpoints.is_empty() {
+            return Err(LockError::invalid_options("no etcd endpoint given"));
+        }
+        let mut user = self.user.clone();
+        let mut plain = Vec::with_capacity(self.endpoints.len());
+        for endpoint in &self.endpoints {
+            let shown = hide_credentials(endpoint);
+            let scheme = endpoint
+                .split_once("://")
+                .map(|(scheme, _)| scheme.to_ascii_lowercase());
+            match scheme.as_deref() {
+                Some("http" | "https") => {}
+                Some("etcd" | "etcds") => {
+                    return Err(LockError::invalid_options(format!(
+                        "{shown}: .etcd([…]) takes each member as http://host:2379 (https:// with TLS); \
+                         etcd://host:2379 is the URL LockClient::connect and .store(…) take"
+                    )))
+                }
+                _ => {
+                    return Err(LockError::invalid_options(format!(
+                        "{shown}: an etcd endpoint is http://host:2379 (https:// with TLS)"
+                    )))
+                }
+            }
+            let (endpoint, given) = split_credentials(endpoint);
+            match (&user, given) {
+                (_, None) => {}
+                (None, Some(given)) => user = Some(given),
+                (Some(known), Some(given)) if *known == given => {}
+                (Some(_), Some(_)) => {
+                    return Err(LockError::invalid_options(
+                        "the etcd endpoints give different users or passwords: give one (in each \
+                         endpoint, or with .etcd_user)",
+                    ))
+                }
+            }
+            plain.push(endpoint);
+        }
+        Ok((plain, user))
     }
 }
 
@@ -113,32 +186,71 @@ impl StoreConfig for EtcdConfig {
     fn open(&self, settings: Settings) -> Result<Arc<dyn DynStore>, LockError> {
         settings
             .no_replicas("etcd: every write is committed by a majority of its members before it answers")?;
-        settings
-            .no_tls_material("TLS to etcd is not offered yet: the builder's TLS material is for Redis")?;
-        Ok(Arc::new(EtcdStore::new(self.0.clone(), settings)?))
+        let (endpoints, user) = self.checked()?;
+        let https = endpoints.iter().any(|e| e.starts_with("https://"));
+        if !https {
+            settings.no_tls_material(
+                "TLS material was given, but no etcd endpoint is https://: write https://host:2379",
+            )?;
+        }
+        if https && !cfg!(feature = "tls") {
+            return Err(LockError::invalid_options(
+                "https:// etcd endpoints need lock-runtime's `tls` feature",
+            ));
+        }
+        let access = Access {
+            user,
+            tls: settings.tls.clone(),
+        };
+        Ok(Arc::new(EtcdStore::new(endpoints, access, settings)))
     }
 }
 
-/// `etcd://host:port`, or a cluster's members `etcd://host:port,host:port` (`LockClient::connect`).
+/// `etcd://host:port` (`etcds://` with TLS), or a cluster's members `etcd://host:port,host:port`,
+/// credentials before the first (`etcd://user:password@host:port,…`), for
+/// `LockClient::connect`.
 pub(crate) fn from_url(url: &str) -> Result<Arc<dyn StoreConfig>, LockError> {
-    let members = url.split_once("://").map_or(url, |(_, rest)| rest);
-    let endpoints: Vec<String> = members
+    let (scheme, members) = url.split_once("://").unwrap_or(("etcd", url));
+    let http = if scheme.eq_ignore_ascii_case("etcds") {
+        "https"
+    } else {
+        "http"
+    };
+    let (members, user) = match members.rsplit_once('@') {
+        Some((userinfo, members)) => {
+            let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+            (members, Some((percent_decoded(user), percent_decoded(password))))
+        }
+        None => (members, None),
+    };
+    let endpoints = members
+        .trim_end_matches('/')
         .split(',')
         .map(str::trim)
         .filter(|m| !m.is_empty())
-        .map(|m| format!("http://{m}"))
-        .collect();
-    Ok(Arc::new(EtcdConfig(endpoints)))
+        .map(|m| format!("{http}://{m}"));
+    Ok(Arc::new(EtcdConfig {
+        user,
+        ..EtcdConfig::new(endpoints)
+    }))
 }
 
 impl LockClientBuilder {
-    /// An etcd v3 cluster (`http://host:2379` for each member; the `etcd` feature; TLS to etcd
-    /// is not offered yet): each lock is a key attached to a lease of its own, its
-    /// fencing token the revision that took it (strictly increasing across leader changes),
-    /// and waiters are woken by a watch, in revision order when fair. etcd's leases have whole
-    /// seconds and a minimum (2 s with etcd's default election timeout): the server's lease is
-    /// the ttl rounded up to it, while the holder's validity is the ttl as asked. The prefix
-    /// starts each key, as on Redis.
+    /// An etcd v3 cluster (the `etcd` feature): `http://host:2379` for each member
+    /// (`https://` with the `tls` feature; a private CA and a client certificate with
+    /// [`tls_root_ca`](Self::tls_root_ca) and [`tls_client_auth`](Self::tls_client_auth)),
+    /// credentials in an endpoint (`http://user:password@host:2379`) or with
+    /// [`etcd_user`](Self::etcd_user).
+    ///
+    /// Locks follow etcd's own recipe: each caller's place in a line in revision order, on its
+    /// client's session lease (one per ttl, renewed in the background); the holder is the
+    /// oldest place, its fencing token the place's create revision (strictly increasing
+    /// across leader changes); a waiter watches only the place ahead of its own, so waiters
+    /// are served in order, one wake-up per release. etcd's leases have whole seconds and a
+    /// minimum (2 s with its default election timeout): a client that dies loses its locks
+    /// within the ttl rounded up to that, while a holder's validity is the ttl as asked. The
+    /// prefix starts each key, as on Redis. Run etcd with `--auto-compaction-retention` (the
+    /// guide's etcd page says why).
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), lock_runtime::LockError> {
@@ -153,40 +265,90 @@ impl LockClientBuilder {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        self.place(EtcdConfig(
-            endpoints.into_iter().map(|u| u.as_ref().to_owned()).collect(),
+        self.place(EtcdConfig::new(
+            endpoints.into_iter().map(|u| u.as_ref().to_owned()),
         ))
     }
+
+    /// Logs in to etcd (its auth) as `user` with `password`, for the cluster given to
+    /// [`etcd`](Self::etcd) before this call. A refusal (a wrong password, a user without the
+    /// rights locking needs: read and write under the prefix) fails `build()` with
+    /// [`LockError::Refused`], saying etcd's reason.
+    pub fn etcd_user(self, user: &str, password: &str) -> Self {
+        let (user, password) = (user.to_owned(), password.to_owned());
+        self.refine(".etcd_user", ".etcd([…])", move |config: &mut EtcdConfig| {
+            config.user = Some((user, password));
+        })
+    }
+}
+
+/// What a renewal read of one place found.
+#[derive(Debug, Clone, Copy)]
+enum Found {
+    Renewal(Renewal),
+    /// Still this token's, on this lease (not the one this client knew).
+    On(i64),
+}
+
+/// What this client knows of one of its places in line, by its caller's token.
+#[derive(Debug, Clone)]
+struct Place {
+    /// The lock's name (what its waiters' wake-ups name).
+    name: String,
+    /// The place's key.
+    key: Vec<u8>,
+    /// A reader's place.
+    shared: bool,
+    /// Its create revision (its fencing token, for a writer).
+    created: i64,
+    /// The lease it is attached to, as last known.
+    lease: i64,
+    /// A fenced writer: its release leaves its token for the readers after it.
+    fenced: bool,
+    /// A reader's fencing token: the last writer's token known before its place.
+    after_writer: i64,
+    /// Held: this client deletes it then unless renewed (its ttl from the last request that
+    /// took or renewed it, or its minimum hold). `None`: a waiter's place, kept as long as the
+    /// client.
+    until: Option<Instant>,
+    /// Given back, and kept for its minimum hold (on a lease of its own).
+    kept: bool,
+}
+
+/// What the client's tasks share with the store.
+#[derive(Debug)]
+struct Shared {
+    pool: Arc<Pool>,
+    sessions: Sessions,
+    /// Each of this client's places in line, by token.
+    places: Mutex<HashMap<String, Place>>,
+    /// When places are due to be deleted, by token (see [`Place::until`]).
+    due: Mutex<BTreeSet<(Instant, String)>>,
+    /// Told when something became due sooner.
+    changed: Notify,
+    notices: Notices,
+    watcher: watcher::Watcher,
+    /// The lease fenced writers' tokens are left on, and when it was granted (a new one each
+    /// half of [`FENCE_KEPT`]).
+    fence_lease: tokio::sync::Mutex<Option<(i64, Instant)>>,
 }
 
 /// Locks in one etcd cluster.
 pub(crate) struct EtcdStore {
-    pool: Arc<Pool>,
-    /// Each held (or being taken) lock's lease, by token.
-    leases: Leases,
-    /// Each waiting call's place lease, by token.
-    places: Mutex<HashMap<String, Waiting>>,
-    /// Every lock's key starts with it.
+    shared: Arc<Shared>,
     prefix: String,
-    notices: Notices,
-    watcher: watcher::Watcher,
+    /// Renews the sessions and deletes places whose time is up.
+    keeper: Background,
+    /// Warned once about an old etcd.
+    checked_version: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for EtcdStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EtcdStore")
-            .field("pool", &self.pool)
+            .field("pool", &self.shared.pool)
             .finish_non_exhaustive()
     }
-}
-
-/// A ttl in etcd's whole seconds, rounded up.
-fn seconds(ms: u64) -> i64 {
-    i64::try_from(ms.div_ceil(1000).max(1)).unwrap_or(i64::MAX)
-}
-
-fn put_on(lease: i64) -> Option<PutOptions> {
-    Some(PutOptions::new().with_lease(lease))
 }
 
 /// The key-values of a transaction's `position`th answer, if it was a read.
@@ -201,567 +363,804 @@ fn revision(answer: &TxnResponse) -> i64 {
     answer.header().map_or(0, |header| header.revision())
 }
 
-fn fence(revision: i64) -> u64 {
+fn token_of(revision: i64) -> u64 {
     u64::try_from(revision).unwrap_or(0)
 }
 
+/// A fence key's token (its value, or its mod revision for one an earlier version wrote).
+fn fence_of(kv: &KeyValue) -> i64 {
+    std::str::from_utf8(kv.value())
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(kv.mod_revision())
+}
+
+/// The id part of a token (`<id> <owner>`): what its place's key is named by.
+fn id_of(token: &str) -> &str {
+    token.split_once(' ').map_or(token, |(id, _)| id)
+}
+
+/// A version `3.4.23` as numbers.
+fn version_of(text: &str) -> Option<(u64, u64, u64)> {
+    let mut parts = text.split(['.', '-', '+']).map(|p| p.parse::<u64>());
+    Some((parts.next()?.ok()?, parts.next()?.ok()?, parts.next()?.ok()?))
+}
+
+/// Whether etcd `version` has both lease fixes (see [`FIXED_IN`]).
+fn has_lease_fixes(version: (u64, u64, u64)) -> bool {
+    match FIXED_IN
+        .iter()
+        .find(|(major, minor, _)| (*major, *minor) == (version.0, version.1))
+    {
+        Some(fixed) => version >= *fixed,
+        None => version > FIXED_IN[FIXED_IN.len() - 1],
+    }
+}
+
+/// Warns when the cluster's etcd may end leases early on a leader change (once per client).
+async fn check_version(pool: Arc<Pool>) {
+    match pool.version().await {
+        Ok(text) => match version_of(&text) {
+            Some(version) if !has_lease_fixes(version) => tracing::warn!(
+                etcd = %text,
+                "this etcd can end a lease early on a leader change (etcd #13932, #15247), which \
+                 ends locks early: run etcd 3.5.13, 3.4.31 or later"
+            ),
+            _ => {}
+        },
+        Err(e) => tracing::debug!(error = %e, "could not read etcd's version"),
+    }
+}
+
+/// The newest places first (created before `end_before`, if given), at most `limit`.
+fn newest_first(end_before: Option<i64>, limit: i64) -> GetOptions {
+    let options = GetOptions::new()
+        .with_sort(SortTarget::Create, SortOrder::Descend)
+        .with_limit(limit);
+    match end_before {
+        Some(created) => options.with_max_create_revision(created - 1),
+        None => options,
+    }
+}
+
+impl Shared {
+    fn places(&self) -> MutexGuard<'_, HashMap<String, Place>> {
+        // Every update is one step, so a poisoned map is still consistent.
+        self.places.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn due(&self) -> MutexGuard<'_, BTreeSet<(Instant, String)>> {
+        self.due.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Deletes `token`'s place at `until` unless it is renewed by then.
+    fn delete_at(&self, token: &str, until: Instant) {
+        let sooner = self.due().first().is_none_or(|(first, _)| until < *first);
+        self.due().insert((until, token.to_owned()));
+        if sooner {
+            self.changed.notify_one();
+        }
+    }
+
+    /// The lease fenced writers' tokens go on: granted again each half of [`FENCE_KEPT`], so
+    /// that each token is kept between half of it and all of it after its release.
+    async fn fence_lease(&self) -> Result<i64, LockError> {
+        let mut lease = self.fence_lease.lock().await;
+        match *lease {
+            Some((id, granted)) if granted.elapsed() < FENCE_KEPT / 2 => Ok(id),
+            _ => {
+                let granted = Instant::now();
+                let (id, _) = self
+                    .pool
+                    .grant(i64::try_from(FENCE_KEPT.as_secs()).unwrap_or(60))
+                    .await?;
+                *lease = Some((id, granted));
+                Ok(id)
+            }
+        }
+    }
+
+    /// Deletes `place` if it is still the one this client put (and, for a fenced writer,
+    /// leaves its token for the readers after it): whether it was there.
+    async fn delete(&self, place: &Place) -> Result<bool, LockError> {
+        let mut then = vec![TxnOp::delete(place.key.clone(), None)];
+        if place.fenced && !place.shared && place.created > 0 {
+            let names = Names::for_lock(&place.name);
+            let lease = self.fence_lease().await?;
+            then.push(TxnOp::put(
+                names.fence(),
+                fence_value(place.created),
+                Some(PutOptions::new().with_lease(lease)),
+            ));
+        }
+        let still_ours = if place.created > 0 {
+            Compare::create_revision(place.key.clone(), CompareOp::Equal, place.created)
+        } else {
+            Compare::create_revision(place.key.clone(), CompareOp::Greater, 0)
+        };
+        Ok(self
+            .pool
+            .txn(Txn::new().when([still_ours]).and_then(then))
+            .await?
+            .succeeded())
+    }
+
+    /// Deletes the places whose time is up (their holders' validity ended), as Redis expires a
+    /// key at its ttl.
+    async fn reap(&self) {
+        let now = Instant::now();
+        let mut due = Vec::new();
+        {
+            let mut queue = self.due();
+            while queue.first().is_some_and(|(at, _)| *at <= now) {
+                if let Some((_, token)) = queue.pop_first() {
+                    due.push(token);
+                }
+            }
+        }
+        let mut ended = Vec::new();
+        {
+            let mut places = self.places();
+            for token in due {
+                match places.get(&token).and_then(|p| p.until) {
+                    Some(until) if until <= now => {
+                        if let Some(place) = places.remove(&token) {
+                            ended.push((token, place));
+                        }
+                    }
+                    Some(until) => {
+                        self.due().insert((until, token));
+                    }
+                    None => {}
+                }
+            }
+        }
+        for (token, place) in ended {
+            if let Err(e) = self.delete(&place).await {
+                // Tried again soon (its session ends it if this client cannot reach etcd).
+                tracing::debug!(error = %e, "could not delete an etcd lock whose ttl ended; trying again");
+                let again = Instant::now() + Duration::from_millis(100);
+                self.places().entry(token.clone()).or_insert(Place {
+                    until: Some(again),
+                    ..place
+                });
+                self.delete_at(&token, again);
+            }
+        }
+    }
+
+    /// The waiters whose places were on `lease` look again (it lapsed: their places went).
+    fn lapsed(&self, lease: i64) {
+        let waiting: Vec<(String, String)> = self
+            .places()
+            .iter()
+            .filter(|(_, p)| p.lease == lease && p.until.is_none())
+            .map(|(token, p)| (p.name.clone(), token.clone()))
+            .collect();
+        for (name, token) in waiting {
+            self.notices.turn(&name, token.as_bytes(), None);
+        }
+    }
+
+    /// Renews sessions and deletes places whose time is up, until the client goes.
+    async fn keep(self: Arc<Self>) {
+        loop {
+            let next = [self.sessions.next_due(), self.due().first().map(|(at, _)| *at)]
+                .into_iter()
+                .flatten()
+                .min();
+            match next {
+                Some(at) if at <= Instant::now() => {}
+                Some(at) => {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(at) => {}
+                        () = self.changed.notified() => continue,
+                    }
+                }
+                None => {
+                    self.changed.notified().await;
+                    continue;
+                }
+            }
+            let in_use = |lease: i64| self.places().values().any(|p| p.lease == lease);
+            let kept = self.sessions.keep(&self.pool, in_use).await;
+            for lease in kept.lapsed {
+                self.lapsed(lease);
+            }
+            self.reap().await;
+        }
+    }
+}
+
 impl EtcdStore {
-    /// A store for `endpoints` (`http://host:2379`); connects on first use.
-    pub(crate) fn new(endpoints: Vec<String>, settings: Settings) -> Result<Self, LockError> {
+    fn new(endpoints: Vec<String>, access: Access, settings: Settings) -> Self {
         let Settings {
             prefix,
             timeouts,
             notices,
             ..
         } = settings;
-        if endpoints.is_empty() {
-            return Err(LockError::invalid_options("no etcd endpoint given"));
-        }
-        for endpoint in &endpoints {
-            let scheme = endpoint.split_once("://").map(|(scheme, _)| scheme);
-            if scheme != Some("http") {
-                return Err(LockError::invalid_options(format!(
-                    "{}: an etcd endpoint is http://host:port (TLS to etcd is not offered yet)",
-                    crate::redact::hide_credentials(endpoint)
-                )));
-            }
-        }
-        Ok(EtcdStore {
-            pool: Arc::new(Pool::new(endpoints, timeouts)),
-            leases: Arc::new(Mutex::new(HashMap::new())),
-            places: Mutex::new(HashMap::new()),
+        EtcdStore {
+            shared: Arc::new(Shared {
+                pool: Arc::new(Pool::new(endpoints, timeouts, access)),
+                sessions: Sessions::default(),
+                places: Mutex::new(HashMap::new()),
+                due: Mutex::new(BTreeSet::new()),
+                changed: Notify::new(),
+                notices,
+                watcher: watcher::Watcher::default(),
+                fence_lease: tokio::sync::Mutex::new(None),
+            }),
             prefix,
-            notices,
-            watcher: watcher::Watcher::new(),
-        })
-    }
-
-    fn leases(&self) -> MutexGuard<'_, HashMap<String, Lease>> {
-        held(&self.leases)
-    }
-
-    fn places(&self) -> MutexGuard<'_, HashMap<String, Waiting>> {
-        self.places.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Revokes `token`'s lease once its holder no longer counts it valid (see
-    /// [`Lease::valid_until`]): when the lease outlives the validity `ttl_ms` gives, or
-    /// (`always`) when nothing else would end the entry (a release that got no answer). Ends
-    /// early with the lock's release or a move to another lease.
-    fn expire_when_invalid(&self, token: &str, ttl_ms: u64, always: bool) {
-        let lease = {
-            let mut leases = self.leases();
-            let Some(lease) = leases.get_mut(token) else {
-                return;
-            };
-            let outlives = u64::try_from(lease.ttl_s).unwrap_or(0).saturating_mul(1000) > ttl_ms;
-            if lease.expiring || !(outlives || always) {
-                return;
-            }
-            lease.expiring = true;
-            lease.clone()
-        };
-        let leases = Arc::clone(&self.leases);
-        let pool = Arc::clone(&self.pool);
-        let token = token.to_owned();
-        tokio::spawn(async move {
-            let mut until = lease.valid_until;
-            loop {
-                tokio::time::sleep_until(until).await;
-                let due = {
-                    let mut held = held(&leases);
-                    match held.get(&token) {
-                        Some(now) if now.id == lease.id && now.valid_until <= Instant::now() => {
-                            held.remove(&token)
-                        }
-                        Some(now) if now.id == lease.id => {
-                            until = now.valid_until; // renewed meanwhile
-                            continue;
-                        }
-                        _ => return, // released, or moved to another lease (which has its own)
-                    }
-                };
-                if let Some(due) = due {
-                    for id in std::iter::once(due.id).chain(due.moving) {
-                        let _ = pool.revoke(id).await;
-                    }
-                }
-                return;
-            }
-        });
-    }
-
-    /// Revokes a lease in the background (one that holds nothing any more).
-    fn revoke_later(&self, lease: i64) {
-        let pool = Arc::clone(&self.pool);
-        tokio::spawn(async move {
-            let _ = pool.revoke(lease).await;
-        });
-    }
-
-    /// The lease of `token`'s place and claim: its earlier one kept alive, or a new one (its
-    /// earlier place, if any, lapsed with the old lease).
-    async fn place_lease(&self, token: &str) -> Result<i64, LockError> {
-        let known = self.places().get(token).copied();
-        if let Some(place) = known {
-            if self.pool.keep_alive(place.lease).await? {
-                return Ok(place.lease);
-            }
+            keeper: Background::default(),
+            checked_version: std::sync::atomic::AtomicBool::new(false),
         }
-        let (lease, _) = self.pool.grant(PLACE_TTL).await?;
-        self.places().insert(
-            token.to_owned(),
-            Waiting {
-                lease,
-                revision: None,
-            },
-        );
-        Ok(lease)
     }
 
-    /// `token` no longer waits: its place and claim go with their lease.
-    fn drop_place(&self, token: &str) {
-        if let Some(place) = self.places().remove(token) {
-            self.revoke_later(place.lease);
+    fn pool(&self) -> &Arc<Pool> {
+        &self.shared.pool
+    }
+
+    /// The session for `ttl_ms`, with the keeper running.
+    async fn session(&self, ttl_ms: u64) -> Result<Session, LockError> {
+        let shared = Arc::clone(&self.shared);
+        self.keeper.ensure(move || shared.keep());
+        let session = self.shared.sessions.for_ttl(self.pool(), ttl_ms).await?;
+        self.shared.changed.notify_one();
+        if !self
+            .checked_version
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tokio::spawn(check_version(Arc::clone(self.pool())));
         }
+        Ok(session)
+    }
+
+    /// Records a place this client put.
+    fn record(&self, token: &str, place: Place) {
+        if let Some(until) = place.until {
+            self.shared.delete_at(token, until);
+        }
+        self.shared.places().insert(token.to_owned(), place);
     }
 
     async fn acquire(&self, lock: &Lock, token: &str, ask: &Ask) -> Result<Attempt, LockError> {
+        let known = self.shared.places().get(token).cloned();
+        if let Some(place) = known.filter(|p| p.created > 0) {
+            return self.look_again(lock, token, ask, place).await;
+        }
         let names = Names::for_lock(lock.name());
         let sent = Instant::now();
-        // A fair waiter's place (and a claim) lease, granted or kept alive alongside the lock's
-        // own; a writer that claimed keeps its claim's alive. (A plain waiter claims only once
-        // readers refused it: see `claim`.)
-        let waits = ask.join && !ask.shared;
-        let keeps_place = waits && (ask.fair || self.places().contains_key(token));
-        let (granted, place) = if keeps_place {
-            let (granted, place) =
-                tokio::join!(self.pool.grant(seconds(ask.ttl_ms)), self.place_lease(token));
-            (granted?, Some(place?))
+        let session = self.session(ask.ttl_ms).await?;
+        let key = names.place(id_of(token), ask.shared);
+        let put = TxnOp::put(key.clone(), token, Some(PutOptions::new().with_lease(session.id)));
+        let (line_start, line_end) = if ask.shared { names.writers() } else { names.line() };
+        let fence = TxnOp::get(names.fence(), None);
+        let answer = if ask.join {
+            // A place in line, at once; then who is ahead of it (the newest place before it:
+            // its own is the newest of all).
+            let ahead = GetOptions::new()
+                .with_range(line_end.clone())
+                .with_sort(SortTarget::Create, SortOrder::Descend)
+                .with_limit(if ask.shared { 1 } else { 2 })
+                .with_keys_only();
+            let txn = Txn::new()
+                .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                .and_then([put, TxnOp::get(line_start.clone(), Some(ahead)), fence])
+                .or_else([TxnOp::get(key.clone(), None)]);
+            self.pool().txn(txn).await?
         } else {
-            (self.pool.grant(seconds(ask.ttl_ms)).await?, None)
+            // Only if nobody is in line (no writer, for a reader): one write, or none taken.
+            let empty = Compare::create_revision(line_start.clone(), CompareOp::Equal, 0)
+                .with_range(line_end.clone());
+            let txn = Txn::new().when([empty]).and_then([put, fence]);
+            self.pool().txn(txn).await?
         };
-        let (lease, ttl_s) = granted;
-        let valid_until = sent + Duration::from_millis(ask.ttl_ms);
-        let key = if ask.shared {
-            names.share(token)
+        if !answer.succeeded() {
+            if ask.join {
+                // An earlier send of this attempt put the place: look at it as a waiter does.
+                let Some(kv) = read_at(answer.op_responses().as_slice(), 0).first().cloned() else {
+                    return Ok(Attempt::HELD);
+                };
+                let place = Place {
+                    name: lock.name().to_owned(),
+                    key,
+                    shared: ask.shared,
+                    created: kv.create_revision(),
+                    lease: kv.lease(),
+                    fenced: ask.fencing,
+                    after_writer: 0,
+                    until: None,
+                    kept: false,
+                };
+                self.record(token, place.clone());
+                return self.look_again(lock, token, ask, place).await;
+            }
+            return Ok(Attempt::HELD);
+        }
+        let created = revision(&answer);
+        let responses = answer.op_responses();
+        let (ahead, fence_at) = if ask.join { (1, 2) } else { (usize::MAX, 1) };
+        let last_fence = read_at(&responses, fence_at).first().map_or(0, fence_of);
+        let before: Vec<&KeyValue> = read_at(&responses, ahead)
+            .iter()
+            .filter(|kv| kv.create_revision() < created)
+            .collect();
+        let mut place = Place {
+            name: lock.name().to_owned(),
+            key,
+            shared: ask.shared,
+            created,
+            lease: session.id,
+            fenced: ask.fencing,
+            after_writer: if ask.shared {
+                before.first().map_or(0, |kv| kv.create_revision())
+            } else {
+                0
+            },
+            until: None,
+            kept: false,
+        };
+        match before.first() {
+            None => Ok(self.taken(token, place, ask, (sent, session), last_fence)),
+            Some(kv) => {
+                let (ahead_key, read) = (kv.key().to_vec(), revision(&answer));
+                place.after_writer = place.after_writer.max(last_fence);
+                self.record(token, place);
+                self.wait_behind(lock, token, ahead_key, read);
+                Ok(Attempt::Held {
+                    pttl_ms: None,
+                    behind: true,
+                    claimed: false,
+                    kept: None,
+                })
+            }
+        }
+    }
+
+    /// The place is the lock's now: recorded as held until its ttl from `sent`, no longer
+    /// than its session is kept.
+    fn taken(
+        &self,
+        token: &str,
+        place: Place,
+        ask: &Ask,
+        (sent, session): (Instant, Session),
+        last_fence: i64,
+    ) -> Attempt {
+        let fence = if place.shared {
+            // The last writer's token (its place before this one, or the one it left); else
+            // this place's revision, above every earlier writer's and below every later one.
+            Some(place.after_writer.max(last_fence))
+                .filter(|&f| f > 0)
+                .unwrap_or(place.created)
         } else {
-            names.lock.clone().into_bytes()
+            place.created
         };
-        // Recorded before the transaction: the release of an attempt whose answer never came
-        // revokes it, and with it whatever the transaction took.
-        self.leases().insert(
-            token.to_owned(),
-            Lease {
-                id: lease,
-                ttl_s,
-                moving: None,
-                key: key.clone(),
-                valid_until,
-                expiring: false,
+        self.shared
+            .watcher
+            .cancel(self.pool(), &self.shared.notices, token);
+        let until = sent + Duration::from_millis(ask.ttl_ms);
+        self.record(
+            token,
+            Place {
+                until: Some(until),
+                ..place
             },
         );
-        let txn = if ask.shared {
-            Txn::new()
-                .when([
-                    Compare::create_revision(names.lock.as_str(), CompareOp::Equal, 0),
-                    names.no_claims(),
-                ])
-                .and_then([
-                    TxnOp::put(key.clone(), token, put_on(lease)),
-                    // A fenced reader reads the last fenced writer's token.
-                    TxnOp::get(names.fence(), Some(GetOptions::new().with_keys_only())),
-                ])
+        let kept_until = (session.kept_until < until).then_some(session.kept_until);
+        Attempt::Acquired {
+            fence: ask.fencing.then_some(token_of(fence)),
+            kept_until,
+        }
+    }
+
+    /// Has `token` watch the place `ahead` of its own, from the revision after `read`.
+    fn wait_behind(&self, lock: &Lock, token: &str, ahead: Vec<u8>, read: i64) {
+        self.shared.watcher.watch(
+            self.pool(),
+            &self.shared.notices,
+            (lock.name(), token),
+            ahead,
+            read + 1,
+        );
+    }
+
+    /// A waiter looks again (woken: the place ahead of it went, or a nap ended): one read of
+    /// its own place and of the newest one ahead of it. A place gone (its session lapsed) is
+    /// put again, at the end of the line.
+    async fn look_again(
+        &self,
+        lock: &Lock,
+        token: &str,
+        ask: &Ask,
+        place: Place,
+    ) -> Result<Attempt, LockError> {
+        let names = Names::for_lock(lock.name());
+        let sent = Instant::now();
+        let session = self.session(ask.ttl_ms).await?;
+        let (line_start, line_end) = if place.shared {
+            names.writers()
         } else {
-            self.exclusive(&names, token, ask, lease, place)
+            names.line()
         };
-        // On an error the lease stays recorded, for the release that follows.
-        let answer = self.pool.txn(txn).await?;
-        if answer.succeeded() {
-            if waits {
-                self.drop_place(token);
-            }
-            self.expire_when_invalid(token, ask.ttl_ms, false);
-            let taken = if ask.shared {
-                let written = answer.op_responses();
-                read_at(&written, 1).first().map_or(0, KeyValue::mod_revision)
-            } else {
-                revision(&answer)
-            };
-            return Ok(Attempt::Acquired {
-                fence: ask.fencing.then(|| fence(taken)),
-            });
-        }
+        // Served by the member without a round of the cluster: a place ahead that one member
+        // no longer has is gone for good (no place is ever created ahead of an older one), and
+        // an older state only shows more places ahead, which makes the waiter wait longer.
+        let ahead = newest_first(Some(place.created), 1)
+            .with_range(line_end)
+            .with_keys_only()
+            .with_serializable();
+        let look = Txn::new().and_then([
+            TxnOp::get(place.key.clone(), Some(GetOptions::new().with_serializable())),
+            TxnOp::get(line_start, Some(ahead)),
+            TxnOp::get(names.fence(), Some(GetOptions::new().with_serializable())),
+        ]);
+        let answer = self.pool().txn(look).await?;
+        let read = revision(&answer);
         let responses = answer.op_responses();
-        // The first read is the holder: this token's already (an earlier send of this attempt
-        // took it, on this lease or an earlier one of the same call), or someone else's.
-        if let Some(held) = read_at(&responses, 0).first().filter(|_| !ask.shared) {
-            if held.value() == token.as_bytes() {
-                if held.lease() != lease {
-                    self.revoke_later(lease);
-                }
-                if waits {
-                    self.drop_place(token);
-                }
-                self.leases().insert(
-                    token.to_owned(),
-                    Lease {
-                        id: held.lease(),
-                        ttl_s,
-                        moving: None,
-                        key,
-                        valid_until,
-                        expiring: false,
-                    },
-                );
-                self.expire_when_invalid(token, ask.ttl_ms, false);
-                return Ok(Attempt::Acquired {
-                    fence: ask.fencing.then(|| fence(held.create_revision())),
-                });
+        let mine = read_at(&responses, 0).first();
+        if mine.is_none_or(|kv| kv.create_revision() != place.created) {
+            // Gone with its session (or deleted by an operator): in line again, at the end.
+            self.shared.places().remove(token);
+            let ask = Ask { join: true, ..*ask };
+            return Box::pin(self.acquire(lock, token, &ask)).await;
+        }
+        let last_fence = read_at(&responses, 2).first().map_or(0, fence_of);
+        let lease = mine.map_or(place.lease, KeyValue::lease);
+        match read_at(&responses, 1).first() {
+            None => {
+                let place = Place { lease, ..place };
+                let session = match self.shared.sessions.by_id(lease) {
+                    Some(on) => on,
+                    None => session,
+                };
+                Ok(self.taken(token, place, ask, (sent, session), last_fence))
             }
-        }
-        self.leases().remove(token);
-        self.revoke_later(lease);
-        if ask.shared {
-            return Ok(Attempt::Held {
-                pttl_ms: None,
-                behind: false,
-                claimed: false,
-                kept: None,
-            });
-        }
-        let mut behind = false;
-        let mut claimed = false;
-        let mut at = 1;
-        if ask.fair && place.is_some() {
-            // The place, put unless the lock holds this token (then nothing was taken).
-            if let Some(TxnOpResponse::Txn(put)) = responses.get(at) {
-                if let Some(TxnOpResponse::Put(put)) = put.op_responses().first() {
-                    let revision = put
-                        .prev_key()
-                        .map(KeyValue::create_revision)
-                        .or_else(|| put.header().map(|h| h.revision()));
-                    if let Some(mine) = self.places().get_mut(token) {
-                        mine.revision = revision.or(mine.revision);
+            Some(kv) => {
+                let ahead = kv.key().to_vec();
+                if let Some(known) = self.shared.places().get_mut(token) {
+                    if place.shared {
+                        known.after_writer = known.after_writer.max(kv.create_revision()).max(last_fence);
                     }
+                    known.lease = lease;
                 }
-            }
-            let mine = names.place(token);
-            behind = read_at(&responses, at + 1)
-                .first()
-                .is_some_and(|head| head.key() != mine.as_slice());
-            at += 2;
-        }
-        if place.is_some() {
-            // Readers refused it: it claimed the writers' turn.
-            if let Some(TxnOpResponse::Txn(claim)) = responses.get(at) {
-                claimed = claim.succeeded();
-            }
-        } else if waits {
-            // Readers refused it (the read of their shares found one): it claims now.
-            let refused_by_readers =
-                matches!(responses.get(at), Some(TxnOpResponse::Get(shares)) if shares.count() > 0);
-            if refused_by_readers {
-                claimed = self.claim(&names, token).await?;
+                self.wait_behind(lock, token, ahead, read);
+                Ok(Attempt::Held {
+                    pttl_ms: None,
+                    behind: true,
+                    claimed: false,
+                    kept: None,
+                })
             }
         }
-        Ok(Attempt::Held {
-            pttl_ms: None,
-            behind,
-            claimed,
-            kept: None,
-        })
-    }
-
-    /// An exclusive attempt: taken if nobody holds the lock, no reader shares it, and (fair) no
-    /// older waiter is in line; else a waiter (with its `place` lease) takes its place in line
-    /// and, if readers refused it, claims the writers' turn.
-    fn exclusive(&self, names: &Names, token: &str, ask: &Ask, lease: i64, place: Option<i64>) -> Txn {
-        let mut when = vec![
-            Compare::create_revision(names.lock.as_str(), CompareOp::Equal, 0),
-            names.no_shares(),
-        ];
-        let mut then = vec![TxnOp::put(names.lock.as_str(), token, put_on(lease))];
-        if ask.fencing {
-            then.push(TxnOp::put(names.fence(), "", None));
-        }
-        let mut otherwise = vec![TxnOp::get(names.lock.as_str(), None)];
-        if ask.fair {
-            let revision = self.places().get(token).and_then(|p| p.revision);
-            when.push(names.first_in_line(revision));
-            then.push(TxnOp::delete(names.place(token), None));
-            if let Some(place) = place {
-                // Not when the lock holds this token (an earlier send of the attempt took it).
-                otherwise.push(TxnOp::txn(
-                    Txn::new()
-                        .when([Compare::value(names.lock.as_str(), CompareOp::Equal, token)])
-                        .or_else([TxnOp::put(
-                            names.place(token),
-                            "",
-                            Some(PutOptions::new().with_lease(place).with_prev_key()),
-                        )]),
-                ));
-                otherwise.push(TxnOp::get(
-                    names.line_start(),
-                    Some(
-                        GetOptions::new()
-                            .with_range(names.line_end())
-                            .with_sort(SortTarget::Create, SortOrder::Ascend)
-                            .with_limit(1)
-                            .with_keys_only(),
-                    ),
-                ));
-            }
-        }
-        if ask.claimed {
-            then.push(TxnOp::delete(names.claim(token), None));
-        }
-        match place {
-            Some(place) => otherwise.push(TxnOp::txn(
-                Txn::new().when([names.some_shares()]).and_then([TxnOp::put(
-                    names.claim(token),
-                    "",
-                    put_on(place),
-                )]),
-            )),
-            // A plain waiter: whether readers hold it, to claim the writers' turn if they do.
-            None if ask.join => otherwise.push(TxnOp::get(
-                names.shares_start(),
-                Some(GetOptions::new().with_range(names.shares_end()).with_count_only()),
-            )),
-            None => {}
-        }
-        Txn::new().when(when).and_then(then).or_else(otherwise)
-    }
-
-    /// A waiting writer refused by readers claims the writers' turn (on a place lease of its
-    /// own, kept alive by its later attempts), if readers still hold the lock.
-    async fn claim(&self, names: &Names, token: &str) -> Result<bool, LockError> {
-        let place = self.place_lease(token).await?;
-        let claim = Txn::new().when([names.some_shares()]).and_then([TxnOp::put(
-            names.claim(token),
-            "",
-            put_on(place),
-        )]);
-        Ok(self.pool.txn(claim).await?.succeeded())
     }
 
     async fn renew_locks(&self, locks: &[Renewing<'_>]) -> Result<Vec<Renewal>, LockError> {
-        let sent = Instant::now();
-        let held: Vec<Option<Lease>> = {
-            let leases = self.leases();
-            locks
-                .iter()
-                .map(|(_, token, _)| leases.get(*token).cloned())
-                .collect()
-        };
-        // A renewal that asks for a longer ttl than the lease has moves the lock to a new lease.
         let mut found = vec![Renewal::Gone; locks.len()];
+        // Each lock still held: on a session long enough for the ttl asked (renewed with one
+        // keep-alive per session and one read per batch), or to move to a longer one (an
+        // `extend`).
         let mut kept = Vec::new();
-        for (at, ((_, token, ttl_ms), lease)) in locks.iter().zip(&held).enumerate() {
-            let Some(lease) = lease else { continue };
-            if seconds(*ttl_ms) > lease.ttl_s {
-                found[at] = self.lengthen((token, *ttl_ms), lease, sent).await?;
+        let mut moving = Vec::new();
+        for (at, (_, token, ttl_ms)) in locks.iter().enumerate() {
+            let Some(place) = self
+                .shared
+                .places()
+                .get(*token)
+                .cloned()
+                .filter(|p| p.until.is_some() && !p.kept)
+            else {
+                continue;
+            };
+            if self.class_of(place.lease) >= seconds(*ttl_ms) {
+                kept.push((at, place));
             } else {
-                kept.push((at, lease.clone()));
+                moving.push((at, place.lease, place));
             }
         }
-        if kept.is_empty() {
-            return Ok(found);
+        for ((at, place), found_now) in kept.iter().zip(self.renew_on_sessions(&kept).await?) {
+            match found_now {
+                // On another lease than this client last knew (an `extend` whose answer was
+                // lost, or one racing this renewal, moved it): settled below.
+                Found::On(lease) => moving.push((*at, lease, place.clone())),
+                Found::Renewal(renewal) => found[*at] = renewal,
+            }
         }
-        let keep_alives = join_all(kept.iter().map(|(_, lease)| self.pool.keep_alive(lease.id)));
-        // One read per batch (as many as a transaction takes): each key still holds its token
-        // on its lease.
-        let reads = join_all(kept.chunks(MAX_TXN_OPS).map(|chunk| {
-            let read = Txn::new().and_then(
-                chunk
-                    .iter()
-                    .map(|(_, lease)| TxnOp::get(lease.key.clone(), None))
-                    .collect::<Vec<_>>(),
-            );
-            self.pool.txn(read)
-        }));
-        let (alive, reads) = tokio::join!(keep_alives, reads);
-        let mut read = Vec::with_capacity(kept.len());
-        for chunk in reads {
-            read.extend(chunk?.op_responses());
+        let settled = join_all(
+            moving
+                .iter()
+                .map(|(at, lease, place)| self.settle(place, *lease, locks[*at].2)),
+        );
+        for ((at, _, _), renewal) in moving.iter().zip(settled.await) {
+            found[*at] = renewal?;
         }
-        for (n, ((at, lease), alive)) in kept.iter().zip(alive).enumerate() {
-            let (_, token, ttl_ms) = locks[*at];
-            let ours = read_at(&read, n)
-                .first()
-                .is_some_and(|kv| kv.value() == token.as_bytes() && lease.holds(kv));
-            let renewed = alive? && ours;
-            if renewed {
-                let valid_until = sent + Duration::from_millis(ttl_ms);
-                if let Some(now) = self.leases().get_mut(token).filter(|now| now.id == lease.id) {
-                    now.valid_until = now.valid_until.max(valid_until);
+        // Deleted by this client no sooner than the holder's validity ends (which counts from
+        // before the requests).
+        let sent = Instant::now();
+        for (at, (_, token, ttl_ms)) in locks.iter().enumerate() {
+            let mut places = self.shared.places();
+            match found[at] {
+                Renewal::Renewed => {
+                    let until = sent + Duration::from_millis(*ttl_ms);
+                    if let Some(place) = places.get_mut(*token) {
+                        // Never shortened (as `PEXPIRE … GT` on Redis).
+                        place.until = place.until.map(|was| was.max(until));
+                    }
                 }
-                // Asked for less than the lease lasts (a maximum hold's last renewal, a
-                // shorter `extend`): ended at the validity, by this client.
-                self.expire_when_invalid(token, ttl_ms, false);
+                Renewal::Gone => {
+                    places.remove(*token);
+                }
+                _ => {}
             }
-            found[*at] = Renewal::from_ours(renewed);
         }
         Ok(found)
     }
 
-    /// Moves `token`'s key to a new lease for `ttl_ms` if it still holds the token.
-    async fn lengthen(
-        &self,
-        (token, ttl_ms): (&str, u64),
-        lease: &Lease,
-        sent: Instant,
-    ) -> Result<Renewal, LockError> {
-        let (longer, granted) = self.pool.grant(seconds(ttl_ms)).await?;
-        if let Some(now) = self.leases().get_mut(token).filter(|now| now.id == lease.id) {
-            now.moving = Some(longer);
-        }
-        let moved = Txn::new()
-            .when([
-                Compare::value(lease.key.clone(), CompareOp::Equal, token),
-                Compare::lease(lease.key.clone(), CompareOp::Equal, lease.id),
-            ])
-            .and_then([TxnOp::put(lease.key.clone(), token, put_on(longer))]);
-        // On an error the new lease stays recorded as `moving`: renewals accept it, a release
-        // revokes it.
-        let moved = self.pool.txn(moved).await?.succeeded();
-        let mut leases = self.leases();
-        match leases.get_mut(token).filter(|now| now.id == lease.id) {
-            Some(now) if moved => {
-                now.id = longer;
-                now.ttl_s = granted;
-                now.moving = None;
-                now.expiring = false;
-                now.valid_until = sent + Duration::from_millis(ttl_ms);
-                drop(leases);
-                self.revoke_later(lease.id);
-                self.expire_when_invalid(token, ttl_ms, false);
-            }
-            Some(now) => {
-                now.moving = None;
-                drop(leases);
-                self.revoke_later(longer);
-            }
-            // Released meanwhile: the release revoked both.
-            None => {}
-        }
-        Ok(Renewal::from_ours(moved))
+    /// The ttl in seconds of the session with lease `id` (0: not a session of this client).
+    fn class_of(&self, id: i64) -> i64 {
+        self.shared.sessions.by_id(id).map_or(0, |s| s.ttl_s)
     }
 
-    async fn release_token(&self, token: &str, hold_ms: u64) -> Result<bool, LockError> {
-        self.drop_place(token);
-        let Some(lease) = self.leases().remove(token) else {
-            return Ok(false);
+    /// Renews the sessions `places` are on (one request each, sent now) and reads the places
+    /// (one request per [`MAX_TXN_OPS`]): each is renewed when it is still this token's, on
+    /// the session renewed.
+    async fn renew_on_sessions(&self, places: &[(usize, Place)]) -> Result<Vec<Found>, LockError> {
+        if places.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sent = Instant::now();
+        let mut leases: Vec<i64> = places.iter().map(|(_, p)| p.lease).collect();
+        leases.sort_unstable();
+        leases.dedup();
+        let renewals = join_all(leases.iter().map(|lease| self.pool().keep_alive(*lease)));
+        let reads = join_all(places.chunks(MAX_TXN_OPS).map(|chunk| {
+            let read = Txn::new().and_then(
+                chunk
+                    .iter()
+                    .map(|(_, p)| TxnOp::get(p.key.clone(), None))
+                    .collect::<Vec<_>>(),
+            );
+            self.pool().txn(read)
+        }));
+        let (renewals, reads) = tokio::join!(renewals, reads);
+        let mut alive = HashMap::new();
+        for (lease, renewed) in leases.iter().zip(renewals) {
+            let renewed = renewed?;
+            if renewed {
+                self.shared.sessions.renewed(*lease, sent);
+            }
+            alive.insert(*lease, renewed);
+        }
+        let mut read = Vec::with_capacity(places.len());
+        for chunk in reads {
+            read.extend(chunk?.op_responses());
+        }
+        let found = places
+            .iter()
+            .enumerate()
+            .map(|(n, (_, place))| match read_at(&read, n).first() {
+                Some(kv) if kv.create_revision() == place.created && kv.lease() == place.lease => {
+                    Found::Renewal(Renewal::from_ours(
+                        alive.get(&place.lease).copied().unwrap_or(false),
+                    ))
+                }
+                Some(kv) if kv.create_revision() == place.created => Found::On(kv.lease()),
+                _ => Found::Renewal(Renewal::Gone),
+            });
+        Ok(found.collect())
+    }
+
+    /// Makes sure `place`, found on `lease`, is on a session at least as long as `ttl_ms` (moving
+    /// it to a longer one if not, only from the lease it was found on: a move racing another
+    /// never shortens it), and renews that session with a keep-alive sent after the caller's
+    /// clock read: renewed when the place is still this token's. The place keeps its create
+    /// revision, so its place in line and its fencing token.
+    async fn settle(&self, place: &Place, mut lease: i64, ttl_ms: u64) -> Result<Renewal, LockError> {
+        for _ in 0..3 {
+            let sent = Instant::now();
+            if self.class_of(lease) >= seconds(ttl_ms) {
+                if !self.pool().keep_alive(lease).await? {
+                    return Ok(Renewal::Gone);
+                }
+                self.shared.sessions.renewed(lease, sent);
+                self.known_on(place, lease);
+                return Ok(Renewal::Renewed);
+            }
+            let session = self.session(ttl_ms).await?;
+            let moved = Txn::new()
+                .when([
+                    Compare::create_revision(place.key.clone(), CompareOp::Equal, place.created),
+                    Compare::lease(place.key.clone(), CompareOp::Equal, lease),
+                ])
+                .and_then([TxnOp::put(
+                    place.key.clone(),
+                    Vec::<u8>::new(),
+                    Some(PutOptions::new().with_lease(session.id).with_ignore_value()),
+                )])
+                .or_else([TxnOp::get(place.key.clone(), None)]);
+            let (moved, renewed) = tokio::join!(self.pool().txn(moved), self.pool().keep_alive(session.id));
+            let (moved, renewed) = (moved?, renewed?);
+            if renewed {
+                self.shared.sessions.renewed(session.id, sent);
+            }
+            if moved.succeeded() {
+                self.known_on(place, session.id);
+                return Ok(if renewed {
+                    Renewal::Renewed
+                } else {
+                    Renewal::Undecided
+                });
+            }
+            match read_at(moved.op_responses().as_slice(), 0).first() {
+                Some(kv) if kv.create_revision() == place.created => lease = kv.lease(),
+                _ => return Ok(Renewal::Gone),
+            }
+        }
+        Ok(Renewal::Undecided)
+    }
+
+    /// This client's record of `place` says it is on `lease` now.
+    fn known_on(&self, place: &Place, lease: i64) {
+        if let Some(known) = self.shared.places().values_mut().find(|p| p.key == place.key) {
+            known.lease = lease;
+        }
+    }
+
+    async fn release_token(
+        &self,
+        lock: &Lock,
+        token: &str,
+        release: Release<'_>,
+    ) -> Result<Released, LockError> {
+        self.shared
+            .watcher
+            .cancel(self.pool(), &self.shared.notices, token);
+        let place = self.shared.places().remove(token);
+        let Some(place) = place else {
+            if release.after.is_some() {
+                // An attempt whose answer never came may have put a place: deleted now, and again
+                // once a late request could no longer land.
+                return self.delete_unknown(lock, token).await;
+            }
+            return Ok(Released::NotOurs);
         };
-        if hold_ms > 0 {
-            return self.keep_for(token, lease, hold_ms).await;
+        if place.kept {
+            self.shared.places().insert(token.to_owned(), place);
+            return Ok(Released::NotOurs);
         }
-        let mut revoked = self.pool.revoke(lease.id).await;
-        if let (Ok(_), Some(moving)) = (&revoked, lease.moving) {
-            revoked = self
-                .pool
-                .revoke(moving)
-                .await
-                .map(|moved| moved || revoked.unwrap_or(false));
+        if release.hold_ms > 0 && place.until.is_some() {
+            return self.keep_for(token, place, release.hold_ms).await;
         }
-        match revoked {
-            // `false`: its lease had ended, and the lock with it.
-            Ok(revoked) => Ok(revoked),
+        match self.shared.delete(&place).await {
+            // Waiters hear of it through their watches.
+            Ok(true) => Ok(Released::Quiet),
+            Ok(false) => Ok(Released::NotOurs),
             Err(e) => {
-                // Not known to be gone: a later release may end it, else this client does at
-                // the validity's end (or its lease does).
-                let ttl_ms = u64::try_from(lease.ttl_s).unwrap_or(0).saturating_mul(1000);
-                self.leases().insert(
-                    token.to_owned(),
-                    Lease {
-                        expiring: false,
-                        ..lease
+                // Not known to be gone: deleted at its validity's end, or its session ends it.
+                let until = place.until.unwrap_or_else(Instant::now);
+                self.record(
+                    token,
+                    Place {
+                        until: Some(until),
+                        ..place
                     },
                 );
-                self.expire_when_invalid(token, ttl_ms, true);
                 Err(e)
             }
         }
     }
 
-    /// A release before the minimum hold's end: the key is kept, marked released, on a lease of
-    /// that long, and ended by this client when the hold does.
-    async fn keep_for(&self, token: &str, lease: Lease, hold_ms: u64) -> Result<bool, LockError> {
-        let sent = Instant::now();
-        let put_back = |moving: Option<i64>| {
-            // No answer: the lock stays this token's, for a later release (or its expiry).
-            let ttl_ms = u64::try_from(lease.ttl_s).unwrap_or(0).saturating_mul(1000);
-            self.leases().insert(
-                token.to_owned(),
-                Lease {
-                    moving,
-                    expiring: false,
-                    ..lease.clone()
-                },
-            );
-            self.expire_when_invalid(token, ttl_ms, true);
+    /// The place of `token`, which this client never heard of (an attempt whose answer never
+    /// came): deleted now, and once more after a request sent before could still have landed.
+    async fn delete_unknown(&self, lock: &Lock, token: &str) -> Result<Released, LockError> {
+        let names = Names::for_lock(lock.name());
+        let id = id_of(token);
+        let keys = [names.place(id, false), names.place(id, true)];
+        let delete = || {
+            let pool = Arc::clone(self.pool());
+            let keys = keys.clone();
+            async move {
+                let txn = Txn::new().and_then(keys.map(|key| TxnOp::delete(key, None)));
+                pool.txn(txn).await
+            }
         };
-        let (shorter, granted) = match self.pool.grant(seconds(hold_ms)).await {
+        let late = delete();
+        // A request is abandoned after the response timeout; one that reached etcd is applied
+        // (or not) well within as long again.
+        let after = self.pool().timeouts.response * 2 + Duration::from_secs(1);
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            if let Err(e) = late.await {
+                tracing::debug!(error = %e, "could not delete the place of an abandoned etcd attempt; it lapses with its session");
+            }
+        });
+        let answer = delete().await?;
+        let deleted = answer
+            .op_responses()
+            .iter()
+            .any(|r| matches!(r, TxnOpResponse::Delete(d) if d.deleted() > 0));
+        Ok(if deleted {
+            Released::Quiet
+        } else {
+            Released::NotOurs
+        })
+    }
+
+    /// A release before the minimum hold's end: the place is kept, marked released, on a lease
+    /// of that long (so it stays if this client dies), and deleted by this client when the hold
+    /// ends.
+    async fn keep_for(&self, token: &str, place: Place, hold_ms: u64) -> Result<Released, LockError> {
+        let put_back = |place: Place| self.shared.places().insert(token.to_owned(), place);
+        let (lease, _) = match self.pool().grant(seconds(hold_ms)).await {
             Ok(granted) => granted,
             Err(e) => {
-                put_back(None);
+                put_back(place);
                 return Err(e);
             }
         };
         let kept = Txn::new()
-            .when([
-                Compare::value(lease.key.clone(), CompareOp::Equal, token),
-                Compare::lease(lease.key.clone(), CompareOp::Equal, lease.id),
-            ])
+            .when([Compare::create_revision(
+                place.key.clone(),
+                CompareOp::Equal,
+                place.created,
+            )])
             .and_then([TxnOp::put(
-                lease.key.clone(),
+                place.key.clone(),
                 format!("{token}{RELEASED}"),
-                put_on(shorter),
+                Some(PutOptions::new().with_lease(lease)),
             )]);
-        let kept = match self.pool.txn(kept).await {
-            Ok(answer) => answer.succeeded(),
-            Err(e) => {
-                put_back(Some(shorter));
-                return Err(e);
+        let until = Instant::now() + Duration::from_millis(hold_ms);
+        match self.pool().txn(kept).await {
+            Ok(answer) if answer.succeeded() => {
+                self.record(
+                    token,
+                    Place {
+                        lease,
+                        until: Some(until),
+                        kept: true,
+                        ..place
+                    },
+                );
+                Ok(Released::Quiet)
             }
-        };
-        self.revoke_later(lease.id);
-        if kept {
-            self.leases().insert(
-                token.to_owned(),
-                Lease {
-                    id: shorter,
-                    ttl_s: granted,
-                    moving: None,
-                    key: lease.key,
-                    valid_until: sent + Duration::from_millis(hold_ms),
-                    expiring: false,
-                },
-            );
-            self.expire_when_invalid(token, hold_ms, false);
-        } else {
-            self.revoke_later(shorter);
+            Ok(_) => Ok(Released::NotOurs),
+            Err(e) => {
+                put_back(place);
+                Err(e)
+            }
         }
-        Ok(kept)
     }
 
-    async fn leave_line(&self, lock: &Lock, token: &str) -> Result<(), LockError> {
-        let names = Names::for_lock(lock.name());
-        self.drop_place(token);
-        let gone = Txn::new().and_then([
-            TxnOp::delete(names.place(token), None),
-            TxnOp::delete(names.claim(token), None),
-        ]);
-        self.pool.txn(gone).await?;
+    async fn leave_line(&self, token: &str) -> Result<(), LockError> {
+        self.shared
+            .watcher
+            .cancel(self.pool(), &self.shared.notices, token);
+        let place = self.shared.places().remove(token);
+        if let Some(place) = place {
+            if let Err(e) = self.shared.delete(&place).await {
+                self.shared.places().insert(token.to_owned(), place);
+                return Err(e);
+            }
+        }
         Ok(())
     }
 }
 
 impl Drop for EtcdStore {
-    /// The watch stream goes with the client.
+    /// The client's tasks go with it, and its sessions are revoked (its places with them).
     fn drop(&mut self) {
-        self.watcher.stop();
+        self.keeper.stop();
+        self.shared.watcher.stop();
+        let sessions = self.shared.sessions.take_all();
+        if let (Ok(runtime), false) = (tokio::runtime::Handle::try_current(), sessions.is_empty()) {
+            let pool = Arc::clone(self.pool());
+            runtime.spawn(async move {
+                for lease in sessions {
+                    let _ = pool.revoke(lease).await;
+                }
+            });
+        }
     }
 }
 
@@ -769,32 +1168,35 @@ impl Store for EtcdStore {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             name: "etcd",
-            // A fair release wakes the next in line, who asks (its lease is its own).
+            // The next in line holds once the place ahead is deleted; it looks (a read).
             hand_over: false,
+            queues: true,
             ..Capabilities::ALL
         }
     }
 
-    /// `<prefix>{<key>}`, the holder's key; its helpers follow it past a 0xff byte.
+    /// `<prefix>{<key>}`: its places in line follow it past a 0xff byte.
     fn name(&self, key: &str) -> String {
         format!("{}{{{key}}}", self.prefix)
     }
 
     async fn connect(&self) -> Result<(), LockError> {
-        // The rights locking needs, on a probe key: take it, let it go.
-        let token = format!("rights-check:{:016x}", rand::random::<u64>());
-        let ask = Ask {
-            ttl_ms: 1000,
-            fencing: false,
-            waiting: false,
-            fair: false,
-            join: false,
-            shared: false,
-            claimed: false,
-        };
-        let probe = Lock::new("rights-check", Store::name(self, "rights-check"));
-        self.acquire(&probe, &token, &ask).await?;
-        self.release_token(&token, 0).await?;
+        // The rights locking needs, on a probe key under the prefix: etcd checks the rights of
+        // every operation of a transaction, also those of the branch it does not take (here
+        // the write: its condition never holds, so nothing is written).
+        let names = Names::for_lock(&Store::name(self, "rights-check"));
+        let probe = names.fence();
+        let txn = Txn::new()
+            .when([Compare::version(probe.clone(), CompareOp::Less, 0)])
+            .and_then([TxnOp::put(probe.clone(), "", None)])
+            .or_else([TxnOp::get(probe, None)]);
+        self.pool().txn(txn).await?;
+        if !self
+            .checked_version
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            check_version(Arc::clone(self.pool())).await;
+        }
         Ok(())
     }
 
@@ -806,17 +1208,12 @@ impl Store for EtcdStore {
         self.renew_locks(locks).await
     }
 
-    async fn release(&self, _: &Lock, token: &str, release: Release<'_>) -> Result<Released, LockError> {
-        Ok(match self.release_token(token, release.hold_ms).await? {
-            false => Released::NotOurs,
-            // The watch names the head of the line.
-            true if release.kind == Kind::Fair => Released::Quiet,
-            true => Released::Freed,
-        })
+    async fn release(&self, lock: &Lock, token: &str, release: Release<'_>) -> Result<Released, LockError> {
+        self.release_token(lock, token, release).await
     }
 
-    async fn leave(&self, lock: &Lock, token: &str, _: bool) -> Result<(), LockError> {
-        self.leave_line(lock, token).await
+    async fn leave(&self, _: &Lock, token: &str, _: bool) -> Result<(), LockError> {
+        self.leave_line(token).await
     }
 
     async fn inspect(&self, lock: &Lock) -> Result<LockView, LockError> {
@@ -830,16 +1227,35 @@ impl Store for EtcdStore {
     async fn force_release(&self, lock: &Lock, seen: &LockView) -> Result<ForceReleased, LockError> {
         self.force(lock, seen).await
     }
+}
 
-    async fn listen(&self, lock: &Lock) {
-        if self.notices.is_confirmed(lock.name()) {
-            return;
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_with_both_lease_fixes() {
+        for (text, fixed) in [
+            ("3.4.23", false),
+            ("3.4.31", true),
+            ("3.5.12", false),
+            ("3.5.13", true),
+            ("3.5.21", true),
+            ("3.6.0", true),
+            ("3.3.27", false),
+        ] {
+            assert_eq!(has_lease_fixes(version_of(text).unwrap()), fixed, "{text}");
         }
-        let watching = self.watcher.watch(&self.pool, &self.notices, lock.name());
-        let _ = tokio::time::timeout(self.pool.timeouts.response, watching).await;
+        assert_eq!(version_of("3.6.0-rc.1"), Some((3, 6, 0)));
     }
 
-    fn unlisten(&self, name: &str) {
-        self.watcher.unlisten(name);
+    #[test]
+    fn credentials_come_out_of_endpoints_and_urls() {
+        let (plain, user) = split_credentials("http://app:p%40ss@10.0.0.1:2379");
+        assert_eq!(plain, "http://10.0.0.1:2379");
+        assert_eq!(user, Some(("app".to_owned(), "p@ss".to_owned())));
+        assert_eq!(split_credentials("http://10.0.0.1:2379").1, None);
+        let shown = format!("{:?}", EtcdConfig::new(["http://app:secret@h:2379".to_owned()]));
+        assert!(!shown.contains("secret"), "{shown}");
     }
 }

@@ -1,21 +1,22 @@
-//! The etcd keys of one lock (see the module doc of [`super`]), and the comparisons on them.
+//! The etcd keys of one lock (see the module doc of [`super`]), and the ranges that read them.
 
-use etcd_client::{Compare, CompareOp};
-
-/// Between a lock's key and its helpers' names: a byte UTF-8 never has, so no other lock's key
-/// (keys and prefixes are `str`) falls in a helper's range or looks like a helper, whatever
-/// characters (`}` included) the keys have.
+/// Between a lock's name and its keys: a byte UTF-8 never has, so no other lock's name (names
+/// and prefixes are `str`) falls in one of this lock's ranges, whatever characters (`}`
+/// included) the keys have.
 const SEP: u8 = 0xff;
-const SHARES: &[u8] = b"r/";
-const LINE: &[u8] = b"q/";
-const CLAIMS: &[u8] = b"w/";
+/// The line: every holder and waiter, `l` then `w/` (exclusive, or a writer) or `r/` (a
+/// reader), then the token.
+const LINE: u8 = b'l';
+const WRITER: &[u8] = b"w/";
+const READER: &[u8] = b"r/";
+/// The last fenced writer's token, kept a while after its release for the readers after it.
 const FENCE: &[u8] = b"fence";
 
 /// The keys of one lock.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) struct Names {
-    /// The holder's key (`<prefix>{<key>}`).
-    pub(super) lock: String,
+    /// The lock's name (`<prefix>{<key>}`): every key of the lock starts with it and 0xff.
+    lock: String,
 }
 
 /// The end of the range of keys that start with `start` (which ends in `/`: `/` + 1 is `0`).
@@ -26,119 +27,92 @@ fn end_of(start: &[u8]) -> Vec<u8> {
     end
 }
 
+/// What a key of a lock is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Part<'k> {
+    /// A place in line of an exclusive holder or waiter (a writer), with its token.
+    Writer(&'k [u8]),
+    /// A reader's place in line, with its token.
+    Reader(&'k [u8]),
+    /// The last fenced writer's token.
+    Fence,
+}
+
 impl Names {
-    /// The keys of the lock whose holder's key is `lock`.
+    /// The keys of the lock named `lock`.
     pub(super) fn for_lock(lock: &str) -> Self {
         Names {
             lock: lock.to_owned(),
         }
     }
 
-    fn under(&self, set: &[u8], token: &str) -> Vec<u8> {
-        let mut name = Vec::with_capacity(self.lock.len() + 1 + set.len() + token.len());
+    fn under(&self, parts: &[&[u8]]) -> Vec<u8> {
+        let len = parts.iter().map(|p| p.len()).sum::<usize>();
+        let mut name = Vec::with_capacity(self.lock.len() + 1 + len);
         name.extend_from_slice(self.lock.as_bytes());
         name.push(SEP);
-        name.extend_from_slice(set);
-        name.extend_from_slice(token.as_bytes());
+        for part in parts {
+            name.extend_from_slice(part);
+        }
         name
     }
 
-    /// The last fenced writer's mark: its mod revision is that writer's fencing token (written
-    /// in the transaction that took the lock; kept, without a lease, as Redis keeps its counter).
+    /// The place in line of `token`: a writer's, or (`shared`) a reader's.
+    pub(super) fn place(&self, token: &str, shared: bool) -> Vec<u8> {
+        let kind = if shared { READER } else { WRITER };
+        self.under(&[&[LINE], kind, token.as_bytes()])
+    }
+
+    /// The last fenced writer's token (its value, 20 decimal digits).
     pub(super) fn fence(&self) -> Vec<u8> {
-        self.under(FENCE, "")
+        self.under(&[FENCE])
     }
 
-    /// A reader's share.
-    pub(super) fn share(&self, token: &str) -> Vec<u8> {
-        self.under(SHARES, token)
+    /// Every place in line: `[start, end)`.
+    pub(super) fn line(&self) -> (Vec<u8>, Vec<u8>) {
+        (self.under(&[&[LINE]]), self.under(&[&[LINE + 1]]))
     }
 
-    /// A fair waiter's place in line.
-    pub(super) fn place(&self, token: &str) -> Vec<u8> {
-        self.under(LINE, token)
-    }
-
-    /// A waiting writer's claim.
-    pub(super) fn claim(&self, token: &str) -> Vec<u8> {
-        self.under(CLAIMS, token)
-    }
-
-    pub(super) fn shares_start(&self) -> Vec<u8> {
-        self.under(SHARES, "")
-    }
-
-    pub(super) fn shares_end(&self) -> Vec<u8> {
-        end_of(&self.shares_start())
-    }
-
-    pub(super) fn line_start(&self) -> Vec<u8> {
-        self.under(LINE, "")
-    }
-
-    pub(super) fn line_end(&self) -> Vec<u8> {
-        end_of(&self.line_start())
-    }
-
-    fn claims_start(&self) -> Vec<u8> {
-        self.under(CLAIMS, "")
-    }
-
-    /// Every key in the set has this create revision (none, for 0: an empty range compares as
-    /// one key that does not exist).
-    fn all_created(start: Vec<u8>, op: CompareOp, revision: i64) -> Compare {
+    /// The writers' places: `[start, end)`.
+    pub(super) fn writers(&self) -> (Vec<u8>, Vec<u8>) {
+        let start = self.under(&[&[LINE], WRITER]);
         let end = end_of(&start);
-        Compare::create_revision(start, op, revision).with_range(end)
+        (start, end)
     }
 
-    pub(super) fn no_shares(&self) -> Compare {
-        Names::all_created(self.shares_start(), CompareOp::Equal, 0)
+    /// Every key of the lock: `[start, end)`.
+    #[cfg(test)]
+    fn all(&self) -> (Vec<u8>, Vec<u8>) {
+        let start = self.under(&[]);
+        let mut end = self.lock.as_bytes().to_vec();
+        end.extend_from_slice(&[SEP, SEP]);
+        (start, end)
     }
 
-    pub(super) fn some_shares(&self) -> Compare {
-        Names::all_created(self.shares_start(), CompareOp::Greater, 0)
-    }
-
-    pub(super) fn no_claims(&self) -> Compare {
-        Names::all_created(self.claims_start(), CompareOp::Equal, 0)
-    }
-
-    /// Nobody is in line before the waiter whose place has this create revision (nobody is in
-    /// line, for a waiter without one).
-    pub(super) fn first_in_line(&self, place: Option<i64>) -> Compare {
-        match place {
-            Some(place) => Names::all_created(self.line_start(), CompareOp::Greater, place - 1),
-            None => Names::all_created(self.line_start(), CompareOp::Equal, 0),
-        }
-    }
-
-    /// What a key under this lock is.
-    pub(super) fn classify<'k>(&self, key: &'k [u8]) -> Option<Part<'k>> {
-        let rest = key.strip_prefix(self.lock.as_bytes())?;
-        if rest.is_empty() {
-            return Some(Part::Holder);
-        }
-        let rest = rest.strip_prefix(&[SEP])?;
-        if let Some(token) = rest.strip_prefix(SHARES) {
-            return Some(Part::Share(token));
-        }
-        if let Some(token) = rest.strip_prefix(LINE) {
-            return Some(Part::Place(token));
-        }
-        if let Some(token) = rest.strip_prefix(CLAIMS) {
-            return Some(Part::Claim(token));
-        }
-        None
+    /// What a key of this lock is (`None`: not one of its keys).
+    #[cfg(test)]
+    fn classify<'k>(&self, key: &'k [u8]) -> Option<Part<'k>> {
+        let rest = key.strip_prefix(self.lock.as_bytes())?.strip_prefix(&[SEP])?;
+        split(rest)
     }
 }
 
-/// A key under a lock, as [`Names::classify`] tells it.
-#[derive(Debug, PartialEq, Eq)]
-pub(super) enum Part<'k> {
-    Holder,
-    Share(&'k [u8]),
-    Place(&'k [u8]),
-    Claim(&'k [u8]),
+/// What a key is, from what follows its lock's name and 0xff.
+pub(super) fn split(rest: &[u8]) -> Option<Part<'_>> {
+    if rest == FENCE {
+        return Some(Part::Fence);
+    }
+    let place = rest.strip_prefix(&[LINE])?;
+    if let Some(token) = place.strip_prefix(WRITER) {
+        return Some(Part::Writer(token));
+    }
+    place.strip_prefix(READER).map(Part::Reader)
+}
+
+/// The value of a fence key: a token, as 20 decimal digits (so that etcd's byte-wise comparison
+/// orders them as numbers).
+pub(super) fn fence_value(token: i64) -> String {
+    format!("{token:020}")
 }
 
 #[cfg(test)]
@@ -148,40 +122,52 @@ mod tests {
     #[test]
     fn the_keys_of_a_lock_and_their_ranges() {
         let names = Names::for_lock("lock:{order:1}");
-        assert_eq!(names.lock, "lock:{order:1}");
-        assert_eq!(names.share("t"), b"lock:{order:1}\xffr/t");
-        assert_eq!(names.place("t"), b"lock:{order:1}\xffq/t");
-        assert_eq!(names.claim("t"), b"lock:{order:1}\xffw/t");
-        assert_eq!(names.line_end(), b"lock:{order:1}\xffq0");
+        assert_eq!(names.place("t", false), b"lock:{order:1}\xfflw/t");
+        assert_eq!(names.place("t", true), b"lock:{order:1}\xfflr/t");
         assert_eq!(names.fence(), b"lock:{order:1}\xfffence");
-        assert_eq!(names.classify(b"lock:{order:1}\xfffence"), None);
-        assert_eq!(names.classify(b"lock:{order:1}"), Some(Part::Holder));
+        let (start, end) = names.line();
         assert_eq!(
-            names.classify(b"lock:{order:1}\xffq/ab"),
-            Some(Part::Place(b"ab"))
+            (start.as_slice(), end.as_slice()),
+            (&b"lock:{order:1}\xffl"[..], &b"lock:{order:1}\xffm"[..])
+        );
+        let (start, end) = names.writers();
+        assert_eq!(
+            (start.as_slice(), end.as_slice()),
+            (&b"lock:{order:1}\xfflw/"[..], &b"lock:{order:1}\xfflw0"[..])
+        );
+        for key in [names.place("t", false), names.place("t", true)] {
+            assert!(start_end(&names.line(), &key));
+            assert!(start_end(&names.all(), &key));
+        }
+        assert!(!start_end(&names.writers(), &names.place("t", true)));
+        assert!(start_end(&names.all(), &names.fence()));
+        assert_eq!(names.classify(&names.fence()), Some(Part::Fence));
+        assert_eq!(
+            names.classify(b"lock:{order:1}\xfflw/ab"),
+            Some(Part::Writer(b"ab"))
         );
         assert_eq!(
-            names.classify(b"lock:{order:1}\xffr/ab"),
-            Some(Part::Share(b"ab"))
-        );
-        assert_eq!(
-            names.classify(b"lock:{order:1}\xffw/ab"),
-            Some(Part::Claim(b"ab"))
+            names.classify(b"lock:{order:1}\xfflr/ab"),
+            Some(Part::Reader(b"ab"))
         );
         // Other locks whose names start with this one's, whatever their keys hold.
         assert_eq!(names.classify(b"lock:{order:1}}"), None);
-        assert_eq!(names.classify(b"lock:{order:1}:r/x}"), None);
-        assert_eq!(names.classify(b"lock:{order:2}"), None);
+        assert_eq!(names.classify(b"lock:{order:1}:lw/x}"), None);
+        assert_eq!(names.classify(b"lock:{order:2}\xfflw/x"), None);
+        assert_eq!(fence_value(42), "00000000000000000042");
+    }
+
+    fn start_end((start, end): &(Vec<u8>, Vec<u8>), key: &[u8]) -> bool {
+        start.as_slice() <= key && key < end.as_slice()
     }
 
     #[test]
-    fn no_lock_key_falls_in_another_locks_helper_ranges() {
+    fn no_lock_key_falls_in_another_locks_ranges() {
         let a = Names::for_lock("lock:{a}");
-        for key in ["a}:r/x", "a}\u{ff}r/x", "a}", "a}:q/x"] {
-            let other = format!("lock:{{{key}}}");
-            let other = other.as_bytes();
-            for (start, end) in [(a.shares_start(), a.shares_end()), (a.line_start(), a.line_end())] {
-                assert!(!(start.as_slice() <= other && other < end.as_slice()), "{key}");
+        for key in ["a}:lw/x", "a}\u{ff}lw/x", "a}", "a}}", "a}\u{ff}\u{ff}"] {
+            let other = Names::for_lock(&format!("lock:{{{key}}}"));
+            for mine in [other.place("x", false), other.place("x", true), other.fence()] {
+                assert!(!start_end(&a.all(), &mine), "{key}");
             }
         }
     }

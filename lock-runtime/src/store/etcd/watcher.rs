@@ -1,90 +1,92 @@
-//! The one watch stream of an etcd client: a watch per lock this client's waiters wait for,
-//! started by the first of them (from a snapshot of the lock's keys, so no change after it is
-//! missed) and cancelled a second after the last one stopped waiting (a lock in steady
-//! contention keeps its watch).
+//! The one watch stream of an etcd client: for each of its waiters, a watch of the one place in
+//! line just ahead of the waiter's own (no herd: a release wakes the next waiter only, whichever
+//! client it belongs to), from the revision the waiter read it at, so a deletion after that read
+//! is never missed. The deletion wakes the waiter by its token; its next attempt looks again.
 //!
-//! Each watch keeps a mirror of its lock (held or not, how many shares and claims, the fair line
-//! in revision order), so a change wakes the one waiter it concerns: a release wakes the head of
-//! the line (which may be another client's: then none of ours), or without a line the head of
-//! this client's queue; a share's release only once the last share has gone. A broken stream
-//! wakes every waiter to re-check its lock, and the next to wait watches again.
+//! A watch etcd cancels (its start revision was compacted away) wakes its waiter to look again
+//! and watch from a newer revision; a stream that breaks wakes every waiter it watched for, and
+//! the next watch opens a new stream (on the next member, if the last one failed).
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
-use tokio::time::Instant;
+use etcd_client::{EventType, WatchFilterType, WatchOptions, WatchResponse, WatchStream};
+use tokio::sync::mpsc;
 
-use etcd_client::{Event, EventType, GetOptions, WatchOptions, WatchResponse, WatchStream};
-use tokio::sync::{mpsc, oneshot};
-
-use super::names::{Names, Part};
 use super::pool::{self, Pool};
 use crate::background::Background;
 use crate::store::Notices;
 
-/// A waiter's request to hear of the releases of the lock named `name`; `done` is answered once
-/// it does.
-#[derive(Debug)]
-struct Request {
+/// Whom a watch wakes: a waiter's lock and token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Waiter {
     name: String,
-    done: oneshot::Sender<()>,
+    token: String,
+}
+
+impl Waiter {
+    fn wake(&self, notices: &Notices) {
+        notices.turn(&self.name, self.token.as_bytes(), None);
+    }
+}
+
+#[derive(Debug)]
+enum Request {
+    /// Wake `waiter` once `key` is deleted at or after revision `from`.
+    Watch { waiter: Waiter, key: Vec<u8>, from: i64 },
+    /// `token` no longer waits.
+    Cancel { token: String },
 }
 
 /// The watch task and how to reach it.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(super) struct Watcher {
     task: Background,
     requests: Mutex<Option<mpsc::UnboundedSender<Request>>>,
-    /// Locks nobody waits on any more (from [`unlisten`](Self::unlisten)).
-    idle: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<String>>>,
-    idle_tx: mpsc::UnboundedSender<String>,
 }
 
 impl Watcher {
-    pub(super) fn new() -> Self {
-        let (idle_tx, idle) = mpsc::unbounded_channel();
-        Watcher {
-            task: Background::default(),
-            requests: Mutex::new(None),
-            idle: Arc::new(tokio::sync::Mutex::new(idle)),
-            idle_tx,
-        }
-    }
-
-    /// Nobody of this client waits for lock `name` any more: its watch lingers, then goes.
-    pub(super) fn unlisten(&self, name: &str) {
-        let _ = self.idle_tx.send(name.to_owned());
-    }
-
     fn slot(&self) -> MutexGuard<'_, Option<mpsc::UnboundedSender<Request>>> {
         self.requests.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Completes once releases of the lock named `name` reach its waiters (or never, when etcd
-    /// cannot be reached: the caller bounds the wait).
-    pub(super) async fn watch(&self, pool: &Arc<Pool>, notices: &Notices, name: &str) {
-        let (done, watching) = oneshot::channel();
-        {
-            let mut slot = self.slot();
-            if !self.task.is_running() || slot.is_none() {
-                let (requests, received) = mpsc::unbounded_channel();
-                *slot = Some(requests);
-                let notices = notices.clone();
-                let idle = Arc::clone(&self.idle);
-                let pool = Arc::clone(pool);
-                self.task.replace(move || run(pool, notices, received, idle));
-            }
-            let request = Request {
-                name: name.to_owned(),
-                done,
-            };
-            if let Some(requests) = slot.as_ref() {
-                // The task only ends with its runtime or the client: the waiter naps then.
-                let _ = requests.send(request);
-            }
+    fn send(&self, pool: &Arc<Pool>, notices: &Notices, request: Request) {
+        let mut slot = self.slot();
+        if !self.task.is_running() || slot.is_none() {
+            let (requests, received) = mpsc::unbounded_channel();
+            *slot = Some(requests);
+            let (pool, notices) = (Arc::clone(pool), notices.clone());
+            self.task.replace(move || run(pool, notices, received));
         }
-        let _ = watching.await;
+        if let Some(requests) = slot.as_ref() {
+            // The task only ends with its runtime or the client.
+            let _ = requests.send(request);
+        }
+    }
+
+    /// Wakes the waiter `token` of the lock named `name` once `key` (the place ahead of it) is
+    /// deleted at or after revision `from`. Replaces the waiter's earlier watch.
+    pub(super) fn watch(
+        &self,
+        pool: &Arc<Pool>,
+        notices: &Notices,
+        (name, token): (&str, &str),
+        key: Vec<u8>,
+        from: i64,
+    ) {
+        let waiter = Waiter {
+            name: name.to_owned(),
+            token: token.to_owned(),
+        };
+        self.send(pool, notices, Request::Watch { waiter, key, from });
+    }
+
+    /// The waiter `token` no longer waits.
+    pub(super) fn cancel(&self, pool: &Arc<Pool>, notices: &Notices, token: &str) {
+        if self.task.is_running() {
+            let token = token.to_owned();
+            self.send(pool, notices, Request::Cancel { token });
+        }
     }
 
     pub(super) fn stop(&self) {
@@ -93,261 +95,137 @@ impl Watcher {
     }
 }
 
-/// What a watch has seen of its lock.
-#[derive(Debug)]
-struct Mirror {
-    name: String,
-    names: Names,
-    held: bool,
-    shares: usize,
-    claims: usize,
-    /// The fair line: each place's create revision and token.
-    line: BTreeMap<i64, Vec<u8>>,
-}
-
-impl Mirror {
-    fn new(name: &str) -> Self {
-        Mirror {
-            name: name.to_owned(),
-            names: Names::for_lock(name),
-            held: false,
-            shares: 0,
-            claims: 0,
-            line: BTreeMap::new(),
-        }
-    }
-
-    /// A key that exists (from the snapshot, or put since): `created` for its first version.
-    fn put(&mut self, key: &[u8], created: bool, create_revision: i64) {
-        match self.names.classify(key) {
-            Some(Part::Holder) => self.held = true,
-            Some(Part::Share(_)) if created => self.shares += 1,
-            Some(Part::Claim(_)) if created => self.claims += 1,
-            Some(Part::Place(token)) if created => {
-                self.line.insert(create_revision, token.to_vec());
-            }
-            _ => {}
-        }
-    }
-
-    /// A key deleted (released, expired, revoked): wakes whom it lets in.
-    fn deleted(&mut self, key: &[u8], notices: &Notices) {
-        match self.names.classify(key) {
-            Some(Part::Holder) => {
-                self.held = false;
-                if self.shares == 0 {
-                    self.wake_next(notices);
-                }
-            }
-            Some(Part::Share(_)) => {
-                self.shares = self.shares.saturating_sub(1);
-                if self.shares == 0 && !self.held {
-                    self.wake_next(notices);
-                }
-            }
-            Some(Part::Claim(_)) => {
-                self.claims = self.claims.saturating_sub(1);
-                if self.claims == 0 && !self.held {
-                    // Readers held back by the claims may enter.
-                    notices.released(&self.name);
-                }
-            }
-            Some(Part::Place(token)) => {
-                let was_head = self.line.values().next().is_some_and(|head| head == token);
-                self.line.retain(|_, place| place != token);
-                if was_head && !self.held && self.shares == 0 {
-                    self.wake_next(notices);
-                }
-            }
-            None => {}
-        }
-    }
-
-    /// The lock is free: the head of the line's turn, or without a line this client's next.
-    fn wake_next(&self, notices: &Notices) {
-        match self.line.values().next() {
-            Some(head) => notices.turn(&self.name, head, None),
-            None => notices.released(&self.name),
-        }
-    }
-
-    fn seen(&mut self, event: &Event, notices: &Notices) {
-        let Some(kv) = event.kv() else { return };
-        match event.event_type() {
-            EventType::Put => self.put(kv.key(), kv.version() == 1, kv.create_revision()),
-            EventType::Delete => self.deleted(kv.key(), notices),
-        }
-    }
-}
-
-/// A watch asked for, not yet confirmed by etcd.
-#[derive(Debug)]
-struct Pending {
-    mirror: Mirror,
-    done: Vec<oneshot::Sender<()>>,
-}
-
 /// The stream and its watches.
 #[derive(Debug, Default)]
 struct Watches {
     /// The stream, and the pin of the member it went to.
     stream: Option<(WatchStream, usize)>,
     /// Confirmed watches, by watch id.
-    by_id: HashMap<i64, Mirror>,
-    /// Each watched lock's watch id.
-    by_name: HashMap<String, i64>,
-    /// Asked for, in order (etcd confirms them in that order).
-    pending: VecDeque<Pending>,
-    /// Watches nobody waits on, kept for [`LINGER`] since when they went idle: the next waiter
-    /// on the same lock (a lock in steady contention has one at once) finds it watched.
-    idle: HashMap<String, Instant>,
+    by_id: HashMap<i64, Waiter>,
+    /// Asked for, in order (etcd confirms them in that order); `None`: no longer wanted, to
+    /// cancel once confirmed.
+    pending: std::collections::VecDeque<Option<Waiter>>,
 }
 
-/// How long a watch nobody waits on is kept before it is cancelled.
-const LINGER: Duration = Duration::from_secs(1);
-
 impl Watches {
-    async fn add(&mut self, pool: &Pool, request: Request, notices: &Notices) {
-        let Request { name, done } = request;
-        if self.by_name.contains_key(&name) {
-            // Still watched (it lingered): its mirror is up to date.
-            self.idle.remove(&name);
-            notices.confirmed(&name);
-            let _ = done.send(());
-            return;
-        }
-        if let Some(pending) = self.pending.iter_mut().find(|p| p.mirror.name == name) {
-            pending.done.push(done);
-            return;
-        }
-        let lock = name.as_str();
-        // What the lock's keys are now, then every change after.
-        let snapshot = pool
-            .ask(|client| async move {
-                let keys = GetOptions::new().with_prefix().with_keys_only();
-                client.kv_client().get(lock, Some(keys)).await
-            })
-            .await;
-        let snapshot = match snapshot {
-            Ok(snapshot) => snapshot,
-            Err(e) => {
-                tracing::debug!(error = %e, "cannot read a lock to watch it");
-                return;
-            }
-        };
-        let mut mirror = Mirror::new(lock);
-        for kv in snapshot.kvs() {
-            mirror.put(kv.key(), true, kv.create_revision());
-        }
-        let after = snapshot.header().map_or(0, |h| h.revision()) + 1;
-        let options = WatchOptions::new().with_prefix().with_start_revision(after);
-        let sent = match self.stream.as_mut() {
-            Some((stream, _)) => stream.watch(lock, Some(options)).await.map_err(pool::store_error),
-            None => match pool.pinned().await {
-                Ok((at, client)) => match client.watch_client().watch(lock, Some(options)).await {
-                    Ok(stream) => {
-                        self.stream = Some((stream, at));
-                        Ok(())
-                    }
-                    Err(e) => {
-                        pool.unpin(at);
-                        Err(pool::store_error(e))
-                    }
-                },
-                Err(e) => Err(e),
-            },
-        };
-        match sent {
-            Ok(()) => self.pending.push_back(Pending {
-                mirror,
-                done: vec![done],
-            }),
-            Err(e) => {
-                tracing::debug!(error = %e, "cannot watch a lock for its release");
-                self.broken(pool, notices);
+    fn forget(&mut self, token: &str) -> Vec<i64> {
+        for pending in &mut self.pending {
+            if pending.as_ref().is_some_and(|w| w.token == token) {
+                *pending = None;
             }
         }
-    }
-
-    /// Nobody waits on lock `name` any more: its watch lingers, then goes.
-    fn went_idle(&mut self, name: String) {
-        if self.by_name.contains_key(&name) {
-            self.idle.insert(name, Instant::now());
-        }
-    }
-
-    /// Cancels the watches that have lingered long enough.
-    async fn sweep(&mut self, notices: &Notices) {
-        let now = Instant::now();
-        let done: Vec<String> = self
-            .idle
+        let ids: Vec<i64> = self
+            .by_id
             .iter()
-            .filter(|(_, since)| now.duration_since(**since) >= LINGER)
-            .map(|(name, _)| name.clone())
+            .filter(|(_, w)| w.token == token)
+            .map(|(id, _)| *id)
             .collect();
-        for name in done {
-            self.idle.remove(&name);
-            self.remove(&name, notices).await;
+        for id in &ids {
+            self.by_id.remove(id);
         }
+        ids
     }
 
-    /// Cancels lock `name`'s watch unless a waiter came back meanwhile.
-    async fn remove(&mut self, name: &str, notices: &Notices) {
-        if notices.is_wanted(name) {
-            return; // a waiter came back meanwhile
-        }
-        if let Some(id) = self.by_name.remove(name) {
-            self.by_id.remove(&id);
-            if let Some((stream, _)) = self.stream.as_mut() {
+    async fn cancel(&mut self, ids: Vec<i64>) {
+        if let Some((stream, _)) = self.stream.as_mut() {
+            for id in ids {
                 let _ = stream.cancel(id).await;
             }
         }
     }
 
-    async fn answer(&mut self, response: WatchResponse, notices: &Notices) {
-        let id = response.watch_id();
-        if response.created() {
-            if let Some(pending) = self.pending.pop_front() {
-                let name = pending.mirror.name.clone();
-                // Free at the snapshot: a waiter that went to sleep before the watch began
-                // (one behind in line) would hear of no release; the one whose turn it is asks.
-                if !pending.mirror.held && pending.mirror.shares == 0 {
-                    pending.mirror.wake_next(notices);
-                }
-                self.by_name.insert(name.clone(), id);
-                self.by_id.insert(id, pending.mirror);
-                notices.confirmed(&name);
-                for done in pending.done {
-                    let _ = done.send(());
-                }
-                if !notices.is_wanted(&name) {
-                    self.went_idle(name);
-                }
+    async fn serve(&mut self, pool: &Pool, notices: &Notices, request: Request) {
+        match request {
+            Request::Cancel { token } => {
+                let ids = self.forget(&token);
+                self.cancel(ids).await;
             }
-        }
-        if response.canceled() {
-            // Compacted past its start, or refused: its waiters re-check, and watch again.
-            if let Some(mirror) = self.by_id.remove(&id) {
-                self.by_name.remove(&mirror.name);
-                notices.lost(&mirror.name);
-            }
-            return;
-        }
-        if let Some(mirror) = self.by_id.get_mut(&id) {
-            for event in response.events() {
-                mirror.seen(event, notices);
+            Request::Watch { waiter, key, from } => {
+                let ids = self.forget(&waiter.token);
+                self.cancel(ids).await;
+                let options = WatchOptions::new()
+                    .with_start_revision(from)
+                    .with_filters([WatchFilterType::NoPut]);
+                // Bounded: a member that takes the request and never answers must not hold up
+                // every other waiter's watch.
+                let within = pool.timeouts.response;
+                let timed_out = |at: usize| {
+                    pool.unpin(at);
+                    crate::LockError::unavailable(format!(
+                        "etcd at {}: no watch within {within:?}",
+                        crate::redact::hide_credentials(pool.endpoint(at))
+                    ))
+                };
+                let sent = match self.stream.as_mut() {
+                    Some((stream, at)) => {
+                        match tokio::time::timeout(within, stream.watch(key, Some(options))).await {
+                            Ok(sent) => sent.map_err(|e| pool::store_error(pool.endpoint(*at), &e)),
+                            Err(_) => Err(timed_out(*at)),
+                        }
+                    }
+                    None => match pool.pinned().await {
+                        Ok((at, client)) => {
+                            let mut watches = client.watch_client();
+                            match tokio::time::timeout(within, watches.watch(key, Some(options))).await {
+                                Ok(Ok(stream)) => {
+                                    self.stream = Some((stream, at));
+                                    Ok(())
+                                }
+                                Ok(Err(e)) => {
+                                    pool.unpin(at);
+                                    Err(pool::store_error(pool.endpoint(at), &e))
+                                }
+                                Err(_) => Err(timed_out(at)),
+                            }
+                        }
+                        Err(e) => Err(e),
+                    },
+                };
+                match sent {
+                    Ok(()) => self.pending.push_back(Some(waiter)),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "cannot watch the place ahead of a waiter");
+                        waiter.wake(notices);
+                        self.broken(pool, notices);
+                    }
+                }
             }
         }
     }
 
-    /// The stream broke: every waiter re-checks its lock (a release may have gone unheard), and
-    /// the next to wait watches again.
+    async fn answer(&mut self, response: &WatchResponse, notices: &Notices) {
+        let id = response.watch_id();
+        if response.created() {
+            match self.pending.pop_front() {
+                Some(Some(waiter)) => {
+                    self.by_id.insert(id, waiter);
+                }
+                Some(None) => self.cancel(vec![id]).await,
+                None => {}
+            }
+        }
+        let deleted = response
+            .events()
+            .iter()
+            .any(|event| event.event_type() == EventType::Delete);
+        if deleted || response.canceled() {
+            // Its place ahead went (or, compacted past its start, may have): it looks again.
+            if let Some(waiter) = self.by_id.remove(&id) {
+                waiter.wake(notices);
+            }
+        }
+    }
+
+    /// The stream broke: every waiter it watched for looks again (a deletion may have gone
+    /// unheard), and the next watch opens a new stream.
     fn broken(&mut self, pool: &Pool, notices: &Notices) {
         if let Some((_, at)) = self.stream.take() {
             pool.unpin(at);
         }
+        for waiter in self.by_id.values().chain(self.pending.iter().flatten()) {
+            waiter.wake(notices);
+        }
         *self = Watches::default();
-        notices.lost_all();
     }
 }
 
@@ -362,29 +240,19 @@ async fn next(
 
 /// Serves requests and hands on what the stream says, until the task is aborted (with its
 /// client) or its runtime ends.
-async fn run(
-    pool: Arc<Pool>,
-    notices: Notices,
-    mut requests: mpsc::UnboundedReceiver<Request>,
-    idle: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<String>>>,
-) {
-    let mut idle = idle.lock().await;
+async fn run(pool: Arc<Pool>, notices: Notices, mut requests: mpsc::UnboundedReceiver<Request>) {
     let mut watches = Watches::default();
-    let mut sweeps = tokio::time::interval(LINGER);
-    sweeps.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            _ = sweeps.tick() => watches.sweep(&notices).await,
             request = requests.recv() => match request {
-                Some(request) => watches.add(&pool, request, &notices).await,
+                Some(request) => watches.serve(&pool, &notices, request).await,
                 None => return,
             },
-            Some(name) = idle.recv() => watches.went_idle(name),
             answer = next(&mut watches.stream) => match answer {
-                Ok(Some(response)) => watches.answer(response, &notices).await,
+                Ok(Some(response)) => watches.answer(&response, &notices).await,
                 Ok(None) => watches.broken(&pool, &notices),
                 Err(e) => {
-                    tracing::debug!(error = %e, "the lock release watch broke");
+                    tracing::debug!(error = %e, "the etcd watch stream broke");
                     watches.broken(&pool, &notices);
                 }
             },
@@ -403,35 +271,30 @@ mod tests {
     }
 
     #[test]
-    fn a_release_wakes_the_head_of_the_line_and_the_last_share_a_writer() {
+    fn a_broken_stream_wakes_every_waiter_it_watched_for() {
         let wakeups = Wakeups::new();
         let notices = wakeups.notices();
-        let mut mirror = Mirror::new("lock:{k}");
-        let first = wakeups.register("lock:{k}", Some("a"));
-        let second = wakeups.register("lock:{k}", Some("b"));
-        mirror.put(b"lock:{k}", true, 10);
-        mirror.put(b"lock:{k}\xffq/b", true, 12);
-        mirror.put(b"lock:{k}\xffq/a", true, 11);
-        mirror.deleted(b"lock:{k}", &notices);
-        // "a" came first: its turn, not "b"'s.
-        assert!(is_woken(&first));
-        assert!(!is_woken(&second));
-        // "a" takes it: its place goes while the lock is held, which wakes nobody.
-        mirror.put(b"lock:{k}", true, 13);
-        mirror.deleted(b"lock:{k}\xffq/a", &notices);
-        assert!(!is_woken(&second));
-        mirror.deleted(b"lock:{k}", &notices);
-        assert!(is_woken(&second));
-        drop((first, second));
-
-        let writer = wakeups.register("lock:{k}", None);
-        mirror.line.clear();
-        mirror.put(b"lock:{k}\xffr/x", true, 20);
-        mirror.put(b"lock:{k}\xffr/y", true, 21);
-        mirror.put(b"lock:{k}\xffr/y", false, 21); // a share moved to another lease
-        mirror.deleted(b"lock:{k}\xffr/x", &notices);
-        assert!(!is_woken(&writer), "a reader still shares it");
-        mirror.deleted(b"lock:{k}\xffr/y", &notices);
-        assert!(is_woken(&writer));
+        let (a, b, c) = (
+            wakeups.register("lock:{k}", Some("a")),
+            wakeups.register("lock:{k}", Some("b")),
+            wakeups.register("lock:{k}", Some("c")),
+        );
+        let waiter = |token: &str| Waiter {
+            name: "lock:{k}".to_owned(),
+            token: token.to_owned(),
+        };
+        let mut watches = Watches::default();
+        watches.by_id.insert(7, waiter("a"));
+        watches.pending.push_back(Some(waiter("b")));
+        watches.pending.push_back(None);
+        let pool = Pool::new(
+            vec!["http://127.0.0.1:1".to_owned()],
+            Default::default(),
+            Default::default(),
+        );
+        watches.broken(&pool, &notices);
+        assert!(is_woken(&a) && is_woken(&b));
+        assert!(!is_woken(&c), "not watched for: nothing to hear");
+        assert!(watches.by_id.is_empty() && watches.pending.is_empty());
     }
 }

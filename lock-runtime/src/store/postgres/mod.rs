@@ -300,9 +300,7 @@ impl PostgresStore {
                     .bind(ask.waiting)
                     .fetch_one(conn))?;
             return Ok(if got {
-                Attempt::Acquired {
-                    fence: fence.filter(|_| ask.fencing).map(unsigned),
-                }
+                Attempt::acquired(fence.filter(|_| ask.fencing).map(unsigned))
             } else {
                 Attempt::Held {
                     pttl_ms: left.map(unsigned),
@@ -322,11 +320,7 @@ impl PostgresStore {
                 .bind(ask.fencing)
                 .fetch_optional(conn))?;
             match taken {
-                Some(fence) => {
-                    return Ok(Attempt::Acquired {
-                        fence: fence.filter(|_| ask.fencing).map(unsigned),
-                    })
-                }
+                Some(fence) => return Ok(Attempt::acquired(fence.filter(|_| ask.fencing).map(unsigned))),
                 // A first try that will not wait needs no more.
                 None if !ask.join => {
                     return Ok(Attempt::Held {
@@ -354,9 +348,7 @@ impl PostgresStore {
             .bind(place_ms)
             .fetch_one(conn))?;
         Ok(if got {
-            Attempt::Acquired {
-                fence: fence.filter(|_| ask.fencing).map(unsigned),
-            }
+            Attempt::acquired(fence.filter(|_| ask.fencing).map(unsigned))
         } else {
             Attempt::Held {
                 pttl_ms: left.map(unsigned),

@@ -257,14 +257,14 @@ impl RedisStore {
         let found: Result<(Option<Vec<u8>>, Option<usize>), LockError> =
             self.acknowledged.set(bound, flight, (lock, set)).await;
         let (attempt, acked) = match found {
-            Ok((None, acked)) => (Attempt::Acquired { fence: None }, acked),
+            Ok((None, acked)) => (Attempt::acquired(None), acked),
             Ok((Some(value), _)) if value == token.as_bytes() => {
                 // Already ours: sent again after a broken connection, or left by an earlier
                 // attempt of this call on a RedLock master. Its expiry must count from this
                 // attempt, and a `WAIT` must have a write of this connection to wait for.
                 let renewed = self.renew_acknowledged(lock, token, ttl_ms, flight).await?;
                 match renewed {
-                    (true, acked) => (Attempt::Acquired { fence: None }, acked),
+                    (true, acked) => (Attempt::acquired(None), acked),
                     (false, _) => return Ok(Attempt::HELD),
                 }
             }

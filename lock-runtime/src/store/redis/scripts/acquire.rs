@@ -124,9 +124,7 @@ pub(crate) fn attempt(answer: &[i64], fencing: bool) -> Attempt {
         answer.get(1).copied().unwrap_or(-1),
     );
     if taken == 1 {
-        return Attempt::Acquired {
-            fence: fencing.then_some(n.unsigned_abs()),
-        };
+        return Attempt::acquired(fencing.then_some(n.unsigned_abs()));
     }
     Attempt::Held {
         // -1: a foreign value without expiry; -2: free, but fair waiters come first.
@@ -146,8 +144,8 @@ mod tests {
 
     #[test]
     fn answers_read_as_attempts() {
-        assert_eq!(attempt(&[1, 7], true), Attempt::Acquired { fence: Some(7) });
-        assert_eq!(attempt(&[1, 0], false), Attempt::Acquired { fence: None });
+        assert_eq!(attempt(&[1, 7], true), Attempt::acquired(Some(7)));
+        assert_eq!(attempt(&[1, 0], false), Attempt::acquired(None));
         let held = |pttl_ms, behind, claimed, kept| Attempt::Held {
             pttl_ms,
             behind,
