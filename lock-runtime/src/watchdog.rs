@@ -35,8 +35,12 @@ pub(crate) const BATCH: usize = 200;
 #[derive(Debug, Default)]
 pub(crate) struct Watchdog {
     held: Mutex<HashMap<u64, Watched>>,
-    /// Told of every newly watched lock, which may be due before the task's current sleep ends.
+    /// Told of a newly watched lock that is due before the task's current sleep ends.
     changed: Notify,
+    /// Until when the task sleeps (`None`: until told): a lock due later needs no wake-up.
+    /// Read and written with `held` locked, so a lock watched while the task picks its sleep is
+    /// compared with the sleep it picked.
+    wakes_at: Mutex<Option<Instant>>,
     /// Started by the first watched lock, again on another runtime if its own has gone.
     task: Background,
 }
@@ -91,9 +95,15 @@ impl Watchdog {
             lease,
             once,
         };
-        self.held().insert(id, watched);
+        {
+            let mut held = self.held();
+            held.insert(id, watched);
+            let wakes_at = *self.wakes_at.lock().unwrap_or_else(|e| e.into_inner());
+            if wakes_at.is_none_or(|at| due < at) {
+                self.changed.notify_one();
+            }
+        }
         self.start(store);
-        self.changed.notify_one();
         id
     }
 
@@ -123,7 +133,12 @@ impl Watchdog {
 
     async fn run(self: Arc<Self>, store: Weak<dyn DynStore>) {
         loop {
-            let earliest = self.held().values().map(|w| w.due).min();
+            let earliest = {
+                let held = self.held();
+                let earliest = held.values().map(|w| w.due).min();
+                *self.wakes_at.lock().unwrap_or_else(|e| e.into_inner()) = earliest;
+                earliest
+            };
             match earliest {
                 Some(due) if due <= Instant::now() => {}
                 Some(due) => {

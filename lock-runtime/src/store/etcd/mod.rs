@@ -397,18 +397,19 @@ fn has_lease_fixes(version: (u64, u64, u64)) -> bool {
     }
 }
 
-/// Warns when the cluster's etcd may end leases early on a leader change (once per client).
-async fn check_version(pool: Arc<Pool>) {
-    match pool.version().await {
+/// Pins the leader (see `Pool::status_and_leader`) and, with `warn`, warns when the cluster's
+/// etcd may end leases early on a leader change (once per client).
+async fn check_cluster(pool: Arc<Pool>, warn: bool) {
+    match pool.status_and_leader().await {
         Ok(text) => match version_of(&text) {
-            Some(version) if !has_lease_fixes(version) => tracing::warn!(
+            Some(version) if warn && !has_lease_fixes(version) => tracing::warn!(
                 etcd = %text,
                 "this etcd can end a lease early on a leader change (etcd #13932, #15247), which \
                  ends locks early: run etcd 3.5.13, 3.4.31 or later"
             ),
             _ => {}
         },
-        Err(e) => tracing::debug!(error = %e, "could not read etcd's version"),
+        Err(e) => tracing::debug!(error = %e, "could not read etcd's status"),
     }
 }
 
@@ -431,6 +432,15 @@ impl Shared {
 
     fn due(&self) -> MutexGuard<'_, BTreeSet<(Instant, String)>> {
         self.due.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes `token`'s place out of this client's records (and out of the reaper's).
+    fn forget(&self, token: &str) -> Option<Place> {
+        let place = self.places().remove(token)?;
+        if let Some(until) = place.until {
+            self.due().remove(&(until, token.to_owned()));
+        }
+        Some(place)
     }
 
     /// Deletes `token`'s place at `until` unless it is renewed by then.
@@ -463,6 +473,18 @@ impl Shared {
     /// Deletes `place` if it is still the one this client put (and, for a fenced writer,
     /// leaves its token for the readers after it): whether it was there.
     async fn delete(&self, place: &Place) -> Result<bool, LockError> {
+        if !place.fenced || place.shared || place.created == 0 {
+            // Only this token's caller writes a key named by its id: a bare deletion is its own.
+            let key = place.key.clone();
+            let deleted = self
+                .pool
+                .ask(|client| {
+                    let key = key.clone();
+                    async move { client.kv_client().delete(key, None).await }
+                })
+                .await?;
+            return Ok(deleted.deleted() > 0);
+        }
         let mut then = vec![TxnOp::delete(place.key.clone(), None)];
         if place.fenced && !place.shared && place.created > 0 {
             let names = Names::for_lock(&place.name);
@@ -473,11 +495,8 @@ impl Shared {
                 Some(PutOptions::new().with_lease(lease)),
             ));
         }
-        let still_ours = if place.created > 0 {
-            Compare::create_revision(place.key.clone(), CompareOp::Equal, place.created)
-        } else {
-            Compare::create_revision(place.key.clone(), CompareOp::Greater, 0)
-        };
+        // The token is left only by the writer that holds it (not by a place deleted already).
+        let still_ours = Compare::create_revision(place.key.clone(), CompareOp::Equal, place.created);
         Ok(self
             .pool
             .txn(Txn::new().when([still_ours]).and_then(then))
@@ -605,13 +624,16 @@ impl EtcdStore {
     async fn session(&self, ttl_ms: u64) -> Result<Session, LockError> {
         let shared = Arc::clone(&self.shared);
         self.keeper.ensure(move || shared.keep());
-        let session = self.shared.sessions.for_ttl(self.pool(), ttl_ms).await?;
-        self.shared.changed.notify_one();
-        if !self
-            .checked_version
-            .swap(true, std::sync::atomic::Ordering::Relaxed)
-        {
-            tokio::spawn(check_version(Arc::clone(self.pool())));
+        let (session, granted) = self.shared.sessions.for_ttl(self.pool(), ttl_ms).await?;
+        if granted {
+            // The keeper renews it from now on.
+            self.shared.changed.notify_one();
+        }
+        if self.pool().should_look_for_leader() {
+            let warn = !self
+                .checked_version
+                .swap(true, std::sync::atomic::Ordering::Relaxed);
+            tokio::spawn(check_cluster(Arc::clone(self.pool()), warn));
         }
         Ok(session)
     }
@@ -635,7 +657,8 @@ impl EtcdStore {
         let key = names.place(id_of(token), ask.shared);
         let put = TxnOp::put(key.clone(), token, Some(PutOptions::new().with_lease(session.id)));
         let (line_start, line_end) = if ask.shared { names.writers() } else { names.line() };
-        let fence = TxnOp::get(names.fence(), None);
+        // A reader's fencing token may be the one the last writer left.
+        let fence = ask.shared.then(|| TxnOp::get(names.fence(), None));
         let answer = if ask.join {
             // A place in line, at once; then who is ahead of it (the newest place before it:
             // its own is the newest of all).
@@ -646,14 +669,20 @@ impl EtcdStore {
                 .with_keys_only();
             let txn = Txn::new()
                 .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-                .and_then([put, TxnOp::get(line_start.clone(), Some(ahead)), fence])
+                .and_then(
+                    [put, TxnOp::get(line_start.clone(), Some(ahead))]
+                        .into_iter()
+                        .chain(fence)
+                        .collect::<Vec<_>>(),
+                )
                 .or_else([TxnOp::get(key.clone(), None)]);
             self.pool().txn(txn).await?
         } else {
             // Only if nobody is in line (no writer, for a reader): one write, or none taken.
             let empty = Compare::create_revision(line_start.clone(), CompareOp::Equal, 0)
                 .with_range(line_end.clone());
-            let txn = Txn::new().when([empty]).and_then([put, fence]);
+            let then: Vec<TxnOp> = std::iter::once(put).chain(fence).collect();
+            let txn = Txn::new().when([empty]).and_then(then);
             self.pool().txn(txn).await?
         };
         if !answer.succeeded() {
@@ -1016,7 +1045,7 @@ impl EtcdStore {
         self.shared
             .watcher
             .cancel(self.pool(), &self.shared.notices, token);
-        let place = self.shared.places().remove(token);
+        let place = self.shared.forget(token);
         let Some(place) = place else {
             if release.after.is_some() {
                 // An attempt whose answer never came may have put a place: deleted now, and again
@@ -1191,11 +1220,11 @@ impl Store for EtcdStore {
             .and_then([TxnOp::put(probe.clone(), "", None)])
             .or_else([TxnOp::get(probe, None)]);
         self.pool().txn(txn).await?;
-        if !self
-            .checked_version
-            .swap(true, std::sync::atomic::Ordering::Relaxed)
-        {
-            check_version(Arc::clone(self.pool())).await;
+        if self.pool().should_look_for_leader() {
+            let warn = !self
+                .checked_version
+                .swap(true, std::sync::atomic::Ordering::Relaxed);
+            check_cluster(Arc::clone(self.pool()), warn).await;
         }
         Ok(())
     }

@@ -169,6 +169,8 @@ pub(super) struct Pool {
     clients: Mutex<Vec<Option<Client>>>,
     runtime: Background,
     pinned: AtomicUsize,
+    /// The pin moved since the leader was last looked for (or never was).
+    look_for_leader: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for Pool {
@@ -220,6 +222,7 @@ impl Pool {
             clients: Mutex::new(clients),
             runtime: Background::default(),
             pinned: AtomicUsize::new(rand::random_range(0..usize::MAX / 2)),
+            look_for_leader: std::sync::atomic::AtomicBool::new(true),
         }
     }
 
@@ -308,9 +311,50 @@ impl Pool {
 
     /// Requests go to the next member from now on (unless another request moved them already).
     pub(super) fn unpin(&self, at: usize) {
-        let _ = self
-            .pinned
-            .compare_exchange(at, at.wrapping_add(1), Ordering::Relaxed, Ordering::Relaxed);
+        let moved =
+            self.pinned
+                .compare_exchange(at, at.wrapping_add(1), Ordering::Relaxed, Ordering::Relaxed);
+        if moved.is_ok() {
+            self.look_for_leader.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// Whether the leader should be looked for (once after each move of the pin); asked once.
+    pub(super) fn should_look_for_leader(&self) -> bool {
+        self.look_for_leader.swap(false, Ordering::Relaxed)
+    }
+
+    /// The cluster's version and, when one of the endpoints is the leader's, a pin on it (a
+    /// write sent to a follower is forwarded to the leader: one hop more, on every request).
+    pub(super) async fn status_and_leader(&self) -> Result<String, LockError> {
+        let status = self
+            .ask(|client| async move { client.maintenance_client().status().await })
+            .await?;
+        let leader = status.leader();
+        let members = self
+            .ask(|client| async move { client.cluster_client().member_list().await })
+            .await;
+        let authority = |url: &str| {
+            let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+            let rest = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+            rest.trim_end_matches('/').to_ascii_lowercase()
+        };
+        if let Ok(members) = members {
+            let urls: Vec<String> = members
+                .members()
+                .iter()
+                .filter(|m| m.id() == leader)
+                .flat_map(|m| m.client_urls().iter().map(|u| authority(u)))
+                .collect();
+            if let Some(at) = self.endpoints.iter().position(|e| urls.contains(&authority(e))) {
+                let now = self.pinned.load(Ordering::Relaxed);
+                let n = self.endpoints.len();
+                // The same count modulo the members, moved to the leader's.
+                let pinned = now - now % n + at;
+                self.pinned.store(pinned, Ordering::Relaxed);
+            }
+        }
+        Ok(status.version().to_owned())
     }
 
     fn timed_out(&self, at: usize) -> LockError {
@@ -415,14 +459,6 @@ impl Pool {
             .await?;
         Ok(u64::try_from(left.ttl()).ok().map(Duration::from_secs))
     }
-
-    /// The version of the pinned member's etcd (its Status call).
-    pub(super) async fn version(&self) -> Result<String, LockError> {
-        let status = self
-            .ask(|client| async move { client.maintenance_client().status().await })
-            .await?;
-        Ok(status.version().to_owned())
-    }
 }
 
 #[cfg(test)]
@@ -441,7 +477,7 @@ mod tests {
             Timeouts::default(),
             Access::default(),
         );
-        let e = pool.version().await.unwrap_err();
+        let e = pool.status_and_leader().await.unwrap_err();
         let said = e.to_string();
         assert!(matches!(e, LockError::Unavailable { .. }), "{e:?}");
         assert!(

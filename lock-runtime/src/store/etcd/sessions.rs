@@ -76,9 +76,10 @@ impl Sessions {
         self.by_class.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The session for a lock of `ttl_ms`: granted if there is none, renewed first if it has
-    /// less than half its ttl left (its renewals are late: a lock taken on it would be short).
-    pub(super) async fn for_ttl(&self, pool: &Pool, ttl_ms: u64) -> Result<Session, LockError> {
+    /// The session for a lock of `ttl_ms` (`true`: granted now, there was none), renewed first
+    /// if it has less than half its ttl left (its renewals are late: a lock taken on it would be
+    /// short).
+    pub(super) async fn for_ttl(&self, pool: &Pool, ttl_ms: u64) -> Result<(Session, bool), LockError> {
         let class = seconds(ttl_ms);
         let now = Instant::now();
         let known = self.all().get_mut(&class).map(|session| {
@@ -87,10 +88,10 @@ impl Sessions {
         });
         if let Some(session) = known {
             if session.kept_until >= now + session.ttl() / 2 {
-                return Ok(session);
+                return Ok((session, false));
             }
             if pool.keep_alive(session.id).await? {
-                return Ok(self.renewed(session.id, now).unwrap_or(session));
+                return Ok((self.renewed(session.id, now).unwrap_or(session), false));
             }
             self.forget(session.id);
         }
@@ -109,7 +110,7 @@ impl Sessions {
         let mut all = self.all();
         // Two first uses at once: the first grant stays, the other lease is left to lapse (it
         // holds nothing).
-        Ok(*all.entry(class).or_insert(granted))
+        Ok((*all.entry(class).or_insert(granted), true))
     }
 
     /// The session with lease `id`, if it is one of ours and alive.
