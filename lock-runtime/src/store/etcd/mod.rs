@@ -536,16 +536,21 @@ impl Shared {
         }
         for (token, place) in ended {
             if let Err(e) = self.delete(&place).await {
-                // Tried again soon (its session ends it if this client cannot reach etcd).
                 tracing::debug!(error = %e, "could not delete an etcd lock whose ttl ended; trying again");
-                let again = Instant::now() + Duration::from_millis(100);
-                self.places().entry(token.clone()).or_insert(Place {
-                    until: Some(again),
-                    ..place
-                });
-                self.delete_at(&token, again);
+                self.delete_soon(&token, place);
             }
         }
+    }
+
+    /// `place` could not be deleted (etcd was unreachable, or between leaders): the reaper tries
+    /// again soon, and again, until it is (a place lives as long as its session: this client).
+    fn delete_soon(&self, token: &str, place: Place) {
+        let again = Instant::now() + Duration::from_millis(100);
+        self.places().entry(token.to_owned()).or_insert(Place {
+            until: Some(again),
+            ..place
+        });
+        self.delete_at(token, again);
     }
 
     /// The waiters whose places were on `lease` look again (it lapsed: their places went).
@@ -1086,22 +1091,33 @@ impl EtcdStore {
         let names = Names::for_lock(lock.name());
         let id = id_of(token);
         let keys = [names.place(id, false), names.place(id, true)];
-        let delete = || {
-            let pool = Arc::clone(self.pool());
+        let pool = Arc::clone(self.pool());
+        let delete = move || {
+            let pool = Arc::clone(&pool);
             let keys = keys.clone();
             async move {
                 let txn = Txn::new().and_then(keys.map(|key| TxnOp::delete(key, None)));
                 pool.txn(txn).await
             }
         };
-        let late = delete();
         // A request is abandoned after the response timeout; one that reached etcd is applied
-        // (or not) well within as long again.
+        // (or not) well within as long again. (A place left would hold the line back as long as
+        // this client lives.)
         let after = self.pool().timeouts.response * 2 + Duration::from_secs(1);
+        let late = delete.clone();
+        let started = Instant::now();
         tokio::spawn(async move {
-            tokio::time::sleep(after).await;
-            if let Err(e) = late.await {
-                tracing::debug!(error = %e, "could not delete the place of an abandoned etcd attempt; it lapses with its session");
+            // Until a deletion succeeded once `after` has passed: tried every 200 ms while etcd
+            // fails (between leaders, say), for a minute at most.
+            for _ in 0..300 {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                match late().await {
+                    Ok(_) if started.elapsed() >= after => return,
+                    Ok(_) => tokio::time::sleep(after.saturating_sub(started.elapsed())).await,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "could not delete the place of an abandoned etcd attempt; trying again");
+                    }
+                }
             }
         });
         let answer = delete().await?;
@@ -1168,7 +1184,9 @@ impl EtcdStore {
         let place = self.shared.places().remove(token);
         if let Some(place) = place {
             if let Err(e) = self.shared.delete(&place).await {
-                self.shared.places().insert(token.to_owned(), place);
+                // Its session would keep it as long as this client lives, holding the line
+                // back: deleted by the reaper, tried again until it is.
+                self.shared.delete_soon(token, place);
                 return Err(e);
             }
         }
