@@ -165,6 +165,7 @@ impl Acquire<'_> {
                     join: will_wait,
                     shared,
                     claimed,
+                    wait_left: will_wait.then(|| deadline.saturating_duration_since(Instant::now())),
                 };
                 let first = at_once.take();
                 let started = first.unwrap_or_else(Instant::now);

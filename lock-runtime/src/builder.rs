@@ -181,7 +181,8 @@ impl LockClientBuilder {
         self
     }
 
-    /// Put before every key (default [`DEFAULT_PREFIX`], `"lock:"`).
+    /// Put before every key (default [`DEFAULT_PREFIX`], `"lock:"`): up to [`MAX_PREFIX_LEN`]
+    /// bytes, without a NUL byte (checked at `build()`, as `InvalidOptions`).
     pub fn prefix(mut self, prefix: &str) -> Self {
         prefix.clone_into(&mut self.prefix);
         self
@@ -255,6 +256,7 @@ impl LockClientBuilder {
             }
         };
         let owner = self.owner_label()?;
+        check_prefix(&self.prefix)?;
         let wakeups = Wakeups::new();
         let settings = Settings {
             prefix: self.prefix.clone(),
@@ -285,6 +287,26 @@ impl LockClientBuilder {
     }
 }
 
+/// The longest prefix accepted, in bytes: with the longest key it stays within what every store
+/// can index (PostgreSQL's btree keys, its `NOTIFY` payload, ZooKeeper's paths).
+pub const MAX_PREFIX_LEN: usize = 256;
+
+/// The prefix, if every store can hold it before any key.
+fn check_prefix(prefix: &str) -> Result<(), LockError> {
+    if prefix.len() > MAX_PREFIX_LEN {
+        return Err(LockError::invalid_options(format!(
+            ".prefix(…) is {} bytes long: at most {MAX_PREFIX_LEN}",
+            prefix.len()
+        )));
+    }
+    if prefix.contains('\0') {
+        return Err(LockError::invalid_options(
+            ".prefix(…) contains a NUL byte (\\0), which not every store can hold",
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -297,5 +319,29 @@ mod tests {
         );
         assert!(!shown.contains("secret") && !shown.contains("user"), "{shown}");
         assert!(shown.contains("redis://<credentials>@host:6379/0"), "{shown}");
+    }
+
+    #[test]
+    fn prefixes_every_store_can_hold() {
+        let build = |prefix: &str| {
+            LockClient::builder()
+                .url("redis://localhost")
+                .prefix(prefix)
+                .build_lazy()
+        };
+        for bad in ["p".repeat(MAX_PREFIX_LEN + 1), "a\0b:".to_owned()] {
+            let refused = build(&bad);
+            assert!(
+                matches!(refused, Err(LockError::InvalidOptions { .. })),
+                "{refused:?}"
+            );
+        }
+        for good in [
+            "p".repeat(MAX_PREFIX_LEN),
+            String::new(),
+            "billing lock\n:".to_owned(),
+        ] {
+            assert!(build(&good).is_ok(), "{good:?}");
+        }
     }
 }

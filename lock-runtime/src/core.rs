@@ -77,6 +77,10 @@ impl Core {
             "the key is empty"
         } else if key.len() > MAX_KEY_LEN {
             "the key is longer than 1024 bytes"
+        } else if key.contains('\0') {
+            // One rule on every store: PostgreSQL's text, ZooKeeper's node names and MySQL's
+            // keys cannot hold a NUL byte, so no store takes one.
+            "the key contains a NUL byte (\\0), which not every store can hold"
         } else {
             return Ok(Lock::new(key, self.store.name(key)));
         };

@@ -77,7 +77,9 @@ pub enum LockError {
     /// (see [`set_default_client`](crate::set_default_client)).
     #[error("no lock client configured: call lock_runtime::set_default_client or pass `client = …`")]
     NotConfigured,
-    /// The key is empty or longer than [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes.
+    /// The key is empty, longer than [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes, or holds a NUL byte
+    /// (no store can hold one everywhere; every other character, a newline or only spaces
+    /// included, is a key as written, byte for byte).
     #[error("invalid lock key `{key}`: {reason}")]
     InvalidKey {
         /// The offending key (cut to 64 bytes when long).

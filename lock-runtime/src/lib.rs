@@ -80,7 +80,7 @@ pub mod postgres {
 }
 
 pub use acquire::MAX_WAIT_NAP;
-pub use builder::LockClientBuilder;
+pub use builder::{LockClientBuilder, MAX_PREFIX_LEN};
 pub use client::{default_client, set_default_client, LockClient};
 pub use error::{BoxError, LockError, ShutDown, TimedOut};
 pub use guard::LockGuard;
@@ -125,7 +125,7 @@ pub use scope::{current, LockInfo};
 ///
 /// | argument | default | meaning |
 /// |---|---|---|
-/// | `key = "…"` | required | The lock's key: text plus `<name>` or `<name.field.path>` placeholders naming parameters (also names bound in patterns, such as `Path(order_id): Path<u64>`, and `self`), rendered with `Display`. Must render to 1..=1024 bytes, else [`LockError::InvalidKey`]. |
+/// | `key = "…"` | required | The lock's key: text plus `<name>` or `<name.field.path>` placeholders naming parameters (also names bound in patterns, such as `Path(order_id): Path<u64>`, and `self`), rendered with `Display`. Must render to 1..=1024 bytes without a NUL byte, else [`LockError::InvalidKey`] (any other character, a newline or spaces included, is part of the key as written). |
 /// | `ttl_ms = N` | `30000` | The lease in milliseconds (at least 10; at least 60 with `watchdog`). |
 /// | `watchdog` | off | Renew every ttl/3 while the body runs. Without it the ttl is a hard lease: the body is lost at its end. |
 /// | `wait_ms = N` | `0` | How long to wait for a holder, woken by its release. `0`: one attempt, then [`LockError::Busy`]. |

@@ -225,8 +225,10 @@ async fn main() {
     let scale = scale();
     let pg = PostgresServer::spawn_with(&["shared_preload_libraries=pg_stat_statements"]);
     let redis = RedisServer::spawn();
+    // The minimum: no ping before each checkout either (as the store's own pool).
     let pool = PgPoolOptions::new()
         .max_connections(10)
+        .test_before_acquire(false)
         .connect(&pg.url())
         .await
         .unwrap();

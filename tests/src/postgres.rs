@@ -42,36 +42,18 @@ impl PostgresServer {
     /// [`spawn`](Self::spawn) with more server settings (`name=value`), e.g.
     /// `shared_preload_libraries=pg_stat_statements`.
     pub fn spawn_with(settings: &[&str]) -> PostgresServer {
-        let bin = postgres_bin_dir();
-        let user = server_user();
-        let dir = tempfile::Builder::new()
-            .prefix("lock-tests-pg")
-            .tempdir()
-            .unwrap_or_else(|e| panic!("cannot make a temp dir: {e}"));
-        if let Some((uid, gid)) = user {
-            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid))
-                .unwrap_or_else(|e| panic!("cannot hand {} to the server's user: {e}", dir.path().display()));
-        }
+        let (bin, user, dir) = server_dir();
         let mut initdb = Command::new(bin.join("initdb"));
-        initdb
-            .arg("-D")
-            .arg(dir.path().join("data"))
-            .args(["-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .current_dir(dir.path());
-        if let Some((uid, gid)) = user {
-            initdb.uid(uid).gid(gid);
-        }
-        let out = initdb
-            .output()
-            .unwrap_or_else(|e| panic!("cannot run {}: {e}", bin.join("initdb").display()));
-        assert!(
-            out.status.success(),
-            "initdb failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        initdb.arg("-D").arg(dir.path().join("data")).args([
+            "-U",
+            "postgres",
+            "-A",
+            "trust",
+            "-E",
+            "UTF8",
+            "--no-sync",
+        ]);
+        run(initdb, user, dir.path());
         let mut server = PostgresServer {
             child: None,
             port: free_port(),
@@ -79,6 +61,38 @@ impl PostgresServer {
             bin,
             user,
             settings: settings.iter().map(|s| (*s).to_owned()).collect(),
+        };
+        server.start();
+        server
+    }
+
+    /// A streaming standby (hot, asynchronous) copied from the server at `upstream_port` by
+    /// `pg_basebackup -R`, which follows it on that port from then on: give it a
+    /// [`FaultProxy`](crate::FaultProxy)'s port to cut the standby off later. Promote it with
+    /// `SELECT pg_promote()`.
+    pub fn standby_of(upstream_port: u16) -> PostgresServer {
+        let (bin, user, dir) = server_dir();
+        let mut backup = Command::new(bin.join("pg_basebackup"));
+        backup
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &upstream_port.to_string(),
+                "-U",
+                "postgres",
+            ])
+            .arg("-D")
+            .arg(dir.path().join("data"))
+            .args(["-R", "-X", "stream", "--no-sync"]);
+        run(backup, user, dir.path());
+        let mut server = PostgresServer {
+            child: None,
+            port: free_port(),
+            dir,
+            bin,
+            user,
+            settings: Vec::new(),
         };
         server.start();
         server
@@ -229,6 +243,41 @@ impl Drop for PostgresServer {
             let _ = child.wait();
         }
     }
+}
+
+/// The server binaries, whom a server runs as, and a fresh directory it may write.
+fn server_dir() -> (PathBuf, Option<(u32, u32)>, tempfile::TempDir) {
+    let bin = postgres_bin_dir();
+    let user = server_user();
+    let dir = tempfile::Builder::new()
+        .prefix("lock-tests-pg")
+        .tempdir()
+        .unwrap_or_else(|e| panic!("cannot make a temp dir: {e}"));
+    if let Some((uid, gid)) = user {
+        std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid))
+            .unwrap_or_else(|e| panic!("cannot hand {} to the server's user: {e}", dir.path().display()));
+    }
+    (bin, user, dir)
+}
+
+/// Runs a server tool (`initdb`, `pg_basebackup`) as the server's user, in `dir`; panics with
+/// what it said if it fails.
+fn run(mut tool: Command, user: Option<(u32, u32)>, dir: &Path) {
+    tool.stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .current_dir(dir);
+    if let Some((uid, gid)) = user {
+        tool.uid(uid).gid(gid);
+    }
+    let out = tool
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {tool:?}: {e}"));
+    assert!(
+        out.status.success(),
+        "{tool:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 fn signal(pid: u32, signal: &str) {

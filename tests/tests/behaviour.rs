@@ -189,7 +189,8 @@ async fn dropped_guard_releases_in_background(t: Target) {
 async fn bad_keys_and_options_are_rejected(t: Target) {
     let c = t.client();
     let long = "k".repeat(1025);
-    for key in ["", long.as_str()] {
+    // The same answer on every store (PostgreSQL's text cannot hold a NUL byte).
+    for key in ["", long.as_str(), "a\0b", "\0"] {
         let err = c.acquire(key, &ttl(1000)).await.unwrap_err();
         assert!(matches!(err, LockError::InvalidKey { .. }), "{err:?}");
         let err = c.run(key, &ttl(1000), async {}).await.unwrap_err();
@@ -207,6 +208,15 @@ async fn bad_keys_and_options_are_rejected(t: Target) {
         .release()
         .await
         .unwrap();
+    // A newline, spaces, a tab: keys as written, each its own lock on every store.
+    let odd = ["line\nbreak", " ", "  ", "\t", "line", "ß", "ss", "k ", "K"];
+    let mut held = Vec::new();
+    for key in odd {
+        held.push(c.acquire(key, &ttl(10_000)).await.unwrap());
+    }
+    for guard in held {
+        guard.release().await.unwrap();
+    }
     for options in [
         ttl(0),
         ttl(5),

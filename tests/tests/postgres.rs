@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockError};
-use lock_tests::{assert_woken_by_the_release, eventually, in_line, ttl, PostgresServer, SECOND};
+use lock_tests::{assert_woken_by_the_release, eventually, in_line, ttl, FaultProxy, PostgresServer, SECOND};
 use sqlx::postgres::PgPool;
 use sqlx::Connection;
 use tokio::time::Instant;
@@ -570,14 +570,39 @@ async fn misconfigured_clients_are_refused_with_what_to_fix() {
     );
     // Once a client that may create has made the schema, the rights the guide names are enough.
     builder(&format!("{base}/locks")).build().await.unwrap();
+    // The tables alone are not enough: the build is refused (not the first fenced or fair
+    // acquire), naming the database and what is missing.
     sqlx::raw_sql(
         "GRANT SELECT, INSERT, UPDATE, DELETE ON lock_runtime_locks, lock_runtime_line, \
-         lock_runtime_fenced TO lockless; \
-         GRANT USAGE ON SEQUENCE lock_runtime_fences, lock_runtime_arrivals TO lockless",
+         lock_runtime_fenced TO lockless",
     )
     .execute(&mut locks)
     .await
     .unwrap();
+    let partly = builder(&url).build().await;
+    let Err(LockError::Refused { reason, source }) = &partly else {
+        panic!("{partly:?}")
+    };
+    assert!(reason.contains("lacks a right"), "{reason}");
+    let said = source.to_string();
+    let at = format!("PostgreSQL at 127.0.0.1:{}/locks", server.port());
+    assert!(
+        said.contains(&at) && said.contains("lock_runtime_fences"),
+        "{said}"
+    );
+    sqlx::raw_sql("GRANT USAGE ON SEQUENCE lock_runtime_fences TO lockless")
+        .execute(&mut locks)
+        .await
+        .unwrap();
+    let partly = builder(&url).build().await;
+    assert!(
+        matches!(&partly, Err(LockError::Refused { source, .. }) if source.to_string().contains("lock_runtime_arrivals")),
+        "{partly:?}"
+    );
+    sqlx::raw_sql("GRANT USAGE ON SEQUENCE lock_runtime_arrivals TO lockless")
+        .execute(&mut locks)
+        .await
+        .unwrap();
     let granted = builder(&url).build().await.unwrap();
     let fair = ttl(1000).fair(true).fencing(true);
     let guard = granted.acquire("granted", &fair).await.unwrap();
@@ -620,5 +645,237 @@ async fn a_share_taken_while_the_row_goes_is_in_the_store() {
     });
     for task in futures_util::future::join_all(tasks).await {
         task.unwrap();
+    }
+}
+
+/// Fencing tokens never repeat after a failover to an asynchronous standby that missed the
+/// sequence's last values (the same hole as a point-in-time restore or `synchronous_commit =
+/// off`): the standby is cut off from its primary (a proxy between them stops relaying), fenced
+/// locks are taken on the primary, the primary is killed, the standby promoted. Its sequence is
+/// behind what the primary handed out, and every token after the failover is still larger than
+/// every token before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_never_repeat_after_a_failover_to_a_standby_that_missed_them() {
+    let mut primary = PostgresServer::spawn();
+    let proxy = FaultProxy::start(primary.port());
+    let port = proxy.port();
+    let standby = blocking(move || PostgresServer::standby_of(port)).await;
+    let db = pool(&primary).await;
+    let replica = pool(&standby).await;
+    let c = client(&primary).await;
+    let fenced = ttl(5000).fencing(true);
+    let mut issued = Vec::new();
+    for key in ["account:7", "account:8"] {
+        let guard = c.acquire(key, &fenced).await.unwrap();
+        issued.push(guard.fencing_token().unwrap());
+        assert!(guard.release().await.unwrap());
+    }
+    // The standby has everything so far, then hears nothing more.
+    let lsn: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
+        .fetch_one(&db)
+        .await
+        .unwrap();
+    eventually(
+        30 * SECOND,
+        "the standby replayed the schema and the first locks",
+        || async {
+            sqlx::query_scalar::<_, bool>("SELECT coalesce(pg_last_wal_replay_lsn() >= $1::pg_lsn, false)")
+                .bind(&lsn)
+                .fetch_one(&replica)
+                .await
+                .unwrap_or(false)
+        },
+    )
+    .await;
+    proxy.blackhole();
+    for round in 0..40 {
+        let key = if round % 2 == 0 { "account:7" } else { "account:9" };
+        let guard = c.acquire(key, &fenced).await.unwrap();
+        issued.push(guard.fencing_token().unwrap());
+        assert!(guard.release().await.unwrap());
+    }
+    let handed_out: i64 = sqlx::query_scalar("SELECT last_value FROM lock_runtime_fences")
+        .fetch_one(&db)
+        .await
+        .unwrap();
+    drop((c, db));
+    blocking(move || primary.kill()).await;
+    let promoted: bool = sqlx::query_scalar("SELECT pg_promote(true, 60)")
+        .fetch_one(&replica)
+        .await
+        .unwrap();
+    assert!(promoted);
+    let behind: i64 = sqlx::query_scalar("SELECT last_value FROM lock_runtime_fences")
+        .fetch_one(&replica)
+        .await
+        .unwrap();
+    assert!(
+        behind < handed_out,
+        "the standby's sequence ({behind}) should be behind what the primary handed out ({handed_out}): the test cut nothing"
+    );
+    let before = issued.iter().copied().max().unwrap();
+    let after = client(&standby).await;
+    for key in ["account:7", "account:8", "account:9", "account:10"] {
+        let guard = after.acquire(key, &fenced).await.unwrap();
+        let token = guard.fencing_token().unwrap();
+        assert!(
+            token > before,
+            "{key}: {token} after the failover, {before} before it"
+        );
+        assert!(guard.release().await.unwrap());
+    }
+}
+
+/// Two services whose connections have different `search_path`s (the URL's `options`, a role's
+/// or a database's setting) lock in one table: the store's connections resolve its names in
+/// its schema (`public` unless the builder names another), whatever the path says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_with_different_search_paths_exclude_each_other() {
+    let server = PostgresServer::spawn();
+    let admin = pool(&server).await;
+    sqlx::raw_sql("CREATE SCHEMA app_a; CREATE SCHEMA app_b; ALTER ROLE postgres SET search_path = app_b")
+        .execute(&admin)
+        .await
+        .unwrap();
+    let a = builder(&format!("{}?options=-c%20search_path%3Dapp_a", server.url()))
+        .build()
+        .await
+        .unwrap();
+    // The role's setting: app_b.
+    let b = client(&server).await;
+    let held = a.acquire("order:1", &ttl(10_000)).await.unwrap();
+    let refused = b.acquire("order:1", &ttl(10_000)).await;
+    assert!(matches!(refused, Err(LockError::Busy { .. })), "{refused:?}");
+    let held_b = b.acquire("order:2", &ttl(10_000)).await.unwrap();
+    let refused = a.acquire("order:2", &ttl(10_000)).await;
+    assert!(matches!(refused, Err(LockError::Busy { .. })), "{refused:?}");
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT table_schema::text FROM information_schema.tables WHERE table_name = 'lock_runtime_locks'",
+    )
+    .fetch_all(&admin)
+    .await
+    .unwrap();
+    assert_eq!(tables, ["public"]);
+    // A schema of its own, named by the builder: another table, other locks.
+    let own = builder(&server.url())
+        .postgres_schema("locking")
+        .build()
+        .await
+        .unwrap();
+    let apart = own.acquire("order:1", &ttl(10_000)).await.unwrap();
+    let in_locking: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM locking.lock_runtime_locks WHERE key = 'lock:{order:1}'")
+            .fetch_one(&admin)
+            .await
+            .unwrap();
+    assert_eq!(in_locking, 1);
+    for guard in [held, held_b, apart] {
+        assert!(guard.release().await.unwrap());
+    }
+    for bad in ["Locks", "my-locks", "", "pg_locks", "1locks"] {
+        let refused = builder(&server.url()).postgres_schema(bad).build_lazy();
+        assert!(
+            matches!(refused, Err(LockError::InvalidOptions { .. })),
+            "{bad:?}: {refused:?}"
+        );
+    }
+    let misplaced = LockClient::builder().postgres_schema("locking").build_lazy();
+    assert!(
+        matches!(&misplaced, Err(LockError::InvalidOptions { reason }) if reason.contains(".postgres(url)")),
+        "{misplaced:?}"
+    );
+}
+
+/// A database whose default isolation is SERIALIZABLE: the store's own statements still run at
+/// READ COMMITTED, so 16 waiters on one key get it in turn instead of failing with
+/// serialization errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_serializable_database_default_still_serves_every_waiter() {
+    let server = PostgresServer::spawn_with(&["default_transaction_isolation=serializable"]);
+    let admin = pool(&server).await;
+    let default: String = sqlx::query_scalar("SHOW default_transaction_isolation")
+        .fetch_one(&admin)
+        .await
+        .unwrap();
+    assert_eq!(default, "serializable");
+    let c = client(&server).await;
+    let inside = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let waiters: Vec<_> = (0..16)
+        .map(|_| {
+            let (c, inside) = (c.clone(), inside.clone());
+            tokio::spawn(async move {
+                let options = ttl(10_000).wait(60 * SECOND).fencing(true);
+                let guard = c.acquire("hot", &options).await?;
+                assert!(
+                    !inside.swap(true, std::sync::atomic::Ordering::SeqCst),
+                    "two holders"
+                );
+                tokio::task::yield_now().await;
+                inside.store(false, std::sync::atomic::Ordering::SeqCst);
+                guard.release().await
+            })
+        })
+        .collect();
+    for waiter in waiters {
+        assert!(waiter.await.unwrap().unwrap());
+    }
+}
+
+/// An acquire blocked behind the lock's row, locked by another session (`SELECT … FOR UPDATE`
+/// in a long transaction), answers `Busy` when its wait runs out, not at the response timeout,
+/// and leaves nothing waiting on the server: once that session commits, the key is free (not
+/// held by nobody for a ttl). With a wait longer than the response timeout, the attempt is
+/// abandoned at the response timeout and its release queues behind it on the row, so again
+/// the key is free afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_behind_a_locked_row_keeps_to_its_wait() {
+    let server = PostgresServer::spawn();
+    let db = pool(&server).await;
+    let c = builder(&server.url())
+        .response_timeout(3 * SECOND)
+        .build()
+        .await
+        .unwrap();
+    let waiting_on_locks = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+             AND application_name = 'lock-runtime'",
+        )
+        .fetch_one(&db)
+        .await
+        .unwrap()
+    };
+    for (wait, answered_before) in [(SECOND / 2, 3 * SECOND), (6 * SECOND, 6 * SECOND)] {
+        sqlx::query("INSERT INTO lock_runtime_locks (key) VALUES ('lock:{row}') ON CONFLICT DO NOTHING")
+            .execute(&db)
+            .await
+            .unwrap();
+        let mut tx = db.begin().await.unwrap();
+        sqlx::query("SELECT 1 FROM lock_runtime_locks WHERE key = 'lock:{row}' FOR UPDATE")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        let called = Instant::now();
+        let answer = c.acquire("row", &ttl(60_000).wait(wait)).await;
+        let took = called.elapsed();
+        assert!(took < answered_before, "{wait:?}: answered after {took:?}");
+        if wait < SECOND {
+            assert!(matches!(answer, Err(LockError::Busy { .. })), "{answer:?}");
+            assert_eq!(
+                waiting_on_locks().await,
+                0,
+                "the attempt gave up on the server too"
+            );
+        } else {
+            assert!(matches!(answer, Err(LockError::Unavailable { .. })), "{answer:?}");
+        }
+        tx.commit().await.unwrap();
+        // Free: whatever the abandoned attempt took, its release came after it.
+        eventually(5 * SECOND, "the key is free", || async {
+            !c.is_locked("row").await.unwrap()
+        })
+        .await;
+        let guard = c.acquire("row", &ttl(5000)).await.unwrap();
+        assert!(guard.release().await.unwrap());
     }
 }

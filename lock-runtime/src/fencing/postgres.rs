@@ -25,7 +25,11 @@
 //! The tokens come from [`LockGuard::fencing_token`](crate::LockGuard::fencing_token) (or
 //! [`current`](crate::current) inside a guarded body) of a lock taken with
 //! [`fencing`](crate::LockOptions::fencing), on any store. The table, [`FENCES_TABLE`], is made
-//! by [`create_fence_table`], and by every lock client on PostgreSQL as it connects.
+//! by [`create_fence_table`], and by every lock client on PostgreSQL as it connects (in the
+//! store's schema, `public` unless `.postgres_schema` names another). These functions run on
+//! the caller's connection, so they find the table through its `search_path`: with a schema of
+//! the store's own, put it on that path, or make the table where the path finds it with
+//! [`create_fence_table`].
 //!
 //! Where the business row can carry the token itself, one statement does the same without a
 //! table: `UPDATE accounts SET balance = $1, fence = $2 WHERE id = $3 AND fence <= $2` (no row

@@ -659,6 +659,7 @@ mod tests {
             join: false,
             shared: false,
             claimed: false,
+            wait_left: None,
         }
     }
 

@@ -232,6 +232,10 @@ pub(crate) struct Ask {
     pub(crate) shared: bool,
     /// An earlier attempt of this call claimed the writers' turn: taking the lock ends the claim.
     pub(crate) claimed: bool,
+    /// What is left of the caller's wait when it will wait (`join`): a store whose attempt can
+    /// block behind another request (PostgreSQL, on a row another session has locked) gives up
+    /// within it, so no attempt outlives its caller's wait.
+    pub(crate) wait_left: Option<std::time::Duration>,
 }
 
 /// The result of one acquire attempt.

@@ -34,7 +34,8 @@ const SCHEMA: &str = include_str!("schema.sql");
 /// same transaction as the rest) names a hash of `schema.sql`. Any other (an older build's) is
 /// made again: every statement of it is idempotent.
 const SCHEMA_READY: &str = "SELECT coalesce(obj_description(\
-     to_regprocedure('lock_runtime_v1_sweep(integer)'), 'pg_proc'), '') = $1";
+     to_regprocedure('lock_runtime_v1_sweep(integer)'), 'pg_proc'), '') = $1, \
+     to_regnamespace($2) IS NOT NULL";
 
 /// Names this `schema.sql` (FNV-1a of its text).
 const SCHEMA_HASH: u64 = {
@@ -65,7 +66,7 @@ const SWEEP_ROWS: i32 = 1000;
 const SWEEP_BATCHES: usize = 20;
 
 /// How many connections a client's pool opens at most (one of them listens for releases).
-const POOL_SIZE: u32 = 10;
+pub(crate) const POOL_SIZE: u32 = 10;
 
 /// The common acquire, one statement without a function: an exclusive lock that is not fair,
 /// taken if free, expired or already this token's, and no reader holds it (the same statement
@@ -77,38 +78,64 @@ const POOL_SIZE: u32 = 10;
 /// token is kept there: a fenced lock's row stays an hour after its release).
 const TAKE: &str = "INSERT INTO lock_runtime_locks AS l (key, token, expires_ms, fence) \
      VALUES ($1, $2, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint + $3, \
-             CASE WHEN $4 THEN nextval('lock_runtime_fences') END) \
+             CASE WHEN $4 THEN greatest(nextval('lock_runtime_fences'), \
+                 floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint) END) \
      ON CONFLICT (key) DO UPDATE \
          SET token = EXCLUDED.token, expires_ms = EXCLUDED.expires_ms, \
              fence = CASE WHEN NOT $4 THEN l.fence \
                           WHEN l.token = EXCLUDED.token AND l.fence IS NOT NULL THEN l.fence \
-                          ELSE nextval('lock_runtime_fences') END, \
+                          ELSE greatest(nextval('lock_runtime_fences'), \
+                              floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint, \
+                              coalesce(l.fence, 0) + 1) END, \
              marked = false, shares = NULL \
          WHERE (l.token IS NULL OR l.expires_ms <= EXCLUDED.expires_ms - $3 OR l.token = EXCLUDED.token) \
              AND l.shares_until <= EXCLUDED.expires_ms - $3 \
      RETURNING l.fence";
 /// The common release, one statement without a function: deletes a lock still held by this
 /// token that nothing else needs (no waiter marked it, no fencing token or writers' claim to
-/// keep): what `lock_runtime_v1_release` does then. No row: the function decides.
+/// keep): what `lock_runtime_v1_release` does then. No row: the function decides. (A variant
+/// that also freed a fenced lock in the same statement, keeping its row, cost every release
+/// about a tenth more of the server's time: fenced releases take the function's second
+/// request instead.)
 const GIVE_BACK: &str = "DELETE FROM lock_runtime_locks \
      WHERE key = $1 AND token = $2 AND NOT marked AND fence IS NULL AND claims IS NULL \
          AND expires_ms > floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
 const ACQUIRE: &str = "SELECT got, got_fence, left_ms, is_behind, has_claimed, kept_stamp \
-     FROM lock_runtime_v1_acquire($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)";
+     FROM lock_runtime_v1_acquire($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
 const SHARE: &str = "SELECT got, got_fence, left_ms FROM lock_runtime_v1_share($1, $2, $3, $4)";
 const RENEW: &str = "SELECT lock_runtime_v1_renew($1, $2, $3)";
 const RELEASE: &str = "SELECT lock_runtime_v1_release($1, $2, $3, $4, $5, $6)";
 const LEAVE: &str = "SELECT lock_runtime_v1_leave($1, $2, $3, $4)";
 const SWEEP: &str = "SELECT lock_runtime_v1_sweep($1)";
+/// A fencing token nobody uses: the probe of the right to take them.
+const PROBE_FENCE: &str = "SELECT lock_runtime_v1_fence(NULL)";
 
 /// Runs one request (an expression over `conn`, a connection of the pool) within the
-/// response timeout.
+/// response timeout. The pool does not ping a connection before handing it out (a round trip
+/// per request): a request that finds its connection was ended by the server (a restart,
+/// `pg_terminate_backend`: its statement never ran) is sent again on another, the pool
+/// dropping the dead one.
 macro_rules! ask {
     ($self:ident, |$conn:ident| $request:expr) => {{
         let pool = $self.ready().await?;
         let $conn = &pool;
-        match tokio::time::timeout($self.timeouts.response, $request).await {
-            Ok(answer) => answer.map_err($crate::store::postgres::store_error),
+        let answer = async {
+            let mut ended = 0;
+            loop {
+                match $request.await {
+                    Err(e)
+                        if $crate::store::postgres::ended_by_server(&e)
+                            && ended <= $crate::store::postgres::POOL_SIZE =>
+                    {
+                        ended += 1;
+                    }
+                    answer => return answer,
+                }
+            }
+        };
+        match tokio::time::timeout($self.timeouts.response, answer).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(e)) => Err($self.failed(e).await),
             Err(_) => Err($crate::LockError::unavailable($crate::error::TimedOut {
                 after: $self.timeouts.response,
             })),
@@ -118,14 +145,31 @@ macro_rules! ask {
 
 mod admin;
 
+/// The schema the store's tables and functions live in unless the builder names another.
+pub(crate) const DEFAULT_SCHEMA: &str = "public";
+
 /// A PostgreSQL database, as the builder was told.
 #[derive(Clone)]
-pub(crate) struct PostgresConfig(String);
+pub(crate) struct PostgresConfig {
+    url: String,
+    /// Where the tables and functions live (`.postgres_schema`).
+    schema: String,
+}
+
+impl PostgresConfig {
+    fn new(url: &str) -> Self {
+        PostgresConfig {
+            url: url.to_owned(),
+            schema: DEFAULT_SCHEMA.to_owned(),
+        }
+    }
+}
 
 impl std::fmt::Debug for PostgresConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("Postgres")
-            .field(&hide_credentials(&self.0))
+        f.debug_struct("Postgres")
+            .field("url", &hide_credentials(&self.url))
+            .field("schema", &self.schema)
             .finish()
     }
 }
@@ -139,13 +183,31 @@ impl StoreConfig for PostgresConfig {
         settings.no_tls_material(
             "TLS for PostgreSQL goes into its URL (sslmode, sslrootcert, sslcert, sslkey), not the builder",
         )?;
-        Ok(Arc::new(PostgresStore::new(&self.0, settings)?))
+        Ok(Arc::new(PostgresStore::new(&self.url, &self.schema, settings)?))
     }
 }
 
 /// A database by URL (`LockClient::connect`).
 pub(crate) fn from_url(url: &str) -> Result<Arc<dyn StoreConfig>, LockError> {
-    Ok(Arc::new(PostgresConfig(url.to_owned())))
+    Ok(Arc::new(PostgresConfig::new(url)))
+}
+
+/// `schema` if it is a plain lower-case identifier PostgreSQL takes unquoted (so the name the
+/// builder was given is the schema's name as PostgreSQL spells it).
+fn checked_schema(schema: &str) -> Result<&str, LockError> {
+    let mut chars = schema.chars();
+    let plain = matches!(chars.next(), Some('a'..='z' | '_'))
+        && chars.all(|c| matches!(c, 'a'..='z' | '0'..='9' | '_'))
+        && schema.len() <= 63
+        && !schema.starts_with("pg_");
+    if plain {
+        Ok(schema)
+    } else {
+        Err(LockError::invalid_options(format!(
+            ".postgres_schema({schema:?}): a schema name is 1 to 63 of a-z, 0-9 and _, not starting \
+             with a digit or pg_"
+        )))
+    }
 }
 
 impl LockClientBuilder {
@@ -165,7 +227,33 @@ impl LockClientBuilder {
     /// # let _ = locks; Ok(()) }
     /// ```
     pub fn postgres(self, url: &str) -> Self {
-        self.place(PostgresConfig(url.to_owned()))
+        self.place(PostgresConfig::new(url))
+    }
+
+    /// The schema the PostgreSQL store's tables, sequences and functions live in (default
+    /// `public`; made if missing, which needs `CREATE` on the database), after `.postgres(…)`.
+    /// Every client that should exclude another must name the same schema: the store's
+    /// connections resolve names there whatever the `search_path` of the URL, the role or the
+    /// database says (two services with different `search_path`s share one table).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
+    /// let locks = lock_runtime::LockClient::builder()
+    ///     .postgres("postgres://app:secret@db.internal:5432/orders")
+    ///     .postgres_schema("locking")
+    ///     .build()
+    ///     .await?;
+    /// # let _ = locks; Ok(()) }
+    /// ```
+    pub fn postgres_schema(self, schema: &str) -> Self {
+        let schema = schema.to_owned();
+        self.refine(
+            ".postgres_schema",
+            ".postgres(url)",
+            move |config: &mut PostgresConfig| {
+                config.schema = schema;
+            },
+        )
     }
 }
 
@@ -183,6 +271,10 @@ pub(crate) struct PostgresStore {
     schema: OnceCell<()>,
     /// Each row's key starts with it.
     prefix: String,
+    /// Where the tables and functions live.
+    schema_name: String,
+    /// Where the database is, for errors (`host:port/database`).
+    address: String,
     notices: Notices,
     listener: listener::Listener,
     /// What this client's releases say when they announce themselves, so its own listener
@@ -193,7 +285,8 @@ pub(crate) struct PostgresStore {
 
 impl PostgresStore {
     /// A store for `url` (`postgres://user:password@host:port/database`); connects on first use.
-    pub(crate) fn new(url: &str, settings: Settings) -> Result<Self, LockError> {
+    pub(crate) fn new(url: &str, schema: &str, settings: Settings) -> Result<Self, LockError> {
+        let schema = checked_schema(schema)?;
         let Settings {
             prefix,
             timeouts,
@@ -213,7 +306,21 @@ impl PostgresStore {
                 crate::redact::hide_credentials(url)
             ))
         })?;
-        let options = options.application_name("lock-runtime");
+        let address = format!(
+            "{}:{}/{}",
+            options.get_host(),
+            options.get_port(),
+            options.get_database().unwrap_or("")
+        );
+        // Whatever the URL, the role or the database say: names resolve in the store's schema
+        // (catalog first, as PostgreSQL advises for trusted code), and the store's own
+        // statements run at READ COMMITTED (under REPEATABLE READ or SERIALIZABLE a contended
+        // upsert fails with a serialization error instead of waiting for the row). Startup
+        // options come after the URL's and win over the role's and database's settings.
+        let options = options.application_name("lock-runtime").options([
+            ("search_path", format!("pg_catalog,{schema},pg_temp")),
+            ("default_transaction_isolation", "read\\ committed".to_owned()),
+        ]);
         Ok(PostgresStore {
             options,
             timeouts,
@@ -221,6 +328,8 @@ impl PostgresStore {
             pool_runtime: Background::default(),
             schema: OnceCell::new(),
             prefix,
+            schema_name: schema.to_owned(),
+            address,
             notices,
             listener: listener::Listener::default(),
             announcement: format!("c:{:016x}", rand::random::<u64>()),
@@ -239,9 +348,13 @@ impl PostgresStore {
         if let Some(pool) = slot.as_ref().filter(|_| self.pool_runtime.is_running()) {
             return pool.clone();
         }
+        // No ping before each request (a round trip per request): a connection that broke
+        // fails its request, which the caller retries, and the pool drops it. A quarter of the
+        // connect timeout is kept to say why no connection could be made.
         let pool = PgPoolOptions::new()
             .max_connections(POOL_SIZE)
-            .acquire_timeout(self.timeouts.connect)
+            .test_before_acquire(false)
+            .acquire_timeout(self.timeouts.connect * 3 / 4)
             .connect_lazy_with(self.options.clone());
         *slot = Some(pool.clone());
         self.pool_runtime.replace(std::future::pending);
@@ -252,7 +365,12 @@ impl PostgresStore {
     async fn ready(&self) -> Result<PgPool, LockError> {
         let pool = self.pool();
         if self.schema.get().is_none() {
-            let made = self.schema.get_or_try_init(|| make_schema(&pool));
+            let made = self.schema.get_or_try_init(|| async {
+                match make_schema(&pool, &self.schema_name).await {
+                    Ok(()) => Ok(()),
+                    Err(e) => Err(self.failed(e).await),
+                }
+            });
             bounded(self.timeouts.connect + self.timeouts.response, made).await?;
         }
         Ok(pool)
@@ -310,9 +428,12 @@ impl PostgresStore {
                 }
             });
         }
+        // An attempt that could wait for a locked row longer than its caller's wait has left
+        // (the response timeout bounds every other) tells the server to give up within it.
+        let lock_wait = ask.wait_left.filter(|left| *left < self.timeouts.response);
         // A waiter's attempt (it has been refused before) goes to the function at once: the
         // function tries the same statement first, and a refusal then costs one request.
-        if !ask.fair && !ask.claimed && !ask.waiting {
+        if !ask.fair && !ask.claimed && !ask.waiting && lock_wait.is_none() {
             let taken: Option<Option<i64>> = ask!(self, |conn| sqlx::query_scalar(TAKE)
                 .bind(lock.name())
                 .bind(token)
@@ -335,18 +456,37 @@ impl PostgresStore {
         }
         type Row = (bool, Option<i64>, Option<i64>, bool, bool, Option<i64>);
         let place_ms = millis(crate::options::ceil_millis(FAIR_PLACE_KEPT));
-        let (got, fence, left, behind, claimed, kept): Row = ask!(self, |conn| sqlx::query_as(ACQUIRE)
-            .bind(lock.name())
-            .bind(lock.name())
-            .bind(token)
-            .bind(ttl)
-            .bind(ask.fencing)
-            .bind(ask.waiting)
-            .bind(ask.fair)
-            .bind(ask.join)
-            .bind(ask.claimed)
-            .bind(place_ms)
-            .fetch_one(conn))?;
+        // 0: no bound of its own; at least 1 ms (0 would be none).
+        let lock_ms = lock_wait.map_or(0, |left| millis(crate::options::ceil_millis(left)).max(1));
+        let answer: Option<Row> = ask!(self, |conn| async {
+            let asked = sqlx::query_as(ACQUIRE)
+                .bind(lock.name())
+                .bind(lock.name())
+                .bind(token)
+                .bind(ttl)
+                .bind(ask.fencing)
+                .bind(ask.waiting)
+                .bind(ask.fair)
+                .bind(ask.join)
+                .bind(ask.claimed)
+                .bind(place_ms)
+                .bind(lock_ms)
+                .fetch_one(conn)
+                .await;
+            match asked {
+                Err(e) if lock_not_available(&e) => Ok(None),
+                answer => answer.map(Some),
+            }
+        })?;
+        let Some((got, fence, left, behind, claimed, kept)) = answer else {
+            // The row stayed locked by another session past the caller's wait: nothing changed.
+            return Ok(Attempt::Held {
+                pttl_ms: None,
+                behind: false,
+                claimed: false,
+                kept: None,
+            });
+        };
         Ok(if got {
             Attempt::acquired(fence.filter(|_| ask.fencing).map(unsigned))
         } else {
@@ -441,21 +581,30 @@ impl Drop for PostgresStore {
 /// Makes the schema unless this version's is there: one multi-statement query, which
 /// PostgreSQL runs as one transaction, the first statement taking a transaction-level advisory
 /// lock, so clients starting together make it one at a time.
-async fn make_schema(pool: &PgPool) -> Result<(), LockError> {
-    let ready: bool = sqlx::query_scalar(SCHEMA_READY)
+async fn make_schema(pool: &PgPool, schema: &str) -> Result<(), sqlx::Error> {
+    let (ready, exists): (bool, bool) = sqlx::query_as(SCHEMA_READY)
         .bind(schema_mark())
+        .bind(schema)
         .fetch_one(pool)
-        .await
-        .map_err(store_error)?;
+        .await?;
     if ready {
         return Ok(());
     }
+    // (`schema` is a checked plain identifier.) Objects are made in the first schema of the
+    // search_path, which for the store's statements starts with pg_catalog: here it is the
+    // store's own, for this transaction only.
+    let create = if exists {
+        String::new()
+    } else {
+        format!("CREATE SCHEMA IF NOT EXISTS {schema};\n")
+    };
     let script = format!(
-        "SELECT pg_advisory_xact_lock({SCHEMA_LOCK});\n{SCHEMA}\n\
+        "SELECT pg_advisory_xact_lock({SCHEMA_LOCK});\n{create}\
+         SET LOCAL search_path = {schema}, pg_catalog, pg_temp;\n{SCHEMA}\n\
          COMMENT ON FUNCTION lock_runtime_v1_sweep(integer) IS '{}';",
         schema_mark()
     );
-    sqlx::raw_sql(&script).execute(pool).await.map_err(store_error)?;
+    sqlx::raw_sql(&script).execute(pool).await?;
     tracing::info!("made lock-runtime's tables and functions in the database");
     Ok(())
 }
@@ -469,10 +618,93 @@ async fn bounded<T>(
         .map_err(|_| LockError::unavailable(TimedOut { after }))?
 }
 
-/// `Refused` when the database answered with a refusal only a configuration change can fix,
-/// `Unavailable` for everything else.
-pub(crate) fn store_error(e: sqlx::Error) -> LockError {
-    let refusal = match &e {
+/// What went wrong with the database, in one line naming it: the source of
+/// [`LockError::Unavailable`] and [`LockError::Refused`] on PostgreSQL.
+#[derive(Debug, thiserror::Error)]
+#[error("PostgreSQL at {address} (schema {schema}): {what}")]
+pub(crate) struct PostgresError {
+    address: String,
+    schema: String,
+    what: String,
+}
+
+impl PostgresStore {
+    /// `e`, naming the database. The pool retries a refused connection until its acquire
+    /// timeout and then says only that it timed out: one connection of its own then says why.
+    async fn failed(&self, e: sqlx::Error) -> LockError {
+        let e = match e {
+            sqlx::Error::PoolTimedOut => {
+                let why = tokio::time::timeout(self.timeouts.connect / 4, async {
+                    use sqlx::ConnectOptions;
+                    self.options.connect().await.map(|_| ())
+                });
+                match why.await {
+                    Ok(Err(why)) => {
+                        let what = format!(
+                            "cannot connect ({}; tried for {:?})",
+                            one_line(&why),
+                            self.timeouts.connect * 3 / 4
+                        );
+                        return self.error_of(&why, what);
+                    }
+                    _ => e,
+                }
+            }
+            e => e,
+        };
+        let what = one_line(&e);
+        self.error_of(&e, what)
+    }
+
+    fn error_of(&self, e: &sqlx::Error, what: String) -> LockError {
+        let source = PostgresError {
+            address: self.address.clone(),
+            schema: self.schema_name.clone(),
+            what,
+        };
+        match refusal(e) {
+            Some(reason) => LockError::Refused {
+                reason,
+                source: source.into(),
+            },
+            None => LockError::unavailable(source),
+        }
+    }
+}
+
+/// The server ended the connection before the request ran (its session was terminated: a
+/// restart, a failover, `pg_terminate_backend`), so it can be sent again on another.
+pub(crate) fn ended_by_server(e: &sqlx::Error) -> bool {
+    match e {
+        // admin_shutdown, crash_shutdown: FATAL, so the statement's transaction did not commit
+        sqlx::Error::Database(db) => matches!(db.code().as_deref(), Some("57P01" | "57P02")),
+        _ => false,
+    }
+}
+
+/// The statement gave up waiting for a row lock (its `lock_timeout`): it changed nothing.
+fn lock_not_available(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
+}
+
+/// An error and its sources, in one line.
+fn one_line(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = e.to_string();
+    let mut at = e.source();
+    while let Some(source) = at {
+        let next = source.to_string();
+        if !line.contains(&next) {
+            line.push_str(": ");
+            line.push_str(&next);
+        }
+        at = source.source();
+    }
+    line
+}
+
+/// Why the database refuses this client, when only a configuration change can fix it.
+fn refusal(e: &sqlx::Error) -> Option<&'static str> {
+    match e {
         sqlx::Error::Database(db) => match db.code().as_deref() {
             // invalid_authorization_specification, invalid_password
             Some("28000" | "28P01") => {
@@ -489,13 +721,6 @@ pub(crate) fn store_error(e: sqlx::Error) -> LockError {
             _ => None,
         },
         _ => None,
-    };
-    match refusal {
-        Some(reason) => LockError::Refused {
-            reason,
-            source: e.into(),
-        },
-        None => LockError::unavailable(e),
     }
 }
 
@@ -522,8 +747,12 @@ impl Store for PostgresStore {
     }
 
     async fn connect(&self) -> Result<(), LockError> {
-        // The schema, and the rights locking needs, on a probe row: take it, let it go.
-        let token = format!("{}:rights-check", self.announcement);
+        // The schema, and every right locking needs: a fencing token (the sequence), then on a
+        // probe row a lock, a fair waiter's place behind it (the line and its sequence), the
+        // place given up, the lock released. A role without one of them is
+        // refused here, naming it, not at its first fenced or fair acquire.
+        let holder = format!("{}:rights-check", self.announcement);
+        let waiter = format!("{}:rights-check-waiter", self.announcement);
         let ask = Ask {
             ttl_ms: 1000,
             fencing: false,
@@ -532,11 +761,23 @@ impl Store for PostgresStore {
             join: false,
             shared: false,
             claimed: false,
+            wait_left: None,
         };
         let probe = Lock::new("rights-check", Store::name(self, "rights-check"));
-        self.acquire(&probe, &token, &ask).await?;
-        self.release_lock(&probe, &token, 0, Kind::Plain).await?;
-        Ok(())
+        let _: i64 = ask!(self, |conn| sqlx::query_scalar(PROBE_FENCE).fetch_one(conn))?;
+        self.acquire(&probe, &holder, &ask).await?;
+        let queued = Ask {
+            fair: true,
+            join: true,
+            ..ask
+        };
+        let checked = async {
+            self.acquire(&probe, &waiter, &queued).await?;
+            PostgresStore::leave(self, &probe, &waiter, false).await
+        }
+        .await;
+        self.release_lock(&probe, &holder, 0, Kind::Plain).await?;
+        checked
     }
 
     async fn attempt(&self, lock: &Lock, token: &str, ask: &Ask, _: &Flight) -> Result<Attempt, LockError> {

@@ -1,7 +1,9 @@
 -- lock-runtime's PostgreSQL store, schema version 1: one row per lock, a fair line, two sequences
 -- and the functions every request calls (one statement each, so one round trip, atomic). Made
 -- if missing by the first client that connects (under a transaction-level advisory lock, so
--- clients starting together do not race), in the connection's search_path (public by default).
+-- clients starting together do not race), in the schema the client names (public by default):
+-- the store's connections resolve names there, whatever search_path the URL, role or database
+-- sets, so every client of one schema shares one table.
 --
 -- Times are the database's clock (clock_timestamp()), in epoch milliseconds. No connection or
 -- transaction is held while a lock is held: a lock is its row.
@@ -38,19 +40,37 @@ CREATE TABLE IF NOT EXISTS lock_runtime_line (
     PRIMARY KEY (key, token)
 );
 CREATE INDEX IF NOT EXISTS lock_runtime_line_by_arrival ON lock_runtime_line (key, arrival);
+-- Lapsed places found by their end, so a re-check deletes only those (not a scan of the line:
+-- N waiters re-checking would cost N² rows a round).
+CREATE INDEX IF NOT EXISTS lock_runtime_line_by_end ON lock_runtime_line (key, kept_until);
 
 -- Fenced writes (lock_runtime::postgres::check_fence): per resource, the highest token a write
 -- carried.
 CREATE TABLE IF NOT EXISTS lock_runtime_fenced (resource text PRIMARY KEY, token bigint NOT NULL);
 
--- Fencing tokens: one sequence for every key, so a token is larger than every token taken
--- before it, at any key, across restarts (a sequence never goes back) and row sweeps.
+-- Fencing tokens: one sequence for every key, floored (lock_runtime_v1_fence) so that a token
+-- never repeats even when the sequence does.
 CREATE SEQUENCE IF NOT EXISTS lock_runtime_fences;
 -- Orders fair arrivals and names each keeping of a place.
 CREATE SEQUENCE IF NOT EXISTS lock_runtime_arrivals;
 
 CREATE OR REPLACE FUNCTION lock_runtime_v1_now() RETURNS bigint
 LANGUAGE sql VOLATILE AS $$ SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint $$;
+
+-- The next fencing token of a lock whose last one was `last` (NULL: none kept): the largest of
+-- the sequence's next number, the database clock in microseconds and one more than `last`. A
+-- sequence can go back: a failover to an asynchronous standby that missed its last values, a
+-- restore, synchronous_commit = off, all hand out numbers given before. The clock floor does not
+-- go back with them (the tokens it lost were issued earlier, so lower), and `last` keeps a key's
+-- tokens strictly increasing when the clock itself is stepped back (while the key's row lives:
+-- an hour after its last fenced lock). Two keys' tokens taken in one microsecond may be equal:
+-- tokens order one key's holders, not different keys'.
+CREATE OR REPLACE FUNCTION lock_runtime_v1_fence(last bigint) RETURNS bigint
+LANGUAGE sql VOLATILE AS $$
+    SELECT greatest(nextval('lock_runtime_fences'),
+                    floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint,
+                    coalesce(last, 0) + 1)
+$$;
 
 -- The entries of a value -> ms map that are still live at `at_ms` (NULL when none).
 CREATE OR REPLACE FUNCTION lock_runtime_v1_live(m jsonb, at_ms bigint) RETURNS jsonb
@@ -89,14 +109,30 @@ BEGIN
 END
 $$;
 
+-- A refused attempt's changes to the row `r` of `k`: the writers' claims still standing, and the
+-- mark that has the release announce itself when the caller waits. Written only when they
+-- change (a refusal that changes nothing writes no row version and no WAL).
+CREATE OR REPLACE FUNCTION lock_runtime_v1_mark(k text, r lock_runtime_locks, live_claims jsonb, waiting boolean)
+RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
+BEGIN
+    IF live_claims IS DISTINCT FROM r.claims OR (waiting AND NOT r.marked) THEN
+        UPDATE lock_runtime_locks SET claims = live_claims, marked = r.marked OR waiting
+            WHERE key = k;
+    END IF;
+END
+$$;
+
 -- One attempt at an exclusive lock. Answers taken (with the fencing token, when asked), or the
 -- refusal: the holder's remaining ms (NULL: none, a fair waiter is behind others), whether this
 -- fair waiter is behind others in line, whether it claimed the writers' turn (refused by
 -- readers, and will wait), and the stamp of the place this attempt kept. Idempotent for one
--- token.
+-- token. With `lock_ms` > 0, a wait for the lock's row (another session holds it locked) ends
+-- after that long with lock_not_available (55P03), and the attempt changes nothing: the
+-- caller's own wait has run out.
 CREATE OR REPLACE FUNCTION lock_runtime_v1_acquire(
     k text, chan text, tok text, ttl bigint, fencing boolean, waiting boolean, fair boolean,
-    joining boolean, had_claimed boolean, place_ms bigint,
+    joining boolean, had_claimed boolean, place_ms bigint, lock_ms bigint,
     OUT got boolean, OUT got_fence bigint, OUT left_ms bigint, OUT is_behind boolean,
     OUT has_claimed boolean, OUT kept_stamp bigint)
 LANGUAGE plpgsql VOLATILE AS $$
@@ -109,11 +145,14 @@ DECLARE
     live_claims jsonb;
 BEGIN
     got := false; is_behind := false; has_claimed := false;
+    IF lock_ms > 0 THEN
+        PERFORM set_config('lock_timeout', lock_ms || 'ms', true);
+    END IF;
     IF NOT fair THEN
         -- The common case, one statement: taken if free, expired or ours, and no reader holds
         -- it (the row is locked either way, for the refusal below).
         INSERT INTO lock_runtime_locks AS l (key, token, expires_ms, fence)
-        VALUES (k, tok, at_ms + ttl, CASE WHEN fencing THEN nextval('lock_runtime_fences') END)
+        VALUES (k, tok, at_ms + ttl, CASE WHEN fencing THEN lock_runtime_v1_fence(NULL) END)
         ON CONFLICT (key) DO UPDATE
             SET token = EXCLUDED.token, expires_ms = EXCLUDED.expires_ms,
                 -- The token is taken here, with the row locked and the lock granted, not in
@@ -122,7 +161,7 @@ BEGIN
                 -- A repeat by the holder keeps its token (idempotent for one token).
                 fence = CASE WHEN NOT fencing THEN l.fence
                              WHEN l.token = tok AND l.fence IS NOT NULL THEN l.fence
-                             ELSE nextval('lock_runtime_fences') END,
+                             ELSE lock_runtime_v1_fence(l.fence) END,
                 -- A writer that claimed its turn keeps the mark the readers it held back left,
                 -- so its release tells them.
                 marked = had_claimed, shares = NULL,
@@ -146,7 +185,7 @@ BEGIN
         -- no token taken for it then, it takes one.
         got_fence := r.fence;
         IF fencing AND got_fence IS NULL THEN
-            got_fence := nextval('lock_runtime_fences');
+            got_fence := lock_runtime_v1_fence(NULL);
         END IF;
         UPDATE lock_runtime_locks SET expires_ms = greatest(expires_ms, at_ms + ttl), fence = got_fence
             WHERE key = k;
@@ -184,16 +223,14 @@ BEGIN
             END IF;
             is_behind := EXISTS (SELECT 1 FROM lock_runtime_line l WHERE l.key = k AND l.token = tok)
                 AND head IS DISTINCT FROM tok AND head IS NOT NULL;
-            UPDATE lock_runtime_locks SET claims = live_claims, marked = r.marked OR waiting
-                WHERE key = k;
+            PERFORM lock_runtime_v1_mark(k, r, live_claims, waiting);
             left_ms := holder - at_ms;
             RETURN;
         END IF;
         DELETE FROM lock_runtime_line WHERE key = k AND token = tok;
     END IF;
     IF holder IS NOT NULL THEN
-        UPDATE lock_runtime_locks SET claims = live_claims, marked = r.marked OR waiting
-            WHERE key = k;
+        PERFORM lock_runtime_v1_mark(k, r, live_claims, waiting);
         left_ms := holder - at_ms;
         RETURN;
     END IF;
@@ -202,7 +239,7 @@ BEGIN
         live_claims := NULLIF(live_claims - tok, '{}'::jsonb);
     END IF;
     IF fencing THEN
-        got_fence := nextval('lock_runtime_fences');
+        got_fence := lock_runtime_v1_fence(r.fence);
     END IF;
     UPDATE lock_runtime_locks
         SET token = tok, expires_ms = at_ms + ttl, fence = coalesce(got_fence, r.fence),
@@ -349,7 +386,7 @@ BEGIN
             -- The lock goes to the head of the line until its place would have lapsed.
             DELETE FROM lock_runtime_line WHERE key = k AND token = head.token;
             IF r.fence IS NOT NULL THEN
-                f := nextval('lock_runtime_fences');
+                f := lock_runtime_v1_fence(r.fence);
             END IF;
             UPDATE lock_runtime_locks
                 SET token = head.token, expires_ms = head.kept_until, fence = coalesce(f, r.fence),
