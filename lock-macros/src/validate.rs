@@ -235,6 +235,26 @@ fn expr(arg: &RawArg, what: &str) -> syn::Result<Expr> {
     })
 }
 
+/// The `Duration` of `ttl`/`wait`/`hold_at_*`; an integer literal there is refused at the
+/// literal with the `_ms` form it most likely meant (`ttl = 5000` → `ttl_ms = 5000`).
+fn duration(arg: &RawArg) -> syn::Result<Expr> {
+    let value = expr(arg, "a `Duration`")?;
+    if let Expr::Lit(ExprLit {
+        lit: Lit::Int(int), ..
+    }) = &value
+    {
+        let name = &arg.name;
+        return Err(syn::Error::new(
+            int.span(),
+            format!(
+                "`{name}` takes a `Duration` (`{name} = Duration::from_secs(5)`); for \
+                 milliseconds, write `{name}_ms = {int}`"
+            ),
+        ));
+    }
+    Ok(value)
+}
+
 /// `second` cannot be given with `first` (both set the same option).
 fn exclusive(first: &Option<impl Sized>, second: &RawArg, first_name: &str) -> syn::Result<()> {
     if first.is_some() {
@@ -261,20 +281,20 @@ impl Given {
         match name.as_str() {
             "ttl" => {
                 exclusive(&self.ttl_ms, arg, "ttl_ms")?;
-                once(&mut self.ttl, arg, expr(arg, "a `Duration`")?)?;
+                once(&mut self.ttl, arg, duration(arg)?)?;
             }
             "wait" => {
                 exclusive(&self.wait_ms, arg, "wait_ms")?;
-                once(&mut self.wait, arg, expr(arg, "a `Duration`")?)?;
+                once(&mut self.wait, arg, duration(arg)?)?;
             }
             "hold_at_least" => {
                 exclusive(&self.hold_at_least_ms, arg, "hold_at_least_ms")?;
                 self.not_with_read(arg)?;
-                once(&mut self.hold_at_least, arg, expr(arg, "a `Duration`")?)?;
+                once(&mut self.hold_at_least, arg, duration(arg)?)?;
             }
             "hold_at_most" => {
                 exclusive(&self.hold_at_most_ms, arg, "hold_at_most_ms")?;
-                once(&mut self.hold_at_most, arg, expr(arg, "a `Duration`")?)?;
+                once(&mut self.hold_at_most, arg, duration(arg)?)?;
             }
             "options" => {
                 if let Some(first) = &self.first_option {

@@ -29,7 +29,6 @@ use crate::LockError;
 /// guard.release().await?;
 /// # Ok(()) }
 /// ```
-#[derive(Debug)]
 #[must_use = "a lock is released as soon as its guard is dropped"]
 pub struct LockGuard {
     core: Arc<Core>,
@@ -39,6 +38,30 @@ pub struct LockGuard {
     /// Its id among the client's held locks.
     held: u64,
     released: bool,
+}
+
+/// Short, and without the lock's token (the capability to renew or release it, which guards
+/// printed into logs or panic messages must not carry): the key, the mode, the fencing token,
+/// the validity left, whether it is lost, and the store.
+impl std::fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mode = if self.state.kind == crate::store::Kind::Shared {
+            "shared"
+        } else {
+            "exclusive"
+        };
+        f.debug_struct("LockGuard")
+            .field("key", &self.key())
+            .field("mode", &mode)
+            .field("fencing_token", &self.fencing_token())
+            .field(
+                "valid_for",
+                &self.state.valid_until().saturating_duration_since(Instant::now()),
+            )
+            .field("lost", &self.is_lost())
+            .field("store", &self.core.store.capabilities().name)
+            .finish()
+    }
 }
 
 impl LockGuard {

@@ -128,7 +128,7 @@ pub use scope::{current, LockInfo};
 /// | `key = "…"` | required | The lock's key: text plus `<name>` or `<name.field.path>` placeholders naming parameters (also names bound in patterns, such as `Path(order_id): Path<u64>`, and `self`), rendered with `Display`. Must render to 1..=1024 bytes without a NUL byte, else [`LockError::InvalidKey`] (any other character, a newline or spaces included, is part of the key as written). |
 /// | `ttl_ms = N` | `30000` | The lease in milliseconds (at least 10; at least 60 with `watchdog`). |
 /// | `watchdog` | off | Renew every ttl/3 while the body runs. Without it the ttl is a hard lease: the body is lost at its end. |
-/// | `wait_ms = N` | `0` | How long to wait for a holder, woken by its release. `0`: one attempt, then [`LockError::Busy`]. |
+/// | `wait_ms = N` | `0` | How long to wait for a holder, woken by its release. `0`: one attempt, then [`LockError::Busy`]. Independent of `ttl_ms`: a wait longer than the ttl is fine (a holder that renews may keep the lock for several ttls; the wait bounds only this call). |
 /// | `fencing` | off | Take a fencing token, strictly increasing per key; read it with [`current()`]. |
 /// | `fair` | off | Waiters get the lock in the order they began waiting, across all clients and processes ([`LockOptions::fair`]). |
 /// | `hold_at_least_ms = N` | `0` | Keep the lock at least this long after it was taken, so a fast scheduled job does not run again elsewhere in the same period. |

@@ -421,7 +421,8 @@ fn other_free_port(taken: u16) -> u16 {
     }
 }
 
-fn free_port() -> u16 {
+/// A loopback port nothing listens on (at the time of the call).
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())

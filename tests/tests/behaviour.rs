@@ -34,6 +34,7 @@ lock_tests::on_every_deployment!(
     one_watchdog_renews_many_locks_and_loses_only_the_one_gone,
     shutdown_gives_back_every_lock_and_refuses_new_ones,
     holder_names_the_owner_and_what_is_left,
+    debug_output_is_short_and_holds_no_token,
 );
 
 async fn lock_unlock_twice(t: Target) {
@@ -571,4 +572,45 @@ async fn holder_names_the_owner_and_what_is_left(t: Target) {
         .expect("kept for its minimum hold");
     assert!(kept.is_released() && kept.owner() == Some(owner));
     assert!(matches!(c.holder("").await, Err(LockError::InvalidKey { .. })));
+}
+
+/// `{:?}` of a guard, of what `current()` gives, of a holder and of the client: short, and
+/// never the lock's token (the capability to renew or release it), which the store holds as the
+/// lock's value.
+async fn debug_output_is_short_and_holds_no_token(t: Target) {
+    let c = t.client();
+    let guard = c.acquire("debugged", &ttl(10_000)).await.unwrap();
+    // The token: the first word of the value the store holds (`<uuid> <owner>`).
+    let view = lock_runtime::admin::Admin::new(c.clone())
+        .show("debugged")
+        .await
+        .unwrap();
+    let token = match view.holding {
+        lock_runtime::admin::Holding::Exclusive { value, .. } => {
+            value.split(' ').next().unwrap_or_default().to_owned()
+        }
+        other => panic!("held by one holder: {other:?}"),
+    };
+    assert!(token.len() >= 16, "a token: {token:?}");
+    let holder = c.holder("debugged").await.unwrap().unwrap();
+    let info = c
+        .run("debugged-info", &ttl(10_000), async { lock_runtime::current() })
+        .await
+        .unwrap()
+        .unwrap();
+    for shown in [
+        format!("{guard:?}"),
+        format!("{info:?}"),
+        format!("{holder:?}"),
+        format!("{c:?}"),
+    ] {
+        assert!(shown.len() < 300, "{} characters: {shown}", shown.len());
+        assert!(!shown.contains(token.as_str()), "the token {token} is in {shown}");
+    }
+    let shown = format!("{guard:?}");
+    assert!(
+        shown.contains("debugged") && shown.contains("exclusive"),
+        "{shown}"
+    );
+    guard.release().await.unwrap();
 }

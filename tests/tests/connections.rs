@@ -724,3 +724,21 @@ async fn a_clients_owner_label_is_shown_and_foreign_values_have_none() {
     let out = builder(&server.url()).owner("").build_lazy();
     assert!(matches!(out, Err(LockError::InvalidOptions { .. })), "{out:?}");
 }
+
+/// Nothing listening at the address: `build()` fails within the connect timeout with one line
+/// that names the store and the address it tried (issue 45: it said only "Connection refused").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_listening_is_named_with_its_address() {
+    let port = lock_tests::free_port();
+    let started = Instant::now();
+    let refused = builder(&format!("redis://127.0.0.1:{port}")).build().await;
+    assert!(started.elapsed() < 2 * SECOND + SECOND, "{:?}", started.elapsed());
+    let Err(LockError::Unavailable { source }) = &refused else {
+        panic!("{refused:?}")
+    };
+    let said = source.to_string();
+    assert!(
+        said.starts_with(&format!("Redis at 127.0.0.1:{port}: cannot connect")),
+        "{said}"
+    );
+}

@@ -879,3 +879,83 @@ async fn an_acquire_behind_a_locked_row_keeps_to_its_wait() {
         assert!(guard.release().await.unwrap());
     }
 }
+
+/// A partition that silences every connection the client has (a firewall dropping the flows):
+/// its requests time out, and once new connections get through again the client works, however
+/// many requests were abandoned on silent connections meanwhile (each such connection is closed,
+/// not handed back to the pool, whose way back would wait for its answer forever and keep its
+/// slot: once every slot was lost so, the client never recovered).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_cut_off_by_a_partition_works_again_once_it_heals() {
+    let server = PostgresServer::spawn();
+    let proxy = FaultProxy::start(server.port());
+    let c = builder(&format!(
+        "postgres://postgres@127.0.0.1:{}/postgres",
+        proxy.port()
+    ))
+    .build()
+    .await
+    .unwrap();
+    // Rounds: each leaves every connection that was open silent (in the pool, or abandoned).
+    for round in 0..4 {
+        // Open connections: pairs at once, more than the pool holds.
+        let warm: Vec<_> = (0..20)
+            .map(|i| {
+                let c = c.clone();
+                tokio::spawn(async move {
+                    let guard = c.acquire(&format!("warm:{round}:{i}"), &ttl(5000)).await?;
+                    guard.release().await
+                })
+            })
+            .collect();
+        for pair in warm {
+            assert!(pair.await.unwrap().unwrap());
+        }
+        proxy.silence_new(true);
+        proxy.blackhole_existing();
+        // More requests at once than the pool has connections, each abandoned at the response
+        // timeout.
+        let cut: Vec<_> = (0..12)
+            .map(|i| {
+                let c = c.clone();
+                tokio::spawn(async move { c.acquire(&format!("cut:{i}"), &ttl(5000)).await })
+            })
+            .collect();
+        for attempt in cut {
+            let answer = attempt.await.unwrap();
+            assert!(matches!(answer, Err(LockError::Unavailable { .. })), "{answer:?}");
+        }
+        proxy.silence_new(false);
+        eventually(15 * SECOND, "the client works again", || async {
+            match c.acquire("after", &ttl(5000)).await {
+                Ok(guard) => guard.release().await.is_ok(),
+                Err(_) => false,
+            }
+        })
+        .await;
+    }
+}
+
+/// Nothing listening at the database's address: `build()` fails within the connect timeout
+/// (the pool retries a refused connection for three quarters of it) with one line naming the
+/// store, the address and why, not "pool timed out".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_listening_is_named_with_its_address() {
+    let port = lock_tests::free_port();
+    let started = Instant::now();
+    let refused = builder(&format!("postgres://postgres@127.0.0.1:{port}/test"))
+        .build()
+        .await;
+    // The builder's connect timeout is 2 s.
+    assert!(started.elapsed() < 3 * SECOND, "{:?}", started.elapsed());
+    let Err(LockError::Unavailable { source }) = &refused else {
+        panic!("{refused:?}")
+    };
+    let said = source.to_string();
+    assert!(
+        said.starts_with(&format!(
+            "PostgreSQL at 127.0.0.1:{port}/test (schema public): cannot connect"
+        )) && said.to_lowercase().contains("refused"),
+        "{said}"
+    );
+}

@@ -114,15 +114,21 @@ const PROBE_FENCE: &str = "SELECT lock_runtime_v1_fence(NULL)";
 /// response timeout. The pool does not ping a connection before handing it out (a round trip
 /// per request): a request that finds its connection was ended by the server (a restart,
 /// `pg_terminate_backend`: its statement never ran) is sent again on another, the pool
-/// dropping the dead one.
+/// dropping the dead one; a request abandoned unanswered closes its connection (see
+/// [`Checkout`]).
 macro_rules! ask {
     ($self:ident, |$conn:ident| $request:expr) => {{
         let pool = $self.ready().await?;
-        let $conn = &pool;
         let answer = async {
             let mut ended = 0;
             loop {
-                match $request.await {
+                let mut checkout = $crate::store::postgres::Checkout::new(pool.acquire().await?);
+                let answer = match checkout.get() {
+                    Some($conn) => $request.await,
+                    None => Err(sqlx::Error::PoolClosed),
+                };
+                checkout.answered();
+                match answer {
                     Err(e)
                         if $crate::store::postgres::ended_by_server(&e)
                             && ended <= $crate::store::postgres::POOL_SIZE =>
@@ -141,6 +147,37 @@ macro_rules! ask {
             })),
         }
     }};
+}
+
+/// A connection of the pool for one request. Answered, it goes back to the pool as usual;
+/// abandoned unanswered (the response timeout, the caller's cancellation), it is closed
+/// instead: the pool's way back would first wait for the abandoned answer, forever on a
+/// connection gone silent (a partition, a firewall dropping the flow), and keep the pool's slot
+/// meanwhile, until every slot is lost.
+pub(crate) struct Checkout(Option<sqlx::pool::PoolConnection<sqlx::Postgres>>, bool);
+
+impl Checkout {
+    pub(crate) fn new(conn: sqlx::pool::PoolConnection<sqlx::Postgres>) -> Self {
+        Checkout(Some(conn), false)
+    }
+
+    pub(crate) fn get(&mut self) -> Option<&mut sqlx::PgConnection> {
+        self.0.as_deref_mut()
+    }
+
+    /// The request has its answer: the connection may go back to the pool.
+    pub(crate) fn answered(&mut self) {
+        self.1 = true;
+    }
+}
+
+impl Drop for Checkout {
+    fn drop(&mut self) {
+        if let (false, Some(conn)) = (self.1, self.0.take()) {
+            // Out of the pool (which opens another), and its socket closed as it drops.
+            drop(conn.detach());
+        }
+    }
 }
 
 mod admin;
@@ -388,17 +425,31 @@ impl PostgresStore {
             return;
         }
         let pool = self.pool();
+        let response = self.timeouts.response;
         tokio::spawn(async move {
             for _ in 0..SWEEP_BATCHES {
-                match sqlx::query_scalar::<_, i64>(SWEEP)
-                    .bind(SWEEP_ROWS)
-                    .fetch_one(&pool)
-                    .await
-                {
-                    Ok(gone) if gone >= i64::from(SWEEP_ROWS) => {}
-                    Ok(_) => return,
-                    Err(e) => {
+                // Each batch within the response timeout, on a connection closed if abandoned.
+                let batch = async {
+                    let mut checkout = Checkout::new(pool.acquire().await?);
+                    let Some(conn) = checkout.get() else {
+                        return Err(sqlx::Error::PoolClosed);
+                    };
+                    let gone = sqlx::query_scalar::<_, i64>(SWEEP)
+                        .bind(SWEEP_ROWS)
+                        .fetch_one(conn)
+                        .await;
+                    checkout.answered();
+                    gone
+                };
+                match tokio::time::timeout(response, batch).await {
+                    Ok(Ok(gone)) if gone >= i64::from(SWEEP_ROWS) => {}
+                    Ok(Ok(_)) => return,
+                    Ok(Err(e)) => {
                         tracing::debug!(error = %e, "sweeping expired lock rows failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!("sweeping expired lock rows timed out");
                         return;
                     }
                 }

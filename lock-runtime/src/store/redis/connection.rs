@@ -165,8 +165,9 @@ impl std::fmt::Debug for Live {
 
 #[derive(Debug, Clone)]
 enum OpenError {
-    Redis(RedisError),
-    TimedOut(Duration),
+    /// Redis's error, and where it tried.
+    Redis(RedisError, String),
+    TimedOut(Duration, String),
     /// The task opening it was stopped (its runtime shut down) before it finished.
     Stopped,
 }
@@ -174,8 +175,8 @@ enum OpenError {
 impl From<OpenError> for LockError {
     fn from(e: OpenError) -> Self {
         match e {
-            OpenError::Redis(e) => e.into(),
-            OpenError::TimedOut(after) => LockError::unavailable(TimedOut { after }),
+            OpenError::Redis(e, address) => crate::store::redis::errors::at(e, &address),
+            OpenError::TimedOut(after, address) => crate::store::redis::errors::timed_out(after, &address),
             OpenError::Stopped => LockError::unavailable("the task opening the Redis connection was stopped"),
         }
     }
@@ -469,8 +470,8 @@ async fn open(servers: &Servers, after: Duration) -> Result<Live, OpenError> {
     static GENERATION: AtomicU64 = AtomicU64::new(1);
     let conn = match tokio::time::timeout(after, open_servers(servers, after)).await {
         Ok(Ok(conn)) => conn,
-        Ok(Err(e)) => return Err(OpenError::Redis(e)),
-        Err(_) => return Err(OpenError::TimedOut(after)),
+        Ok(Err(e)) => return Err(OpenError::Redis(e, servers.describe())),
+        Err(_) => return Err(OpenError::TimedOut(after, servers.describe())),
     };
     Ok(Live {
         generation: GENERATION.fetch_add(1, Ordering::Relaxed),

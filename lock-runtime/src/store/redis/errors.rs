@@ -18,6 +18,40 @@ impl From<redis::RedisError> for LockError {
     }
 }
 
+/// A connection to Redis that could not be opened, in one line naming where it tried: the
+/// source of the `Unavailable` or `Refused` it gives.
+#[derive(Debug, thiserror::Error)]
+#[error("Redis at {address}: cannot connect: {what}")]
+pub(crate) struct CannotConnect {
+    address: String,
+    what: String,
+}
+
+/// `e`, met opening a connection to `address`: `Refused` or `Unavailable` as for any Redis
+/// error, naming the address.
+pub(crate) fn at(e: redis::RedisError, address: &str) -> LockError {
+    let source = CannotConnect {
+        address: address.to_owned(),
+        what: e.to_string(),
+    };
+    match refusal(&e) {
+        Some(reason) => LockError::Refused {
+            reason,
+            source: source.into(),
+        },
+        None => LockError::unavailable(source),
+    }
+}
+
+/// No connection to `address` within `after` (nothing answered: a server down behind a
+/// firewall that drops, a wrong host).
+pub(crate) fn timed_out(after: std::time::Duration, address: &str) -> LockError {
+    LockError::unavailable(CannotConnect {
+        address: address.to_owned(),
+        what: format!("no connection within {after:?} (is the server up, and the address right?)"),
+    })
+}
+
 impl From<redis::ParsingError> for LockError {
     /// An answer that did not read as expected: the store is not what it should be.
     fn from(e: redis::ParsingError) -> Self {

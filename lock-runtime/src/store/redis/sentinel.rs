@@ -34,6 +34,20 @@ impl std::fmt::Debug for Sentinels {
 }
 
 impl Sentinels {
+    /// Whose primary requests go to, for errors.
+    pub(crate) fn describe(&self) -> String {
+        let at: Vec<String> = self
+            .urls
+            .iter()
+            .map(|c| c.get_connection_info().addr().to_string())
+            .collect();
+        format!(
+            "the primary of `{}` (sentinels {})",
+            self.master_name,
+            at.join(", ")
+        )
+    }
+
     /// Checks the sentinel URLs without connecting. The primary is reached with the first URL's
     /// credentials, database and TLS mode (sentinels and data nodes usually share them).
     pub(crate) fn new(urls: &[String], master_name: &str, tls: &TlsMaterial) -> Result<Self, LockError> {

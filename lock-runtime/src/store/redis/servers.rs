@@ -35,6 +35,17 @@ impl Servers {
         false
     }
 
+    /// Where requests go, for errors: `host:port`, a Sentinel's master name, or the Cluster.
+    pub(crate) fn describe(&self) -> String {
+        match self {
+            Servers::One(client) => client.get_connection_info().addr().to_string(),
+            #[cfg(feature = "sentinel")]
+            Servers::Sentinel(sentinels) => sentinels.describe(),
+            #[cfg(feature = "cluster")]
+            Servers::Cluster(_) => "the Redis Cluster".to_owned(),
+        }
+    }
+
     /// A client for the server requests go to now (for a Sentinel, the primary the sentinels
     /// name); `None` on a Cluster, whose connections redis-rs makes per node.
     pub(crate) async fn server(&self) -> redis::RedisResult<Option<redis::Client>> {
