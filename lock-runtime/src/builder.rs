@@ -103,6 +103,7 @@ impl LockClientBuilder {
     /// Changes the store description given last, if it is a `C` (a store's own setting, such
     /// as etcd's user): `method` (`.etcd_user`) needs `store` (`.etcd([…])`) before it, and
     /// fails at `build()` without.
+    #[cfg_attr(not(any(feature = "etcd", feature = "postgres")), allow(dead_code))]
     pub(crate) fn refine<C>(mut self, method: &str, store: &str, change: impl FnOnce(&mut C)) -> Self
     where
         C: StoreConfig + Clone + 'static,

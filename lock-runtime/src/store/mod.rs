@@ -235,6 +235,7 @@ pub(crate) struct Ask {
     /// What is left of the caller's wait when it will wait (`join`): a store whose attempt can
     /// block behind another request (PostgreSQL, on a row another session has locked) gives up
     /// within it, so no attempt outlives its caller's wait.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) wait_left: Option<std::time::Duration>,
 }
 
