@@ -122,7 +122,8 @@ macro_rules! ask {
         let answer = async {
             let mut ended = 0;
             loop {
-                let mut checkout = $crate::store::postgres::Checkout::new(pool.acquire().await?);
+                let mut checkout =
+                    $crate::store::postgres::Checkout::new(pool.acquire().await?, $self.timeouts.response);
                 let answer = match checkout.get() {
                     Some($conn) => $request.await,
                     None => Err(sqlx::Error::PoolClosed),
@@ -149,33 +150,62 @@ macro_rules! ask {
     }};
 }
 
-/// A connection of the pool for one request. Answered, it goes back to the pool as usual;
-/// abandoned unanswered (the response timeout, the caller's cancellation), it is closed
-/// instead: the pool's way back would first wait for the abandoned answer, forever on a
-/// connection gone silent (a partition, a firewall dropping the flow), and keep the pool's slot
-/// meanwhile, until every slot is lost.
-pub(crate) struct Checkout(Option<sqlx::pool::PoolConnection<sqlx::Postgres>>, bool);
+/// A connection of the pool for one request. sqlx hands a connection back to its pool only
+/// after a ping on it has been answered, with no bound: on a connection gone silent (a
+/// partition, a firewall dropping the flow) that ping, or the abandoned request's answer it
+/// waits behind, never comes, and the pool's slot is lost with it, until every slot is. So:
+/// answered, the connection goes back within `within` (the response timeout), else it is
+/// closed and its slot freed; abandoned unanswered (the response timeout, the caller's
+/// cancellation), it is closed at once. Either way the pool opens another when it needs one.
+pub(crate) struct Checkout {
+    conn: Option<sqlx::pool::PoolConnection<sqlx::Postgres>>,
+    answered: bool,
+    within: Duration,
+}
 
 impl Checkout {
-    pub(crate) fn new(conn: sqlx::pool::PoolConnection<sqlx::Postgres>) -> Self {
-        Checkout(Some(conn), false)
+    pub(crate) fn new(conn: sqlx::pool::PoolConnection<sqlx::Postgres>, within: Duration) -> Self {
+        Checkout {
+            conn: Some(conn),
+            answered: false,
+            within,
+        }
     }
 
     pub(crate) fn get(&mut self) -> Option<&mut sqlx::PgConnection> {
-        self.0.as_deref_mut()
+        self.conn.as_deref_mut()
     }
 
     /// The request has its answer: the connection may go back to the pool.
     pub(crate) fn answered(&mut self) {
-        self.1 = true;
+        self.answered = true;
     }
 }
 
 impl Drop for Checkout {
     fn drop(&mut self) {
-        if let (false, Some(conn)) = (self.1, self.0.take()) {
-            // Out of the pool (which opens another), and its socket closed as it drops.
-            drop(conn.detach());
+        let Some(mut conn) = self.conn.take() else {
+            return;
+        };
+        match (self.answered, tokio::runtime::Handle::try_current()) {
+            (true, Ok(runtime)) => {
+                // sqlx's own way back, bounded: dropped unfinished, it closes the connection and
+                // frees its slot. (`return_to_pool` is what sqlx's drop runs, made public for
+                // this; sqlx 0.8.)
+                let back = conn.return_to_pool();
+                let within = self.within;
+                runtime.spawn(async move {
+                    if tokio::time::timeout(within, back).await.is_err() {
+                        tracing::debug!(
+                            "a PostgreSQL connection did not answer its way back to the pool; closed"
+                        );
+                    }
+                });
+            }
+            // Outside a runtime sqlx's drop does what it can.
+            (true, Err(_)) => drop(conn),
+            // Out of the pool (which opens another), its socket closed as it drops.
+            (false, _) => drop(conn.detach()),
         }
     }
 }
@@ -430,7 +460,7 @@ impl PostgresStore {
             for _ in 0..SWEEP_BATCHES {
                 // Each batch within the response timeout, on a connection closed if abandoned.
                 let batch = async {
-                    let mut checkout = Checkout::new(pool.acquire().await?);
+                    let mut checkout = Checkout::new(pool.acquire().await?, response);
                     let Some(conn) = checkout.get() else {
                         return Err(sqlx::Error::PoolClosed);
                     };
