@@ -663,12 +663,9 @@ async fn tokens_never_repeat_after_a_failover_to_a_standby_that_missed_them() {
     let db = pool(&primary).await;
     let replica = pool(&standby).await;
     let c = client(&primary).await;
-    let fenced = ttl(5000).fencing(true);
     let mut issued = Vec::new();
     for key in ["account:7", "account:8"] {
-        let guard = c.acquire(key, &fenced).await.unwrap();
-        issued.push(guard.fencing_token().unwrap());
-        assert!(guard.release().await.unwrap());
+        issued.push(fenced_pair(&c, key).await);
     }
     // The standby has everything so far, then hears nothing more.
     let lsn: String = sqlx::query_scalar("SELECT pg_current_wal_lsn()::text")
@@ -690,9 +687,7 @@ async fn tokens_never_repeat_after_a_failover_to_a_standby_that_missed_them() {
     proxy.blackhole();
     for round in 0..40 {
         let key = if round % 2 == 0 { "account:7" } else { "account:9" };
-        let guard = c.acquire(key, &fenced).await.unwrap();
-        issued.push(guard.fencing_token().unwrap());
-        assert!(guard.release().await.unwrap());
+        issued.push(fenced_pair(&c, key).await);
     }
     let handed_out: i64 = sqlx::query_scalar("SELECT last_value FROM lock_runtime_fences")
         .fetch_one(&db)
@@ -716,12 +711,50 @@ async fn tokens_never_repeat_after_a_failover_to_a_standby_that_missed_them() {
     let before = issued.iter().copied().max().unwrap();
     let after = client(&standby).await;
     for key in ["account:7", "account:8", "account:9", "account:10"] {
-        let guard = after.acquire(key, &fenced).await.unwrap();
-        let token = guard.fencing_token().unwrap();
+        let token = fenced_pair(&after, key).await;
         assert!(
             token > before,
             "{key}: {token} after the failover, {before} before it"
         );
+    }
+}
+
+/// A fenced lock taken and released: its token.
+async fn fenced_pair(c: &LockClient, key: &str) -> u64 {
+    let guard = c.acquire(key, &ttl(5000).fencing(true)).await.unwrap();
+    let token = guard.fencing_token().unwrap();
+    assert!(guard.release().await.unwrap());
+    token
+}
+
+/// A key's next token is larger than its last even when the database clock is behind that last
+/// token (a clock stepped back, a host whose clock is slow): the row keeps the last token, and the
+/// next is one more, on the plain acquire's statement and on the function's (a fair lock).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keys_tokens_rise_when_the_clock_is_behind_its_last_token() {
+    let server = PostgresServer::spawn();
+    let c = client(&server).await;
+    let db = pool(&server).await;
+    // Far above the clock in microseconds (about 1.8e15 in 2026).
+    let ahead: i64 = 100_000_000_000_000_000;
+    for (key, options) in [
+        ("plain", ttl(5000).fencing(true)),
+        ("fair", ttl(5000).fencing(true).fair(true)),
+    ] {
+        fenced_pair(&c, key).await;
+        let set = sqlx::query("UPDATE lock_runtime_locks SET fence = $2 WHERE key = $1")
+            .bind(format!("lock:{{{key}}}"))
+            .bind(ahead)
+            .execute(&db)
+            .await
+            .unwrap();
+        assert_eq!(
+            set.rows_affected(),
+            1,
+            "a fenced lock's row stays after its release"
+        );
+        let guard = c.acquire(key, &options).await.unwrap();
+        assert_eq!(guard.fencing_token(), Some(ahead as u64 + 1), "{key}");
         assert!(guard.release().await.unwrap());
     }
 }

@@ -75,18 +75,16 @@ pub(crate) const POOL_SIZE: u32 = 10;
 /// A fencing token is taken in `SET`, once the row is locked and the lock granted: one taken in
 /// `VALUES` (evaluated before the statement waits for the row) could be smaller than that of a
 /// holder who got in meanwhile. `VALUES`' own serves a key without a row (no earlier holder's
-/// token is kept there: a fenced lock's row stays an hour after its release).
+/// token is kept there: a fenced lock's row stays an hour after its release). Both come from
+/// `lock_runtime_v1_fence`, the one rule that keeps tokens from repeating.
 const TAKE: &str = "INSERT INTO lock_runtime_locks AS l (key, token, expires_ms, fence) \
      VALUES ($1, $2, floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint + $3, \
-             CASE WHEN $4 THEN greatest(nextval('lock_runtime_fences'), \
-                 floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint) END) \
+             CASE WHEN $4 THEN lock_runtime_v1_fence(NULL) END) \
      ON CONFLICT (key) DO UPDATE \
          SET token = EXCLUDED.token, expires_ms = EXCLUDED.expires_ms, \
              fence = CASE WHEN NOT $4 THEN l.fence \
                           WHEN l.token = EXCLUDED.token AND l.fence IS NOT NULL THEN l.fence \
-                          ELSE greatest(nextval('lock_runtime_fences'), \
-                              floor(extract(epoch FROM clock_timestamp()) * 1000000)::bigint, \
-                              coalesce(l.fence, 0) + 1) END, \
+                          ELSE lock_runtime_v1_fence(l.fence) END, \
              marked = false, shares = NULL \
          WHERE (l.token IS NULL OR l.expires_ms <= EXCLUDED.expires_ms - $3 OR l.token = EXCLUDED.token) \
              AND l.shares_until <= EXCLUDED.expires_ms - $3 \
