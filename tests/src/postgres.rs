@@ -54,16 +54,7 @@ impl PostgresServer {
             "--no-sync",
         ]);
         run(initdb, user, dir.path());
-        let mut server = PostgresServer {
-            child: None,
-            port: free_port(),
-            dir,
-            bin,
-            user,
-            settings: settings.iter().map(|s| (*s).to_owned()).collect(),
-        };
-        server.start();
-        server
+        PostgresServer::started((bin, user, dir), settings)
     }
 
     /// A streaming standby (hot, asynchronous) copied from the server at `upstream_port` by
@@ -86,13 +77,21 @@ impl PostgresServer {
             .arg(dir.path().join("data"))
             .args(["-R", "-X", "stream", "--no-sync"]);
         run(backup, user, dir.path());
+        PostgresServer::started((bin, user, dir), &[])
+    }
+
+    /// A server on the data in `dir`, started on a free port.
+    fn started(
+        (bin, user, dir): (PathBuf, Option<(u32, u32)>, tempfile::TempDir),
+        settings: &[&str],
+    ) -> PostgresServer {
         let mut server = PostgresServer {
             child: None,
             port: free_port(),
             dir,
             bin,
             user,
-            settings: Vec::new(),
+            settings: settings.iter().map(|s| (*s).to_owned()).collect(),
         };
         server.start();
         server
