@@ -163,6 +163,31 @@ fn the_readme_is_a_front_door() {
     assert!(lines < 300, "README.md has {lines} lines: depth goes to docs/");
 }
 
+/// CI runs README's test command as written: the command on README's "the tests" line is the last
+/// line of `.ci/run`, and the getting-started check that CI runs before it exists.
+#[test]
+fn ci_runs_the_readme_test_command() {
+    let readme = read(Path::new("README.md"));
+    let command = readme
+        .lines()
+        .find(|line| line.contains("# the tests"))
+        .and_then(|line| line.split('#').next())
+        .map(str::trim)
+        .expect("README.md has a line `<command>   # the tests: …`");
+    let ci = read(Path::new(".ci/run"));
+    let last = ci
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| !l.is_empty() && !l.starts_with('#'));
+    assert_eq!(last, Some(command), ".ci/run must end with README's test command");
+    for script in [command, "scripts/check-getting-started"] {
+        assert!(ci.contains(script), ".ci/run does not run {script}");
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(script);
+        assert!(path.is_file(), "{script} is not a file of the checkout");
+    }
+}
+
 /// Every test the promises ledger names (`path/to/file.rs::name`, `…::module::name`,
 /// `…::prefix_*`) is a fn in that file: a test renamed or removed leaves its promise without a
 /// backing, and this says which.
