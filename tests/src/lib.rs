@@ -20,6 +20,7 @@ pub mod bench;
 mod cluster;
 mod etcd;
 pub mod hand_written;
+pub mod mariadb;
 pub mod postgres;
 pub mod process;
 mod proxy;
@@ -28,6 +29,7 @@ mod tls;
 
 pub use cluster::{RedisCluster, SlotMigration};
 pub use etcd::EtcdCluster;
+pub use mariadb::{shared_mysql_url, MariadbServer};
 pub use postgres::{shared_postgres_url, PostgresServer};
 pub use proxy::FaultProxy;
 pub use sentinel::SentinelSetup;
@@ -672,6 +674,22 @@ impl Target {
         target
     }
 
+    /// A client of the machine's MySQL or MariaDB ([`shared_mysql_url`]: `127.0.0.1:3306`,
+    /// database `test`, or a kit-started `mariadbd` when none answers there), with a prefix of
+    /// its own; its rows are deleted when the target is dropped.
+    pub async fn mysql() -> Target {
+        let url = shared_mysql_url();
+        let prefix = format!("m{}.{}", std::process::id(), unique_prefix());
+        let builder = LockClient::builder()
+            .mysql(&url)
+            .prefix(&prefix)
+            .connect_timeout(Duration::from_secs(2))
+            .response_timeout(Duration::from_secs(1));
+        let mut target = Target::shared(builder, Vec::new()).await;
+        target.owned.push(Box::new(MysqlRows { url, prefix }));
+        target
+    }
+
     /// A client of the test binary's shared 3-member etcd cluster ([`EtcdCluster::shared`]),
     /// with a key prefix of its own.
     pub async fn etcd() -> Target {
@@ -819,8 +837,8 @@ macro_rules! on_both_backends {
     };
 }
 
-/// [`on_every_deployment!`] but RedLock: for fencing and fair mode, which need one counter and
-/// one line.
+/// [`on_every_deployment!`] but RedLock and MySQL: for fair mode and read-write locks, which
+/// need one counter and one line (MySQL has no line yet).
 #[macro_export]
 macro_rules! on_every_deployment_with_one_counter {
     ($($name:ident),* $(,)?) => {
@@ -837,18 +855,74 @@ macro_rules! on_every_deployment_with_one_counter {
     };
 }
 
-/// Defines each named test on every deployment the suite covers: `redis::name` (plaintext),
-/// `redis_tls::name` (TLS with a private CA and a client certificate), `cluster::name` (a
-/// 3-primary Redis Cluster shared by the test binary), `sentinel::name` (a Sentinel-managed
-/// primary with a replica, shared too), `postgres::name` (the machine's PostgreSQL, with keys of
-/// the test's own), `etcd::name` (a 3-member etcd cluster shared by the test binary),
-/// `redlock::name` (a quorum of five shared masters) and `memory::name`.
+/// [`on_every_deployment!`] but MySQL: for a release that wakes another client's waiter at once
+/// (MySQL has no notifications: another client's waiter tries again at the holder's expiry, at
+/// the latest after `MAX_WAIT_NAP`).
 #[macro_export]
-macro_rules! on_every_deployment {
+macro_rules! on_every_deployment_with_notices {
     ($($name:ident),* $(,)?) => {
         $crate::on_every_deployment_with_one_counter!($($name),*);
         $crate::on_targets!(redlock => $crate::Target::redlock().await; [$($name),*]);
     };
+}
+
+/// [`on_every_deployment!`] but RedLock: for fencing tokens, which need one counter per key
+/// (MySQL too, `mysql::name`, on the machine's MariaDB).
+#[macro_export]
+macro_rules! on_every_deployment_with_fencing {
+    ($($name:ident),* $(,)?) => {
+        $crate::on_every_deployment_with_one_counter!($($name),*);
+        $crate::on_targets!(mysql => $crate::Target::mysql().await; [$($name),*]);
+    };
+}
+
+/// Defines each named test on every deployment the suite covers: `redis::name` (plaintext),
+/// `redis_tls::name` (TLS with a private CA and a client certificate), `cluster::name` (a
+/// 3-primary Redis Cluster shared by the test binary), `sentinel::name` (a Sentinel-managed
+/// primary with a replica, shared too), `postgres::name` (the machine's PostgreSQL, with keys of
+/// the test's own), `mysql::name` (the machine's MariaDB, likewise), `etcd::name` (a 3-member
+/// etcd cluster shared by the test binary), `redlock::name` (a quorum of five shared masters)
+/// and `memory::name`.
+#[macro_export]
+macro_rules! on_every_deployment {
+    ($($name:ident),* $(,)?) => {
+        $crate::on_every_deployment_with_fencing!($($name),*);
+        $crate::on_targets!(redlock => $crate::Target::redlock().await; [$($name),*]);
+    };
+}
+
+/// Deletes every MySQL row a target's prefix made, when the target is dropped.
+#[derive(Debug)]
+struct MysqlRows {
+    url: String,
+    prefix: String,
+}
+
+impl Drop for MysqlRows {
+    fn drop(&mut self) {
+        let (url, prefix) = (self.url.clone(), self.prefix.clone());
+        // On a thread of its own: the target is dropped inside a test's runtime.
+        let cleaned = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            runtime.block_on(async {
+                use sqlx::Connection;
+                let mut conn = sqlx::MySqlConnection::connect(&url).await.ok()?;
+                sqlx::query("DELETE FROM lock_runtime_locks WHERE LEFT(name, ?) = ?")
+                    .bind(prefix.len() as u64)
+                    .bind(prefix.as_bytes())
+                    .execute(&mut conn)
+                    .await
+                    .ok()
+            })
+        })
+        .join();
+        if !matches!(cleaned, Ok(Some(_))) {
+            eprintln!("could not delete the MySQL rows of prefix {}", self.prefix);
+        }
+    }
 }
 
 /// The workspace README's examples, compiled as doc tests so they stay true. They live here, not

@@ -1,5 +1,6 @@
 //! Waiting woken by the release, fencing tokens, reentrancy, minimum hold and `current()`, on
-//! every deployment (fencing and fair mode: all but RedLock, which offers neither).
+//! every deployment (fencing: all but RedLock, which offers none; fair mode: all but RedLock and
+//! MySQL).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -11,7 +12,6 @@ use tokio::time::Instant;
 
 lock_tests::on_every_deployment!(
     zero_wait_is_one_attempt,
-    release_wakes_the_waiter_before_any_timer,
     wait_timeout_is_honoured,
     expiry_without_release_still_ends_the_wait,
     handoff_under_contention,
@@ -20,9 +20,6 @@ lock_tests::on_every_deployment!(
     minimum_hold_keeps_the_lock_after_a_fast_body,
     waiting_leaves_no_subscriptions_behind,
     nested_fencing_without_an_outer_token_is_invalid,
-    a_release_wakes_local_waiters_one_at_a_time_in_arrival_order,
-    a_cancelled_waiter_does_not_take_the_next_wake_up_with_it,
-    after_a_hand_off_between_clients_the_next_release_still_wakes_the_rest,
     a_nested_call_keeps_its_own_lost_policy,
     an_outer_abort_stops_a_continuing_nested_call,
     a_nested_minimum_hold_extends_the_outer_one,
@@ -30,15 +27,36 @@ lock_tests::on_every_deployment!(
     a_continuing_body_can_see_its_lock_lost,
 );
 
-/// Fencing, fair mode and read-write locks need one counter and one line: every deployment
-/// but RedLock.
+/// A release heard by another client's waiter at once: every deployment but MySQL, which has
+/// no notifications (tests/tests/mysql.rs: its waiters of another client retry within
+/// `MAX_WAIT_NAP`).
+mod notified {
+    use super::*;
+
+    lock_tests::on_every_deployment_with_notices!(
+        release_wakes_the_waiter_before_any_timer,
+        a_release_wakes_local_waiters_one_at_a_time_in_arrival_order,
+        a_cancelled_waiter_does_not_take_the_next_wake_up_with_it,
+        after_a_hand_off_between_clients_the_next_release_still_wakes_the_rest,
+    );
+}
+
+/// Fencing needs one counter per key: every deployment but RedLock.
+mod fenced {
+    use super::*;
+
+    lock_tests::on_every_deployment_with_fencing!(
+        fencing_tokens_strictly_increase_across_clients,
+        stale_holder_write_is_rejected_by_fencing,
+        current_is_the_innermost_lock,
+    );
+}
+
+/// Fair mode needs one line: every deployment but RedLock and MySQL.
 mod one_counter {
     use super::*;
 
     lock_tests::on_every_deployment_with_one_counter!(
-        fencing_tokens_strictly_increase_across_clients,
-        stale_holder_write_is_rejected_by_fencing,
-        current_is_the_innermost_lock,
         fair_waiters_of_several_clients_get_the_lock_in_arrival_order,
         a_fair_waiter_that_gives_up_leaves_the_line_at_once,
         a_lock_handed_over_in_line_is_kept_for_its_whole_ttl,

@@ -56,6 +56,7 @@ fn the_test_command_names_what_is_missing() {
         .env_clear()
         .env("PATH", path.path())
         .env("PG_BIN", "/nonexistent")
+        .env("MARIADB_BIN", "/nonexistent")
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -37,10 +37,14 @@ pub(crate) mod announcement;
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd;
 pub(crate) mod memory;
+#[cfg(feature = "mysql")]
+pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 pub(crate) mod redis;
 pub(crate) mod redlock;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) mod sql;
 pub(crate) mod url;
 
 /// How long [`LockClientBuilder::build`](crate::LockClientBuilder::build) waits for a connection

@@ -33,6 +33,15 @@ const SCHEMES: &[Scheme] = &[
         config: needs_feature,
     },
     Scheme {
+        schemes: &["mysql", "mariadb"],
+        store: "MySQL",
+        feature: Some(("mysql", cfg!(feature = "mysql"))),
+        #[cfg(feature = "mysql")]
+        config: super::mysql::from_url,
+        #[cfg(not(feature = "mysql"))]
+        config: needs_feature,
+    },
+    Scheme {
         schemes: &["etcd"],
         store: "etcd",
         feature: Some(("etcd", cfg!(feature = "etcd"))),
@@ -52,7 +61,7 @@ fn needs_feature(_: &str) -> Result<Arc<dyn StoreConfig>, LockError> {
 /// Any store, by URL.
 impl LockClientBuilder {
     /// Where the locks live, by URL: its scheme picks the store, as for
-    /// [`LockClient::connect`](crate::LockClient::connect) (`redis://`, `rediss://`, `postgres://`, `etcd://host:port`).
+    /// [`LockClient::connect`](crate::LockClient::connect) (`redis://`, `rediss://`, `postgres://`, `mysql://`, `etcd://host:port`).
     /// A scheme it does not know fails at `build()`, with the schemes it does.
     ///
     /// ```
@@ -94,7 +103,6 @@ pub(crate) fn config_for_url(url: &str) -> Result<Arc<dyn StoreConfig>, LockErro
             " (an etcd endpoint is etcd://host:2379 here; .etcd([…]) takes http:// endpoints)"
         }
         "zk" | "zookeeper" => " (ZooKeeper is not offered yet)",
-        "mysql" | "mariadb" => " (MySQL is not offered yet)",
         _ => "",
     };
     Err(LockError::invalid_options(format!(

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{unsigned, PostgresStore};
+use super::PostgresStore;
+use crate::store::sql::{ask, unsigned};
 use crate::store::{ForceReleased, Lock};
 use crate::view::{glob_escape, Fence, Holding, LockView, Reader, RELEASED};
 use crate::LockError;

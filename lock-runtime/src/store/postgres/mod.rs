@@ -9,17 +9,16 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use tokio::sync::OnceCell;
 
+use super::sql::{ask, bounded, millis, one_line, unsigned, Checkout, SqlStore};
 use super::{
     Ask, Attempt, Capabilities, DynStore, Flight, ForceReleased, Kind, Lock, LockView, Notices, Release,
     Released, Renewal, Renewing, Settings, Store, StoreConfig, Timeouts,
 };
 use crate::background::Background;
-use crate::error::TimedOut;
 use crate::options::FAIR_PLACE_KEPT;
 use crate::redact::hide_credentials;
 use crate::{LockClientBuilder, LockError};
@@ -66,7 +65,7 @@ const SWEEP_ROWS: i32 = 1000;
 const SWEEP_BATCHES: usize = 20;
 
 /// How many connections a client's pool opens at most (one of them listens for releases).
-pub(crate) const POOL_SIZE: u32 = 10;
+const POOL_SIZE: u32 = 10;
 
 /// The common acquire, one statement without a function: an exclusive lock that is not fair,
 /// taken if free, expired or already this token's, and no reader holds it (the same statement
@@ -107,106 +106,6 @@ const LEAVE: &str = "SELECT lock_runtime_v1_leave($1, $2, $3, $4)";
 const SWEEP: &str = "SELECT lock_runtime_v1_sweep($1)";
 /// A fencing token nobody uses: the probe of the right to take them.
 const PROBE_FENCE: &str = "SELECT lock_runtime_v1_fence(NULL)";
-
-/// Runs one request (an expression over `conn`, a connection of the pool) within the
-/// response timeout. The pool does not ping a connection before handing it out (a round trip
-/// per request): a request that finds its connection was ended by the server (a restart,
-/// `pg_terminate_backend`: its statement never ran) is sent again on another, the pool
-/// dropping the dead one; a request abandoned unanswered closes its connection (see
-/// [`Checkout`]).
-macro_rules! ask {
-    ($self:ident, |$conn:ident| $request:expr) => {{
-        let pool = $self.ready().await?;
-        let answer = async {
-            let mut ended = 0;
-            loop {
-                let mut checkout =
-                    $crate::store::postgres::Checkout::new(pool.acquire().await?, $self.timeouts.response);
-                let answer = match checkout.get() {
-                    Some($conn) => $request.await,
-                    None => Err(sqlx::Error::PoolClosed),
-                };
-                checkout.answered();
-                match answer {
-                    Err(e)
-                        if $crate::store::postgres::ended_by_server(&e)
-                            && ended <= $crate::store::postgres::POOL_SIZE =>
-                    {
-                        ended += 1;
-                    }
-                    answer => return answer,
-                }
-            }
-        };
-        match tokio::time::timeout($self.timeouts.response, answer).await {
-            Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(e)) => Err($self.failed(e).await),
-            Err(_) => Err($crate::LockError::unavailable($crate::error::TimedOut {
-                after: $self.timeouts.response,
-            })),
-        }
-    }};
-}
-
-/// A connection of the pool for one request. sqlx hands a connection back to its pool only
-/// after a ping on it has been answered, with no bound: on a connection gone silent (a
-/// partition, a firewall dropping the flow) that ping, or the abandoned request's answer it
-/// waits behind, never comes, and the pool's slot is lost with it, until every slot is. So:
-/// answered, the connection goes back within `within` (the response timeout), else it is
-/// closed and its slot freed; abandoned unanswered (the response timeout, the caller's
-/// cancellation), it is closed at once. Either way the pool opens another when it needs one.
-pub(crate) struct Checkout {
-    conn: Option<sqlx::pool::PoolConnection<sqlx::Postgres>>,
-    answered: bool,
-    within: Duration,
-}
-
-impl Checkout {
-    pub(crate) fn new(conn: sqlx::pool::PoolConnection<sqlx::Postgres>, within: Duration) -> Self {
-        Checkout {
-            conn: Some(conn),
-            answered: false,
-            within,
-        }
-    }
-
-    pub(crate) fn get(&mut self) -> Option<&mut sqlx::PgConnection> {
-        self.conn.as_deref_mut()
-    }
-
-    /// The request has its answer: the connection may go back to the pool.
-    pub(crate) fn answered(&mut self) {
-        self.answered = true;
-    }
-}
-
-impl Drop for Checkout {
-    fn drop(&mut self) {
-        let Some(mut conn) = self.conn.take() else {
-            return;
-        };
-        match (self.answered, tokio::runtime::Handle::try_current()) {
-            (true, Ok(runtime)) => {
-                // sqlx's own way back, bounded: dropped unfinished, it closes the connection and
-                // frees its slot. (`return_to_pool` is what sqlx's drop runs, made public for
-                // this; sqlx 0.8.)
-                let back = conn.return_to_pool();
-                let within = self.within;
-                runtime.spawn(async move {
-                    if tokio::time::timeout(within, back).await.is_err() {
-                        tracing::debug!(
-                            "a PostgreSQL connection did not answer its way back to the pool; closed"
-                        );
-                    }
-                });
-            }
-            // Outside a runtime sqlx's drop does what it can.
-            (true, Err(_)) => drop(conn),
-            // Out of the pool (which opens another), its socket closed as it drops.
-            (false, _) => drop(conn.detach()),
-        }
-    }
-}
 
 mod admin;
 
@@ -688,15 +587,6 @@ async fn make_schema(pool: &PgPool, schema: &str) -> Result<(), sqlx::Error> {
     Ok(())
 }
 
-async fn bounded<T>(
-    after: Duration,
-    request: impl std::future::Future<Output = Result<T, LockError>>,
-) -> Result<T, LockError> {
-    tokio::time::timeout(after, request)
-        .await
-        .map_err(|_| LockError::unavailable(TimedOut { after }))?
-}
-
 /// What went wrong with the database, in one line naming it: the source of
 /// [`LockError::Unavailable`] and [`LockError::Refused`] on PostgreSQL.
 #[derive(Debug, thiserror::Error)]
@@ -751,34 +641,31 @@ impl PostgresStore {
     }
 }
 
-/// The server ended the connection before the request ran (its session was terminated: a
-/// restart, a failover, `pg_terminate_backend`), so it can be sent again on another.
-pub(crate) fn ended_by_server(e: &sqlx::Error) -> bool {
-    match e {
-        // admin_shutdown, crash_shutdown: FATAL, so the statement's transaction did not commit
-        sqlx::Error::Database(db) => matches!(db.code().as_deref(), Some("57P01" | "57P02")),
-        _ => false,
+impl SqlStore for PostgresStore {
+    const POOL_SIZE: u32 = POOL_SIZE;
+
+    /// Its session was terminated: a restart, a failover, `pg_terminate_backend`.
+    fn ended_by_server(&self, e: &sqlx::Error) -> bool {
+        match e {
+            // admin_shutdown, crash_shutdown: FATAL, so the statement's transaction did not
+            // commit
+            sqlx::Error::Database(db) => matches!(db.code().as_deref(), Some("57P01" | "57P02")),
+            _ => false,
+        }
+    }
+
+    fn timed_out(&self, after: std::time::Duration) -> LockError {
+        LockError::unavailable(PostgresError {
+            address: self.address.clone(),
+            schema: self.schema_name.clone(),
+            what: crate::error::TimedOut { after }.to_string(),
+        })
     }
 }
 
 /// The statement gave up waiting for a row lock (its `lock_timeout`): it changed nothing.
 fn lock_not_available(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
-}
-
-/// An error and its sources, in one line.
-fn one_line(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut line = e.to_string();
-    let mut at = e.source();
-    while let Some(source) = at {
-        let next = source.to_string();
-        if !line.contains(&next) {
-            line.push_str(": ");
-            line.push_str(&next);
-        }
-        at = source.source();
-    }
-    line
 }
 
 /// Why the database refuses this client, when only a configuration change can fix it.
@@ -801,15 +688,6 @@ fn refusal(e: &sqlx::Error) -> Option<&'static str> {
         },
         _ => None,
     }
-}
-
-/// Milliseconds as PostgreSQL's bigint (options are validated far below its range).
-fn millis(ms: u64) -> i64 {
-    i64::try_from(ms).unwrap_or(i64::MAX)
-}
-
-fn unsigned(n: i64) -> u64 {
-    u64::try_from(n).unwrap_or(0)
 }
 
 impl Store for PostgresStore {

@@ -1,0 +1,122 @@
+//! What operators read and do on the MySQL store (`lock_runtime::admin`, `lockctl`): the lock
+//! rows of the prefix, read in one statement by the database's clock and matched against the
+//! glob here (a binary column has no collation for `LIKE` or `REGEXP` to agree on across MySQL
+//! and MariaDB), and a forced release that frees a lock only if its row still holds what was
+//! seen, waking this client's waiters.
+#![cfg_attr(not(feature = "cli"), allow(dead_code))]
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::MysqlStore;
+use crate::store::sql::{ask, unsigned};
+use crate::store::{ForceReleased, Lock};
+use crate::view::{glob_matches, Fence, Holding, LockView, RELEASED};
+use crate::LockError;
+
+/// Every lock row whose name starts with the prefix (binds: prefix length, prefix), with what
+/// it holds now by the database's clock.
+const ROWS: &str = concat!(
+    "SELECT name, IF(token IS NOT NULL AND expires_ms > ",
+    now_ms!(),
+    ", token, NULL), expires_ms - ",
+    now_ms!(),
+    ", fence FROM lock_runtime_locks WHERE LEFT(name, ?) = ? ORDER BY name"
+);
+/// One lock's row (binds: name).
+const ROW: &str = concat!(
+    "SELECT name, IF(token IS NOT NULL AND expires_ms > ",
+    now_ms!(),
+    ", token, NULL), expires_ms - ",
+    now_ms!(),
+    ", fence FROM lock_runtime_locks WHERE name = ?"
+);
+/// Frees a lock if it still holds the value read (binds: name, value, value).
+const FREE_HELD: &str = concat!(
+    "UPDATE lock_runtime_locks SET token = NULL, expires_ms = ",
+    now_ms!(),
+    " WHERE name = ? AND (token = ? OR token = CONCAT(?, ':released')) AND expires_ms > ",
+    now_ms!()
+);
+
+type Row = (Vec<u8>, Option<Vec<u8>>, i64, Option<i64>);
+
+impl MysqlStore {
+    fn view(&self, row: Row, read_at: Instant) -> Option<LockView> {
+        let (name, token, left, fence) = row;
+        let name = String::from_utf8(name).ok()?;
+        let key = name
+            .strip_prefix(self.prefix.as_str())?
+            .strip_prefix('{')?
+            .strip_suffix('}')?
+            .to_owned();
+        let (holding, remaining) = match token {
+            Some(value) => (
+                Holding::of_value(&value),
+                Some(Duration::from_millis(unsigned(left))),
+            ),
+            None => (Holding::Free, None),
+        };
+        Some(LockView {
+            key,
+            name,
+            holding,
+            remaining,
+            fence: fence.map_or(Fence::None, |f| Fence::Token(unsigned(f))),
+            queued: 0,
+            writers: 0,
+            read_at,
+        })
+    }
+
+    /// The locks held now whose keys match `pattern` (a glob).
+    pub(super) async fn held(&self, pattern: &str) -> Result<Vec<LockView>, LockError> {
+        let prefix = self.prefix.as_bytes();
+        let rows: Vec<Row> = ask!(self, |conn| sqlx::query_as(ROWS)
+            .bind(prefix.len() as u64)
+            .bind(prefix)
+            .fetch_all(conn))?;
+        let read_at = Instant::now();
+        Ok(rows
+            .into_iter()
+            .filter_map(|row| self.view(row, read_at))
+            .filter(|view| view.is_held() && glob_matches(pattern, &view.key))
+            .collect())
+    }
+
+    /// What `lock` holds now.
+    pub(super) async fn read_one(&self, lock: &Lock) -> Result<LockView, LockError> {
+        let row: Option<Row> = ask!(self, |conn| sqlx::query_as(ROW)
+            .bind(lock.name().as_bytes())
+            .fetch_optional(conn))?;
+        let read_at = Instant::now();
+        Ok(row
+            .and_then(|row| self.view(row, read_at))
+            .unwrap_or_else(|| LockView::free(lock.key(), lock.name())))
+    }
+
+    /// Frees `lock` if its row still holds what `seen` shows, and wakes this client's waiters
+    /// (another client's retry at the lease's end it had read, or sooner).
+    pub(super) async fn force(&self, lock: &Lock, seen: &LockView) -> Result<ForceReleased, LockError> {
+        let Holding::Exclusive { value, .. } = &seen.holding else {
+            return Ok(ForceReleased::Gone);
+        };
+        let token = value.strip_suffix(RELEASED).unwrap_or(value);
+        let freed = ask!(self, |conn| sqlx::query(FREE_HELD)
+            .bind(lock.name().as_bytes())
+            .bind(token.as_bytes())
+            .bind(token.as_bytes())
+            .execute(conn))?;
+        if freed.rows_affected() == 1 {
+            self.notices.released(lock.name());
+            return Ok(ForceReleased::Freed);
+        }
+        let now = self.read_one(lock).await?;
+        Ok(if now.is_held() {
+            ForceReleased::Changed
+        } else {
+            ForceReleased::Gone
+        })
+    }
+}

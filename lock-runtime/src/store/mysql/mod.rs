@@ -1,0 +1,594 @@
+//! Locks in a MySQL or MariaDB database (the `mysql` feature): one row per lock in
+//! `lock_runtime_locks` (`schema.sql`, made if missing when the client first connects), leases
+//! on the database's clock, fencing tokens that never repeat, through sqlx's MySQL driver.
+//!
+//! A lease row, not `GET_LOCK()`: a named lock is session state of one server (Group
+//! Replication ignores it, Galera refuses it, a proxy stops multiplexing after it, a lost
+//! connection drops it), where a row commits and replicates with the data and carries a
+//! fencing token. Every request is one statement, so one round trip and atomic, and no
+//! connection or transaction is held while a lock is held:
+//!
+//! - the acquire is one `INSERT … ON DUPLICATE KEY UPDATE` whose assignments take the row only
+//!   when it is free, expired or already this token's; `LAST_INSERT_ID(expr)` carries the answer
+//!   back in the statement's own reply (the new fencing token, or 1, when taken; 0 when not),
+//!   since sqlx's connections count matched rows, not changed ones;
+//! - a renewal and a release compare the token in their `WHERE`;
+//! - a refused waiter asks how long the holder has left (a second statement, only when it will
+//!   wait).
+//!
+//! MySQL has no notifications: this client's waiters are woken by its own releases at once;
+//! another client's waiter tries again when the holder's lease ends, and at the latest after
+//! [`MAX_WAIT_NAP`](crate::MAX_WAIT_NAP). Fair mode and read-write locks are not offered here
+//! yet (refused before any request).
+
+use std::str::FromStr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
+use tokio::sync::OnceCell;
+
+use super::sql::{ask, bounded, millis, one_line, unsigned, Checkout, SqlStore};
+use super::{
+    Ask, Attempt, Capabilities, DynStore, Flight, ForceReleased, Kind, Lock, LockView, Notices, Offered,
+    Release, Released, Renewal, Renewing, Settings, Store, StoreConfig, Timeouts,
+};
+use crate::background::Background;
+use crate::error::TimedOut;
+use crate::redact::hide_credentials;
+use crate::{LockClientBuilder, LockError};
+
+/// The table, made if missing (`CREATE TABLE IF NOT EXISTS`).
+const SCHEMA: &str = include_str!("schema.sql");
+/// Whether the table is there (and this client may read it), without needing `CREATE`.
+const SCHEMA_READY: &str = "SELECT 1 FROM lock_runtime_locks LIMIT 0";
+
+/// The database's clock at the statement's start, in milliseconds and microseconds since the
+/// epoch (the session's time zone is UTC, so `UNIX_TIMESTAMP` of `NOW` is exact).
+macro_rules! now_ms {
+    () => {
+        "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000 AS SIGNED)"
+    };
+}
+macro_rules! now_us {
+    () => {
+        "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)"
+    };
+}
+mod admin;
+
+/// The row may be taken by this token: free, expired, or already its own.
+macro_rules! takeable {
+    () => {
+        concat!(
+            "(token IS NULL OR expires_ms <= ",
+            now_ms!(),
+            " OR token = VALUES(token))"
+        )
+    };
+}
+
+/// The acquire (binds: name, token, ttl, fencing, fencing). A fencing token is the larger of the
+/// clock in microseconds and one more than the key's last (kept in its row, which a fenced lock
+/// keeps an hour after its release): tokens of a key never repeat, also when the clock steps
+/// back. The fence is assigned first, while `token` and `expires_ms` are still the row's (MySQL
+/// assigns left to right, MariaDB may assign all at once: every assignment reads the same
+/// condition, which holds after the token is ours exactly when it held before). A taken row sets
+/// `LAST_INSERT_ID` to its token (or 1 without fencing), a refused one to 0.
+const TAKE: &str = concat!(
+    "INSERT INTO lock_runtime_locks (name, token, expires_ms, fence) VALUES (?, ?, ",
+    now_ms!(),
+    " + ?, IF(?, LAST_INSERT_ID(",
+    now_us!(),
+    "), IF(LAST_INSERT_ID(1), NULL, NULL))) ON DUPLICATE KEY UPDATE fence = IF(",
+    takeable!(),
+    ", IF(?, LAST_INSERT_ID(IF(token = VALUES(token) AND fence IS NOT NULL, fence, GREATEST(",
+    now_us!(),
+    ", COALESCE(fence, 0) + 1))), IF(LAST_INSERT_ID(1), fence, fence)), \
+     IF(LAST_INSERT_ID(0), fence, fence)), token = IF(",
+    takeable!(),
+    ", VALUES(token), token), expires_ms = IF(",
+    takeable!(),
+    ", VALUES(expires_ms), expires_ms)"
+);
+/// How long the holder of a refused lock has left (none: it went meanwhile).
+const LEFT: &str = concat!(
+    "SELECT expires_ms - ",
+    now_ms!(),
+    " FROM lock_runtime_locks WHERE name = ? AND token IS NOT NULL AND expires_ms > ",
+    now_ms!()
+);
+/// One renewal (binds: ttl, name, token): never shortens the lease.
+const RENEW: &str = concat!(
+    "UPDATE lock_runtime_locks SET expires_ms = GREATEST(expires_ms, ",
+    now_ms!(),
+    " + ?) WHERE name = ? AND token = ? AND expires_ms > ",
+    now_ms!()
+);
+/// The common release (binds: name, token): deletes a lock still held by this token with no
+/// fencing token to keep.
+const GIVE_BACK: &str = concat!(
+    "DELETE FROM lock_runtime_locks WHERE name = ? AND token = ? AND fence IS NULL AND expires_ms > ",
+    now_ms!()
+);
+/// Any other release (binds: hold, hold, name, token): frees the row, keeping its fencing token,
+/// or keeps the lock `hold` ms longer marked released.
+const RELEASE: &str = concat!(
+    "UPDATE lock_runtime_locks SET token = IF(? > 0, CONCAT(token, ':released'), NULL), expires_ms = ",
+    now_ms!(),
+    " + ? WHERE name = ? AND token = ? AND expires_ms > ",
+    now_ms!()
+);
+/// Deletes rows nothing needs any more (binds: rows): an unfenced lock's as soon as it expired,
+/// a fenced lock's (its last token) an hour after.
+const SWEEP: &str = concat!(
+    "DELETE FROM lock_runtime_locks WHERE expires_ms < ",
+    now_ms!(),
+    " AND (fence IS NULL OR expires_ms < ",
+    now_ms!(),
+    " - 3600000) LIMIT ?"
+);
+
+/// Every this many acquires (and at the first), the client sweeps rows nothing needs any more,
+/// in the background.
+const SWEEP_EVERY: usize = 1024;
+/// The most rows one sweep deletes.
+const SWEEP_ROWS: u32 = 1000;
+
+/// How many connections a client's pool opens at most.
+const POOL_SIZE: u32 = 10;
+
+/// A MySQL or MariaDB database, as the builder was told.
+#[derive(Clone)]
+pub(crate) struct MysqlConfig {
+    url: String,
+}
+
+impl std::fmt::Debug for MysqlConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mysql")
+            .field("url", &hide_credentials(&self.url))
+            .finish()
+    }
+}
+
+impl StoreConfig for MysqlConfig {
+    fn open(&self, settings: Settings) -> Result<Arc<dyn DynStore>, LockError> {
+        settings.no_replicas(
+            "MySQL: semi-synchronous replication (rpl_semi_sync) makes every commit, locks \
+             included, wait for a replica",
+        )?;
+        settings.no_tls_material(
+            "TLS for MySQL goes into its URL (ssl-mode, ssl-ca, ssl-cert, ssl-key), not the builder",
+        )?;
+        Ok(Arc::new(MysqlStore::new(&self.url, settings)?))
+    }
+}
+
+/// A database by URL (`LockClient::connect`).
+pub(crate) fn from_url(url: &str) -> Result<Arc<dyn StoreConfig>, LockError> {
+    Ok(Arc::new(MysqlConfig { url: url.to_owned() }))
+}
+
+impl LockClientBuilder {
+    /// A MySQL or MariaDB database (`mysql://user:password@host:3306/database`; the `mysql`
+    /// feature): each lock is a row of `lock_runtime_locks` (made by the first client that
+    /// connects, in the URL's database), leased on the database's clock, with fencing tokens
+    /// that never repeat. No connection or transaction is held while a lock is held; every
+    /// request is one statement. Waiters of this client are woken by its releases; others
+    /// retry at the holder's expiry, at the latest after
+    /// [`MAX_WAIT_NAP`](crate::MAX_WAIT_NAP). Fair mode and read-write locks are not
+    /// offered on MySQL (refused as `InvalidOptions`).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
+    /// let locks = lock_runtime::LockClient::builder()
+    ///     .mysql("mysql://app:secret@db.internal:3306/orders")
+    ///     .build()
+    ///     .await?;
+    /// # let _ = locks; Ok(()) }
+    /// ```
+    pub fn mysql(self, url: &str) -> Self {
+        self.place(MysqlConfig { url: url.to_owned() })
+    }
+}
+
+/// Locks in one MySQL or MariaDB database.
+#[derive(Debug)]
+pub(crate) struct MysqlStore {
+    options: MySqlConnectOptions,
+    timeouts: Timeouts,
+    /// The pool, made on the runtime that first needs it (and again if that runtime has gone).
+    pool: Mutex<Option<MySqlPool>>,
+    pool_runtime: Background,
+    /// The table is there (checked once per client).
+    schema: OnceCell<()>,
+    /// Each row's name starts with it.
+    prefix: String,
+    /// Where the database is, for errors (`host:port/database`).
+    address: String,
+    notices: Notices,
+    acquires: AtomicUsize,
+}
+
+impl MysqlStore {
+    /// A store for `url` (`mysql://user:password@host:port/database`); connects on first use.
+    pub(crate) fn new(url: &str, settings: Settings) -> Result<Self, LockError> {
+        let Settings {
+            prefix,
+            timeouts,
+            notices,
+            ..
+        } = settings;
+        let shown = hide_credentials(url);
+        let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme);
+        if !(scheme.eq_ignore_ascii_case("mysql") || scheme.eq_ignore_ascii_case("mariadb")) {
+            return Err(LockError::invalid_options(format!(
+                "{shown}: a MySQL URL starts with mysql:// or mariadb://"
+            )));
+        }
+        // sqlx takes mysql:// only.
+        let rest = &url[scheme.len()..];
+        let options = MySqlConnectOptions::from_str(&format!("mysql{rest}"))
+            .map_err(|e| LockError::invalid_options(format!("{shown}: not a MySQL URL ({e})")))?;
+        let Some(database) = options.get_database().map(str::to_owned) else {
+            return Err(LockError::invalid_options(format!(
+                "{shown}: name the database the lock table lives in (mysql://user:password@host:3306/database)"
+            )));
+        };
+        let address = format!("{}:{}/{database}", options.get_host(), options.get_port());
+        // UTC, so that UNIX_TIMESTAMP(NOW()) is exact (no hour repeated by a daylight-saving
+        // change); sqlx's default too, said here because the leases depend on it.
+        let options = options.timezone(Some("+00:00".to_owned()));
+        Ok(MysqlStore {
+            options,
+            timeouts,
+            pool: Mutex::new(None),
+            pool_runtime: Background::default(),
+            schema: OnceCell::new(),
+            prefix,
+            address,
+            notices,
+            acquires: AtomicUsize::new(0),
+        })
+    }
+
+    fn slot(&self) -> MutexGuard<'_, Option<MySqlPool>> {
+        // Every update is one step, so a poisoned slot is still consistent.
+        self.pool.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The pool of this runtime (made lazily, so building a client needs no runtime).
+    fn pool(&self) -> MySqlPool {
+        let mut slot = self.slot();
+        if let Some(pool) = slot.as_ref().filter(|_| self.pool_runtime.is_running()) {
+            return pool.clone();
+        }
+        let pool = MySqlPoolOptions::new()
+            .max_connections(POOL_SIZE)
+            .test_before_acquire(false)
+            .acquire_timeout(self.timeouts.connect * 3 / 4)
+            .connect_lazy_with(self.options.clone());
+        *slot = Some(pool.clone());
+        self.pool_runtime.replace(std::future::pending);
+        pool
+    }
+
+    /// The pool, with the table there (checked once per client, within the timeouts).
+    async fn ready(&self) -> Result<MySqlPool, LockError> {
+        let pool = self.pool();
+        if self.schema.get().is_none() {
+            let made = self.schema.get_or_try_init(|| async {
+                match make_schema(&pool).await {
+                    Ok(()) => Ok(()),
+                    Err(e) => Err(self.failed(e).await),
+                }
+            });
+            bounded(self.timeouts.connect + self.timeouts.response, made).await?;
+        }
+        Ok(pool)
+    }
+
+    /// At a client's first acquire and every [`SWEEP_EVERY`] after, deletes rows nothing needs
+    /// any more, in the background, within the response timeout.
+    fn sweep_now_and_then(&self) {
+        if !self
+            .acquires
+            .fetch_add(1, Ordering::Relaxed)
+            .is_multiple_of(SWEEP_EVERY)
+        {
+            return;
+        }
+        let pool = self.pool();
+        let response = self.timeouts.response;
+        tokio::spawn(async move {
+            let sweep = async {
+                let mut checkout = Checkout::new(pool.acquire().await?, response);
+                let Some(conn) = checkout.get() else {
+                    return Err(sqlx::Error::PoolClosed);
+                };
+                let swept = sqlx::query(SWEEP).bind(SWEEP_ROWS).execute(conn).await;
+                checkout.answered();
+                swept
+            };
+            match tokio::time::timeout(response, sweep).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => tracing::debug!(error = %e, "sweeping expired lock rows failed"),
+                Err(_) => tracing::debug!("sweeping expired lock rows timed out"),
+            }
+        });
+    }
+
+    async fn acquire(&self, lock: &Lock, token: &str, ask: &Ask) -> Result<Attempt, LockError> {
+        self.sweep_now_and_then();
+        let taken = ask!(self, |conn| sqlx::query(TAKE)
+            .bind(lock.name().as_bytes())
+            .bind(token.as_bytes())
+            .bind(millis(ask.ttl_ms))
+            .bind(ask.fencing)
+            .bind(ask.fencing)
+            .execute(conn))?;
+        let answer = taken.last_insert_id();
+        if answer != 0 {
+            return Ok(Attempt::acquired(ask.fencing.then_some(answer)));
+        }
+        if !ask.waiting {
+            return Ok(Attempt::HELD);
+        }
+        let left: Option<i64> = ask!(self, |conn| sqlx::query_scalar(LEFT)
+            .bind(lock.name().as_bytes())
+            .fetch_optional(conn))?;
+        Ok(Attempt::Held {
+            // Gone meanwhile: try again at once.
+            pttl_ms: Some(left.map_or(0, unsigned)),
+            behind: false,
+            claimed: false,
+            kept: None,
+        })
+    }
+
+    async fn renew_one(&self, lock: &Lock, token: &str, ttl_ms: u64) -> Result<Renewal, LockError> {
+        let renewed = ask!(self, |conn| sqlx::query(RENEW)
+            .bind(millis(ttl_ms))
+            .bind(lock.name().as_bytes())
+            .bind(token.as_bytes())
+            .execute(conn))?;
+        // sqlx's connections count matched rows: 1 also when the lease did not move.
+        Ok(Renewal::from_ours(renewed.rows_affected() == 1))
+    }
+
+    /// Many locks in one statement; when not every one was renewed, each again on its own to
+    /// find which (a lost lock is rare).
+    async fn renew_locks(&self, locks: &[Renewing<'_>]) -> Result<Vec<Renewal>, LockError> {
+        if let [(lock, token, ttl_ms)] = locks {
+            return Ok(vec![self.renew_one(lock, token, *ttl_ms).await?]);
+        }
+        let mut statement = format!(
+            "UPDATE lock_runtime_locks SET expires_ms = GREATEST(expires_ms, {} + CASE name",
+            now_ms!()
+        );
+        statement.push_str(&" WHEN ? THEN ?".repeat(locks.len()));
+        statement.push_str(" END) WHERE expires_ms > ");
+        statement.push_str(now_ms!());
+        statement.push_str(" AND (");
+        statement.push_str(&vec!["(name = ? AND token = ?)"; locks.len()].join(" OR "));
+        statement.push(')');
+        let renewed = ask!(self, |conn| {
+            let mut query = sqlx::query(&statement);
+            for (lock, _, ttl_ms) in locks {
+                query = query.bind(lock.name().as_bytes()).bind(millis(*ttl_ms));
+            }
+            for (lock, token, _) in locks {
+                query = query.bind(lock.name().as_bytes()).bind(token.as_bytes());
+            }
+            query.execute(conn)
+        })?;
+        if renewed.rows_affected() == locks.len() as u64 {
+            return Ok(vec![Renewal::Renewed; locks.len()]);
+        }
+        let mut found = Vec::with_capacity(locks.len());
+        for (lock, token, ttl_ms) in locks {
+            found.push(self.renew_one(lock, token, *ttl_ms).await?);
+        }
+        Ok(found)
+    }
+
+    async fn release_lock(&self, lock: &Lock, token: &str, hold_ms: u64) -> Result<Released, LockError> {
+        if hold_ms == 0 {
+            let deleted = ask!(self, |conn| sqlx::query(GIVE_BACK)
+                .bind(lock.name().as_bytes())
+                .bind(token.as_bytes())
+                .execute(conn))?;
+            if deleted.rows_affected() == 1 {
+                return Ok(Released::Freed);
+            }
+        }
+        let hold = millis(hold_ms);
+        let released = ask!(self, |conn| sqlx::query(RELEASE)
+            .bind(hold)
+            .bind(hold)
+            .bind(lock.name().as_bytes())
+            .bind(token.as_bytes())
+            .execute(conn))?;
+        Ok(match released.rows_affected() {
+            1 => Released::Freed,
+            _ => Released::NotOurs,
+        })
+    }
+}
+
+impl Drop for MysqlStore {
+    fn drop(&mut self) {
+        self.pool_runtime.stop();
+    }
+}
+
+/// Makes the table unless it is there (checked first, so a client without `CREATE` works once
+/// someone made it).
+async fn make_schema(pool: &MySqlPool) -> Result<(), sqlx::Error> {
+    match sqlx::query(SCHEMA_READY).execute(pool).await {
+        Ok(_) => return Ok(()),
+        // ER_NO_SUCH_TABLE
+        Err(e) if number(&e) == Some(1146) => {}
+        Err(e) => return Err(e),
+    }
+    sqlx::raw_sql(SCHEMA).execute(pool).await?;
+    tracing::info!("made lock-runtime's table in the database");
+    Ok(())
+}
+
+/// What went wrong with the database, in one line naming it: the source of
+/// [`LockError::Unavailable`] and [`LockError::Refused`] on MySQL.
+#[derive(Debug, thiserror::Error)]
+#[error("MySQL at {address}: {what}")]
+pub(crate) struct MysqlError {
+    address: String,
+    what: String,
+}
+
+impl MysqlStore {
+    /// `e`, naming the database. The pool retries a refused connection until its acquire
+    /// timeout and then says only that it timed out: one connection of its own then says why.
+    async fn failed(&self, e: sqlx::Error) -> LockError {
+        if let sqlx::Error::PoolTimedOut = e {
+            let why = tokio::time::timeout(self.timeouts.connect / 4, async {
+                use sqlx::ConnectOptions;
+                self.options.connect().await.map(|_| ())
+            });
+            if let Ok(Err(why)) = why.await {
+                let what = format!(
+                    "cannot connect ({}; tried for {:?})",
+                    one_line(&why),
+                    self.timeouts.connect * 3 / 4
+                );
+                return self.error_of(&why, what);
+            }
+        }
+        let what = one_line(&e);
+        self.error_of(&e, what)
+    }
+
+    fn error_of(&self, e: &sqlx::Error, what: String) -> LockError {
+        let source = MysqlError {
+            address: self.address.clone(),
+            what,
+        };
+        match refusal(e) {
+            Some(reason) => LockError::Refused {
+                reason,
+                source: source.into(),
+            },
+            None => LockError::unavailable(source),
+        }
+    }
+}
+
+impl SqlStore for MysqlStore {
+    const POOL_SIZE: u32 = POOL_SIZE;
+
+    /// Its connection was killed (`KILL`, a restart): the statement did not run.
+    fn ended_by_server(&self, e: &sqlx::Error) -> bool {
+        // ER_SERVER_SHUTDOWN, ER_CONNECTION_KILLED (MariaDB), ER_CLIENT_INTERACTION_TIMEOUT
+        matches!(number(e), Some(1053 | 1927 | 4031))
+    }
+
+    fn timed_out(&self, after: std::time::Duration) -> LockError {
+        LockError::unavailable(MysqlError {
+            address: self.address.clone(),
+            what: TimedOut { after }.to_string(),
+        })
+    }
+}
+
+/// The server's error number (MySQL's and MariaDB's own, not the SQLSTATE).
+fn number(e: &sqlx::Error) -> Option<u16> {
+    match e {
+        sqlx::Error::Database(db) => db
+            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .map(sqlx::mysql::MySqlDatabaseError::number),
+        _ => None,
+    }
+}
+
+/// Why the database refuses this client, when only a configuration change can fix it.
+fn refusal(e: &sqlx::Error) -> Option<&'static str> {
+    match number(e)? {
+        // ER_ACCESS_DENIED_ERROR
+        1045 => Some("wrong user or password: fix the credentials in the MySQL URL"),
+        // ER_BAD_DB_ERROR
+        1049 => Some("the database in the MySQL URL does not exist"),
+        // ER_DBACCESS_DENIED_ERROR, ER_TABLEACCESS_DENIED_ERROR, ER_COLUMNACCESS_DENIED_ERROR
+        1044 | 1142 | 1143 => Some(
+            "the MySQL user lacks a right locking needs (see the guide, docs/deployments.md, \"MySQL\": \
+             CREATE on the database for the first client, then SELECT, INSERT, UPDATE and DELETE \
+             on lock_runtime_locks)",
+        ),
+        _ => None,
+    }
+}
+
+/// Why fair mode and read-write locks are refused.
+const NOT_YET: &str = "not built for MySQL yet: use PostgreSQL, etcd or Redis for them";
+
+impl Store for MysqlStore {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            name: "MySQL",
+            fencing: Offered::Yes,
+            fair: Offered::No(NOT_YET),
+            shared: Offered::No(NOT_YET),
+            hand_over: false,
+            queues: false,
+        }
+    }
+
+    /// `<prefix>{<key>}`, the row's name.
+    fn name(&self, key: &str) -> String {
+        format!("{}{{{key}}}", self.prefix)
+    }
+
+    async fn connect(&self) -> Result<(), LockError> {
+        // The table, and every right locking needs: a fenced lock taken (INSERT, UPDATE on a
+        // row kept for its token) and given back.
+        let ask = Ask {
+            ttl_ms: 1000,
+            fencing: true,
+            waiting: false,
+            fair: false,
+            join: false,
+            shared: false,
+            claimed: false,
+            wait_left: None,
+        };
+        let token = format!("rights-check {:016x}", rand::random::<u64>());
+        let probe = Lock::new("rights-check", Store::name(self, "rights-check"));
+        self.acquire(&probe, &token, &ask).await?;
+        self.release_lock(&probe, &token, 0).await?;
+        Ok(())
+    }
+
+    async fn attempt(&self, lock: &Lock, token: &str, ask: &Ask, _: &Flight) -> Result<Attempt, LockError> {
+        self.acquire(lock, token, ask).await
+    }
+
+    async fn renew(&self, locks: &[Renewing<'_>]) -> Result<Vec<Renewal>, LockError> {
+        self.renew_locks(locks).await
+    }
+
+    async fn release(&self, lock: &Lock, token: &str, release: Release<'_>) -> Result<Released, LockError> {
+        debug_assert_eq!(release.kind, Kind::Plain, "refused by the capabilities");
+        self.release_lock(lock, token, release.hold_ms).await
+    }
+
+    async fn inspect(&self, lock: &Lock) -> Result<LockView, LockError> {
+        self.read_one(lock).await
+    }
+
+    async fn list(&self, pattern: &str) -> Result<Vec<LockView>, LockError> {
+        self.held(pattern).await
+    }
+
+    async fn force_release(&self, lock: &Lock, seen: &LockView) -> Result<ForceReleased, LockError> {
+        self.force(lock, seen).await
+    }
+}

@@ -1,0 +1,167 @@
+//! What the SQL stores (PostgreSQL, MySQL) share: one request on a connection of the pool,
+//! within the response timeout, on a connection closed if the request is abandoned; errors in
+//! one line; milliseconds as the databases' signed integers.
+
+use std::time::Duration;
+
+use crate::error::TimedOut;
+use crate::LockError;
+
+/// A store over a pool of sqlx connections, as [`ask!`] uses it.
+pub(crate) trait SqlStore {
+    /// The most connections its pool opens: a request whose connection the server ended is sent
+    /// again at most this many times (each on another connection, the pool dropping the dead).
+    const POOL_SIZE: u32;
+
+    /// The server ended the connection before the request ran (a restart, a terminated
+    /// session), so it can be sent again on another.
+    fn ended_by_server(&self, e: &sqlx::Error) -> bool;
+
+    /// A request that got no answer within `after`: [`LockError::Unavailable`] naming the
+    /// database.
+    fn timed_out(&self, after: Duration) -> LockError;
+}
+
+/// Runs one request (an expression over `conn`, a connection of the pool) within the
+/// response timeout. `$self` is a [`SqlStore`] with `ready()` (the pool, its schema there),
+/// `timeouts` and `failed(e)` (the error naming the database). The pool does not ping a
+/// connection before handing it out (a round trip per request): a request that finds its
+/// connection was ended by the server (its statement never ran) is sent again on another, the
+/// pool dropping the dead one; a request abandoned unanswered closes its connection (see
+/// [`Checkout`]).
+macro_rules! ask {
+    ($self:ident, |$conn:ident| $request:expr) => {{
+        let pool = $self.ready().await?;
+        let answer = async {
+            let mut ended = 0;
+            loop {
+                let mut checkout =
+                    $crate::store::sql::Checkout::new(pool.acquire().await?, $self.timeouts.response);
+                let answer = match checkout.get() {
+                    Some($conn) => $request.await,
+                    None => Err(sqlx::Error::PoolClosed),
+                };
+                checkout.answered();
+                match answer {
+                    Err(e)
+                        if $crate::store::sql::SqlStore::ended_by_server($self, &e)
+                            && ended <= $crate::store::sql::pool_size($self) =>
+                    {
+                        ended += 1;
+                    }
+                    answer => return answer,
+                }
+            }
+        };
+        match tokio::time::timeout($self.timeouts.response, answer).await {
+            Ok(Ok(answer)) => Ok(answer),
+            Ok(Err(e)) => Err($self.failed(e).await),
+            Err(_) => Err($crate::store::sql::SqlStore::timed_out(
+                $self,
+                $self.timeouts.response,
+            )),
+        }
+    }};
+}
+pub(crate) use ask;
+
+/// [`SqlStore::POOL_SIZE`] of a store value (for [`ask!`]).
+pub(crate) fn pool_size<S: SqlStore>(_: &S) -> u32 {
+    S::POOL_SIZE
+}
+
+/// A connection of the pool for one request. sqlx hands a connection back to its pool only
+/// after a ping on it has been answered, with no bound: on a connection gone silent (a
+/// partition, a firewall dropping the flow) that ping, or the abandoned request's answer it
+/// waits behind, never comes, and the pool's slot is lost with it, until every slot is. So:
+/// answered, the connection goes back within `within` (the response timeout), else it is
+/// closed and its slot freed; abandoned unanswered (the response timeout, the caller's
+/// cancellation), it is closed at once. Either way the pool opens another when it needs one.
+pub(crate) struct Checkout<DB: sqlx::Database> {
+    conn: Option<sqlx::pool::PoolConnection<DB>>,
+    answered: bool,
+    within: Duration,
+}
+
+impl<DB: sqlx::Database> Checkout<DB> {
+    pub(crate) fn new(conn: sqlx::pool::PoolConnection<DB>, within: Duration) -> Self {
+        Checkout {
+            conn: Some(conn),
+            answered: false,
+            within,
+        }
+    }
+
+    pub(crate) fn get(&mut self) -> Option<&mut DB::Connection> {
+        self.conn.as_deref_mut()
+    }
+
+    /// The request has its answer: the connection may go back to the pool.
+    pub(crate) fn answered(&mut self) {
+        self.answered = true;
+    }
+}
+
+impl<DB: sqlx::Database> Drop for Checkout<DB> {
+    fn drop(&mut self) {
+        let Some(mut conn) = self.conn.take() else {
+            return;
+        };
+        match (self.answered, tokio::runtime::Handle::try_current()) {
+            (true, Ok(runtime)) => {
+                // sqlx's own way back, bounded: dropped unfinished, it closes the connection and
+                // frees its slot. (`return_to_pool` is what sqlx's drop runs, made public for
+                // this; sqlx 0.8.)
+                let back = conn.return_to_pool();
+                let within = self.within;
+                runtime.spawn(async move {
+                    if tokio::time::timeout(within, back).await.is_err() {
+                        tracing::debug!(
+                            "a database connection did not answer its way back to the pool; closed"
+                        );
+                    }
+                });
+            }
+            // Outside a runtime sqlx's drop does what it can.
+            (true, Err(_)) => drop(conn),
+            // Out of the pool (which opens another), its socket closed as it drops.
+            (false, _) => drop(conn.detach()),
+        }
+    }
+}
+
+/// `request`, given up as [`LockError::Unavailable`] after `after`.
+pub(crate) async fn bounded<T>(
+    after: Duration,
+    request: impl std::future::Future<Output = Result<T, LockError>>,
+) -> Result<T, LockError> {
+    tokio::time::timeout(after, request)
+        .await
+        .map_err(|_| LockError::unavailable(TimedOut { after }))?
+}
+
+/// An error and its sources, in one line.
+pub(crate) fn one_line(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = e.to_string();
+    let mut at = e.source();
+    while let Some(source) = at {
+        let next = source.to_string();
+        if !line.contains(&next) {
+            line.push_str(": ");
+            line.push_str(&next);
+        }
+        at = source.source();
+    }
+    line
+}
+
+/// Milliseconds as the databases' signed 64-bit integers (options are validated far below
+/// their range).
+pub(crate) fn millis(ms: u64) -> i64 {
+    i64::try_from(ms).unwrap_or(i64::MAX)
+}
+
+/// A database's signed integer that is never negative here, as unsigned.
+pub(crate) fn unsigned(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}

@@ -1,0 +1,306 @@
+//! The MySQL store: what only it does (keys compared byte for byte whatever the database's
+//! collations, waiters of another client retrying without notifications, modes it refuses), and
+//! faults on servers the kit starts itself (one `mariadbd` per test): a restart while locks are
+//! held, a paused and a stopped server, and the refusals a misconfigured client gets. The
+//! behaviour suite runs on MySQL too (`behaviour.rs`, `coordination.rs`, `admin.rs`: the
+//! `mysql::` tests, on the machine's MariaDB).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lock_runtime::{LockClient, LockError, LockMode, MAX_WAIT_NAP};
+use lock_tests::{eventually, ttl, MariadbServer, Target, SECOND};
+use tokio::time::Instant;
+
+fn builder(url: &str) -> lock_runtime::LockClientBuilder {
+    LockClient::builder()
+        .mysql(url)
+        .connect_timeout(Duration::from_secs(2))
+        .response_timeout(Duration::from_secs(1))
+}
+
+async fn client(server: &MariadbServer) -> LockClient {
+    builder(&server.url())
+        .build()
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to {}: {e}", server.url()))
+}
+
+/// Runs a blocking step of the kit (it waits for the server) off the runtime's workers.
+async fn blocking<T: Send + 'static>(step: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(step)
+        .await
+        .expect("the kit's step panicked")
+}
+
+/// Keys that MariaDB's default collations would call equal (case, accents, `ß`/`ss`, trailing
+/// spaces) are different locks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_are_compared_byte_for_byte() {
+    let t = Target::mysql().await;
+    let c = t.client();
+    let keys = [
+        "order", "Order", "ordér", "order ", "straße", "strasse", "ORDER  ",
+    ];
+    let mut held = Vec::new();
+    for key in keys {
+        let guard = c
+            .acquire(key, &ttl(10_000))
+            .await
+            .unwrap_or_else(|e| panic!("{key:?} refused while only other keys are held: {e}"));
+        held.push(guard);
+    }
+    for (guard, key) in held.into_iter().zip(keys) {
+        assert_eq!(guard.key(), key);
+        assert!(c.is_locked(key).await.unwrap());
+        assert!(guard.release().await.unwrap(), "{key:?} was still ours");
+    }
+}
+
+/// Fair mode and read-write locks are refused before any request, saying why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fair_and_shared_locks_are_refused_with_the_reason() {
+    let t = Target::mysql().await;
+    let c = t.client();
+    for options in [ttl(1000).fair(true), ttl(1000).mode(LockMode::Shared)] {
+        let refused = c.acquire("modes", &options).await;
+        assert!(
+            matches!(&refused, Err(LockError::InvalidOptions { reason }) if reason.contains("MySQL")),
+            "{refused:?}"
+        );
+    }
+    assert!(!c.is_locked("modes").await.unwrap());
+}
+
+/// Waiters of the client that releases are woken by the release, one at a time, in arrival
+/// order; a waiter of another client takes the lock after an early release at its next try,
+/// within `MAX_WAIT_NAP`, not at the holder's expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_woken_by_own_releases_and_others_retry_within_the_nap() {
+    let t = Target::mysql().await;
+    let (c, other) = (t.client(), t.other_client().await);
+    let holder = c.acquire("fifo", &ttl(60_000)).await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..4 {
+        let before = lock_tests::waiting(&c, "fifo");
+        tasks.push(tokio::spawn({
+            let (c, order) = (c.clone(), Arc::clone(&order));
+            async move {
+                let guard = c.acquire("fifo", &ttl(5000).wait(30 * SECOND)).await.unwrap();
+                order.lock().unwrap().push(i);
+                guard.release().await.unwrap();
+            }
+        }));
+        lock_tests::joined_line(&c, "fifo", before).await;
+    }
+    let released_at = Instant::now();
+    holder.release().await.unwrap();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3], "first come, first served");
+    assert!(
+        released_at.elapsed() < MAX_WAIT_NAP,
+        "each release woke the next waiter: {:?}",
+        released_at.elapsed()
+    );
+
+    let holder = c.acquire("across", &ttl(60_000)).await.unwrap();
+    let before = lock_tests::waiting(&other, "across");
+    let waiter = tokio::spawn({
+        let other = other.clone();
+        async move {
+            let guard = other.acquire("across", &ttl(5000).wait(30 * SECOND)).await;
+            (guard.map(|g| g.key().to_owned()), Instant::now())
+        }
+    });
+    // The waiter has been refused and sleeps.
+    lock_tests::joined_line(&other, "across", before).await;
+    let released_at = Instant::now();
+    holder.release().await.unwrap();
+    let (taken, at) = waiter.await.unwrap();
+    assert_eq!(taken.unwrap(), "across");
+    let after = at.duration_since(released_at);
+    assert!(
+        after <= MAX_WAIT_NAP + SECOND,
+        "taken {after:?} after the release, not at the holder's expiry"
+    );
+}
+
+/// A lock is a committed row: a restart keeps it, its holder's watchdog renews it once the
+/// server is back, others are refused meanwhile, and the fencing token after it is larger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn committed_locks_survive_a_restart_and_their_holders_keep_them() {
+    let server = MariadbServer::spawn();
+    let (c, other) = (client(&server).await, client(&server).await);
+    let guard = c
+        .acquire("order:1", &ttl(6000).watchdog(true).fencing(true))
+        .await
+        .unwrap();
+    let before = guard.fencing_token().unwrap();
+    let server = blocking(move || {
+        let mut server = server;
+        server.restart();
+        server
+    })
+    .await;
+    // Held through two whole ttls after the restart: the watchdog renewed it on the new server.
+    let until = Instant::now() + Duration::from_millis(12_000);
+    let mut refused = 0;
+    while Instant::now() < until {
+        assert!(!guard.is_lost(), "the holder lost its lock across the restart");
+        match other.acquire("order:1", &ttl(6000)).await {
+            Err(LockError::Busy { .. }) => refused += 1,
+            Err(LockError::Unavailable { .. }) => {} // reconnecting
+            other => panic!("a second holder after the restart: {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(refused > 10, "others were refused: {refused}");
+    assert!(guard.release().await.unwrap(), "still ours after the restart");
+    let next = other.acquire("order:1", &ttl(6000).fencing(true)).await.unwrap();
+    assert!(
+        next.fencing_token().unwrap() > before,
+        "{:?} after {before}",
+        next.fencing_token()
+    );
+    next.release().await.unwrap();
+    drop(server);
+}
+
+/// A paused server (SIGSTOP) and a stopped one: every request ends as `Unavailable` within
+/// the timeouts, naming the database, and the client works again once the server is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_or_stopped_server_is_unavailable_without_a_hang() {
+    let server = MariadbServer::spawn();
+    let c = client(&server).await;
+    let guard = c.acquire("held", &ttl(30_000)).await.unwrap();
+    // Bounded by the connect and response timeouts (3 s here), with room for a slow machine.
+    let bound = Duration::from_secs(10);
+    server.pause();
+    let started = Instant::now();
+    let refused = c.acquire("other", &ttl(1000)).await;
+    let Err(LockError::Unavailable { source }) = &refused else {
+        panic!("{refused:?}")
+    };
+    let at = format!("MySQL at 127.0.0.1:{}/test", server.port());
+    assert!(source.to_string().contains(&at), "{source}");
+    assert!(matches!(
+        guard.extend(Duration::from_secs(30)).await,
+        Err(LockError::Unavailable { .. })
+    ));
+    assert!(started.elapsed() < bound, "{:?}", started.elapsed());
+    server.resume();
+    eventually(10 * SECOND, "the client works again", || async {
+        c.is_locked("held").await.is_ok()
+    })
+    .await;
+    let mut server = blocking(move || {
+        let mut server = server;
+        server.kill();
+        server
+    })
+    .await;
+    let started = Instant::now();
+    assert!(matches!(
+        c.is_locked("held").await,
+        Err(LockError::Unavailable { .. })
+    ));
+    let built = builder(&server.url()).build().await;
+    let Err(LockError::Unavailable { source }) = &built else {
+        panic!("{built:?}")
+    };
+    assert!(source.to_string().contains("cannot connect"), "{source}");
+    assert!(started.elapsed() < bound, "{:?}", started.elapsed());
+    let server = blocking(move || {
+        server.start_again();
+        server
+    })
+    .await;
+    eventually(10 * SECOND, "the client works again", || async {
+        c.is_locked("held").await.is_ok()
+    })
+    .await;
+    assert!(c.is_locked("held").await.unwrap(), "the lock survived the crash");
+    assert!(guard.release().await.unwrap());
+    drop(server);
+}
+
+/// A wrong password, a missing database and a user without the rights locking needs are
+/// `Refused`, naming what to fix; a client that may not create the table works once it exists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misconfigured_clients_are_refused_with_what_to_fix() {
+    let server = MariadbServer::spawn();
+    let port = server.port();
+    let missing = builder(&format!("mysql://root@127.0.0.1:{port}/no_such_db"))
+        .build()
+        .await;
+    assert!(
+        matches!(&missing, Err(LockError::Refused { reason, .. }) if reason.contains("does not exist")),
+        "{missing:?}"
+    );
+    server.sql(
+        "CREATE USER 'locker'@'127.0.0.1' IDENTIFIED BY 'secret'; \
+         GRANT SELECT ON test.* TO 'locker'@'127.0.0.1';",
+    );
+    let wrong = builder(&format!("mysql://locker:nope@127.0.0.1:{port}/test"))
+        .build()
+        .await;
+    let Err(LockError::Refused { reason, source }) = &wrong else {
+        panic!("{wrong:?}")
+    };
+    assert!(reason.contains("wrong user or password"), "{reason}");
+    assert!(!source.to_string().contains("nope"), "{source}");
+    let url = format!("mysql://locker:secret@127.0.0.1:{port}/test");
+    let denied = builder(&url).build().await;
+    assert!(
+        matches!(&denied, Err(LockError::Refused { reason, .. }) if reason.contains("lacks a right")),
+        "{denied:?}"
+    );
+    // Made by a client that may; then the rights the guide names are enough.
+    client(&server).await;
+    server.sql("GRANT SELECT, INSERT, UPDATE, DELETE ON test.lock_runtime_locks TO 'locker'@'127.0.0.1';");
+    let granted = builder(&url).build().await.unwrap();
+    let guard = granted
+        .acquire("granted", &ttl(1000).fencing(true))
+        .await
+        .unwrap();
+    assert!(guard.fencing_token().is_some());
+    assert!(guard.release().await.unwrap());
+    let bad = LockClient::builder().mysql("postgres://localhost/x").build_lazy();
+    assert!(matches!(bad, Err(LockError::InvalidOptions { .. })), "{bad:?}");
+    let c = LockClient::connect(&format!("mariadb://root@127.0.0.1:{port}/test"))
+        .await
+        .unwrap();
+    let guard = c.acquire("connected", &ttl(1000)).await.unwrap();
+    assert!(guard.release().await.unwrap());
+    assert!(format!("{c:?}").contains("MySQL"), "{c:?}");
+    drop(server);
+}
+
+/// Released locks leave no row; a fenced lock's row (its last token) stays until the sweep,
+/// and the next token of the key is larger.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn released_locks_leave_no_row_and_fenced_ones_keep_their_token() {
+    let server = MariadbServer::spawn();
+    let c = client(&server).await;
+    let rows = |server: &MariadbServer| -> String {
+        server.sql("SELECT CAST(name AS CHAR), token IS NULL FROM lock_runtime_locks ORDER BY name")
+    };
+    c.acquire("plain", &ttl(5000))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let first = c.acquire("fenced", &ttl(5000).fencing(true)).await.unwrap();
+    let token = first.fencing_token().unwrap();
+    first.release().await.unwrap();
+    let left = rows(&server);
+    assert!(!left.contains("{plain}"), "{left}");
+    assert!(left.contains("{fenced}\t1"), "{left}");
+    let second = c.acquire("fenced", &ttl(5000).fencing(true)).await.unwrap();
+    assert!(second.fencing_token().unwrap() > token);
+    second.release().await.unwrap();
+}
