@@ -107,6 +107,7 @@ impl MariadbServer {
             .arg(format!("--port={}", self.port))
             .arg("--bind-address=127.0.0.1")
             .arg(format!("--socket={}", self.socket().display()))
+            .arg(format!("--tmpdir={}", tmpdir(self.dir.path()).display()))
             .arg(format!(
                 "--pid-file={}",
                 self.dir.path().join("mariadbd.pid").display()
@@ -363,6 +364,15 @@ fn user_option() -> Option<&'static str> {
     (me == Some(0)).then_some("--user=root")
 }
 
+/// `dir/tmp`, made if missing: the server's temporary files, apart from every other server's.
+fn tmpdir(dir: &Path) -> PathBuf {
+    let tmp = dir.join("tmp");
+    if let Err(e) = std::fs::create_dir_all(&tmp) {
+        panic!("cannot make {}: {e}", tmp.display());
+    }
+    tmp
+}
+
 /// Makes the system tables in `dir/data`, with root allowed in without a password from
 /// localhost, 127.0.0.1 and ::1 (`--auth-root-authentication-method=normal`); panics with what
 /// `mariadb-install-db` said if it fails.
@@ -371,6 +381,9 @@ fn install(bins: &Binaries, dir: &Path) {
     // `--no-defaults` must come first.
     tool.arg("--no-defaults")
         .arg(format!("--datadir={}", dir.join("data").display()))
+        // A temp dir of its own: installs running at once in the shared /tmp remove each
+        // other's temporary tables, and fail ("Unknown table 'mysql.tmp_user_sys'").
+        .arg(format!("--tmpdir={}", tmpdir(dir).display()))
         .args([
             "--auth-root-authentication-method=normal",
             "--skip-test-db",

@@ -301,6 +301,42 @@ async fn released_locks_leave_no_row_and_fenced_ones_keep_their_token() {
     assert!(!left.contains("{plain}"), "{left}");
     assert!(left.contains("{fenced}\t1"), "{left}");
     let second = c.acquire("fenced", &ttl(5000).fencing(true)).await.unwrap();
-    assert!(second.fencing_token().unwrap() > token);
+    let token2 = second.fencing_token().unwrap();
+    assert!(token2 > token);
     second.release().await.unwrap();
+    // A key's last token ahead of the clock (a clock stepped back): the next is one more.
+    let ahead = token2 + 10_000_000_000;
+    server.sql(&format!(
+        "UPDATE lock_runtime_locks SET fence = {ahead} WHERE name LIKE '%{{fenced}}'"
+    ));
+    let third = c.acquire("fenced", &ttl(5000).fencing(true)).await.unwrap();
+    assert_eq!(third.fencing_token(), Some(ahead + 1));
+    third.release().await.unwrap();
+}
+
+/// A client's first acquire sweeps, in the background, the rows nothing needs: an expired
+/// unfenced lock's at once, a fenced lock's an hour after it expired; a recently expired fenced
+/// lock's row (its last token) stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sweep_deletes_only_rows_nothing_needs() {
+    let server = MariadbServer::spawn();
+    client(&server).await; // makes the table
+    server.sql(
+        "INSERT INTO lock_runtime_locks (name, token, expires_ms, fence) VALUES \
+         ('old{plain}', 'x', 1, NULL), ('old{fenced}', NULL, 1, 7), \
+         ('new{fenced}', NULL, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) DIV 1000) - 1000, 8)",
+    );
+    let c = client(&server).await;
+    c.acquire("sweeper", &ttl(1000))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let rows = || server.sql("SELECT CAST(name AS CHAR) FROM lock_runtime_locks ORDER BY name");
+    eventually(10 * SECOND, "the sweep ran", || async {
+        !rows().contains("old{")
+    })
+    .await;
+    assert_eq!(rows().trim(), "new{fenced}");
 }

@@ -43,16 +43,18 @@ const SCHEMA: &str = include_str!("schema.sql");
 /// Whether the table is there (and this client may read it), without needing `CREATE`.
 const SCHEMA_READY: &str = "SELECT 1 FROM lock_runtime_locks LIMIT 0";
 
-/// The database's clock at the statement's start, in milliseconds and microseconds since the
-/// epoch (the session's time zone is UTC, so `UNIX_TIMESTAMP` of `NOW` is exact).
-macro_rules! now_ms {
-    () => {
-        "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000 AS SIGNED)"
-    };
-}
+/// The database's clock at the statement's start, in microseconds and milliseconds since the
+/// epoch: from `UTC_TIMESTAMP`, so whatever the session's time zone (no hour repeated by a
+/// daylight-saving change, also behind a proxy that does not keep session variables) and past
+/// 2038 (MariaDB's `UNIX_TIMESTAMP` before 11.5 is NULL then).
 macro_rules! now_us {
     () => {
-        "CAST(UNIX_TIMESTAMP(NOW(6)) * 1000000 AS SIGNED)"
+        "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))"
+    };
+}
+macro_rules! now_ms {
+    () => {
+        concat!("(", now_us!(), " DIV 1000)")
     };
 }
 mod admin;
@@ -119,14 +121,26 @@ const RELEASE: &str = concat!(
     " + ? WHERE name = ? AND token = ? AND expires_ms > ",
     now_ms!()
 );
-/// Deletes rows nothing needs any more (binds: rows): an unfenced lock's as soon as it expired,
-/// a fenced lock's (its last token) an hour after.
-const SWEEP: &str = concat!(
-    "DELETE FROM lock_runtime_locks WHERE expires_ms < ",
-    now_ms!(),
-    " AND (fence IS NULL OR expires_ms < ",
-    now_ms!(),
-    " - 3600000) LIMIT ?"
+/// Rows nothing needs any more: an unfenced lock's as soon as it expired, a fenced lock's (its
+/// last token) an hour after.
+macro_rules! unneeded {
+    () => {
+        concat!(
+            "expires_ms < ",
+            now_ms!(),
+            " AND (fence IS NULL OR expires_ms < ",
+            now_ms!(),
+            " - 3600000)"
+        )
+    };
+}
+/// The sweep's first step (binds: rows): a plain read, which locks nothing (a `DELETE … WHERE`
+/// over the unindexed lease column would lock every row it reads, live locks included, until
+/// it ends).
+const UNNEEDED: &str = concat!(
+    "SELECT name FROM lock_runtime_locks WHERE ",
+    unneeded!(),
+    " LIMIT ?"
 );
 
 /// Every this many acquires (and at the first), the client sweeps rows nothing needs any more,
@@ -237,9 +251,6 @@ impl MysqlStore {
             )));
         };
         let address = format!("{}:{}/{database}", options.get_host(), options.get_port());
-        // UTC, so that UNIX_TIMESTAMP(NOW()) is exact (no hour repeated by a daylight-saving
-        // change); sqlx's default too, said here because the leases depend on it.
-        let options = options.timezone(Some("+00:00".to_owned()));
         Ok(MysqlStore {
             options,
             timeouts,
@@ -307,7 +318,7 @@ impl MysqlStore {
                 let Some(conn) = checkout.get() else {
                     return Err(sqlx::Error::PoolClosed);
                 };
-                let swept = sqlx::query(SWEEP).bind(SWEEP_ROWS).execute(conn).await;
+                let swept = sweep_rows(conn).await;
                 checkout.answered();
                 swept
             };
@@ -374,7 +385,9 @@ impl MysqlStore {
         statement.push_str(&vec!["(name = ? AND token = ?)"; locks.len()].join(" OR "));
         statement.push(')');
         let renewed = ask!(self, |conn| {
-            let mut query = sqlx::query(&statement);
+            // Not prepared on the server: its text differs with the number of locks, and
+            // prepared statements count against the server's `max_prepared_stmt_count`.
+            let mut query = sqlx::query(&statement).persistent(false);
             for (lock, _, ttl_ms) in locks {
                 query = query.bind(lock.name().as_bytes()).bind(millis(*ttl_ms));
             }
@@ -421,6 +434,30 @@ impl Drop for MysqlStore {
     fn drop(&mut self) {
         self.pool_runtime.stop();
     }
+}
+
+/// Deletes up to [`SWEEP_ROWS`] rows nothing needs: found by a plain read, deleted by their
+/// keys with the condition checked again (a row taken meanwhile stays), so only those rows are
+/// locked, each for a moment.
+async fn sweep_rows(conn: &mut sqlx::MySqlConnection) -> Result<(), sqlx::Error> {
+    let names: Vec<Vec<u8>> = sqlx::query_scalar(UNNEEDED)
+        .bind(SWEEP_ROWS)
+        .fetch_all(&mut *conn)
+        .await?;
+    if names.is_empty() {
+        return Ok(());
+    }
+    let statement = format!(
+        "DELETE FROM lock_runtime_locks WHERE name IN ({}) AND {}",
+        vec!["?"; names.len()].join(", "),
+        unneeded!()
+    );
+    let mut query = sqlx::query(&statement).persistent(false);
+    for name in &names {
+        query = query.bind(name.as_slice());
+    }
+    query.execute(conn).await?;
+    Ok(())
 }
 
 /// Makes the table unless it is there (checked first, so a client without `CREATE` works once
@@ -486,10 +523,13 @@ impl MysqlStore {
 impl SqlStore for MysqlStore {
     const POOL_SIZE: u32 = POOL_SIZE;
 
-    /// Its connection was killed (`KILL`, a restart): the statement did not run.
+    /// Its connection was killed (`KILL`, a restart), or the statement was rolled back as a
+    /// deadlock's victim (or a Galera certification failure): it changed nothing, and every
+    /// request is one autocommitted statement, so it can be sent again.
     fn ended_by_server(&self, e: &sqlx::Error) -> bool {
-        // ER_SERVER_SHUTDOWN, ER_CONNECTION_KILLED (MariaDB), ER_CLIENT_INTERACTION_TIMEOUT
-        matches!(number(e), Some(1053 | 1927 | 4031))
+        // ER_SERVER_SHUTDOWN, ER_LOCK_DEADLOCK, ER_CONNECTION_KILLED (MariaDB),
+        // ER_CLIENT_INTERACTION_TIMEOUT
+        matches!(number(e), Some(1053 | 1213 | 1927 | 4031))
     }
 
     fn timed_out(&self, after: std::time::Duration) -> LockError {
@@ -548,11 +588,12 @@ impl Store for MysqlStore {
     }
 
     async fn connect(&self) -> Result<(), LockError> {
-        // The table, and every right locking needs: a fenced lock taken (INSERT, UPDATE on a
-        // row kept for its token) and given back.
+        // The table, and every right locking needs: a lock taken (INSERT … ON DUPLICATE KEY
+        // UPDATE needs both rights) and given back (DELETE), on a row no key names (no
+        // `{…}`), so no user's lock is touched.
         let ask = Ask {
             ttl_ms: 1000,
-            fencing: true,
+            fencing: false,
             waiting: false,
             fair: false,
             join: false,
@@ -561,7 +602,7 @@ impl Store for MysqlStore {
             wait_left: None,
         };
         let token = format!("rights-check {:016x}", rand::random::<u64>());
-        let probe = Lock::new("rights-check", Store::name(self, "rights-check"));
+        let probe = Lock::new("rights-check", format!("{}rights-check", self.prefix));
         self.acquire(&probe, &token, &ask).await?;
         self.release_lock(&probe, &token, 0).await?;
         Ok(())
