@@ -69,6 +69,9 @@ impl Acquire<'_> {
         // A store whose every waiter queues (etcd): a waiting call's first attempt takes its
         // place in line, and the store wakes it by its token when the one ahead of it goes.
         let queues = will_wait && backend.capabilities().queues;
+        // Another client's release will not wake this waiter: it polls on a backoff.
+        let polls = will_wait && backend.capabilities().polls;
+        let mut refusals = 0;
         // A fair waiter's place in line, or a waiting writer's claim on a read-write lock: given
         // up if the call ends without the lock.
         let mut place = if queues {
@@ -106,7 +109,14 @@ impl Acquire<'_> {
                 let keeps_place = (fair || claimed) && !queues;
                 let nap_end = (keeps_place || sleep_first).then(|| {
                     let now = Instant::now();
-                    now + nap(pttl_ms, keeps_place).min(deadline.saturating_duration_since(now))
+                    // No release of another client will wake it: the first of this client's
+                    // waiters polls on the backoff; the others wait for this client's releases
+                    // (in arrival order), as everywhere.
+                    let nap = match polls && wakeup.is_head() {
+                        true => nap(pttl_ms, keeps_place).min(poll_nap(&mut refusals)),
+                        false => nap(pttl_ms, keeps_place),
+                    };
+                    now + nap.min(deadline.saturating_duration_since(now))
                 });
                 let listen_until = nap_end.filter(|_| keeps_place).unwrap_or(deadline);
                 let _ = tokio::time::timeout_at(listen_until, backend.listen(&lock)).await;
@@ -433,6 +443,21 @@ fn nap(pttl_ms: Option<u64>, fair: bool) -> Duration {
 /// live waiter never loses its place.
 const FAIR_NAP: Duration = Duration::from_millis(300);
 
+/// A waiter's naps where no release of another client reaches it (the store
+/// [`polls`](crate::store::Capabilities::polls)): the first after 8 ms, doubling to at most
+/// 256 ms, each less up to 15% of jitter, and never past the holder's expiry. A lock given back
+/// by another client is found within 256 ms; a waiter costs at most about four attempts a
+/// second.
+const POLL_NAPS: (Duration, Duration) = (Duration::from_millis(8), Duration::from_millis(256));
+
+/// The backoff's next nap after `refusals` earlier ones (counted here).
+fn poll_nap(refusals: &mut u32) -> Duration {
+    let (first, most) = POLL_NAPS;
+    let nap = first.saturating_mul(1 << (*refusals).min(16)).min(most);
+    *refusals = refusals.saturating_add(1);
+    nap.mul_f64(rand::random_range(0.85..=1.0))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -449,5 +474,17 @@ mod tests {
             assert!(nap(Some(60_000), false) <= MAX_WAIT_NAP);
             assert!(nap(None, true) <= FAIR_NAP && FAIR_NAP * 3 < crate::FAIR_PLACE_KEPT);
         }
+    }
+
+    #[test]
+    fn polling_naps_double_from_the_first_to_the_longest() {
+        let mut refusals = 0;
+        let naps: Vec<Duration> = (0..8).map(|_| poll_nap(&mut refusals)).collect();
+        let (first, most) = POLL_NAPS;
+        assert!(naps[0] <= first && naps[0] >= first.mul_f64(0.85), "{naps:?}");
+        assert!(naps[1] > first && naps[1] <= first * 2, "{naps:?}");
+        assert!(naps[7] <= most && naps[7] >= most.mul_f64(0.85), "{naps:?}");
+        let mut many = u32::MAX;
+        assert!(poll_nap(&mut many) <= most);
     }
 }

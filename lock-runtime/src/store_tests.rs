@@ -157,6 +157,7 @@ async fn options_a_store_does_not_offer_are_refused_before_any_request() {
         shared: Offered::No("it keeps no shares"),
         hand_over: false,
         queues: false,
+        polls: false,
     });
     for options in [
         ttl().fencing(true),

@@ -409,6 +409,16 @@ impl Registration {
             .take()
     }
 
+    /// Whether this waiter is the first of this client's queue for its lock (the one a release
+    /// of this client wakes).
+    pub(crate) fn is_head(&self) -> bool {
+        let lines = self.owner.lock();
+        lines
+            .get(&self.name)
+            .and_then(|line| line.queue.front())
+            .is_some_and(|head| head.id == self.waiter.id)
+    }
+
     /// The waiter has its place in line now (see [`Wakeups::register_early`]).
     pub(crate) fn in_line(&self) {
         self.waiter.in_line.store(true, Ordering::Relaxed);

@@ -856,8 +856,8 @@ macro_rules! on_every_deployment_with_one_counter {
 }
 
 /// [`on_every_deployment!`] but MySQL: for a release that wakes another client's waiter at once
-/// (MySQL has no notifications: another client's waiter tries again at the holder's expiry, at
-/// the latest after `MAX_WAIT_NAP`).
+/// (MySQL has no notifications: another client's waiter tries again at the holder's expiry or
+/// its next poll, 8 to 256 ms apart).
 #[macro_export]
 macro_rules! on_every_deployment_with_notices {
     ($($name:ident),* $(,)?) => {

@@ -28,8 +28,8 @@ lock_tests::on_every_deployment!(
 );
 
 /// A release heard by another client's waiter at once: every deployment but MySQL, which has
-/// no notifications (tests/tests/mysql.rs: its waiters of another client retry within
-/// `MAX_WAIT_NAP`).
+/// no notifications (tests/tests/mysql.rs: a waiter of another client retries at the next step of
+/// its poll's backoff).
 mod notified {
     use super::*;
 

@@ -398,6 +398,10 @@ pub(crate) struct Capabilities {
     /// client registers such a waiter before its first attempt, and does not re-ask to keep
     /// the place.
     pub(crate) queues: bool,
+    /// Another client's release does not reach this client's waiters (MySQL has no
+    /// notifications): a waiter tries again on a short backoff ([`POLL_NAPS`](crate::acquire)),
+    /// not only at the holder's expiry.
+    pub(crate) polls: bool,
 }
 
 impl Capabilities {
@@ -409,6 +413,7 @@ impl Capabilities {
         shared: Offered::Yes,
         hand_over: true,
         queues: false,
+        polls: false,
     };
 
     /// Refuses options this store does not offer, saying why.

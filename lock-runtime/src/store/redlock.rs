@@ -583,6 +583,7 @@ impl Store for RedlockStore {
             ),
             hand_over: false,
             queues: false,
+            polls: false,
         }
     }
 

@@ -17,8 +17,9 @@
 //!   wait).
 //!
 //! MySQL has no notifications: this client's waiters are woken by its own releases at once;
-//! another client's waiter tries again when the holder's lease ends, and at the latest after
-//! [`MAX_WAIT_NAP`](crate::MAX_WAIT_NAP). Fair mode and read-write locks are not offered here
+//! the first of another client's waiters polls on a backoff from 8 ms to 256 ms (and at the
+//! holder's expiry; the store says it [`polls`](super::Capabilities::polls)), the rest wait for
+//! their own client's releases. Fair mode and read-write locks are not offered here
 //! yet (refused before any request).
 
 use std::str::FromStr;
@@ -190,8 +191,7 @@ impl LockClientBuilder {
     /// connects, in the URL's database), leased on the database's clock, with fencing tokens
     /// that never repeat. No connection or transaction is held while a lock is held; every
     /// request is one statement. Waiters of this client are woken by its releases; others
-    /// retry at the holder's expiry, at the latest after
-    /// [`MAX_WAIT_NAP`](crate::MAX_WAIT_NAP). Fair mode and read-write locks are not
+    /// try again on a backoff from 8 ms to 256 ms, and at the holder's expiry. Fair mode and read-write locks are not
     /// offered on MySQL (refused as `InvalidOptions`).
     ///
     /// ```no_run
@@ -579,6 +579,7 @@ impl Store for MysqlStore {
             shared: Offered::No(NOT_YET),
             hand_over: false,
             queues: false,
+            polls: true,
         }
     }
 
