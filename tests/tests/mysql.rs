@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockError, LockMode, MAX_WAIT_NAP};
-use lock_tests::{eventually, ttl, MariadbServer, Target, SECOND};
+use lock_tests::{eventually, ttl, FaultProxy, MariadbServer, Target, SECOND};
 use tokio::time::Instant;
 
 fn builder(url: &str) -> lock_runtime::LockClientBuilder {
@@ -339,4 +339,106 @@ async fn the_sweep_deletes_only_rows_nothing_needs() {
     })
     .await;
     assert_eq!(rows().trim(), "new{fenced}");
+}
+
+/// A holder cut off from the database (a proxy between them stops relaying, a firewall dropping
+/// the flows): its watchdog's renewals go unanswered, so it counts its lock lost when the
+/// validity it had runs out, before the lease on the server ends and another client takes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_cut_off_stops_before_another_takes_the_lock() {
+    let server = MariadbServer::spawn();
+    let proxy = FaultProxy::start(server.port());
+    let cut = builder(&format!("mysql://root@127.0.0.1:{}/test", proxy.port()))
+        .build()
+        .await
+        .unwrap();
+    let other = client(&server).await;
+    let guard = cut
+        .acquire("payout:1", &ttl(2000).watchdog(true).fencing(true))
+        .await
+        .unwrap();
+    let first = guard.fencing_token().unwrap();
+    proxy.silence_new(true);
+    proxy.blackhole_existing();
+    let taken = other
+        .acquire("payout:1", &ttl(2000).fencing(true).wait(20 * SECOND))
+        .await
+        .unwrap();
+    assert!(
+        guard.is_lost(),
+        "another client took the lock while the cut-off holder still counted it valid"
+    );
+    assert!(taken.fencing_token().unwrap() > first);
+    assert!(taken.release().await.unwrap());
+    drop(guard);
+}
+
+/// A partition that silences every connection the client has: its requests time out, and once
+/// new connections get through again the client works, however many requests were abandoned on
+/// silent connections meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_cut_off_by_a_partition_works_again_once_it_heals() {
+    let server = MariadbServer::spawn();
+    let proxy = FaultProxy::start(server.port());
+    let c = builder(&format!("mysql://root@127.0.0.1:{}/test", proxy.port()))
+        .build()
+        .await
+        .unwrap();
+    for round in 0..3 {
+        let warm: Vec<_> = (0..20)
+            .map(|i| {
+                let c = c.clone();
+                tokio::spawn(async move {
+                    let guard = c.acquire(&format!("warm:{round}:{i}"), &ttl(5000)).await?;
+                    guard.release().await
+                })
+            })
+            .collect();
+        for pair in warm {
+            assert!(pair.await.unwrap().unwrap());
+        }
+        proxy.silence_new(true);
+        proxy.blackhole_existing();
+        let cut: Vec<_> = (0..12)
+            .map(|i| {
+                let c = c.clone();
+                tokio::spawn(async move { c.acquire(&format!("cut:{i}"), &ttl(5000)).await })
+            })
+            .collect();
+        for attempt in cut {
+            let answer = attempt.await.unwrap();
+            assert!(matches!(answer, Err(LockError::Unavailable { .. })), "{answer:?}");
+        }
+        proxy.silence_new(false);
+        eventually(15 * SECOND, "the client works again", || async {
+            match c.acquire("after", &ttl(5000)).await {
+                Ok(guard) => guard.release().await.is_ok(),
+                Err(_) => false,
+            }
+        })
+        .await;
+    }
+}
+
+/// Nothing listening at the database's address: `build()` fails within the connect timeout,
+/// in one line naming the store, the address and why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_listening_is_named_with_its_address() {
+    let port = lock_tests::free_port();
+    let started = Instant::now();
+    let refused = builder(&format!("mysql://root:secret@127.0.0.1:{port}/test"))
+        .build()
+        .await;
+    // The builder's connect timeout is 2 s.
+    assert!(started.elapsed() < 3 * SECOND, "{:?}", started.elapsed());
+    let Err(LockError::Unavailable { source }) = &refused else {
+        panic!("{refused:?}")
+    };
+    let said = source.to_string();
+    assert!(
+        said.starts_with(&format!("MySQL at 127.0.0.1:{port}/test: cannot connect"))
+            && said.to_lowercase().contains("refused")
+            && !said.contains("secret"),
+        "{said}"
+    );
 }

@@ -1,0 +1,309 @@
+//! The MySQL store against the hand-written minimum on MariaDB and a `GET_LOCK` named lock, in
+//! one run, on a `mariadbd` the kit starts (loopback; the kit's settings, the same for all).
+//!
+//! ```text
+//! cargo bench -p lock-tests --bench mysql                  # about a minute once built
+//! BENCH_SCALE=0.1 cargo bench -p lock-tests --bench mysql  # smoke run
+//! ```
+//!
+//! Contenders, each with one client (a sqlx pool of 10 connections, none pinged before use):
+//!
+//! - **ours, MySQL**: `LockClient::builder().mysql(url)`, `acquire` (ttl 10 s) then `release`:
+//!   one statement each (the acquire's `INSERT … ON DUPLICATE KEY UPDATE`, the release's
+//!   token-checked `DELETE`).
+//! - **hand-written, MySQL**: the minimum a lease row needs: `INSERT … ON DUPLICATE KEY UPDATE
+//!   token = IF(expired, new, token), expires_ms = IF(token = new, …)`, then `DELETE … WHERE
+//!   name = ? AND token = ?`.
+//! - **GET_LOCK, MySQL**: a connection taken from the pool for the section, `GET_LOCK(name, 0)`
+//!   then `RELEASE_LOCK(name)` (no expiry, no fencing, a connection held per lock).
+//!
+//! Measured: (1) one task doing sequential pairs on one key: latency median and p99, pairs/s;
+//! (2) 64 tasks on 64 keys, one client: pairs/s; both in 5 interleaved rounds, with the median
+//! of the per-round ratios ours / hand-written. (3) The hand-off on one key between 8 clients
+//! (one task each; each acquires with a wait, holds 1 ms, releases): from a release's start to
+//! the next holder's lock, median and p99 — on MySQL a waiter of another client finds the lock
+//! at its next poll. Output: the tables, then one JSON line with the same numbers.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_runtime::{LockClient, LockOptions};
+use lock_tests::bench::{handoffs, median, ms, quantile};
+use lock_tests::MariadbServer;
+use serde_json::json;
+use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
+use tokio::time::Instant;
+
+const ROUNDS: usize = 5;
+const TASKS: usize = 64;
+const WAITERS: usize = 8;
+
+fn scale() -> f64 {
+    std::env::var("BENCH_SCALE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1.0)
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Contender {
+    Ours,
+    HandWritten,
+    GetLock,
+}
+
+const CONTENDERS: [Contender; 3] = [Contender::Ours, Contender::HandWritten, Contender::GetLock];
+
+impl Contender {
+    fn name(self) -> &'static str {
+        match self {
+            Contender::Ours => "ours, MySQL",
+            Contender::HandWritten => "hand-written, MySQL",
+            Contender::GetLock => "GET_LOCK, MySQL",
+        }
+    }
+}
+
+/// The hand-written acquire: the row taken when free or expired (binds: name, token, token).
+const TAKE: &str = "INSERT INTO bench_locks (name, token, expires_ms) \
+     VALUES (?, ?, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) DIV 1000) + 10000) \
+     ON DUPLICATE KEY UPDATE \
+       token = IF(expires_ms <= (TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) DIV 1000), \
+                  VALUES(token), token), \
+       expires_ms = IF(token = VALUES(token), VALUES(expires_ms), expires_ms)";
+
+struct Bench {
+    ours: LockClient,
+    pool: MySqlPool,
+    options: LockOptions,
+    tokens: AtomicU64,
+}
+
+impl Bench {
+    /// One acquire and release of `key` (index `k`) by `who`.
+    async fn pair(&self, who: Contender, k: usize) {
+        let key = format!("bench-{k}");
+        match who {
+            Contender::Ours => {
+                let guard = self.ours.acquire(&key, &self.options).await.unwrap();
+                assert!(guard.release().await.unwrap());
+            }
+            Contender::HandWritten => {
+                let token = format!("{:032x}", self.tokens.fetch_add(1, Ordering::Relaxed));
+                let taken = sqlx::query(TAKE)
+                    .bind(key.as_bytes())
+                    .bind(token.as_bytes())
+                    .execute(&self.pool)
+                    .await
+                    .unwrap();
+                assert!(taken.rows_affected() >= 1);
+                let deleted = sqlx::query("DELETE FROM bench_locks WHERE name = ? AND token = ?")
+                    .bind(key.as_bytes())
+                    .bind(token.as_bytes())
+                    .execute(&self.pool)
+                    .await
+                    .unwrap();
+                assert_eq!(deleted.rows_affected(), 1);
+            }
+            Contender::GetLock => {
+                let mut conn = self.pool.acquire().await.unwrap();
+                let taken: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, 0)")
+                    .bind(&key)
+                    .fetch_one(&mut *conn)
+                    .await
+                    .unwrap();
+                assert_eq!(taken, Some(1));
+                let freed: Option<i64> = sqlx::query_scalar("SELECT RELEASE_LOCK(?)")
+                    .bind(&key)
+                    .fetch_one(&mut *conn)
+                    .await
+                    .unwrap();
+                assert_eq!(freed, Some(1));
+            }
+        }
+    }
+}
+
+/// How long a holder keeps the lock after the waiter of the other client has been refused, in
+/// turn: the waiter is then at different steps of its polling backoff.
+const HOLDS: [u64; 6] = [5, 20, 50, 100, 200, 400];
+
+/// `count` hand-offs from one client to the other: a holder takes the lock, the other client's
+/// waiter is refused and polls, the holder keeps the lock for the next of [`HOLDS`] and
+/// releases. Each sample runs from the release's start to the waiter's lock; the roles swap
+/// each time.
+async fn across_clients(clients: &[LockClient], count: usize) -> Vec<Duration> {
+    let options = LockOptions::new(Duration::from_secs(10));
+    let waiting = options.clone().wait(Duration::from_secs(30));
+    let mut seen = Vec::with_capacity(count);
+    for i in 0..count {
+        let (holder, waiter) = (&clients[i % 2], clients[(i + 1) % 2].clone());
+        let guard = holder.acquire("across", &options).await.unwrap();
+        let before = lock_tests::waiting(&waiter, "across");
+        let task = tokio::spawn({
+            let (waiter, waiting) = (waiter.clone(), waiting.clone());
+            async move {
+                let guard = waiter.acquire("across", &waiting).await.unwrap();
+                let at = Instant::now();
+                assert!(guard.release().await.unwrap());
+                at
+            }
+        });
+        lock_tests::joined_line(&waiter, "across", before).await;
+        tokio::time::sleep(Duration::from_millis(HOLDS[i % HOLDS.len()])).await;
+        let released = Instant::now();
+        assert!(guard.release().await.unwrap());
+        seen.push(task.await.unwrap() - released);
+    }
+    seen
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let scale = scale();
+    let server = MariadbServer::spawn();
+    // The minimum: no ping before each checkout either (as the store's own pool).
+    let pool = MySqlPoolOptions::new()
+        .max_connections(10)
+        .test_before_acquire(false)
+        .connect(&server.url())
+        .await
+        .unwrap();
+    sqlx::query(
+        "CREATE TABLE bench_locks (name VARBINARY(1300) NOT NULL PRIMARY KEY, \
+         token VARBINARY(2048) NOT NULL, expires_ms BIGINT NOT NULL) ENGINE = InnoDB",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let bench = Arc::new(Bench {
+        ours: LockClient::builder().mysql(&server.url()).build().await.unwrap(),
+        pool: pool.clone(),
+        options: LockOptions::new(Duration::from_secs(10)),
+        tokens: AtomicU64::new(0),
+    });
+    // Warm up: connections, prepared statements.
+    for who in CONTENDERS {
+        for k in 0..TASKS {
+            bench.pair(who, k).await;
+            bench.pair(who, k).await;
+        }
+    }
+    let n = CONTENDERS.len();
+
+    eprintln!("one task, sequential pairs");
+    let per_round = ((400.0 * scale) as usize).max(20);
+    let mut latency: Vec<Vec<Duration>> = vec![Vec::new(); n];
+    let mut rate: Vec<Vec<f64>> = vec![Vec::new(); n];
+    let mut ratio = Vec::new();
+    for round in 0..ROUNDS {
+        let mut round_rate = vec![0.0; n];
+        for turn in 0..n {
+            let i = (turn + round) % n;
+            let started = Instant::now();
+            for _ in 0..per_round {
+                let t = Instant::now();
+                bench.pair(CONTENDERS[i], 0).await;
+                latency[i].push(t.elapsed());
+            }
+            round_rate[i] = per_round as f64 / started.elapsed().as_secs_f64();
+            rate[i].push(round_rate[i]);
+        }
+        ratio.push(round_rate[0] / round_rate[1]);
+    }
+
+    eprintln!("{TASKS} tasks on {TASKS} keys");
+    let window = Duration::from_secs_f64((2.0 * scale).max(0.2));
+    let mut wide: Vec<Vec<f64>> = vec![Vec::new(); n];
+    let mut wide_ratio = Vec::new();
+    for round in 0..ROUNDS {
+        let mut round_rate = vec![0.0; n];
+        for turn in 0..n {
+            let i = (turn + round) % n;
+            let done = Arc::new(AtomicU64::new(0));
+            let until = Instant::now() + window;
+            let tasks: Vec<_> = (0..TASKS)
+                .map(|k| {
+                    let (bench, done) = (Arc::clone(&bench), Arc::clone(&done));
+                    tokio::spawn(async move {
+                        while Instant::now() < until {
+                            bench.pair(CONTENDERS[i], k).await;
+                            done.fetch_add(1, Ordering::Relaxed);
+                        }
+                    })
+                })
+                .collect();
+            let started = Instant::now();
+            for task in tasks {
+                task.await.unwrap();
+            }
+            round_rate[i] = done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
+            wide[i].push(round_rate[i]);
+        }
+        wide_ratio.push(round_rate[0] / round_rate[1]);
+    }
+
+    eprintln!("hand-off, {WAITERS} clients on one key");
+    let count = ((300.0 * scale) as usize).max(40);
+    let mut clients = Vec::new();
+    for _ in 0..WAITERS {
+        clients.push(LockClient::builder().mysql(&server.url()).build().await.unwrap());
+    }
+    handoffs(&clients, "warm", WAITERS * 4, false).await;
+    let mut handoff = handoffs(&clients, "handoff", count, false).await;
+    eprintln!("hand-off between two clients, the waiter polling");
+    let mut across = across_clients(&clients[..2], ((60.0 * scale) as usize).max(12)).await;
+
+    let version: String = sqlx::query_scalar("SELECT VERSION()")
+        .fetch_one(&pool)
+        .await
+        .unwrap_or_default();
+    println!("MariaDB {version} on loopback, {per_round} pairs per contender in each of {ROUNDS} rounds");
+    println!(
+        "\n{:<28} {:>10} {:>10} {:>10} {:>12}",
+        "one task", "median", "p99", "pairs/s", "64 tasks/s"
+    );
+    let mut rows = Vec::new();
+    for (i, who) in CONTENDERS.iter().enumerate() {
+        let (p50, p99) = (quantile(&mut latency[i], 0.5), quantile(&mut latency[i], 0.99));
+        let (one, many) = (median(&mut rate[i]), median(&mut wide[i]));
+        println!(
+            "{:<28} {:>8.3}ms {:>8.3}ms {:>10.0} {:>12.0}",
+            who.name(),
+            ms(p50),
+            ms(p99),
+            one,
+            many
+        );
+        rows.push(
+            json!({"contender": who.name(), "median_ms": ms(p50), "p99_ms": ms(p99),
+            "pairs_per_s": one, "pairs_per_s_64_tasks": many}),
+        );
+    }
+    let (one_ratio, wide_ratio) = (median(&mut ratio), median(&mut wide_ratio));
+    println!("ours / hand-written on MySQL: {one_ratio:.2} (one task), {wide_ratio:.2} (64 tasks)");
+    let (h50, h99) = (quantile(&mut handoff, 0.5), quantile(&mut handoff, 0.99));
+    println!("\nhand-off, {WAITERS} clients on one key, {count} hand-offs");
+    println!("{:<28} {:>8.3}ms {:>8.3}ms", "MySQL, 8 clients", ms(h50), ms(h99));
+    let (a50, a99) = (quantile(&mut across, 0.5), quantile(&mut across, 0.99));
+    let worst = across.iter().max().copied().unwrap_or_default();
+    println!(
+        "{:<28} {:>8.3}ms {:>8.3}ms  (max {:.1} ms; holds of {HOLDS:?} ms)",
+        "MySQL, to another client",
+        ms(a50),
+        ms(a99),
+        ms(worst)
+    );
+    println!(
+        "{}",
+        json!({
+            "bench": "mysql",
+            "pairs": rows,
+            "ratio_one_task": one_ratio,
+            "ratio_64_tasks": wide_ratio,
+            "handoff": {"median_ms": ms(h50), "p99_ms": ms(h99)},
+            "handoff_to_another_client": {"median_ms": ms(a50), "p99_ms": ms(a99), "max_ms": ms(worst)},
+        })
+    );
+}
