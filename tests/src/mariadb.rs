@@ -269,6 +269,27 @@ impl MariadbServer {
     /// connection's greeting.
     pub fn pause(&self) {
         self.signal("-STOP");
+        // `kill` returns once the signal is sent: wait until every thread has stopped, so that
+        // no request sent after this returns is answered.
+        let Some(child) = &self.child else { return };
+        let tasks = PathBuf::from(format!("/proc/{}/task", child.id()));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let stopped = std::fs::read_dir(&tasks).is_ok_and(|threads| {
+                threads.flatten().all(|thread| {
+                    std::fs::read_to_string(thread.path().join("stat")).is_ok_and(|stat| {
+                        // The state follows the command's closing parenthesis.
+                        stat.rsplit_once(") ")
+                            .is_some_and(|(_, rest)| rest.starts_with('T'))
+                    })
+                })
+            });
+            if stopped {
+                return;
+            }
+            assert!(Instant::now() < deadline, "mariadbd did not stop within 10 s");
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// Unfreezes a paused process (SIGCONT).
