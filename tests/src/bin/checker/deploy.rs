@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use lock_tests::{EtcdCluster, FaultProxy, PostgresServer, RedisCluster, RedisServer, SentinelSetup};
+use lock_tests::{
+    EtcdCluster, FaultProxy, MariadbServer, PostgresServer, RedisCluster, RedisServer, SentinelSetup,
+};
 
 use crate::worker;
 use crate::Fallible;
@@ -22,10 +24,12 @@ pub enum Kind {
     Redlock,
     Etcd,
     Postgres,
+    /// MySQL's protocol, on a MariaDB server the kit starts (`mariadbd`).
+    Mysql,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 7] = [
+    pub const ALL: [Kind; 8] = [
         Kind::Memory,
         Kind::Redis,
         Kind::Sentinel,
@@ -33,6 +37,7 @@ impl Kind {
         Kind::Redlock,
         Kind::Etcd,
         Kind::Postgres,
+        Kind::Mysql,
     ];
 
     pub fn name(self) -> &'static str {
@@ -44,12 +49,14 @@ impl Kind {
             Kind::Redlock => "redlock",
             Kind::Etcd => "etcd",
             Kind::Postgres => "postgres",
+            Kind::Mysql => "mysql",
         }
     }
 
     pub fn parse(name: &str) -> Fallible<Kind> {
         Kind::ALL.into_iter().find(|k| k.name() == name).ok_or_else(|| {
-            format!("--store {name}: one of memory, redis, sentinel, cluster, redlock, etcd, postgres").into()
+            format!("--store {name}: one of memory, redis, sentinel, cluster, redlock, etcd, postgres, mysql")
+                .into()
         })
     }
 
@@ -63,7 +70,7 @@ impl Kind {
     /// not where the client learns addresses from the store (Sentinel, Cluster) or reaches five
     /// of them (RedLock).
     pub fn proxied(self) -> bool {
-        matches!(self, Kind::Redis | Kind::Etcd | Kind::Postgres)
+        matches!(self, Kind::Redis | Kind::Etcd | Kind::Postgres | Kind::Mysql)
     }
 }
 
@@ -75,7 +82,7 @@ pub enum Fault {
     Sigstop,
     /// A worker killed (SIGKILL), and started again.
     Sigkill,
-    /// The store restarted: Redis empty (no persistence), PostgreSQL on its data.
+    /// The store restarted: Redis empty (no persistence), PostgreSQL and MariaDB on their data.
     Restart,
     /// The primary (Sentinel, Cluster) killed after its replicas fell behind, or the etcd
     /// leader killed; the killed node started again afterwards.
@@ -124,7 +131,7 @@ impl Fault {
             Fault::None => true,
             Fault::Sigstop | Fault::Sigkill => store != Kind::Memory,
             Fault::Partition => store.proxied(),
-            Fault::Restart => matches!(store, Kind::Redis | Kind::Postgres),
+            Fault::Restart => matches!(store, Kind::Redis | Kind::Postgres | Kind::Mysql),
             Fault::Failover => matches!(store, Kind::Sentinel | Kind::Cluster | Kind::Etcd),
             Fault::RestartEmpty => store == Kind::Redlock,
         }
@@ -149,6 +156,8 @@ enum Parts {
     /// Per worker, one proxy per member.
     Etcd(EtcdCluster, Vec<Vec<FaultProxy>>),
     Postgres(PostgresServer, Vec<FaultProxy>),
+    /// Per worker, one proxy in front of the server.
+    Mysql(MariadbServer, Vec<FaultProxy>),
 }
 
 impl Deployment {
@@ -182,6 +191,11 @@ impl Deployment {
                 let proxies = (0..workers).map(|_| FaultProxy::start(server.port())).collect();
                 Parts::Postgres(server, proxies)
             }
+            Kind::Mysql => {
+                let server = MariadbServer::spawn();
+                let proxies = (0..workers).map(|_| FaultProxy::start(server.port())).collect();
+                Parts::Mysql(server, proxies)
+            }
         };
         Deployment {
             kind,
@@ -213,6 +227,11 @@ impl Deployment {
                 )],
                 "",
             ),
+            // The kit's server lets root in over TCP without a password, into `test`.
+            Parts::Mysql(_, proxies) => (
+                vec![format!("mysql://root@127.0.0.1:{}/test", proxies[w].port())],
+                "",
+            ),
         };
         worker::spec(self.kind.name(), &urls, master, self.replicas)
     }
@@ -221,7 +240,9 @@ impl Deployment {
     /// with `on` false, lets its new connections through again.
     pub fn partition(&self, w: usize, on: bool) {
         let proxies: &[FaultProxy] = match &self.parts {
-            Parts::Redis(_, proxies) | Parts::Postgres(_, proxies) => std::slice::from_ref(&proxies[w]),
+            Parts::Redis(_, proxies) | Parts::Postgres(_, proxies) | Parts::Mysql(_, proxies) => {
+                std::slice::from_ref(&proxies[w])
+            }
             Parts::Etcd(_, proxies) => &proxies[w],
             _ => &[],
         };
@@ -250,6 +271,12 @@ impl Deployment {
                 server.restart();
             }
             (Fault::Restart, Parts::Postgres(server, _)) => {
+                struck();
+                server.restart();
+            }
+            // A normal shutdown and a start on the same data and port: the lease rows are
+            // committed, so the locks are there again, and the holders' watchdogs renew them.
+            (Fault::Restart, Parts::Mysql(server, _)) => {
                 struck();
                 server.restart();
             }

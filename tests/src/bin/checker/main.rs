@@ -3,7 +3,7 @@
 //! of waiting: `worker::options`) on one deployment of a lock store,
 //! while one kind of fault is injected again and again; the log their writes left in a fenced
 //! store is checked afterwards. One run prints one table row; `--matrix` runs every store with
-//! the faults that tell most about it (18 cells, `--parallel` at a time) and prints the table.
+//! the faults that tell most about it (21 cells, `--parallel` at a time) and prints the table.
 //!
 //! ```text
 //! cargo run --release -p lock-tests --bin checker -- --store redis --fault sigstop [--seconds 30]
@@ -16,17 +16,19 @@
 //! Stores (`--store`), each spawned with the test kit: `memory` (the in-process backend: the
 //! tasks of every "process" run in the checker itself), `redis` (one server), `sentinel` (a
 //! primary, two replicas, a sentinel), `cluster` (three primaries with a replica each),
-//! `redlock` (five masters), `etcd` (three members), `postgres` (a server of its own).
+//! `redlock` (five masters), `etcd` (three members), `postgres` (a server of its own), `mysql`
+//! (a MariaDB server of its own; sections use only what MySQL offers: a fencing token, no fair
+//! mode or read-write lock, which the checker's sections never ask for).
 //! `--wait-for-replicas N` makes every acquire and renewal wait for N replicas (Sentinel,
 //! Cluster).
 //!
 //! Faults (`--fault`), each where it means something: `sigstop` (a worker frozen for longer
 //! than the lease, then thawed), `sigkill` (a worker killed, then started again), `partition`
 //! (a worker's connections to the store go silent for longer than the lease: one Redis, etcd,
-//! PostgreSQL, whose workers connect through fault proxies), `restart` (one Redis restarted
-//! empty; PostgreSQL restarted on its data), `failover` (Sentinel and Cluster: the replicas
-//! frozen for a second, so that they miss what the primary took then, and the primary killed;
-//! etcd: the leader killed), `restart-empty` (a RedLock master restarted without its data, at
+//! PostgreSQL, MySQL, whose workers connect through fault proxies), `restart` (one Redis
+//! restarted empty; PostgreSQL and MariaDB restarted on their data), `failover` (Sentinel and
+//! Cluster: the replicas frozen for a second, so that they miss what the primary took then, and
+//! the primary killed; etcd: the leader killed), `restart-empty` (a RedLock master restarted without its data, at
 //! once or `--restart-delay-ms` later).
 //!
 //! Each critical section holds its key's lock for a short time (5–50 ms) or, one in five, a
@@ -112,13 +114,14 @@ struct Cell {
 impl Cell {
     /// Whether the library promises no overlap and no late body here: every fault of a worker
     /// (the lease and the holder's own validity end together), and faults the store keeps its
-    /// locks through: replica acknowledgement, etcd's consensus, PostgreSQL's durable rows. Not
-    /// one Redis restarted empty, a failover without acknowledgement, or a RedLock master
-    /// restarted empty: there the store itself forgets locks, which only fencing makes safe.
+    /// locks through: replica acknowledgement, etcd's consensus, PostgreSQL's and MariaDB's
+    /// committed rows. Not one Redis restarted empty, a failover without acknowledgement, or a
+    /// RedLock master restarted empty: there the store itself forgets locks, which only fencing
+    /// makes safe.
     fn promised(&self) -> bool {
         match self.fault {
             Fault::None | Fault::Sigstop | Fault::Sigkill | Fault::Partition => true,
-            Fault::Restart => self.store == Kind::Postgres,
+            Fault::Restart => matches!(self.store, Kind::Postgres | Kind::Mysql),
             Fault::Failover => self.store == Kind::Etcd || self.replicas > 0,
             Fault::RestartEmpty => false,
         }
@@ -630,6 +633,9 @@ fn cells(template: &Cell) -> Vec<Cell> {
         cell(Kind::Postgres, Fault::Sigstop, 0, 0),
         cell(Kind::Postgres, Fault::Restart, 0, 0),
         cell(Kind::Postgres, Fault::Partition, 0, 0),
+        cell(Kind::Mysql, Fault::Sigstop, 0, 0),
+        cell(Kind::Mysql, Fault::Restart, 0, 0),
+        cell(Kind::Mysql, Fault::Partition, 0, 0),
     ]
 }
 

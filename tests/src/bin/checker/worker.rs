@@ -38,6 +38,7 @@ pub async fn client(spec: &str) -> Fallible<LockClient> {
         "redlock" => builder.redlock(urls),
         "etcd" => builder.etcd(urls),
         "postgres" => builder.postgres(urls[0]),
+        "mysql" => builder.mysql(urls[0]),
         other => return Err(format!("no lock store {other:?}").into()),
     };
     let builder = if replicas > 0 {
