@@ -68,9 +68,10 @@ impl Acquire<'_> {
         let token = crate::holder::new_value(&core.owner);
         // A store whose every waiter queues (etcd): a waiting call's first attempt takes its
         // place in line, and the store wakes it by its token when the one ahead of it goes.
-        let queues = will_wait && backend.capabilities().queues;
+        let capabilities = backend.capabilities();
+        let queues = will_wait && capabilities.queues;
         // Another client's release will not wake this waiter: it polls on a backoff.
-        let polls = will_wait && backend.capabilities().polls;
+        let polls = will_wait && capabilities.polls;
         let mut refusals = 0;
         // A fair waiter's place in line, or a waiting writer's claim on a read-write lock: given
         // up if the call ends without the lock.
@@ -141,7 +142,7 @@ impl Acquire<'_> {
                     if handed.kept == kept
                         && Instant::now() + lease / 2 < sent + lease
                         && !(options.is_fencing() && handed.fence == 0)
-                        && backend.capabilities().hand_over =>
+                        && capabilities.hand_over =>
                 {
                     Some((handed.fence, sent))
                 }

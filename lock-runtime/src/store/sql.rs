@@ -2,10 +2,87 @@
 //! within the response timeout, on a connection closed if the request is abandoned; errors in
 //! one line; milliseconds as the databases' signed integers.
 
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
+use sqlx::pool::PoolOptions;
+use sqlx::{ConnectOptions, Connection, Pool};
+
+use crate::background::Background;
 use crate::error::TimedOut;
 use crate::LockError;
+
+/// The options a pool of `DB` connects with.
+pub(crate) type Options<DB> = <<DB as sqlx::Database>::Connection as Connection>::Options;
+
+/// A store's pool, made on the runtime that first needs it (so building a client needs no
+/// runtime), and again if that runtime has gone (its connections went with it).
+#[derive(Debug)]
+pub(crate) struct LazyPool<DB: sqlx::Database> {
+    pool: Mutex<Option<Pool<DB>>>,
+    /// Runs while the pool's runtime does.
+    runtime: Background,
+}
+
+impl<DB: sqlx::Database> LazyPool<DB> {
+    pub(crate) fn new() -> Self {
+        LazyPool {
+            pool: Mutex::new(None),
+            runtime: Background::default(),
+        }
+    }
+
+    fn slot(&self) -> MutexGuard<'_, Option<Pool<DB>>> {
+        // Every update is one step, so a poisoned slot is still consistent.
+        self.pool.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The pool of this runtime: at most `size` connections, none pinged before a request (a
+    /// round trip per request: a connection that broke fails its request, which the caller
+    /// retries, and the pool drops it), and a connection waited for three quarters of `connect`
+    /// (the quarter left is [`why_unconnected`]'s, to say why none could be made).
+    pub(crate) fn get(&self, options: &Options<DB>, size: u32, connect: Duration) -> Pool<DB> {
+        let mut slot = self.slot();
+        if let Some(pool) = slot.as_ref().filter(|_| self.runtime.is_running()) {
+            return pool.clone();
+        }
+        let pool = PoolOptions::<DB>::new()
+            .max_connections(size)
+            .test_before_acquire(false)
+            .acquire_timeout(connect * 3 / 4)
+            .connect_lazy_with(options.clone());
+        *slot = Some(pool.clone());
+        self.runtime.replace(std::future::pending);
+        pool
+    }
+
+    /// The client goes: so does the pool's runtime task.
+    pub(crate) fn stop(&self) {
+        self.runtime.stop();
+    }
+}
+
+/// Why the pool could make no connection within three quarters of `connect` (it says only that
+/// it timed out): what one connection of its own says within the quarter left, in one line, or
+/// `None` when that one connected or did not answer either.
+pub(crate) async fn why_unconnected<O>(options: &O, connect: Duration) -> Option<(sqlx::Error, String)>
+where
+    O: ConnectOptions,
+    O::Connection: Sized,
+{
+    let tried = tokio::time::timeout(connect / 4, options.connect()).await;
+    match tried {
+        Ok(Err(why)) => {
+            let what = format!(
+                "cannot connect ({}; tried for {:?})",
+                one_line(&why),
+                connect * 3 / 4
+            );
+            Some((why, what))
+        }
+        _ => None,
+    }
+}
 
 /// A store over a pool of sqlx connections, as [`ask!`] uses it.
 pub(crate) trait SqlStore {

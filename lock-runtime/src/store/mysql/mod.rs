@@ -24,17 +24,16 @@
 
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
-use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool};
 use tokio::sync::OnceCell;
 
-use super::sql::{ask, bounded, millis, one_line, unsigned, Checkout, SqlStore};
+use super::sql::{ask, bounded, millis, one_line, unsigned, why_unconnected, Checkout, LazyPool, SqlStore};
 use super::{
     Ask, Attempt, Capabilities, DynStore, Flight, ForceReleased, Kind, Lock, LockView, Notices, Offered,
     Release, Released, Renewal, Renewing, Settings, Store, StoreConfig, Timeouts,
 };
-use crate::background::Background;
 use crate::error::TimedOut;
 use crate::redact::hide_credentials;
 use crate::{LockClientBuilder, LockError};
@@ -212,9 +211,8 @@ impl LockClientBuilder {
 pub(crate) struct MysqlStore {
     options: MySqlConnectOptions,
     timeouts: Timeouts,
-    /// The pool, made on the runtime that first needs it (and again if that runtime has gone).
-    pool: Mutex<Option<MySqlPool>>,
-    pool_runtime: Background,
+    /// The pool, made on the runtime that first needs it.
+    pool: LazyPool<sqlx::MySql>,
     /// The table is there (checked once per client).
     schema: OnceCell<()>,
     /// Each row's name starts with it.
@@ -254,8 +252,7 @@ impl MysqlStore {
         Ok(MysqlStore {
             options,
             timeouts,
-            pool: Mutex::new(None),
-            pool_runtime: Background::default(),
+            pool: LazyPool::new(),
             schema: OnceCell::new(),
             prefix,
             address,
@@ -264,25 +261,9 @@ impl MysqlStore {
         })
     }
 
-    fn slot(&self) -> MutexGuard<'_, Option<MySqlPool>> {
-        // Every update is one step, so a poisoned slot is still consistent.
-        self.pool.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// The pool of this runtime (made lazily, so building a client needs no runtime).
     fn pool(&self) -> MySqlPool {
-        let mut slot = self.slot();
-        if let Some(pool) = slot.as_ref().filter(|_| self.pool_runtime.is_running()) {
-            return pool.clone();
-        }
-        let pool = MySqlPoolOptions::new()
-            .max_connections(POOL_SIZE)
-            .test_before_acquire(false)
-            .acquire_timeout(self.timeouts.connect * 3 / 4)
-            .connect_lazy_with(self.options.clone());
-        *slot = Some(pool.clone());
-        self.pool_runtime.replace(std::future::pending);
-        pool
+        self.pool.get(&self.options, POOL_SIZE, self.timeouts.connect)
     }
 
     /// The pool, with the table there (checked once per client, within the timeouts).
@@ -432,7 +413,7 @@ impl MysqlStore {
 
 impl Drop for MysqlStore {
     fn drop(&mut self) {
-        self.pool_runtime.stop();
+        self.pool.stop();
     }
 }
 
@@ -488,16 +469,7 @@ impl MysqlStore {
     /// timeout and then says only that it timed out: one connection of its own then says why.
     async fn failed(&self, e: sqlx::Error) -> LockError {
         if let sqlx::Error::PoolTimedOut = e {
-            let why = tokio::time::timeout(self.timeouts.connect / 4, async {
-                use sqlx::ConnectOptions;
-                self.options.connect().await.map(|_| ())
-            });
-            if let Ok(Err(why)) = why.await {
-                let what = format!(
-                    "cannot connect ({}; tried for {:?})",
-                    one_line(&why),
-                    self.timeouts.connect * 3 / 4
-                );
+            if let Some((why, what)) = why_unconnected(&self.options, self.timeouts.connect).await {
                 return self.error_of(&why, what);
             }
         }

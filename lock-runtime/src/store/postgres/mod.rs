@@ -8,17 +8,16 @@
 //! lock is held. A connection from the pool serves each request.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::postgres::{PgConnectOptions, PgPool};
 use tokio::sync::OnceCell;
 
-use super::sql::{ask, bounded, millis, one_line, unsigned, Checkout, SqlStore};
+use super::sql::{ask, bounded, millis, one_line, unsigned, why_unconnected, Checkout, LazyPool, SqlStore};
 use super::{
     Ask, Attempt, Capabilities, DynStore, Flight, ForceReleased, Kind, Lock, LockView, Notices, Release,
     Released, Renewal, Renewing, Settings, Store, StoreConfig, Timeouts,
 };
-use crate::background::Background;
 use crate::options::FAIR_PLACE_KEPT;
 use crate::redact::hide_credentials;
 use crate::{LockClientBuilder, LockError};
@@ -226,11 +225,8 @@ impl LockClientBuilder {
 pub(crate) struct PostgresStore {
     options: PgConnectOptions,
     timeouts: Timeouts,
-    /// The pool, made on the runtime that first needs it (and again if that runtime has gone:
-    /// its connections went with it).
-    pool: Mutex<Option<PgPool>>,
-    /// Runs while the pool's runtime does.
-    pool_runtime: Background,
+    /// The pool, made on the runtime that first needs it.
+    pool: LazyPool<sqlx::Postgres>,
     /// The schema is there (checked once per client).
     schema: OnceCell<()>,
     /// Each row's key starts with it.
@@ -288,8 +284,7 @@ impl PostgresStore {
         Ok(PostgresStore {
             options,
             timeouts,
-            pool: Mutex::new(None),
-            pool_runtime: Background::default(),
+            pool: LazyPool::new(),
             schema: OnceCell::new(),
             prefix,
             schema_name: schema.to_owned(),
@@ -301,28 +296,9 @@ impl PostgresStore {
         })
     }
 
-    fn slot(&self) -> MutexGuard<'_, Option<PgPool>> {
-        // Every update is one step, so a poisoned slot is still consistent.
-        self.pool.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// The pool of this runtime (made lazily, so building a client needs no runtime).
     fn pool(&self) -> PgPool {
-        let mut slot = self.slot();
-        if let Some(pool) = slot.as_ref().filter(|_| self.pool_runtime.is_running()) {
-            return pool.clone();
-        }
-        // No ping before each request (a round trip per request): a connection that broke
-        // fails its request, which the caller retries, and the pool drops it. A quarter of the
-        // connect timeout is kept to say why no connection could be made.
-        let pool = PgPoolOptions::new()
-            .max_connections(POOL_SIZE)
-            .test_before_acquire(false)
-            .acquire_timeout(self.timeouts.connect * 3 / 4)
-            .connect_lazy_with(self.options.clone());
-        *slot = Some(pool.clone());
-        self.pool_runtime.replace(std::future::pending);
-        pool
+        self.pool.get(&self.options, POOL_SIZE, self.timeouts.connect)
     }
 
     /// The pool, with the schema there (checked once per client, within the timeouts).
@@ -552,7 +528,7 @@ impl Drop for PostgresStore {
     /// The listening connection goes with the client (its task would keep it open).
     fn drop(&mut self) {
         self.listener.stop();
-        self.pool_runtime.stop();
+        self.pool.stop();
     }
 }
 
@@ -601,26 +577,11 @@ impl PostgresStore {
     /// `e`, naming the database. The pool retries a refused connection until its acquire
     /// timeout and then says only that it timed out: one connection of its own then says why.
     async fn failed(&self, e: sqlx::Error) -> LockError {
-        let e = match e {
-            sqlx::Error::PoolTimedOut => {
-                let why = tokio::time::timeout(self.timeouts.connect / 4, async {
-                    use sqlx::ConnectOptions;
-                    self.options.connect().await.map(|_| ())
-                });
-                match why.await {
-                    Ok(Err(why)) => {
-                        let what = format!(
-                            "cannot connect ({}; tried for {:?})",
-                            one_line(&why),
-                            self.timeouts.connect * 3 / 4
-                        );
-                        return self.error_of(&why, what);
-                    }
-                    _ => e,
-                }
+        if let sqlx::Error::PoolTimedOut = e {
+            if let Some((why, what)) = why_unconnected(&self.options, self.timeouts.connect).await {
+                return self.error_of(&why, what);
             }
-            e => e,
-        };
+        }
         let what = one_line(&e);
         self.error_of(&e, what)
     }
