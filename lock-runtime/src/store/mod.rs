@@ -196,6 +196,22 @@ impl Lock {
     }
 }
 
+/// `<prefix>{<key>}`: a lock's name on every store (on Redis the braces make the key a hash
+/// tag, and the lock's other keys start with it). Sized once: made for every acquire.
+pub(crate) fn name(prefix: &str, key: &str) -> String {
+    let mut lock = String::with_capacity(prefix.len() + key.len() + 2);
+    lock.push_str(prefix);
+    lock.push('{');
+    lock.push_str(key);
+    lock.push('}');
+    lock
+}
+
+/// The user's key in a lock's [`name`] under `prefix`.
+pub(crate) fn user_key<'a>(prefix: &str, name: &'a str) -> Option<&'a str> {
+    name.strip_prefix(prefix)?.strip_prefix('{')?.strip_suffix('}')
+}
+
 /// What kind of lock a token holds: its release depends on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {

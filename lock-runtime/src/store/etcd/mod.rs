@@ -1224,7 +1224,7 @@ impl Store for EtcdStore {
 
     /// `<prefix>{<key>}`: its places in line follow it past a 0xff byte.
     fn name(&self, key: &str) -> String {
-        format!("{}{{{key}}}", self.prefix)
+        super::name(&self.prefix, key)
     }
 
     async fn connect(&self) -> Result<(), LockError> {

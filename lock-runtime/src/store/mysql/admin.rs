@@ -46,11 +46,7 @@ impl MysqlStore {
     fn view(&self, row: Row, read_at: Instant) -> Option<LockView> {
         let (name, token, left, fence) = row;
         let name = String::from_utf8(name).ok()?;
-        let key = name
-            .strip_prefix(self.prefix.as_str())?
-            .strip_prefix('{')?
-            .strip_suffix('}')?
-            .to_owned();
+        let key = crate::store::user_key(&self.prefix, &name)?.to_owned();
         let (holding, remaining) = match token {
             Some(value) => (
                 Holding::of_value(&value),

@@ -557,7 +557,7 @@ impl Store for MysqlStore {
 
     /// `<prefix>{<key>}`, the row's name.
     fn name(&self, key: &str) -> String {
-        format!("{}{{{key}}}", self.prefix)
+        super::name(&self.prefix, key)
     }
 
     async fn connect(&self) -> Result<(), LockError> {

@@ -76,11 +76,7 @@ impl PostgresStore {
 
     fn view(&self, row: Row, read_at: Instant) -> Option<LockView> {
         let (name, token, left, readers, reader_left, fence, queued, writers) = row;
-        let key = name
-            .strip_prefix(self.prefix.as_str())?
-            .strip_prefix('{')?
-            .strip_suffix('}')?
-            .to_owned();
+        let key = crate::store::user_key(&self.prefix, &name)?.to_owned();
         let millis = |n: i64| Duration::from_millis(unsigned(n));
         let (holding, remaining) = match token {
             Some(value) => (Holding::of_value(value.as_bytes()), left.map(millis)),

@@ -661,7 +661,7 @@ impl Store for PostgresStore {
 
     /// `<prefix>{<key>}`, the rows' key.
     fn name(&self, key: &str) -> String {
-        format!("{}{{{key}}}", self.prefix)
+        super::name(&self.prefix, key)
     }
 
     async fn connect(&self) -> Result<(), LockError> {

@@ -118,21 +118,7 @@ impl LockKeys {
     }
 }
 
-/// `p{k}`: the lock's key, the name every other one starts with. Sized once: made for every
-/// acquire.
-pub(crate) fn name(prefix: &str, key: &str) -> String {
-    let mut lock = String::with_capacity(prefix.len() + key.len() + 2);
-    lock.push_str(prefix);
-    lock.push('{');
-    lock.push_str(key);
-    lock.push('}');
-    lock
-}
-
-/// The user's key of lock key `name` under `prefix`.
-pub(crate) fn user_key<'a>(prefix: &str, name: &'a str) -> Option<&'a str> {
-    name.strip_prefix(prefix)?.strip_prefix('{')?.strip_suffix('}')
-}
+pub(crate) use crate::store::{name, user_key};
 
 /// The release channel of lock `lock`.
 pub(crate) fn channel(lock: &str) -> String {
