@@ -148,6 +148,11 @@ impl LockGuard {
                 telemetry::renewed(1);
                 Ok(())
             }
+            Renewal::RenewedFor(kept) => {
+                self.state.renewed(sent, ttl.min(kept));
+                telemetry::renewed(1);
+                Ok(())
+            }
             Renewal::Gone => {
                 if self.state.mark_lost() {
                     tracing::warn!(key = %self.state.key(), "lock lost: found gone or taken on extend");

@@ -201,9 +201,12 @@ impl Watchdog {
             .collect();
         let answer = store.renew(&locks).await;
         match &answer {
-            Ok(renewed) => {
-                telemetry::renewed(renewed.iter().filter(|r| **r == Renewal::Renewed).count() as u64)
-            }
+            Ok(renewed) => telemetry::renewed(
+                renewed
+                    .iter()
+                    .filter(|r| matches!(r, Renewal::Renewed | Renewal::RenewedFor(_)))
+                    .count() as u64,
+            ),
             Err(_) => telemetry::renewal_failed(),
         }
         let mut held = self.held();
@@ -215,10 +218,16 @@ impl Watchdog {
             let retry_soon = |watched: &mut Watched| watched.due = Instant::now() + retry(watched.lease);
             match &answer {
                 Ok(renewed) => match renewed.get(i).copied().unwrap_or(Renewal::Undecided) {
-                    Renewal::Renewed => {
-                        state.renewed(sent, leases[i]);
-                        watched.due = sent + interval(state.ttl);
-                        watched.lease = state.ttl;
+                    renewal @ (Renewal::Renewed | Renewal::RenewedFor(_)) => {
+                        // The store may keep it for less than the lease asked (see `RenewedFor`).
+                        let lease = match renewal {
+                            Renewal::RenewedFor(kept) => leases[i].min(kept),
+                            _ => leases[i],
+                        };
+                        state.renewed(sent, lease);
+                        let cycle = state.ttl.min(lease.max(Duration::from_millis(1)));
+                        watched.due = sent + interval(cycle);
+                        watched.lease = cycle;
                         tracing::trace!(key = %state.key(), "lock renewed");
                         if watched.once {
                             gone.push(*id);

@@ -26,6 +26,7 @@ pub mod process;
 mod proxy;
 mod sentinel;
 mod tls;
+mod zookeeper;
 
 pub use cluster::{RedisCluster, SlotMigration};
 pub use etcd::EtcdCluster;
@@ -34,6 +35,7 @@ pub use postgres::{shared_postgres_url, PostgresServer};
 pub use proxy::FaultProxy;
 pub use sentinel::SentinelSetup;
 pub use tls::TestCerts;
+pub use zookeeper::{Curator, CuratorLock, ZkEnsemble};
 
 /// One second, the unit most test deadlines are written in.
 pub const SECOND: Duration = Duration::from_secs(1);
@@ -701,6 +703,34 @@ impl Target {
         Target::shared(builder, Vec::new()).await
     }
 
+    /// A client of the test binary's shared 3-server ZooKeeper ensemble
+    /// ([`ZkEnsemble::shared`]), under a parent path of its own.
+    pub async fn zookeeper() -> Target {
+        let parent = format!(
+            "/p{}/{}",
+            std::process::id(),
+            unique_prefix().trim_end_matches(':')
+        );
+        let builder = LockClient::builder()
+            .zookeeper(ZkEnsemble::shared().hosts())
+            .prefix(&parent)
+            .connect_timeout(Duration::from_secs(2))
+            .response_timeout(Duration::from_secs(1));
+        let mut target = Target::shared(builder, Vec::new()).await;
+        target.owned.push(Box::new(SessionIsTheLease));
+        target
+    }
+
+    /// Whether `holder(…).remaining()` shows what another client's lock has left: not on
+    /// ZooKeeper, where a lock lasts as long as its holder's session, which only the holder's
+    /// client knows.
+    pub fn shows_others_remaining(&self) -> bool {
+        !self
+            .owned
+            .iter()
+            .any(|o| (**o).as_any().downcast_ref::<SessionIsTheLease>().is_some())
+    }
+
     /// A fresh in-memory backend.
     pub fn memory() -> Target {
         Target {
@@ -849,6 +879,7 @@ macro_rules! on_every_deployment_with_one_counter {
             sentinel => $crate::Target::sentinel().await,
             postgres => $crate::Target::postgres().await,
             etcd => $crate::Target::etcd().await,
+            zookeeper => $crate::Target::zookeeper().await,
             memory => $crate::Target::memory();
             [$($name),*]
         );
@@ -881,7 +912,8 @@ macro_rules! on_every_deployment_with_fencing {
 /// 3-primary Redis Cluster shared by the test binary), `sentinel::name` (a Sentinel-managed
 /// primary with a replica, shared too), `postgres::name` (the machine's PostgreSQL, with keys of
 /// the test's own), `mysql::name` (the machine's MariaDB, likewise), `etcd::name` (a 3-member
-/// etcd cluster shared by the test binary), `redlock::name` (a quorum of five shared masters)
+/// etcd cluster shared by the test binary), `zookeeper::name` (a 3-server ZooKeeper ensemble
+/// shared by the test binary), `redlock::name` (a quorum of five shared masters)
 /// and `memory::name`.
 #[macro_export]
 macro_rules! on_every_deployment {
@@ -890,6 +922,10 @@ macro_rules! on_every_deployment {
         $crate::on_targets!(redlock => $crate::Target::redlock().await; [$($name),*]);
     };
 }
+
+/// Marks a ZooKeeper target (see [`Target::shows_others_remaining`]).
+#[derive(Debug)]
+struct SessionIsTheLease;
 
 /// Deletes every MySQL row a target's prefix made, when the target is dropped.
 #[derive(Debug)]

@@ -65,7 +65,8 @@ fn the_test_command_names_what_is_missing() {
     assert!(
         stderr.contains("redis-server (or point $REDIS_SERVER at it)")
             && stderr.contains("etcd (or point $ETCD at it)")
-            && stderr.contains("sudo apt-get install redis-server etcd-server"),
+            && stderr.contains("sudo apt-get install redis-server etcd-server")
+            && stderr.contains("javac (a JDK"),
         "{stderr}"
     );
 }

@@ -6,8 +6,8 @@
 //!
 //! Each store is one folder (or file) here: `redis/` (one server, Sentinel and Cluster: its
 //! connection, subscriber, replica acknowledgement, scripts and key names), `redlock.rs` (a
-//! quorum of Redis stores), `postgres/` (feature `postgres`), `etcd/` (feature `etcd`) and
-//! `memory.rs`. A store is described by a [`StoreConfig`], which the builder keeps until
+//! quorum of Redis stores), `postgres/` (feature `postgres`), `mysql/` (feature `mysql`),
+//! `etcd/` (feature `etcd`), `zookeeper/` (feature `zookeeper`) and `memory.rs`. A store is described by a [`StoreConfig`], which the builder keeps until
 //! `build()`: it checks the description and opens the store with the client's [`Settings`].
 //!
 //! | a store… | through |
@@ -46,6 +46,8 @@ pub(crate) mod redlock;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) mod sql;
 pub(crate) mod url;
+#[cfg(feature = "zookeeper")]
+pub(crate) mod zookeeper;
 
 /// How long [`LockClientBuilder::build`](crate::LockClientBuilder::build) waits for a connection
 /// by default.
@@ -314,6 +316,11 @@ pub(crate) enum Renewal {
     /// No answer either way for this lock: its Cluster shard failed while others answered, or
     /// a RedLock majority neither renewed it nor found it gone. Retried while the lock is valid.
     Undecided,
+    /// Renewed, but the store keeps the lock only this long from the renewal's send, less than
+    /// the lease asked for (ZooKeeper: the session timeout the servers granted is shorter than
+    /// the ttl): the holder's validity moves that far, and the next renewal comes a third of
+    /// the way there.
+    RenewedFor(Duration),
     /// Renewed, but fewer replicas than `wait_for_replicas` asked for acknowledged it: the
     /// holder's validity does not move (a failover to a replica could bring back the earlier
     /// expiry). Retried while the acknowledged validity lasts.

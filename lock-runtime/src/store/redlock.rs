@@ -342,7 +342,8 @@ impl RedlockStore {
                         match ours {
                             Renewal::Renewed => renewed[i] += 1,
                             Renewal::Gone => gone[i] += 1,
-                            Renewal::Undecided | Renewal::NotReplicated { .. } => {}
+                            // Redis masters renew for the whole lease asked.
+                            Renewal::Undecided | Renewal::NotReplicated { .. } | Renewal::RenewedFor(_) => {}
                         }
                     }
                 }

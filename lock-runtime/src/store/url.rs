@@ -50,6 +50,15 @@ const SCHEMES: &[Scheme] = &[
         #[cfg(not(feature = "etcd"))]
         config: needs_feature,
     },
+    Scheme {
+        schemes: &["zk", "zookeeper"],
+        store: "ZooKeeper",
+        feature: Some(("zookeeper", cfg!(feature = "zookeeper"))),
+        #[cfg(feature = "zookeeper")]
+        config: super::zookeeper::from_url,
+        #[cfg(not(feature = "zookeeper"))]
+        config: needs_feature,
+    },
 ];
 
 /// A store whose feature is off (never called: [`config_for_url`] says so first).
@@ -61,7 +70,8 @@ fn needs_feature(_: &str) -> Result<Arc<dyn StoreConfig>, LockError> {
 /// Any store, by URL.
 impl LockClientBuilder {
     /// Where the locks live, by URL: its scheme picks the store, as for
-    /// [`LockClient::connect`](crate::LockClient::connect) (`redis://`, `rediss://`, `postgres://`, `mysql://`, `etcd://host:port`).
+    /// [`LockClient::connect`](crate::LockClient::connect) (`redis://`, `rediss://`, `postgres://`, `mysql://`, `etcd://host:port`,
+    /// `zk://host:port,host:port`).
     /// A scheme it does not know fails at `build()`, with the schemes it does.
     ///
     /// ```
@@ -102,7 +112,6 @@ pub(crate) fn config_for_url(url: &str) -> Result<Arc<dyn StoreConfig>, LockErro
         "http" | "https" => {
             " (an etcd endpoint is etcd://host:2379 here; .etcd([…]) takes http:// endpoints)"
         }
-        "zk" | "zookeeper" => " (ZooKeeper is not offered yet)",
         _ => "",
     };
     Err(LockError::invalid_options(format!(

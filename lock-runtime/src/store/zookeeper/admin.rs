@@ -1,0 +1,210 @@
+//! What operators read and do on the ZooKeeper store (`lock_runtime::admin`, `lockctl`), and
+//! what `holder` reads: the children of a lock's node (its line), the holders' data (their
+//! tokens; Curator writes the host's address) and the token the last fenced writer left. What a
+//! holder has left is known for this client's own locks (until it deletes them); another
+//! client's node lasts as long as its session, which ZooKeeper does not show: its remaining
+//! time is not given. A forced release deletes the holders' nodes seen (node names are unique
+//! per acquisition, so a node deleted is the one seen): their holders' renewals find them gone,
+//! and the waiters behind hear the deletions.
+#![cfg_attr(not(feature = "cli"), allow(dead_code))]
+
+use futures_util::future::join_all;
+use tokio::time::Instant;
+use zookeeper_client::Error as ZkError;
+
+use super::names::{self, Child};
+use super::requests::ask;
+use super::{ZkStore, PROBE_TTL_MS};
+use crate::store::{ForceReleased, Lock};
+use crate::view::{glob_matches, Fence, Holding, LockView, Reader, RELEASED};
+use crate::LockError;
+
+/// One holder's node, as read.
+struct Held {
+    data: Vec<u8>,
+    czxid: i64,
+}
+
+impl ZkStore {
+    /// The line of `lock` and its holders' nodes, read now (`None` for a node gone meanwhile),
+    /// and the token the last fenced writer left.
+    async fn read_line(&self, lock: &str) -> Result<(Vec<Child>, Vec<Option<Held>>, Option<i64>), LockError> {
+        let session = self.session(PROBE_TTL_MS).await?;
+        let client = &session.client;
+        let (children, left) = match ask(self.ensemble(), client.get_data(lock)).await? {
+            Ok((data, _)) => {
+                let left = std::str::from_utf8(&data).ok().and_then(|d| d.parse().ok());
+                match ask(self.ensemble(), client.list_children(lock)).await? {
+                    Ok(children) => (children, left),
+                    Err(ZkError::NoNode) => (Vec::new(), None),
+                    Err(e) => return Err(self.error(&e, lock)),
+                }
+            }
+            Err(ZkError::NoNode) => (Vec::new(), None),
+            Err(e) => return Err(self.error(&e, lock)),
+        };
+        let line = names::line(&children);
+        let holders = names::holders(&line).to_vec();
+        let reads = holders
+            .iter()
+            .map(|c| ask(self.ensemble(), client.get_data(&format!("{lock}/{}", c.name))));
+        let mut held = Vec::with_capacity(holders.len());
+        for read in join_all(reads).await {
+            match read? {
+                Ok((data, stat)) => held.push(Some(Held {
+                    data,
+                    czxid: stat.czxid,
+                })),
+                Err(ZkError::NoNode) => held.push(None),
+                Err(e) => return Err(self.error(&e, lock)),
+            }
+        }
+        Ok((line, held, left))
+    }
+
+    /// What is left of this client's node with `czxid` (`None`: not this client's).
+    fn remaining_of(&self, czxid: i64) -> Option<std::time::Duration> {
+        let now = Instant::now();
+        self.shared
+            .places()
+            .values()
+            .find(|p| p.czxid == czxid)
+            .and_then(|p| p.until)
+            .map(|until| until.saturating_duration_since(now))
+    }
+
+    async fn view(&self, key: &str, lock: &str) -> Result<LockView, LockError> {
+        let (line, held, left) = self.read_line(lock).await?;
+        let read_at = Instant::now();
+        let holders = names::holders(&line);
+        let found: Vec<(&Child, Held)> = holders
+            .iter()
+            .zip(held)
+            .filter_map(|(child, held)| held.map(|h| (child, h)))
+            .collect();
+        let waiting = &line[holders.len().min(line.len())..];
+        let (holding, remaining, fence) = match found.as_slice() {
+            [] => (Holding::Free, None, left),
+            [(child, held)] if !child.shared => (
+                Holding::of_value(&held.data),
+                self.remaining_of(held.czxid),
+                Some(held.czxid),
+            ),
+            readers => {
+                let shares: Vec<Reader> = readers
+                    .iter()
+                    .map(|(_, held)| {
+                        let left = self.remaining_of(held.czxid).unwrap_or_default();
+                        Reader::of(&String::from_utf8_lossy(&held.data), left)
+                    })
+                    .collect();
+                let remaining = readers
+                    .iter()
+                    .filter_map(|(_, h)| self.remaining_of(h.czxid))
+                    .max();
+                (Holding::shared(shares), remaining, left)
+            }
+        };
+        let shared = matches!(holding, Holding::Shared { .. });
+        let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+        Ok(LockView {
+            key: key.to_owned(),
+            name: lock.to_owned(),
+            holding,
+            remaining,
+            fence: fence
+                .and_then(|f| u64::try_from(f).ok())
+                .map_or(Fence::None, Fence::Token),
+            queued: count(waiting.len()),
+            writers: if shared {
+                count(waiting.iter().filter(|c| !c.shared).count())
+            } else {
+                0
+            },
+            read_at,
+        })
+    }
+
+    /// What `lock` holds now.
+    pub(super) async fn read_one(&self, lock: &Lock) -> Result<LockView, LockError> {
+        self.view(lock.key(), lock.name()).await
+    }
+
+    /// The locks held now whose keys match `pattern`.
+    pub(super) async fn held(&self, pattern: &str) -> Result<Vec<LockView>, LockError> {
+        let session = self.session(PROBE_TTL_MS).await?;
+        let nodes = match ask(self.ensemble(), session.client.list_children(&self.parent)).await? {
+            Ok(nodes) => nodes,
+            Err(ZkError::NoNode) => Vec::new(),
+            Err(e) => return Err(self.error(&e, &self.parent)),
+        };
+        let mut keys: Vec<(String, String)> = nodes
+            .iter()
+            .filter_map(|node| names::key_of(node).map(|key| (key, format!("{}/{node}", self.parent))))
+            .filter(|(key, _)| glob_matches(pattern, key))
+            .collect();
+        keys.sort();
+        let mut views = Vec::with_capacity(keys.len());
+        for (key, lock) in keys {
+            let view = self.view(&key, &lock).await?;
+            if view.is_held() {
+                views.push(view);
+            }
+        }
+        Ok(views)
+    }
+
+    /// Frees `lock` if its holders are still the ones `seen` shows.
+    pub(super) async fn force(&self, lock: &Lock, seen: &LockView) -> Result<ForceReleased, LockError> {
+        let (line, held, _) = self.read_line(lock.name()).await?;
+        let holders = names::holders(&line);
+        let found: Vec<(&Child, Held)> = holders
+            .iter()
+            .zip(held)
+            .filter_map(|(child, held)| held.map(|h| (child, h)))
+            .collect();
+        if found.is_empty() {
+            return Ok(ForceReleased::Gone);
+        }
+        let shown = |held: &Held| {
+            let value = String::from_utf8_lossy(&held.data);
+            match &seen.holding {
+                Holding::Exclusive { value: shown, .. } => *shown == value,
+                Holding::Shared { readers } => readers.iter().any(|r| r.value == value),
+                Holding::Foreign { value: shown, .. } => {
+                    shown.as_deref() == Some(crate::view::excerpt(&value).as_str())
+                }
+                Holding::Free => false,
+            }
+        };
+        if !found.iter().all(|(_, held)| shown(held)) {
+            return Ok(ForceReleased::Changed);
+        }
+        let session = self.session(PROBE_TTL_MS).await?;
+        let mut freed = false;
+        for (child, held) in &found {
+            let path = format!("{}/{}", lock.name(), child.name);
+            match ask(self.ensemble(), session.client.delete(&path, None)).await? {
+                Ok(()) => freed = true,
+                Err(ZkError::NoNode) => {}
+                Err(e) => return Err(self.error(&e, &path)),
+            }
+            // This client's own lock: its records go too.
+            let token = String::from_utf8_lossy(&held.data);
+            let token = token.strip_suffix(RELEASED).unwrap_or(&token);
+            if self
+                .shared
+                .places()
+                .get(token)
+                .is_some_and(|p| p.czxid == held.czxid)
+            {
+                self.shared.forget(token);
+            }
+        }
+        Ok(if freed {
+            ForceReleased::Freed
+        } else {
+            ForceReleased::Gone
+        })
+    }
+}

@@ -1,0 +1,1051 @@
+//! Locks in a ZooKeeper ensemble (the `zookeeper` feature), on ZooKeeper's own recipe as Apache
+//! Curator writes it: a line of ephemeral sequential nodes under the lock's node, each waiter
+//! watching only the node just ahead of its own (see [`names`] for the layout).
+//!
+//! The session is the lease: a node lives as long as the session that created it, one session
+//! per ttl class (see [`sessions`]), so a holder that dies or is cut off loses its lock when
+//! the server expires its session. A holder's validity is the ttl from its request's send, and
+//! never longer than the session timeout the server granted (the server keeps a session at
+//! least that long after it last heard from it); every renewal reads the node again behind a
+//! `sync`, through the server's leader, and fails (so validity runs out) while the ensemble
+//! cannot be reached. A lock taken for a ttl and not renewed is deleted by this client when its
+//! ttl ends (the reaper), as Redis expires a key; a minimum hold keeps the node until it ends.
+//!
+//! A try that will not wait reads the line first, and only when nobody is in it creates its node
+//! and looks again (three requests when it loses the race: it deletes its node). A caller that
+//! will wait creates its node at once (one write) and watches the node just ahead of its own; that
+//! node's deletion wakes it to look again (a `sync` and a read). The fencing token of an exclusive
+//! holder is its node's `czxid`, the zxid of its creation, totally ordered across the ensemble and
+//! rising across leader changes; a reader's is the last fenced writer's, which a fenced writer's
+//! release leaves as the lock node's data.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use tokio::sync::Notify;
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, MultiReadResult};
+
+use super::{
+    Ask, Attempt, Capabilities, DynStore, Flight, ForceReleased, Lock, LockView, Notices, Release, Released,
+    Renewal, Renewing, Settings, Store, StoreConfig,
+};
+use crate::background::Background;
+use crate::view::RELEASED;
+use crate::{LockClientBuilder, LockError};
+
+mod admin;
+mod names;
+mod requests;
+mod sessions;
+
+use requests::{ask, ends_session, store_error, Ensemble};
+use sessions::{Session, Sessions};
+
+/// The ttl class of the session `build()` opens to check the ensemble and this client's rights.
+const PROBE_TTL_MS: u64 = 10_000;
+
+/// A ZooKeeper ensemble's servers, as given.
+#[derive(Debug, Clone)]
+pub(crate) struct ZkConfig {
+    hosts: Vec<String>,
+}
+
+impl ZkConfig {
+    /// The servers checked (`host:port` each), and a chroot after the last, if any.
+    fn checked(&self) -> Result<(Vec<String>, Option<String>), LockError> {
+        if self.hosts.is_empty() {
+            return Err(LockError::invalid_options("no ZooKeeper server given"));
+        }
+        let mut hosts = Vec::with_capacity(self.hosts.len());
+        let mut chroot = None;
+        for host in &self.hosts {
+            let host = host.trim();
+            if host.contains("://") {
+                return Err(LockError::invalid_options(format!(
+                    "{host}: .zookeeper([…]) takes each server as host:port (zk://host:port,host:port \
+                     is the URL LockClient::connect and .store(…) take)"
+                )));
+            }
+            let (server, root) = match host.find('/') {
+                Some(at) => (&host[..at], Some(&host[at..])),
+                None => (host, None),
+            };
+            if server.is_empty() || server.contains(char::is_whitespace) {
+                return Err(LockError::invalid_options(format!(
+                    "{host:?}: a ZooKeeper server is host:port"
+                )));
+            }
+            if let Some(root) = root.filter(|r| *r != "/") {
+                if chroot.as_deref().is_some_and(|c| c != root.trim_end_matches('/')) {
+                    return Err(LockError::invalid_options(
+                        "the ZooKeeper servers give different chroots",
+                    ));
+                }
+                chroot = Some(root.trim_end_matches('/').to_owned());
+            }
+            hosts.push(server.to_owned());
+        }
+        Ok((hosts, chroot))
+    }
+}
+
+impl StoreConfig for ZkConfig {
+    fn open(&self, settings: Settings) -> Result<Arc<dyn DynStore>, LockError> {
+        settings.no_replicas(
+            "ZooKeeper: every write is committed by a majority of its servers before it answers",
+        )?;
+        settings.no_tls_material("TLS material was given, but the ZooKeeper store speaks plain TCP")?;
+        let (hosts, chroot) = self.checked()?;
+        let parent = names::parent_path(&settings.prefix).map_err(LockError::invalid_options)?;
+        let ensemble = Ensemble {
+            hosts,
+            chroot,
+            timeouts: settings.timeouts,
+        };
+        Ok(Arc::new(ZkStore::new(ensemble, parent, settings.notices)))
+    }
+}
+
+/// `zk://host:port,host:port[/chroot]` (`zookeeper://` too), for `LockClient::connect`.
+pub(crate) fn from_url(url: &str) -> Result<Arc<dyn StoreConfig>, LockError> {
+    let (_, rest) = url.split_once("://").unwrap_or(("zk", url));
+    let (servers, chroot) = match rest.find('/') {
+        Some(at) => (&rest[..at], &rest[at..]),
+        None => (rest, ""),
+    };
+    let mut hosts: Vec<String> = servers
+        .split(',')
+        .map(str::trim)
+        .filter(|h| !h.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if let Some(last) = hosts.last_mut() {
+        last.push_str(chroot.trim_end_matches('/'));
+    }
+    Ok(Arc::new(ZkConfig { hosts }))
+}
+
+impl LockClientBuilder {
+    /// A ZooKeeper ensemble (the `zookeeper` feature): each server as `host:port` (a chroot may
+    /// follow the last: `host:port/app`).
+    ///
+    /// Locks are laid out as Apache Curator's `InterProcessMutex` lays them: an ephemeral
+    /// sequential node `<prefix>/<key>/_c_<uuid>-lock-<seq>` (a read lock's node is
+    /// `…-__READ__<seq>`, as Curator's `InterProcessReadWriteLock`), so a Java service locking
+    /// the same path with Curator and this client exclude each other. The prefix is the parent
+    /// path of every lock (the default prefix `lock:` is `/locks` here); a key made of letters,
+    /// digits, `-`, `_`, `:` and `.` is the node's name as written, any other is escaped. The
+    /// holder is the oldest node; a waiter watches only the node just ahead of its own, so
+    /// waiters are served in order, one wake-up per release. The fencing token is the lock
+    /// node's `czxid`. A client's session is its lease (one per ttl rounded up to whole
+    /// seconds, within the session timeouts the servers allow): a client that dies loses its
+    /// locks when its session expires.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
+    /// let locks = lock_runtime::LockClient::builder()
+    ///     .zookeeper(["10.0.0.1:2181", "10.0.0.2:2181", "10.0.0.3:2181"])
+    ///     .build()
+    ///     .await?;
+    /// # let _ = locks; Ok(()) }
+    /// ```
+    pub fn zookeeper<I, S>(self, hosts: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        self.place(ZkConfig {
+            hosts: hosts.into_iter().map(|h| h.as_ref().to_owned()).collect(),
+        })
+    }
+}
+
+/// What this client knows of one of its nodes, by its caller's token.
+#[derive(Debug, Clone)]
+struct Place {
+    /// The lock's node (what its waiters' wake-ups name).
+    name: String,
+    /// The node's path.
+    path: String,
+    /// A reader's node.
+    shared: bool,
+    /// Its creation's zxid (an exclusive holder's fencing token).
+    czxid: i64,
+    /// The session it lives on.
+    session: i64,
+    /// A fenced exclusive holder: its release leaves its token on the lock's node.
+    fenced: bool,
+    /// Held: this client deletes it then unless renewed (its ttl from the last request that
+    /// took or renewed it, or its minimum hold). `None`: a waiter's node.
+    until: Option<Instant>,
+    /// Given back, and kept for its minimum hold.
+    kept: bool,
+}
+
+/// What the client's tasks share with the store.
+#[derive(Debug)]
+struct Shared {
+    ensemble: Ensemble,
+    sessions: Sessions,
+    /// Each of this client's nodes, by token.
+    places: Mutex<HashMap<String, Place>>,
+    /// When nodes are due to be deleted, by token (see [`Place::until`]).
+    due: Mutex<BTreeSet<(Instant, String)>>,
+    /// Told when something became due sooner.
+    changed: Notify,
+    /// Each waiter's watch of the node ahead of its own, by token.
+    watches: Mutex<HashMap<String, AbortHandle>>,
+    notices: Notices,
+}
+
+/// Locks in one ZooKeeper ensemble.
+#[derive(Debug)]
+pub(crate) struct ZkStore {
+    shared: Arc<Shared>,
+    /// The parent path of every lock.
+    parent: String,
+    /// Deletes nodes whose time is up, and closes idle sessions.
+    keeper: Background,
+}
+
+fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every update is one step, so a poisoned map is still consistent.
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The data of a node: the holder's token.
+fn anyone() -> Acls<'static> {
+    Acls::anyone_all()
+}
+
+/// Whether an error means the request may not have been applied, nor refused: the answer was
+/// lost with the connection (the client re-sends nothing; the request may still land).
+fn answer_lost(error: &ZkError) -> bool {
+    matches!(
+        error,
+        ZkError::ConnectionLoss | ZkError::Timeout | ZkError::Custom(_) | ZkError::SessionMoved
+    )
+}
+
+/// What one look at a line found.
+struct Looked {
+    children: Vec<String>,
+    /// The last fenced writer's token, left on the lock's node.
+    left_fence: Option<i64>,
+}
+
+impl Shared {
+    fn places(&self) -> MutexGuard<'_, HashMap<String, Place>> {
+        locked(&self.places)
+    }
+
+    fn due(&self) -> MutexGuard<'_, BTreeSet<(Instant, String)>> {
+        locked(&self.due)
+    }
+
+    /// Takes `token`'s node out of this client's records (and out of the reaper's).
+    fn forget(&self, token: &str) -> Option<Place> {
+        let place = self.places().remove(token)?;
+        if let Some(until) = place.until {
+            self.due().remove(&(until, token.to_owned()));
+        }
+        Some(place)
+    }
+
+    /// Records a node this client created.
+    fn record(&self, token: &str, place: Place) {
+        if let Some(until) = place.until {
+            self.delete_at(token, until);
+        }
+        self.places().insert(token.to_owned(), place);
+    }
+
+    /// Deletes `token`'s node at `until` unless it is renewed by then.
+    fn delete_at(&self, token: &str, until: Instant) {
+        let sooner = self.due().first().is_none_or(|(first, _)| until < *first);
+        self.due().insert((until, token.to_owned()));
+        if sooner {
+            self.changed.notify_one();
+        }
+    }
+
+    /// Stops `token`'s watch, if it has one.
+    fn unwatch(&self, token: &str) {
+        if let Some(watch) = locked(&self.watches).remove(token) {
+            watch.abort();
+        }
+    }
+
+    /// The session `id`, if it is alive; a session found ended is forgotten.
+    async fn session(&self, id: i64) -> Option<Session> {
+        self.sessions.by_id(id).await
+    }
+
+    /// Notes what a failed request says of its session.
+    async fn failed(&self, session: &Session, error: &ZkError) {
+        if ends_session(error) {
+            self.sessions.forget(session.id).await;
+        }
+    }
+
+    /// Deletes `place`'s node if it is still there (and, for a fenced writer, leaves its token
+    /// on the lock's node for the readers after it): whether it was there.
+    async fn delete(&self, place: &Place) -> Result<bool, LockError> {
+        let Some(session) = self.session(place.session).await else {
+            // Its session ended: its node went with it.
+            return Ok(false);
+        };
+        let client = &session.client;
+        let deleted = if place.fenced && !place.shared {
+            let mut writer = client.new_multi_writer();
+            let token = place.czxid.to_string();
+            let added = writer
+                .add_delete(&place.path, None)
+                .and_then(|()| writer.add_set_data(&place.name, token.as_bytes(), None));
+            if let Err(e) = added {
+                return Err(store_error(&self.ensemble, &e, &place.path));
+            }
+            ask(&self.ensemble, writer.commit())
+                .await?
+                .map(|_| ())
+                .map_err(ZkError::from)
+        } else {
+            ask(&self.ensemble, client.delete(&place.path, None)).await?
+        };
+        match deleted {
+            Ok(()) => Ok(true),
+            Err(ZkError::NoNode) => Ok(false),
+            Err(e) => {
+                self.failed(&session, &e).await;
+                Err(store_error(&self.ensemble, &e, &place.path))
+            }
+        }
+    }
+
+    /// Deletes the nodes whose time is up (their holders' validity ended).
+    async fn reap(&self) {
+        let now = Instant::now();
+        let mut due = Vec::new();
+        {
+            let mut queue = self.due();
+            while queue.first().is_some_and(|(at, _)| *at <= now) {
+                if let Some((_, token)) = queue.pop_first() {
+                    due.push(token);
+                }
+            }
+        }
+        let mut ended = Vec::new();
+        {
+            let mut places = self.places();
+            for token in due {
+                match places.get(&token).and_then(|p| p.until) {
+                    Some(until) if until <= now => {
+                        if let Some(place) = places.remove(&token) {
+                            ended.push((token, place));
+                        }
+                    }
+                    Some(until) => {
+                        self.due().insert((until, token));
+                    }
+                    None => {}
+                }
+            }
+        }
+        for (token, place) in ended {
+            if let Err(e) = self.delete(&place).await {
+                tracing::debug!(error = %e, "could not delete a ZooKeeper lock whose ttl ended; trying again");
+                self.delete_soon(&token, place);
+            }
+        }
+    }
+
+    /// `place` could not be deleted (the ensemble was unreachable): the reaper tries again
+    /// soon, until it is or its session ends.
+    fn delete_soon(&self, token: &str, place: Place) {
+        let again = Instant::now() + Duration::from_millis(100);
+        self.places().entry(token.to_owned()).or_insert(Place {
+            until: Some(again),
+            ..place
+        });
+        self.delete_at(token, again);
+    }
+
+    /// Deletes nodes whose time is up and closes idle sessions, until the client goes.
+    async fn keep(self: Arc<Self>) {
+        loop {
+            let next = [self.sessions.next_idle(), self.due().first().map(|(at, _)| *at)]
+                .into_iter()
+                .flatten()
+                .min();
+            match next {
+                Some(at) if at <= Instant::now() => {}
+                Some(at) => {
+                    tokio::select! {
+                        () = tokio::time::sleep_until(at) => {}
+                        () = self.changed.notified() => continue,
+                    }
+                }
+                None => {
+                    self.changed.notified().await;
+                    continue;
+                }
+            }
+            self.reap().await;
+            let in_use: Vec<i64> = self.places().values().map(|p| p.session).collect();
+            self.sessions.close_idle(|id| in_use.contains(&id)).await;
+        }
+    }
+}
+
+impl ZkStore {
+    fn new(ensemble: Ensemble, parent: String, notices: Notices) -> Self {
+        ZkStore {
+            shared: Arc::new(Shared {
+                ensemble,
+                sessions: Sessions::default(),
+                places: Mutex::new(HashMap::new()),
+                due: Mutex::new(BTreeSet::new()),
+                changed: Notify::new(),
+                watches: Mutex::new(HashMap::new()),
+                notices,
+            }),
+            parent,
+            keeper: Background::default(),
+        }
+    }
+
+    fn ensemble(&self) -> &Ensemble {
+        &self.shared.ensemble
+    }
+
+    fn error(&self, error: &ZkError, path: &str) -> LockError {
+        store_error(self.ensemble(), error, path)
+    }
+
+    /// The session for `ttl_ms`, with the keeper running.
+    async fn session(&self, ttl_ms: u64) -> Result<Session, LockError> {
+        let shared = Arc::clone(&self.shared);
+        self.keeper.ensure(move || shared.keep());
+        self.shared.sessions.for_ttl(self.ensemble(), ttl_ms).await
+    }
+
+    /// The children of the lock's node behind a `sync` (so the server this session talks to
+    /// has caught up with the leader, and the leader heard from the session after it was
+    /// sent), and with `fence`, the token the last fenced writer left on it. A lock's node
+    /// that does not exist has no children.
+    async fn look(&self, session: &Session, lock: &str, fence: bool) -> Result<Looked, LockError> {
+        let client = &session.client;
+        let sync = client.sync(lock);
+        let mut reader = client.new_multi_reader();
+        let added =
+            reader
+                .add_get_children(lock)
+                .and_then(|()| if fence { reader.add_get_data(lock) } else { Ok(()) });
+        if let Err(e) = added {
+            return Err(self.error(&e, lock));
+        }
+        let read = reader.commit();
+        let (synced, read) = ask(self.ensemble(), async { tokio::join!(sync, read) }).await?;
+        match synced {
+            Ok(()) | Err(ZkError::NoNode) => {}
+            Err(e) => {
+                self.shared.failed(session, &e).await;
+                return Err(self.error(&e, lock));
+            }
+        }
+        let read = match read {
+            Ok(read) => read,
+            Err(e) => {
+                self.shared.failed(session, &e).await;
+                return Err(self.error(&e, lock));
+            }
+        };
+        let mut looked = Looked {
+            children: Vec::new(),
+            left_fence: None,
+        };
+        for result in read {
+            match result {
+                MultiReadResult::Children { children } => looked.children = children,
+                MultiReadResult::Data { data, .. } => {
+                    looked.left_fence = std::str::from_utf8(&data).ok().and_then(|d| d.parse().ok());
+                }
+                MultiReadResult::Error { err: ZkError::NoNode } => {}
+                MultiReadResult::Error { err } => return Err(self.error(&err, lock)),
+                _ => {}
+            }
+        }
+        Ok(looked)
+    }
+
+    /// Creates `token`'s node in the lock's line (the lock's node made first when it is
+    /// missing, as a container, as Curator makes it): its path and czxid. When the answer was
+    /// lost, the node is looked for by its uuid.
+    async fn create(
+        &self,
+        session: &Session,
+        lock: &Lock,
+        token: &str,
+        shared: bool,
+    ) -> Result<(String, i64), LockError> {
+        let client = &session.client;
+        let uuid = names::uuid_of(token);
+        let prefix = names::node_prefix(lock.name(), &uuid, shared);
+        let options = CreateMode::EphemeralSequential.with_acls(anyone());
+        for _ in 0..5 {
+            let created = ask(
+                self.ensemble(),
+                client.create(&prefix, token.as_bytes(), &options),
+            )
+            .await?;
+            match created {
+                Ok((stat, sequence)) => {
+                    let path = format!("{prefix}{sequence}");
+                    let czxid = if stat.czxid > 0 {
+                        stat.czxid
+                    } else {
+                        self.czxid_of(session, &path).await?
+                    };
+                    return Ok((path, czxid));
+                }
+                Err(ZkError::NoNode) => {
+                    let parents = CreateMode::Container.with_acls(anyone());
+                    match ask(self.ensemble(), client.mkdir(lock.name(), &parents)).await? {
+                        Ok(()) | Err(ZkError::NodeExists) => continue,
+                        Err(e) => return Err(self.error(&e, lock.name())),
+                    }
+                }
+                Err(e) if answer_lost(&e) => {
+                    if let Some(found) = self.find(session, lock.name(), &uuid).await? {
+                        let czxid = self.czxid_of(session, &found).await?;
+                        return Ok((found, czxid));
+                    }
+                    return Err(self.error(&e, lock.name()));
+                }
+                Err(e) => {
+                    self.shared.failed(session, &e).await;
+                    return Err(self.error(&e, lock.name()));
+                }
+            }
+        }
+        Err(requests::unavailable(
+            self.ensemble(),
+            format!("{} kept disappearing while a node was created in it", lock.name()),
+        ))
+    }
+
+    /// The node of `uuid` under `lock`, if there is one.
+    async fn find(&self, session: &Session, lock: &str, uuid: &str) -> Result<Option<String>, LockError> {
+        let mine = names::protection(uuid);
+        match ask(self.ensemble(), session.client.list_children(lock)).await? {
+            Ok(children) => Ok(children
+                .into_iter()
+                .find(|c| c.starts_with(&mine))
+                .map(|c| format!("{lock}/{c}"))),
+            Err(ZkError::NoNode) => Ok(None),
+            Err(e) => Err(self.error(&e, lock)),
+        }
+    }
+
+    async fn czxid_of(&self, session: &Session, path: &str) -> Result<i64, LockError> {
+        match ask(self.ensemble(), session.client.check_stat(path)).await? {
+            Ok(Some(stat)) => Ok(stat.czxid),
+            Ok(None) => Err(requests::unavailable(
+                self.ensemble(),
+                format!("{path} went as soon as it was made (its session ended)"),
+            )),
+            Err(e) => Err(self.error(&e, path)),
+        }
+    }
+
+    async fn acquire(&self, lock: &Lock, token: &str, ask_: &Ask) -> Result<Attempt, LockError> {
+        let known = self.shared.places().get(token).cloned();
+        if let Some(place) = known.filter(|p| p.until.is_none()) {
+            return self.look_again(lock, token, ask_, place).await;
+        }
+        let sent = Instant::now();
+        let session = self.session(ask_.ttl_ms).await?;
+        let fence = ask_.fencing && ask_.shared;
+        if !ask_.join {
+            // One read: a lock someone is in line for is refused without a write.
+            let looked = self.look(&session, lock.name(), false).await?;
+            if !names::free_for(&names::line(&looked.children), ask_.shared) {
+                return Ok(Attempt::HELD);
+            }
+        }
+        let (path, czxid) = self.create(&session, lock, token, ask_.shared).await?;
+        let place = Place {
+            name: lock.name().to_owned(),
+            path,
+            shared: ask_.shared,
+            czxid,
+            session: session.id,
+            fenced: ask_.fencing,
+            until: None,
+            kept: false,
+        };
+        // Recorded at once: a release after a lost answer finds it.
+        self.shared.record(token, place.clone());
+        self.decide(lock, token, ask_, place, (sent, &session), fence)
+            .await
+    }
+
+    /// Looks at the line `place` is in, and takes the lock, waits behind the node ahead, or
+    /// (a try that will not wait) gives the place up.
+    async fn decide(
+        &self,
+        lock: &Lock,
+        token: &str,
+        ask_: &Ask,
+        place: Place,
+        (sent, session): (Instant, &Session),
+        fence: bool,
+    ) -> Result<Attempt, LockError> {
+        let looked = match self.look(session, lock.name(), fence).await {
+            Ok(looked) => looked,
+            Err(e) => {
+                if !ask_.join {
+                    // Not known to hold: given back (by the reaper, if not now).
+                    self.shared.forget(token);
+                    if self.shared.delete(&place).await.is_err() {
+                        self.shared.delete_soon(token, place);
+                    }
+                }
+                return Err(e);
+            }
+        };
+        let line = names::line(&looked.children);
+        let mine = place.path.rsplit('/').next().unwrap_or_default();
+        match names::standing(&line, mine) {
+            Some(None) => Ok(self.taken(token, place, ask_, (sent, session), looked.left_fence)),
+            Some(Some(ahead)) if ask_.join => {
+                let ahead = format!("{}/{}", lock.name(), ahead.name);
+                self.watch(lock, token, session, ahead);
+                Ok(Attempt::Held {
+                    pttl_ms: None,
+                    behind: true,
+                    claimed: false,
+                    kept: None,
+                })
+            }
+            Some(Some(_)) => {
+                self.shared.forget(token);
+                if let Err(e) = self.shared.delete(&place).await {
+                    self.shared.delete_soon(token, place);
+                    return Err(e);
+                }
+                Ok(Attempt::HELD)
+            }
+            None => {
+                // Gone already: its session ended (or an operator deleted it). In line again.
+                self.shared.forget(token);
+                if ask_.join {
+                    return Box::pin(self.acquire(lock, token, ask_)).await;
+                }
+                Ok(Attempt::HELD)
+            }
+        }
+    }
+
+    /// The node is the lock's now: recorded as held until its ttl from `sent`; valid no longer
+    /// than the session's timeout from then.
+    fn taken(
+        &self,
+        token: &str,
+        place: Place,
+        ask_: &Ask,
+        (sent, session): (Instant, &Session),
+        left_fence: Option<i64>,
+    ) -> Attempt {
+        self.shared.unwatch(token);
+        let fence = if place.shared {
+            left_fence
+                .filter(|&f| f > 0 && f < place.czxid)
+                .unwrap_or(place.czxid)
+        } else {
+            place.czxid
+        };
+        let until = sent + Duration::from_millis(ask_.ttl_ms);
+        self.shared.forget(token);
+        self.shared.record(
+            token,
+            Place {
+                until: Some(until),
+                ..place
+            },
+        );
+        let kept_until = sent + session.timeout;
+        Attempt::Acquired {
+            fence: ask_.fencing.then(|| u64::try_from(fence).unwrap_or(0)),
+            kept_until: (kept_until < until).then_some(kept_until),
+        }
+    }
+
+    /// Has `token` woken when `ahead` (the node just ahead of its own) changes or goes.
+    fn watch(&self, lock: &Lock, token: &str, session: &Session, ahead: String) {
+        let client: Client = session.client.clone();
+        let notices = self.shared.notices.clone();
+        let (name, waiter) = (lock.name().to_owned(), token.to_owned());
+        let within = self.ensemble().timeouts.response;
+        let task = tokio::spawn(async move {
+            match tokio::time::timeout(within, client.check_and_watch_stat(&ahead)).await {
+                Ok(Ok((Some(_), watcher))) => {
+                    // Deleted, changed, or the session ended: it looks again.
+                    let _ = watcher.changed().await;
+                }
+                Ok(Ok((None, _))) => {} // gone already
+                Ok(Err(e)) => tracing::debug!(error = %e, "cannot watch the node ahead of a waiter"),
+                Err(_) => tracing::debug!("no answer to the watch of the node ahead of a waiter"),
+            }
+            notices.turn(&name, waiter.as_bytes(), None);
+        });
+        if let Some(old) = locked(&self.shared.watches).insert(token.to_owned(), task.abort_handle()) {
+            old.abort();
+        }
+    }
+
+    /// A waiter looks again (woken: the node ahead of it went, or a nap ended). A node gone
+    /// (its session ended) is made again, at the end of the line.
+    async fn look_again(
+        &self,
+        lock: &Lock,
+        token: &str,
+        ask_: &Ask,
+        place: Place,
+    ) -> Result<Attempt, LockError> {
+        let sent = Instant::now();
+        let Some(session) = self.shared.session(place.session).await else {
+            self.shared.forget(token);
+            self.shared.unwatch(token);
+            return Box::pin(self.acquire(lock, token, ask_)).await;
+        };
+        let fence = ask_.fencing && place.shared;
+        self.decide(lock, token, ask_, place, (sent, &session), fence)
+            .await
+    }
+
+    async fn renew_locks(&self, locks: &[Renewing<'_>]) -> Result<Vec<Renewal>, LockError> {
+        let sent = Instant::now();
+        let mut found = vec![Renewal::Gone; locks.len()];
+        // By session: one `sync` each, then a read of each node, sent together.
+        let mut by_session: HashMap<i64, Vec<(usize, Place)>> = HashMap::new();
+        for (at, (_, token, _)) in locks.iter().enumerate() {
+            let place = self
+                .shared
+                .places()
+                .get(*token)
+                .cloned()
+                .filter(|p| p.until.is_some() && !p.kept);
+            if let Some(place) = place {
+                by_session.entry(place.session).or_default().push((at, place));
+            }
+        }
+        let checks = by_session.into_iter().map(|(id, places)| async move {
+            let Some(session) = self.shared.session(id).await else {
+                return Ok((None, places, Vec::new()));
+            };
+            let client = &session.client;
+            let sync = client.sync(&places[0].1.path);
+            let stats = join_all(places.iter().map(|(_, p)| client.check_stat(&p.path)));
+            let (synced, stats) = ask(self.ensemble(), async { tokio::join!(sync, stats) }).await?;
+            match synced {
+                Ok(()) | Err(ZkError::NoNode) => Ok((Some(session), places, stats)),
+                Err(e) => {
+                    self.shared.failed(&session, &e).await;
+                    Err(self.error(&e, &places[0].1.path))
+                }
+            }
+        });
+        for checked in join_all(checks).await {
+            let (session, places, stats) = checked?;
+            let Some(session) = session else {
+                continue; // its session ended: every lock on it is gone
+            };
+            for ((at, place), stat) in places.iter().zip(stats) {
+                let ttl = Duration::from_millis(locks[*at].2);
+                found[*at] = match stat {
+                    Ok(Some(stat)) if stat.czxid == place.czxid && stat.ephemeral_owner == session.id => {
+                        if session.timeout < ttl {
+                            Renewal::RenewedFor(session.timeout)
+                        } else {
+                            Renewal::Renewed
+                        }
+                    }
+                    Ok(_) => Renewal::Gone,
+                    Err(e) => {
+                        self.shared.failed(&session, &e).await;
+                        return Err(self.error(&e, &place.path));
+                    }
+                };
+            }
+        }
+        for (at, (_, token, ttl_ms)) in locks.iter().enumerate() {
+            let mut places = self.shared.places();
+            match found[at] {
+                Renewal::Renewed | Renewal::RenewedFor(_) => {
+                    let until = sent + Duration::from_millis(*ttl_ms);
+                    if let Some(place) = places.get_mut(*token) {
+                        // Never shortened (as `PEXPIRE … GT` on Redis).
+                        place.until = place.until.map(|was| was.max(until));
+                    }
+                }
+                Renewal::Gone => {
+                    places.remove(*token);
+                }
+                _ => {}
+            }
+        }
+        Ok(found)
+    }
+
+    async fn release_token(
+        &self,
+        lock: &Lock,
+        token: &str,
+        release: Release<'_>,
+    ) -> Result<Released, LockError> {
+        self.shared.unwatch(token);
+        let Some(place) = self.shared.forget(token) else {
+            if release.after.is_some() {
+                // An attempt whose answer never came may have made a node: deleted now, and again
+                // once a late request could no longer land.
+                return self.delete_unknown(lock, token).await;
+            }
+            return Ok(Released::NotOurs);
+        };
+        if place.kept {
+            self.shared.record(token, place);
+            return Ok(Released::NotOurs);
+        }
+        if release.hold_ms > 0 && place.until.is_some() {
+            return self.keep_for(token, place, release.hold_ms).await;
+        }
+        match self.shared.delete(&place).await {
+            // Waiters hear of it through their watches.
+            Ok(true) => Ok(Released::Quiet),
+            Ok(false) => Ok(Released::NotOurs),
+            Err(e) => {
+                // Not known to be gone: deleted at its validity's end (tried until it is), or its
+                // session ends it.
+                let until = place.until.unwrap_or_else(Instant::now);
+                self.shared.record(
+                    token,
+                    Place {
+                        until: Some(until),
+                        ..place
+                    },
+                );
+                Err(e)
+            }
+        }
+    }
+
+    /// The node of `token`, which this client never heard of (an attempt whose answer never
+    /// came): deleted now, and once more after a request sent before could still have landed.
+    async fn delete_unknown(&self, lock: &Lock, token: &str) -> Result<Released, LockError> {
+        let uuid = names::uuid_of(token);
+        let shared = Arc::clone(&self.shared);
+        let name = lock.name().to_owned();
+        let delete = move || {
+            let (shared, name, uuid) = (Arc::clone(&shared), name.clone(), uuid.clone());
+            async move { delete_by_uuid(&shared, &name, &uuid).await }
+        };
+        let after = self.ensemble().timeouts.response * 2 + Duration::from_secs(1);
+        let late = delete.clone();
+        let started = Instant::now();
+        tokio::spawn(async move {
+            for _ in 0..300 {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                match late().await {
+                    Ok(_) if started.elapsed() >= after => return,
+                    Ok(_) => tokio::time::sleep(after.saturating_sub(started.elapsed())).await,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "could not delete the node of an abandoned ZooKeeper attempt; trying again");
+                    }
+                }
+            }
+        });
+        Ok(if delete().await? {
+            Released::Quiet
+        } else {
+            Released::NotOurs
+        })
+    }
+
+    /// A release before the minimum hold's end: the node is kept, its data marked released, and
+    /// deleted by this client when the hold ends (or with its session, if this client dies).
+    async fn keep_for(&self, token: &str, place: Place, hold_ms: u64) -> Result<Released, LockError> {
+        let put_back = |place: Place| self.shared.record(token, place);
+        let Some(session) = self.shared.session(place.session).await else {
+            return Ok(Released::NotOurs);
+        };
+        let marked = format!("{token}{RELEASED}");
+        let set = ask(
+            self.ensemble(),
+            session.client.set_data(&place.path, marked.as_bytes(), None),
+        )
+        .await;
+        match set {
+            Ok(Ok(_)) => {
+                self.shared.record(
+                    token,
+                    Place {
+                        until: Some(Instant::now() + Duration::from_millis(hold_ms)),
+                        kept: true,
+                        ..place
+                    },
+                );
+                Ok(Released::Quiet)
+            }
+            Ok(Err(ZkError::NoNode)) => Ok(Released::NotOurs),
+            Ok(Err(e)) => {
+                let error = self.error(&e, &place.path);
+                put_back(place);
+                Err(error)
+            }
+            Err(e) => {
+                put_back(place);
+                Err(e)
+            }
+        }
+    }
+
+    async fn leave_line(&self, token: &str) -> Result<(), LockError> {
+        self.shared.unwatch(token);
+        let place = self.shared.forget(token);
+        if let Some(place) = place {
+            if let Err(e) = self.shared.delete(&place).await {
+                // Its session would keep it as long as this client lives, holding the line back:
+                // deleted by the reaper, tried again until it is.
+                self.shared.delete_soon(token, place);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Deletes the nodes of `uuid` under `lock` (through any session of this client): whether one
+/// was there.
+async fn delete_by_uuid(shared: &Shared, lock: &str, uuid: &str) -> Result<bool, LockError> {
+    let Some(session) = shared.sessions.any().await else {
+        return Ok(false);
+    };
+    let client = &session.client;
+    let mine = names::protection(uuid);
+    let children = match ask(&shared.ensemble, client.list_children(lock)).await? {
+        Ok(children) => children,
+        Err(ZkError::NoNode) => return Ok(false),
+        Err(e) => return Err(store_error(&shared.ensemble, &e, lock)),
+    };
+    let mut deleted = false;
+    for child in children.iter().filter(|c| c.starts_with(&mine)) {
+        let path = format!("{lock}/{child}");
+        match ask(&shared.ensemble, client.delete(&path, None)).await? {
+            Ok(()) => deleted = true,
+            Err(ZkError::NoNode) => {}
+            Err(e) => return Err(store_error(&shared.ensemble, &e, &path)),
+        }
+    }
+    Ok(deleted)
+}
+
+impl Drop for ZkStore {
+    /// The client's tasks go with it, and its sessions are closed (their nodes with them).
+    fn drop(&mut self) {
+        self.keeper.stop();
+        for (_, watch) in locked(&self.shared.watches).drain() {
+            watch.abort();
+        }
+        drop(self.shared.sessions.take_all());
+    }
+}
+
+impl Store for ZkStore {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            name: "zookeeper",
+            // The next in line holds once the node ahead is deleted; it looks (a read).
+            hand_over: false,
+            queues: true,
+            ..Capabilities::ALL
+        }
+    }
+
+    /// `<parent>/<key as a node name>`: the lock's nodes are its children.
+    fn name(&self, key: &str) -> String {
+        names::lock_path(&self.parent, key)
+    }
+
+    async fn connect(&self) -> Result<(), LockError> {
+        // A session, and the rights locking needs: an ephemeral node made and deleted under the
+        // parent path (made, as a container, if missing).
+        let session = self.session(PROBE_TTL_MS).await?;
+        let probe = names::lock_path(&self.parent, "rights-check");
+        let lock = Lock::new("rights-check", probe);
+        let token = crate::holder::new_value("rights-check");
+        let (path, _) = self.create(&session, &lock, &token, false).await?;
+        match ask(self.ensemble(), session.client.delete(&path, None)).await? {
+            Ok(()) | Err(ZkError::NoNode) => Ok(()),
+            Err(e) => Err(self.error(&e, &path)),
+        }
+    }
+
+    async fn attempt(&self, lock: &Lock, token: &str, ask_: &Ask, _: &Flight) -> Result<Attempt, LockError> {
+        self.acquire(lock, token, ask_).await
+    }
+
+    async fn renew(&self, locks: &[Renewing<'_>]) -> Result<Vec<Renewal>, LockError> {
+        self.renew_locks(locks).await
+    }
+
+    async fn release(&self, lock: &Lock, token: &str, release: Release<'_>) -> Result<Released, LockError> {
+        self.release_token(lock, token, release).await
+    }
+
+    async fn leave(&self, _: &Lock, token: &str, _: bool) -> Result<(), LockError> {
+        self.leave_line(token).await
+    }
+
+    async fn inspect(&self, lock: &Lock) -> Result<LockView, LockError> {
+        self.read_one(lock).await
+    }
+
+    async fn list(&self, pattern: &str) -> Result<Vec<LockView>, LockError> {
+        self.held(pattern).await
+    }
+
+    async fn force_release(&self, lock: &Lock, seen: &LockView) -> Result<ForceReleased, LockError> {
+        self.force(lock, seen).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn servers_and_urls_are_checked() {
+        let config = ZkConfig {
+            hosts: vec!["a:2181".into(), "b:2181/app/".into()],
+        };
+        let (hosts, chroot) = config.checked().unwrap();
+        assert_eq!(hosts, ["a:2181", "b:2181"]);
+        assert_eq!(chroot.as_deref(), Some("/app"));
+        let bad = ZkConfig {
+            hosts: vec!["zk://a:2181".into()],
+        };
+        assert!(bad.checked().is_err());
+        assert!(ZkConfig { hosts: vec![] }.checked().is_err());
+        let url = from_url("zk://a:2181,b:2182/app").unwrap();
+        let shown = format!("{url:?}");
+        assert!(
+            shown.contains("a:2181") && shown.contains("b:2182/app"),
+            "{shown}"
+        );
+    }
+}

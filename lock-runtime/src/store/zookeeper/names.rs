@@ -1,0 +1,308 @@
+//! ZooKeeper paths: the parent node of a lock (the prefix, then the key as a node name) and the
+//! names of its children, laid out as Apache Curator lays them, so that a Curator service and
+//! ours meet on the same nodes:
+//!
+//! - `_c_<uuid>-lock-<seq>`: an exclusive holder or waiter (Curator's `InterProcessMutex`);
+//! - `_c_<uuid>-__READ__<seq>`: a reader (Curator's `InterProcessReadWriteLock` read lock);
+//! - `_c_<uuid>-__WRIT__<seq>`: Curator's write lock (we never create one, but it excludes).
+//!
+//! `<seq>` is the 10 digits ZooKeeper appends to a sequential node: one counter per parent,
+//! shared by every kind, so sorting by it is the order of arrival. `_c_<uuid>-` is Curator's
+//! "protection": a caller finds its own node by its uuid when the answer to its create was lost.
+
+use std::fmt::Write;
+
+/// The mutex's lock name (what follows the protection and precedes the sequence).
+const MUTEX: &str = "lock-";
+/// The read-write lock's names.
+const READ: &str = "__READ__";
+const WRITE: &str = "__WRIT__";
+/// Curator's protection: `_c_` then a uuid (36 characters with hyphens) then `-`.
+const PROTECTED: &str = "_c_";
+
+/// The parent path of every lock, from the client's prefix: `lock:` (the library's default
+/// prefix, meant for Redis) is `/locks`; any other prefix must be an absolute path.
+pub(super) fn parent_path(prefix: &str) -> Result<String, String> {
+    if prefix == crate::DEFAULT_PREFIX {
+        return Ok("/locks".to_owned());
+    }
+    let trimmed = prefix.trim_end_matches('/');
+    let valid = trimmed.starts_with('/')
+        && trimmed[1..].split('/').all(|part| {
+            !part.is_empty() && part != "." && part != ".." && part.chars().all(|c| !c.is_control())
+        });
+    if !valid || trimmed.is_empty() {
+        return Err(format!(
+            "on ZooKeeper the prefix is the parent path of every lock, an absolute path other \
+             than / without empty, . or .. parts (e.g. /locks/billing); got {prefix:?}"
+        ));
+    }
+    Ok(trimmed.to_owned())
+}
+
+/// Whether `key` is a node name as written: letters, digits, `-`, `_`, `:` and `.`, and not
+/// `.` or `..`.
+fn is_plain(key: &str) -> bool {
+    key != "."
+        && key != ".."
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b':' | b'.'))
+}
+
+/// The node name of a key: the key as written when it is [plain](is_plain), else `%` and the
+/// key with every other byte written `%XX`. A plain key never holds a `%`, so no escaped key
+/// meets a plain one, and escaping is one-to-one.
+pub(super) fn node_name(key: &str) -> String {
+    if is_plain(key) {
+        return key.to_owned();
+    }
+    let mut name = String::with_capacity(key.len() * 3 + 1);
+    name.push('%');
+    for byte in key.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b':' | b'.') {
+            name.push(char::from(byte));
+        } else {
+            let _ = write!(name, "%{byte:02X}");
+        }
+    }
+    name
+}
+
+/// The key a node name stands for (`None`: not a name [`node_name`] makes).
+pub(super) fn key_of(name: &str) -> Option<String> {
+    let Some(escaped) = name.strip_prefix('%') else {
+        return is_plain(name).then(|| name.to_owned());
+    };
+    let bytes = escaped.as_bytes();
+    let mut key = Vec::with_capacity(bytes.len());
+    let mut at = 0;
+    while at < bytes.len() {
+        if bytes[at] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(at + 1..at + 3)?).ok()?;
+            key.push(u8::from_str_radix(hex, 16).ok()?);
+            at += 3;
+        } else {
+            key.push(bytes[at]);
+            at += 1;
+        }
+    }
+    // Only the one name `node_name` makes of it (`%zz` is not: `zz` is written plain).
+    String::from_utf8(key).ok().filter(|key| node_name(key) == name)
+}
+
+/// The lock's parent node: `<parent>/<node name of key>`.
+pub(super) fn lock_path(parent: &str, key: &str) -> String {
+    let name = node_name(key);
+    let mut path = String::with_capacity(parent.len() + 1 + name.len());
+    path.push_str(parent);
+    path.push('/');
+    path.push_str(&name);
+    path
+}
+
+/// The uuid a token (`<32 hex digits> <owner>`) is known by in node names: its hex digits,
+/// hyphenated as Curator writes a `java.util.UUID`.
+pub(super) fn uuid_of(token: &str) -> String {
+    let id = token.split_once(' ').map_or(token, |(id, _)| id);
+    match uuid::Uuid::try_parse(id) {
+        Ok(uuid) => uuid.hyphenated().to_string(),
+        Err(_) => id.to_owned(),
+    }
+}
+
+/// What a caller creates (ZooKeeper appends the sequence): `<lock path>/_c_<uuid>-lock-`, or
+/// `…-__READ__` for a reader.
+pub(super) fn node_prefix(lock: &str, uuid: &str, shared: bool) -> String {
+    let kind = if shared { READ } else { MUTEX };
+    format!("{lock}/{PROTECTED}{uuid}-{kind}")
+}
+
+/// The start of the names of `uuid`'s nodes (`_c_<uuid>-`).
+pub(super) fn protection(uuid: &str) -> String {
+    format!("{PROTECTED}{uuid}-")
+}
+
+/// One child of a lock's node, as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Child {
+    /// Its name.
+    pub(super) name: String,
+    /// Its sequence number: its place in line.
+    pub(super) seq: i64,
+    /// A reader's node (`__READ__`); otherwise it excludes (a mutex's or a writer's).
+    pub(super) shared: bool,
+}
+
+/// A child's kind and sequence, when it is a lock node of Curator's layout (ours are).
+pub(super) fn parse(name: &str) -> Option<Child> {
+    // The last lock name in it (a protection uuid never holds one: it is hex and hyphens).
+    let (at, kind) = [MUTEX, READ, WRITE]
+        .iter()
+        .filter_map(|kind| name.rfind(kind).map(|at| (at, *kind)))
+        .max_by_key(|(at, _)| *at)?;
+    let digits = &name[at + kind.len()..];
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit() || b == b'-') {
+        return None;
+    }
+    Some(Child {
+        name: name.to_owned(),
+        seq: digits.parse().ok()?,
+        shared: kind == READ,
+    })
+}
+
+/// The lock nodes among `names`, in line order (by sequence; other children are left out).
+pub(super) fn line(names: &[String]) -> Vec<Child> {
+    let mut line: Vec<Child> = names.iter().filter_map(|n| parse(n)).collect();
+    line.sort_by_key(|c| c.seq);
+    line
+}
+
+/// Where the node `mine` stands in `line`: `None` if it is not there; `Some(None)` when it
+/// holds (an exclusive node first in line, a reader with no excluding node before it);
+/// `Some(Some(ahead))` when it waits, `ahead` being the one node it waits for (the one just
+/// before it; for a reader, the last excluding node before it).
+pub(super) fn standing<'l>(line: &'l [Child], mine: &str) -> Option<Option<&'l Child>> {
+    let at = line.iter().position(|c| c.name == mine)?;
+    let shared = line[at].shared;
+    let before = &line[..at];
+    let ahead = if shared {
+        before.iter().rev().find(|c| !c.shared)
+    } else {
+        before.last()
+    };
+    Some(ahead)
+}
+
+/// Whether a caller of this kind would hold at once: nobody is in line (for a reader: no
+/// excluding node is).
+pub(super) fn free_for(line: &[Child], shared: bool) -> bool {
+    if shared {
+        line.iter().all(|c| c.shared)
+    } else {
+        line.is_empty()
+    }
+}
+
+/// The holders in `line`: the first node if it excludes, else every reader before the first
+/// excluding node.
+pub(super) fn holders(line: &[Child]) -> &[Child] {
+    match line.iter().position(|c| !c.shared) {
+        Some(0) => &line[..1.min(line.len())],
+        Some(at) => &line[..at],
+        None => line,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_keys_are_node_names_and_others_are_escaped_one_to_one() {
+        assert_eq!(node_name("order:42"), "order:42");
+        assert_eq!(node_name("a-b_c.d"), "a-b_c.d");
+        assert_eq!(node_name("order 42"), "%order%2042");
+        assert_eq!(node_name("a/b"), "%a%2Fb");
+        assert_eq!(node_name("."), "%.");
+        assert_eq!(node_name(".."), "%..");
+        assert_eq!(node_name("%"), "%%25");
+        assert_eq!(node_name("ordér"), "%ord%C3%A9r");
+        let keys = [
+            "order:42",
+            "order 42",
+            "a/b",
+            ".",
+            "..",
+            "%",
+            "%25",
+            "ordér",
+            "Order",
+            "zookeeper",
+        ];
+        let names: std::collections::BTreeSet<String> = keys.iter().map(|k| node_name(k)).collect();
+        assert_eq!(names.len(), keys.len(), "two keys met: {names:?}");
+        for key in keys {
+            assert_eq!(key_of(&node_name(key)).as_deref(), Some(key));
+            assert!(!node_name(key).contains('/'));
+        }
+        assert_eq!(key_of("%zz"), None);
+        assert_eq!(key_of("a b"), None);
+    }
+
+    #[test]
+    fn the_prefix_is_an_absolute_parent_path() {
+        assert_eq!(parent_path("lock:").unwrap(), "/locks");
+        assert_eq!(parent_path("/locks/billing/").unwrap(), "/locks/billing");
+        for bad in ["billing:", "/", "//x", "/a//b", "/a/../b", ""] {
+            assert!(parent_path(bad).is_err(), "{bad}");
+        }
+        assert_eq!(lock_path("/locks", "order:42"), "/locks/order:42");
+    }
+
+    #[test]
+    fn curators_names_are_read_and_ours_are_written_like_them() {
+        let uuid = uuid_of("0123456789abcdef0123456789abcdef me:1");
+        assert_eq!(uuid, "01234567-89ab-cdef-0123-456789abcdef");
+        assert_eq!(
+            node_prefix("/locks/k", &uuid, false),
+            "/locks/k/_c_01234567-89ab-cdef-0123-456789abcdef-lock-"
+        );
+        assert_eq!(
+            node_prefix("/locks/k", &uuid, true),
+            "/locks/k/_c_01234567-89ab-cdef-0123-456789abcdef-__READ__"
+        );
+        let mutex = parse("_c_9b2e7c4a-1111-2222-3333-444455556666-lock-0000000007").unwrap();
+        assert_eq!((mutex.seq, mutex.shared), (7, false));
+        let read = parse("_c_9b2e7c4a-1111-2222-3333-444455556666-__READ__0000000003").unwrap();
+        assert_eq!((read.seq, read.shared), (3, true));
+        let write = parse("_c_9b2e7c4a-1111-2222-3333-444455556666-__WRIT__0000000004").unwrap();
+        assert_eq!((write.seq, write.shared), (4, false));
+        // Curator without protection, and a lock name that is also in the uuid's place.
+        assert_eq!(parse("lock-0000000001").map(|c| c.seq), Some(1));
+        assert_eq!(parse("_c_x-lock--lock-0000000002").map(|c| c.seq), Some(2));
+        for foreign in ["leader", "lock-", "lock-12ab", "_c_x-latch-0000000001"] {
+            assert_eq!(parse(foreign), None, "{foreign}");
+        }
+    }
+
+    #[test]
+    fn the_line_decides_who_holds_and_whom_a_waiter_watches() {
+        let names: Vec<String> = [
+            "_c_a-__READ__0000000002",
+            "_c_b-lock-0000000001",
+            "_c_c-__READ__0000000003",
+            "_c_d-__WRIT__0000000004",
+            "_c_e-__READ__0000000005",
+            "other",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let line = line(&names);
+        assert_eq!(line.len(), 5);
+        assert_eq!(standing(&line, "_c_b-lock-0000000001"), Some(None));
+        assert_eq!(
+            standing(&line, "_c_a-__READ__0000000002").unwrap().unwrap().name,
+            "_c_b-lock-0000000001"
+        );
+        assert_eq!(
+            standing(&line, "_c_c-__READ__0000000003").unwrap().unwrap().name,
+            "_c_b-lock-0000000001"
+        );
+        assert_eq!(
+            standing(&line, "_c_d-__WRIT__0000000004").unwrap().unwrap().name,
+            "_c_c-__READ__0000000003"
+        );
+        assert_eq!(
+            standing(&line, "_c_e-__READ__0000000005").unwrap().unwrap().name,
+            "_c_d-__WRIT__0000000004"
+        );
+        assert_eq!(standing(&line, "missing"), None);
+        assert_eq!(holders(&line).len(), 1);
+        assert_eq!(holders(&line[1..]).len(), 2, "two readers before a writer");
+        assert!(free_for(&line[1..3], true) && !free_for(&line[1..3], false));
+        assert!(free_for(&[], false));
+    }
+}

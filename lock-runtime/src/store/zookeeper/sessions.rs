@@ -1,0 +1,153 @@
+//! A client's ZooKeeper sessions: one per ttl class (a ttl rounded up to whole seconds), opened
+//! at its first use with that session timeout, so that the nodes of a holder that dies lapse
+//! with its session within about its ttl. The server bounds every session timeout (by default
+//! between 2 and 20 ticks: 4 s and 40 s with its 2 s tick): the timeout it grants is what a
+//! lock on the session can count on (see [`Session::timeout`]).
+//!
+//! A session the server ended (expired, closed, or whose client's task went with its runtime)
+//! is replaced at its next use; the nodes on it went with it, which the holders find at their
+//! next renewal and the waiters when they look again.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use zookeeper_client::{Client, SessionState};
+
+use super::requests::{connect_error, unavailable, Ensemble};
+use crate::LockError;
+
+/// A session unused this long, with no node on it, is closed.
+pub(super) const IDLE: Duration = Duration::from_secs(60);
+
+/// One session.
+#[derive(Debug, Clone)]
+pub(super) struct Session {
+    pub(super) client: Client,
+    /// Its id: the ephemeral owner of its nodes.
+    pub(super) id: i64,
+    /// The timeout the server granted: it keeps the session (and its nodes) at least this long
+    /// after it last heard from this client.
+    pub(super) timeout: Duration,
+    /// When a lock last asked for it.
+    used: Instant,
+}
+
+impl Session {
+    /// Whether the server may still keep it (not expired, closed or refused).
+    pub(super) fn is_alive(&self) -> bool {
+        !matches!(
+            self.client.state(),
+            SessionState::Expired | SessionState::Closed | SessionState::AuthFailed
+        )
+    }
+}
+
+/// A ttl in whole seconds, rounded up: the session timeout asked for.
+pub(super) fn class_of(ttl_ms: u64) -> u64 {
+    ttl_ms.div_ceil(1000).max(1)
+}
+
+/// The sessions of one client, by class.
+#[derive(Debug, Default)]
+pub(super) struct Sessions {
+    /// Held across a connect, so that two first uses of a class open one session.
+    by_class: tokio::sync::Mutex<HashMap<u64, Session>>,
+}
+
+impl Sessions {
+    /// The session for locks of `ttl_ms`, opened now if there is none alive.
+    pub(super) async fn for_ttl(&self, ensemble: &Ensemble, ttl_ms: u64) -> Result<Session, LockError> {
+        let class = class_of(ttl_ms);
+        let mut all = self.by_class.lock().await;
+        if let Some(session) = all.get_mut(&class) {
+            if session.is_alive() {
+                session.used = Instant::now();
+                return Ok(session.clone());
+            }
+            tracing::warn!(
+                session = format_args!("{:#x}", session.id),
+                "a ZooKeeper session ended (expired, or closed): its locks are lost; opening another"
+            );
+            all.remove(&class);
+        }
+        let timeout = Duration::from_secs(class);
+        let client = tokio::time::timeout(
+            ensemble.timeouts.connect,
+            Client::connector()
+                .with_session_timeout(timeout)
+                .with_fail_eagerly()
+                .connect(&ensemble.connect_string()),
+        )
+        .await
+        .map_err(|_| {
+            unavailable(
+                ensemble,
+                format!("no session within {:?}", ensemble.timeouts.connect),
+            )
+        })?
+        .map_err(|e| connect_error(ensemble, &e))?;
+        let session = Session {
+            id: client.session_id().0,
+            timeout: client.session_timeout(),
+            client,
+            used: Instant::now(),
+        };
+        all.insert(class, session.clone());
+        Ok(session)
+    }
+
+    /// Forgets the session `id` (the server ended it): the next use opens another.
+    pub(super) async fn forget(&self, id: i64) {
+        self.by_class.lock().await.retain(|_, s| s.id != id);
+    }
+
+    /// The session with id `id`, if it is one of ours and alive.
+    pub(super) async fn by_id(&self, id: i64) -> Option<Session> {
+        let all = self.by_class.lock().await;
+        all.values().find(|s| s.id == id && s.is_alive()).cloned()
+    }
+
+    /// Any alive session of this client.
+    pub(super) async fn any(&self) -> Option<Session> {
+        let all = self.by_class.lock().await;
+        all.values().find(|s| s.is_alive()).cloned()
+    }
+
+    /// Closes the sessions unused for [`IDLE`] on which no node of this client is (`in_use`):
+    /// dropping the last handle on a session closes it.
+    pub(super) async fn close_idle(&self, in_use: impl Fn(i64) -> bool) {
+        let now = Instant::now();
+        self.by_class
+            .lock()
+            .await
+            .retain(|_, s| now.saturating_duration_since(s.used) < IDLE || in_use(s.id));
+    }
+
+    /// When the next session may become idle.
+    pub(super) fn next_idle(&self) -> Option<Instant> {
+        let all = self.by_class.try_lock().ok()?;
+        all.values().map(|s| s.used + IDLE).min()
+    }
+
+    /// Takes every session out (the client is going): dropping them closes them.
+    pub(super) fn take_all(&self) -> Vec<Session> {
+        match self.by_class.try_lock() {
+            Ok(mut all) => all.drain().map(|(_, s)| s).collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttls_round_up_to_whole_seconds() {
+        assert_eq!(class_of(1), 1);
+        assert_eq!(class_of(1000), 1);
+        assert_eq!(class_of(1001), 2);
+        assert_eq!(class_of(30_000), 30);
+    }
+}
