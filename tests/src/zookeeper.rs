@@ -1,8 +1,8 @@
 //! ZooKeeper for the tests: a 3-server ensemble the kit starts itself (Debian's `zookeeper`
 //! package, run with the machine's `java`; or the jars named by `$ZOOKEEPER_CLASSPATH`), on free
 //! loopback ports, each server in a temp dir, killed on drop. Short ticks (100 ms) make
-//! elections and session expiry quick; sessions may still last up to a minute, so that a lock's
-//! session can follow a long ttl. A server can be killed, frozen (SIGSTOP) and started again,
+//! elections and session expiry quick; sessions may still last up to a minute (unless a test
+//! asks for less), so that a lock's session can follow a long ttl. A server can be killed, frozen (SIGSTOP) and started again,
 //! and the leader found. One ensemble serves every behaviour test of a test binary
 //! ([`ZkEnsemble::shared`], tests isolated by parent path); fault tests start their own.
 //!
@@ -36,14 +36,23 @@ struct Server {
 pub struct ZkEnsemble {
     servers: Vec<Server>,
     dir: tempfile::TempDir,
+    /// The longest session timeout the servers grant, in ms.
+    max_session_ms: u64,
 }
 
 impl ZkEnsemble {
     /// Starts three servers and waits until each serves (the ensemble has a leader).
     pub fn spawn() -> ZkEnsemble {
+        ZkEnsemble::spawn_with_max_session(Duration::from_secs(60))
+    }
+
+    /// [`spawn`](Self::spawn), with servers that grant sessions of at most `max` (ZooKeeper's
+    /// `maxSessionTimeout`): a lock's ttl above it outlasts its session.
+    pub fn spawn_with_max_session(max: Duration) -> ZkEnsemble {
+        let max_session_ms = u64::try_from(max.as_millis()).unwrap_or(u64::MAX);
         let mut tries = 0;
         loop {
-            match ZkEnsemble::try_spawn() {
+            match ZkEnsemble::try_spawn(max_session_ms) {
                 Ok(ensemble) => return ensemble,
                 Err(why) if tries < 3 && why.contains("Address already in use") => tries += 1,
                 Err(why) => panic!("{why}"),
@@ -51,7 +60,7 @@ impl ZkEnsemble {
         }
     }
 
-    fn try_spawn() -> Result<ZkEnsemble, String> {
+    fn try_spawn(max_session_ms: u64) -> Result<ZkEnsemble, String> {
         let mut builder = tempfile::Builder::new();
         builder.prefix("lock-tests-zk");
         let dir = if Path::new("/dev/shm").is_dir() {
@@ -69,7 +78,11 @@ impl ZkEnsemble {
                 child: None,
             })
             .collect();
-        let mut ensemble = ZkEnsemble { servers, dir };
+        let mut ensemble = ZkEnsemble {
+            servers,
+            dir,
+            max_session_ms,
+        };
         for i in 0..3 {
             ensemble.configure(i);
         }
@@ -113,11 +126,12 @@ impl ZkEnsemble {
             .collect();
         let config = format!(
             "tickTime=100\ninitLimit=100\nsyncLimit=20\nminSessionTimeout=200\n\
-             maxSessionTimeout=60000\ndataDir={data}\nclientPort={port}\n\
+             maxSessionTimeout={max}\ndataDir={data}\nclientPort={port}\n\
              clientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
              4lw.commands.whitelist=*\nforceSync=no\nstandaloneEnabled=false\n{members}",
             data = data.display(),
             port = self.servers[i].client_port,
+            max = self.max_session_ms,
         );
         std::fs::write(data.join("zoo.cfg"), config).unwrap_or_else(|e| panic!("cannot write zoo.cfg: {e}"));
         std::fs::write(

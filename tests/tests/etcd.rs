@@ -189,8 +189,13 @@ async fn fenced_write(etcd: &mut etcd_client::Client, fence: u64, value: &str) -
 async fn a_frozen_holder_process_is_stopped_and_its_late_write_refused() {
     let cluster = blocking(EtcdCluster::spawn).await;
     let endpoints = cluster.endpoints();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_etcd-holder"))
-        .args([endpoints.join(","), "lock:".to_owned(), "account:7".to_owned()])
+    let members: Vec<&str> = endpoints
+        .iter()
+        .map(|e| e.trim_start_matches("http://"))
+        .collect();
+    let url = format!("etcd://{}", members.join(","));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lock-holder"))
+        .args([url, "lock:".to_owned(), "account:7".to_owned()])
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -200,7 +205,7 @@ async fn a_frozen_holder_process_is_stopped_and_its_late_write_refused() {
         let first = lines.next().unwrap().unwrap();
         let fence: u64 = first
             .strip_prefix("held ")
-            .unwrap_or_else(|| panic!("etcd-holder said {first:?}"))
+            .unwrap_or_else(|| panic!("lock-holder said {first:?}"))
             .parse()
             .unwrap();
         // A few ticks: the body runs.

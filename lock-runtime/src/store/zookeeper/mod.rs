@@ -829,16 +829,11 @@ impl ZkStore {
             Ok(true) => Ok(Released::Quiet),
             Ok(false) => Ok(Released::NotOurs),
             Err(e) => {
-                // Not known to be gone: deleted at its validity's end (tried until it is), or its
-                // session ends it.
-                let until = place.until.unwrap_or_else(Instant::now);
-                self.shared.record(
-                    token,
-                    Place {
-                        until: Some(until),
-                        ..place
-                    },
-                );
+                // Not known to be gone (the ensemble did not answer): deleted by the reaper,
+                // tried again every 100 ms until it is or its session ends, so a release during a
+                // connection loss still frees the lock once the connection is back (where
+                // Curator leaves the node for good: CURATOR-678).
+                self.shared.delete_soon(token, place);
                 Err(e)
             }
         }

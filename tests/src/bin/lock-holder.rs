@@ -1,7 +1,8 @@
-//! A separate OS process that holds an etcd lock, for the frozen-holder test:
-//! `etcd-holder <endpoint,endpoint,…> <prefix> <key>`.
+//! A separate OS process that holds a lock, for the tests that freeze or kill a holder's
+//! process: `lock-holder <store-url> <prefix> <key> [ttl-ms]` (`etcd://host:port,host:port`,
+//! `zk://host:port,host:port`, or any URL `LockClient::connect` takes).
 //!
-//! It takes `key` (ttl 1.5 s, watchdog, fencing) through `LockClient::run`, prints
+//! It takes `key` (ttl 1.5 s unless given, watchdog, fencing) through `LockClient::run`, prints
 //! `held <fencing token>`, then, in the guarded body, prints `tick <unix ms>` every 20 ms. When
 //! its lock is lost the body is dropped: it prints `lost` and exits 3 (0 would mean the body
 //! ended, which it never does; 1 an error before the lock was taken).
@@ -26,12 +27,16 @@ fn say(line: &str) {
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let [_, endpoints, prefix, key] = args.as_slice() else {
-        eprintln!("usage: etcd-holder <endpoint,endpoint,…> <prefix> <key>");
-        std::process::exit(2);
+    let (url, prefix, key, ttl_ms) = match args.as_slice() {
+        [_, url, prefix, key] => (url, prefix, key, 1500),
+        [_, url, prefix, key, ttl] => (url, prefix, key, ttl.parse().unwrap_or(1500)),
+        _ => {
+            eprintln!("usage: lock-holder <store-url> <prefix> <key> [ttl-ms]");
+            std::process::exit(2);
+        }
     };
     let client = LockClient::builder()
-        .etcd(endpoints.split(','))
+        .store(url)
         .prefix(prefix)
         .response_timeout(Duration::from_millis(500))
         .build()
@@ -39,11 +44,11 @@ async fn main() {
     let client = match client {
         Ok(client) => client,
         Err(e) => {
-            eprintln!("etcd-holder: {e}");
+            eprintln!("lock-holder: {e}");
             std::process::exit(1);
         }
     };
-    let options = LockOptions::new(Duration::from_millis(1500))
+    let options = LockOptions::new(Duration::from_millis(ttl_ms))
         .watchdog(true)
         .fencing(true);
     let body = async {
@@ -61,7 +66,7 @@ async fn main() {
             std::process::exit(3);
         }
         Err(e) => {
-            eprintln!("etcd-holder: {e}");
+            eprintln!("lock-holder: {e}");
             std::process::exit(1);
         }
     }

@@ -1,0 +1,597 @@
+//! The ZooKeeper store against Apache Curator itself (its `InterProcessMutex` and
+//! `InterProcessReadWriteLock` in a Java process of the kit's) and under faults: a holder cut off
+//! by fault proxies, a release during a connection loss (CURATOR-678), a waiter whose session
+//! expires (CURATOR-604), a killed holder process, the leader killed and a minority down, an
+//! ensemble that does not answer. Tests that kill servers start an ensemble of their own; the
+//! others share the binary's and keep to parent paths of their own. The behaviour suite runs on
+//! ZooKeeper too (`behaviour.rs`, `coordination.rs`, `read_write.rs`, `admin.rs`: the
+//! `zookeeper::` tests).
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use lock_runtime::{LockClient, LockError, LockMode};
+use lock_tests::{eventually, ttl, Curator, CuratorLock, FaultProxy, ZkEnsemble, SECOND};
+use tokio::time::Instant;
+
+fn builder(hosts: &[String], parent: &str) -> lock_runtime::LockClientBuilder {
+    LockClient::builder()
+        .zookeeper(hosts)
+        .prefix(parent)
+        .connect_timeout(Duration::from_secs(2))
+        .response_timeout(Duration::from_secs(1))
+}
+
+async fn client(hosts: &[String], parent: &str) -> LockClient {
+    builder(hosts, parent)
+        .build()
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to {hosts:?}: {e}"))
+}
+
+/// Runs a blocking step of the kit (a Java process, the ensemble) off the runtime's workers.
+async fn blocking<T: Send + 'static>(step: impl FnOnce() -> T + Send + 'static) -> T {
+    tokio::task::spawn_blocking(step)
+        .await
+        .expect("the kit's step panicked")
+}
+
+/// A plain ZooKeeper client of the shared ensemble, to look at the nodes.
+async fn raw(hosts: &[String]) -> zookeeper_client::Client {
+    zookeeper_client::Client::connect(&hosts.join(","))
+        .await
+        .unwrap_or_else(|e| panic!("cannot connect to {hosts:?}: {e}"))
+}
+
+/// The children of `path` (none when it does not exist).
+async fn children(zk: &zookeeper_client::Client, path: &str) -> Vec<String> {
+    match zk.list_children(path).await {
+        Ok(mut children) => {
+            children.sort();
+            children
+        }
+        Err(zookeeper_client::Error::NoNode) => Vec::new(),
+        Err(e) => panic!("children of {path}: {e}"),
+    }
+}
+
+/// Whether `name` is a node of Curator's mutex: `_c_<uuid>-lock-<10 digits>`.
+fn is_curator_mutex_node(name: &str) -> bool {
+    let Some(rest) = name.strip_prefix("_c_") else {
+        return false;
+    };
+    let Some((uuid, seq)) = rest.split_once("-lock-") else {
+        return false;
+    };
+    uuid.len() == 36 && seq.len() == 10 && seq.bytes().all(|b| b.is_ascii_digit())
+}
+
+/// Curator's mutex and ours, on the same path, exclude each other both ways; our node is named as
+/// Curator names its own, and our fencing token is its `czxid`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curators_mutex_and_ours_exclude_each_other_on_one_path() {
+    let ensemble = ZkEnsemble::shared();
+    let hosts = ensemble.hosts();
+    let c = client(&hosts, "/interop-mutex").await;
+    let zk = raw(&hosts).await;
+    let joined = hosts.join(",");
+    let mut curator = blocking(move || Curator::start(&joined)).await;
+
+    // Curator first: ours is refused, and waits.
+    let (mut curator, got) = blocking(move || {
+        let got = curator.acquire("/interop-mutex/order:42", CuratorLock::Mutex, Duration::ZERO);
+        (curator, got)
+    })
+    .await;
+    assert!(got);
+    let refused = c.acquire("order:42", &ttl(10_000)).await;
+    assert!(matches!(refused, Err(LockError::Busy { .. })), "{refused:?}");
+    let waiter = {
+        let c = c.clone();
+        tokio::spawn(async move {
+            c.acquire("order:42", &ttl(10_000).fencing(true).wait(20 * SECOND))
+                .await
+        })
+    };
+    eventually(
+        5 * SECOND,
+        "our waiter queues behind Curator's holder",
+        || async { children(&zk, "/interop-mutex/order:42").await.len() == 2 },
+    )
+    .await;
+    assert!(!waiter.is_finished(), "ours took the lock Curator holds");
+    let mut curator = blocking(move || {
+        curator.release("/interop-mutex/order:42", CuratorLock::Mutex);
+        curator
+    })
+    .await;
+    let ours = waiter.await.unwrap().unwrap();
+
+    // Ours holds: its node is what Curator writes, and its token the node's creation zxid.
+    let nodes = children(&zk, "/interop-mutex/order:42").await;
+    assert_eq!(nodes.len(), 1, "{nodes:?}");
+    assert!(is_curator_mutex_node(&nodes[0]), "{nodes:?}");
+    let path = format!("/interop-mutex/order:42/{}", nodes[0]);
+    let stat = zk.check_stat(&path).await.unwrap().unwrap();
+    assert_eq!(ours.fencing_token(), Some(u64::try_from(stat.czxid).unwrap()));
+    let (data, _) = zk.get_data(&path).await.unwrap();
+    let data = String::from_utf8(data).unwrap();
+    assert!(data.ends_with(&format!(":{}", std::process::id())), "{data}");
+
+    // Curator is refused while ours holds, and gets it once ours is released.
+    let (mut curator, got) = blocking(move || {
+        let got = curator.acquire(
+            "/interop-mutex/order:42",
+            CuratorLock::Mutex,
+            Duration::from_millis(300),
+        );
+        (curator, got)
+    })
+    .await;
+    assert!(!got, "Curator took the lock ours holds");
+    curator.acquire_later(
+        "/interop-mutex/order:42",
+        CuratorLock::Mutex,
+        Duration::from_secs(10),
+    );
+    assert!(ours.release().await.unwrap());
+    let (mut curator, got) = blocking(move || {
+        let got = curator.acquired();
+        (curator, got)
+    })
+    .await;
+    assert!(got, "Curator never got the lock ours released");
+    blocking(move || curator.release("/interop-mutex/order:42", CuratorLock::Mutex)).await;
+}
+
+/// Our read lock is a `__READ__` node of Curator's read-write lock: it shares with Curator's
+/// readers, waits for Curator's writer and holds Curator's writer off. Our exclusive lock waits
+/// for Curator's writer too; Curator's reader looks only for `__WRIT__` nodes, so it does not
+/// wait for our exclusive lock (a `-lock-` node): the guide says so, and this keeps it true.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn our_read_lock_meets_curators_read_write_lock() {
+    let ensemble = ZkEnsemble::shared();
+    let hosts = ensemble.hosts();
+    let c = client(&hosts, "/interop-rw").await;
+    let path = "/interop-rw/ledger";
+    let joined = hosts.join(",");
+    let curator = blocking(move || Curator::start(&joined)).await;
+    let read = ttl(10_000).mode(LockMode::Shared);
+
+    // Curator's reader and ours share; Curator's writer waits for both.
+    let (mut curator, got) = blocking(move || {
+        let mut curator = curator;
+        let got = curator.acquire(path, CuratorLock::Read, Duration::ZERO);
+        (curator, got)
+    })
+    .await;
+    assert!(got);
+    let ours = c.acquire("ledger", &read).await.unwrap();
+    let (mut curator, writer) = blocking(move || {
+        let got = curator.acquire(path, CuratorLock::Write, Duration::from_millis(300));
+        (curator, got)
+    })
+    .await;
+    assert!(!writer, "Curator's writer got in beside two readers");
+    assert!(ours.release().await.unwrap());
+    curator = blocking(move || {
+        curator.release(path, CuratorLock::Read);
+        curator
+    })
+    .await;
+
+    // Curator's writer holds: ours is refused, reader or not.
+    let (mut curator, got) = blocking(move || {
+        let got = curator.acquire(path, CuratorLock::Write, Duration::ZERO);
+        (curator, got)
+    })
+    .await;
+    assert!(got);
+    for options in [read.clone(), ttl(10_000)] {
+        let refused = c.acquire("ledger", &options).await;
+        assert!(matches!(refused, Err(LockError::Busy { .. })), "{refused:?}");
+    }
+    curator = blocking(move || {
+        curator.release(path, CuratorLock::Write);
+        curator
+    })
+    .await;
+
+    // Ours exclusive: Curator's reader does not wait for it (it looks only for `__WRIT__`).
+    let ours = c.acquire("ledger", &ttl(10_000)).await.unwrap();
+    let (mut curator, reader) = blocking(move || {
+        let got = curator.acquire(path, CuratorLock::Read, Duration::ZERO);
+        (curator, got)
+    })
+    .await;
+    assert!(
+        reader,
+        "Curator's reader waited for a -lock- node: the guide says it does not"
+    );
+    blocking(move || curator.release(path, CuratorLock::Read)).await;
+    assert!(ours.release().await.unwrap());
+}
+
+/// A key that is a node name is used as written (where Curator on `/parent/order:42` meets it);
+/// any other key is escaped, and keys that differ never meet.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_are_node_names_or_escaped_and_never_meet() {
+    let hosts = ZkEnsemble::shared().hosts();
+    let c = client(&hosts, "/keys").await;
+    let zk = raw(&hosts).await;
+    let keys = [
+        "order:42",
+        "order 42",
+        "a/b",
+        "..",
+        "ordér",
+        "Order:42",
+        "%order%2042",
+    ];
+    let mut held = Vec::new();
+    for key in keys {
+        held.push(
+            c.acquire(key, &ttl(10_000))
+                .await
+                .unwrap_or_else(|e| panic!("{key}: {e}")),
+        );
+    }
+    let nodes = children(&zk, "/keys").await;
+    for node in [
+        "order:42",
+        "%order%2042",
+        "%a%2Fb",
+        "%..",
+        "%ord%C3%A9r",
+        "Order:42",
+        "%%25order%252042",
+    ] {
+        assert!(nodes.iter().any(|n| n == node), "no node {node} in {nodes:?}");
+    }
+    for key in keys {
+        assert!(c.is_locked(key).await.unwrap(), "{key}");
+    }
+    for guard in held {
+        assert!(guard.release().await.unwrap());
+    }
+    for key in keys {
+        assert!(!c.is_locked(key).await.unwrap(), "{key}");
+    }
+}
+
+/// Clients through fault proxies, one per server of the shared ensemble (cut off together).
+struct CutOff {
+    proxies: Vec<FaultProxy>,
+    client: LockClient,
+}
+
+impl CutOff {
+    async fn new(parent: &str) -> CutOff {
+        let ensemble = ZkEnsemble::shared();
+        let proxies: Vec<FaultProxy> = (0..3)
+            .map(|i| FaultProxy::start(ensemble.client_port(i)))
+            .collect();
+        let through: Vec<String> = proxies
+            .iter()
+            .map(|p| format!("127.0.0.1:{}", p.port()))
+            .collect();
+        let client = builder(&through, parent)
+            .response_timeout(Duration::from_millis(500))
+            .build()
+            .await
+            .unwrap();
+        CutOff { proxies, client }
+    }
+
+    fn each(&self, what: impl Fn(&FaultProxy)) {
+        self.proxies.iter().for_each(what);
+    }
+}
+
+/// A holder cut off from every server (its connections silent) cannot renew: it counts its lock
+/// lost no later than another client gets it (when the servers expire its session), with and
+/// without the watchdog; its late release returns without hanging.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_holder_is_lost_before_anyone_else_holds() {
+    let hosts = ZkEnsemble::shared().hosts();
+    let other = client(&hosts, "/cut").await;
+    for (key, options) in [("plain", ttl(1500)), ("renewed", ttl(1500).watchdog(true))] {
+        let cut = CutOff::new("/cut").await;
+        let held = cut.client.acquire(key, &options).await.unwrap();
+        cut.each(FaultProxy::blackhole);
+        let started = Instant::now();
+        let next = other
+            .acquire(key, &ttl(5000).wait(20 * SECOND))
+            .await
+            .unwrap_or_else(|e| panic!("{key}: never freed: {e}"));
+        assert!(
+            held.is_lost(),
+            "{key}: another client got in {:?} after the cut while the holder counted its lock valid",
+            started.elapsed()
+        );
+        assert!(next.release().await.unwrap());
+        let late = tokio::time::timeout(5 * SECOND, held.release())
+            .await
+            .expect("a release cut off from ZooKeeper hangs");
+        assert!(matches!(late, Err(_) | Ok(false)), "{key}: {late:?}");
+    }
+}
+
+/// A release while the connection is lost (CURATOR-678: Curator leaves the node, and every
+/// later acquire of that process fails): the release answers `Unavailable`, and once the
+/// connection is back the node is deleted, long before its ttl; the same client locks again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_during_a_connection_loss_is_carried_out_once_it_is_back() {
+    let hosts = ZkEnsemble::shared().hosts();
+    let other = client(&hosts, "/lost-release").await;
+    // A session that outlives the cut (30 s), and a lock that would outlive the test.
+    let cut = CutOff::new("/lost-release").await;
+    let held = cut.client.acquire("job", &ttl(30_000)).await.unwrap();
+    cut.each(FaultProxy::blackhole);
+    let released = held.release().await;
+    assert!(
+        matches!(released, Err(LockError::Unavailable { .. })),
+        "{released:?}"
+    );
+    assert!(other.is_locked("job").await.unwrap(), "nothing deleted it yet");
+    cut.each(FaultProxy::reset_all);
+    cut.each(FaultProxy::relay);
+    let healed = Instant::now();
+    eventually(
+        10 * SECOND,
+        "the lock is freed once the connection is back",
+        || async { !other.is_locked("job").await.unwrap() },
+    )
+    .await;
+    assert!(healed.elapsed() < 10 * SECOND);
+    let again = cut.client.acquire("job", &ttl(5000)).await.unwrap();
+    assert!(again.release().await.unwrap());
+}
+
+/// A waiter whose session expires while it waits (its node deleted by the servers) never takes
+/// the lock on the strength of its old node (CURATOR-604): it queues again on a new session, or
+/// fails; it gets the lock only after the holder gives it back, with a larger fencing token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_session_expired_never_trusts_its_old_node() {
+    let hosts = ZkEnsemble::shared().hosts();
+    let holder_client = client(&hosts, "/expired-waiter").await;
+    let holder = holder_client
+        .acquire("turn", &ttl(30_000).fencing(true))
+        .await
+        .unwrap();
+    let cut = CutOff::new("/expired-waiter").await;
+    let waiting_client = cut.client.clone();
+    // A 1 s session: it expires during the 3 s cut.
+    let waiter = tokio::spawn(async move {
+        let result = waiting_client
+            .acquire("turn", &ttl(1000).fencing(true).wait(30 * SECOND))
+            .await;
+        (result, Instant::now())
+    });
+    let zk = raw(&hosts).await;
+    eventually(5 * SECOND, "the waiter queues", || async {
+        children(&zk, "/expired-waiter/turn").await.len() == 2
+    })
+    .await;
+    cut.each(FaultProxy::blackhole);
+    eventually(10 * SECOND, "the servers expire the waiter's session", || async {
+        children(&zk, "/expired-waiter/turn").await.len() == 1
+    })
+    .await;
+    cut.each(FaultProxy::reset_all);
+    cut.each(FaultProxy::relay);
+    // Back: it queues again on a new session (two nodes again), or its wait failed.
+    eventually(10 * SECOND, "the waiter queues again or gives up", || async {
+        waiter.is_finished() || children(&zk, "/expired-waiter/turn").await.len() == 2
+    })
+    .await;
+    let before = holder.fencing_token().unwrap();
+    let released_at = Instant::now();
+    assert!(holder.release().await.unwrap());
+    let (result, at) = waiter.await.unwrap();
+    match result {
+        Ok(guard) => {
+            assert!(at >= released_at, "the waiter held the lock while its holder did");
+            assert!(guard.fencing_token().unwrap() > before);
+            assert!(guard.release().await.unwrap());
+        }
+        Err(LockError::Unavailable { .. }) => {}
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// A holder process killed (SIGKILL: no release, no session close) holds its lock until the
+/// servers expire its session (its ttl, 2 s), no longer: a waiter of another client gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_holder_process_loses_its_lock_when_its_session_expires() {
+    let ensemble = ZkEnsemble::shared();
+    let url = ensemble.url();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_lock-holder"))
+        .args([url.as_str(), "/killed", "account:7", "2000"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let stale: u64 = blocking(move || {
+        let first = lines.next().unwrap().unwrap();
+        first
+            .strip_prefix("held ")
+            .unwrap_or_else(|| panic!("lock-holder said {first:?}"))
+            .parse()
+            .unwrap()
+    })
+    .await;
+    let other = client(&ensemble.hosts(), "/killed").await;
+    let refused = other.acquire("account:7", &ttl(5000)).await;
+    assert!(matches!(refused, Err(LockError::Busy { .. })), "{refused:?}");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let killed = Instant::now();
+    let next = other
+        .acquire("account:7", &ttl(5000).fencing(true).wait(20 * SECOND))
+        .await
+        .unwrap();
+    let took = killed.elapsed();
+    assert!(
+        took > Duration::from_millis(1000) && took < 6 * SECOND,
+        "freed {took:?} after the kill: its session's timeout is 2 s"
+    );
+    assert!(next.fencing_token().unwrap() > stale);
+    assert!(next.release().await.unwrap());
+}
+
+/// The leader killed while a lock is held: the holder keeps it (its renewals reach the new
+/// leader), others are refused meanwhile, and the next fencing token is larger. Then one server
+/// down of three (a minority): locks are taken and given back as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_killed_and_a_minority_down_holders_keep_their_locks() {
+    let mut ensemble = blocking(ZkEnsemble::spawn).await;
+    let hosts = ensemble.hosts();
+    let c = client(&hosts, "/failover").await;
+    let other = client(&hosts, "/failover").await;
+    let held = c
+        .acquire("ledger", &ttl(3000).watchdog(true).fencing(true))
+        .await
+        .unwrap();
+    let before = held.fencing_token().unwrap();
+    let (leader, mut ensemble) = blocking(move || {
+        let leader = ensemble.wait_for_leader();
+        ensemble.kill(leader);
+        ensemble.wait_for_leader();
+        (leader, ensemble)
+    })
+    .await;
+    // Past a whole ttl after the election: still held, by the same holder.
+    let until = Instant::now() + Duration::from_millis(4000);
+    while Instant::now() < until {
+        assert!(!held.is_lost(), "lost across the leader's kill");
+        match other.acquire("ledger", &ttl(3000)).await {
+            Err(LockError::Busy { .. } | LockError::Unavailable { .. }) => {}
+            got => panic!("another client got in: {got:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(held.release().await.unwrap());
+    let next = other.acquire("ledger", &ttl(3000).fencing(true)).await.unwrap();
+    assert!(next.fencing_token().unwrap() > before);
+    assert!(next.release().await.unwrap());
+
+    // The old leader back; then a follower down: a minority.
+    let ensemble = blocking(move || {
+        ensemble.restart(leader);
+        ensemble.wait_ready(&[0, 1, 2]);
+        let leader = ensemble.wait_for_leader();
+        let follower = (0..3).find(|&i| i != leader).unwrap_or(0);
+        ensemble.kill(follower);
+        ensemble
+    })
+    .await;
+    for round in 0..5 {
+        let guard = c
+            .acquire("ledger", &ttl(3000).wait(10 * SECOND))
+            .await
+            .unwrap_or_else(|e| panic!("round {round} with a minority down: {e}"));
+        assert!(guard.release().await.unwrap());
+    }
+    drop(ensemble);
+}
+
+/// Misconfigured clients are told what is wrong before any request; an ensemble where nothing
+/// listens is `Unavailable` within the connect timeout, naming its servers; `zk://` URLs
+/// connect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn misconfigured_clients_are_refused_and_zk_urls_connect() {
+    let ensemble = ZkEnsemble::shared();
+    let wrong = [
+        LockClient::builder().zookeeper(["zk://127.0.0.1:2181"]),
+        LockClient::builder().zookeeper(Vec::<String>::new()),
+        LockClient::builder()
+            .zookeeper(ensemble.hosts())
+            .prefix("billing:"),
+    ];
+    for builder in wrong {
+        let refused = builder.build().await;
+        assert!(
+            matches!(refused, Err(LockError::InvalidOptions { .. })),
+            "{refused:?}"
+        );
+    }
+    let nowhere = [
+        format!("127.0.0.1:{}", lock_tests::free_port()),
+        format!("127.0.0.1:{}", lock_tests::free_port()),
+    ];
+    let started = Instant::now();
+    let down = LockClient::builder()
+        .zookeeper(&nowhere)
+        .connect_timeout(Duration::from_secs(2))
+        .build()
+        .await;
+    let Err(LockError::Unavailable { source }) = down else {
+        panic!("{down:?}");
+    };
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    let said = source.to_string();
+    assert!(said.contains(&nowhere[0]), "{said}");
+
+    let c = LockClient::connect(&ensemble.url()).await.unwrap();
+    let guard = c.acquire("via-url", &ttl(5000)).await.unwrap();
+    let holder = c.holder("via-url").await.unwrap().unwrap();
+    assert!(holder.owner().is_some());
+    assert!(guard.release().await.unwrap());
+}
+
+/// Servers that grant sessions shorter than the ttl (here at most 2 s, for a 10 s ttl): the
+/// holder's validity follows the session's timeout, not the ttl, so a holder cut off counts its
+/// lock lost before the servers expire its session and another client gets in; under the
+/// watchdog (renewing a third of the way through the session's timeout) it holds the lock for
+/// longer than that timeout without losing it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_shorter_than_the_ttl_bound_the_holders_validity() {
+    let ensemble = blocking(|| ZkEnsemble::spawn_with_max_session(Duration::from_secs(2))).await;
+    let hosts = ensemble.hosts();
+    let other = client(&hosts, "/short").await;
+
+    let c = client(&hosts, "/short").await;
+    let kept = c.acquire("kept", &ttl(10_000).watchdog(true)).await.unwrap();
+    let until = Instant::now() + Duration::from_millis(4500);
+    while Instant::now() < until {
+        assert!(!kept.is_lost(), "a renewed lock was lost on a 2 s session");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(kept.release().await.unwrap());
+
+    let proxies: Vec<FaultProxy> = (0..3)
+        .map(|i| FaultProxy::start(ensemble.client_port(i)))
+        .collect();
+    let through: Vec<String> = proxies
+        .iter()
+        .map(|p| format!("127.0.0.1:{}", p.port()))
+        .collect();
+    let cut = builder(&through, "/short")
+        .response_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap();
+    let held = cut.acquire("cut", &ttl(10_000)).await.unwrap();
+    proxies.iter().for_each(FaultProxy::blackhole);
+    let started = Instant::now();
+    let next = other.acquire("cut", &ttl(5000).wait(20 * SECOND)).await.unwrap();
+    assert!(
+        held.is_lost(),
+        "another client got in {:?} after the cut while the holder counted its 10 s lock valid",
+        started.elapsed()
+    );
+    assert!(
+        started.elapsed() < 8 * SECOND,
+        "its 2 s session outlived {:?}",
+        started.elapsed()
+    );
+    assert!(next.release().await.unwrap());
+    drop(proxies);
+}
