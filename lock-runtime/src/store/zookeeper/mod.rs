@@ -437,9 +437,27 @@ impl ZkStore {
     /// has caught up with the leader, and the leader heard from the session after it was
     /// sent), and with `fence`, the token the last fenced writer left on it. A lock's node
     /// that does not exist has no children.
-    async fn look(&self, session: &Session, lock: &str, fence: bool) -> Result<Looked, LockError> {
+    /// The children of the lock's node, with `sync` behind a `sync` (so the server this session
+    /// talks to has caught up with the leader, which heard from the session after it was
+    /// sent), and with `fence`, the token the last fenced writer left on it. A lock's node
+    /// that does not exist has no children. One round trip (the `sync` and the read are sent
+    /// together; the server answers them in order).
+    async fn look(
+        &self,
+        session: &Session,
+        lock: &str,
+        fence: bool,
+        sync: bool,
+    ) -> Result<Looked, LockError> {
         let client = &session.client;
-        let sync = client.sync(lock);
+        // Sent first (the client sends a request when it is made, not when it is polled).
+        let sync = sync.then(|| client.sync(lock));
+        let synced = async {
+            match sync {
+                Some(sync) => sync.await,
+                None => Ok(()),
+            }
+        };
         let mut reader = client.new_multi_reader();
         let added =
             reader
@@ -449,7 +467,7 @@ impl ZkStore {
             return Err(self.error(&e, lock));
         }
         let read = reader.commit();
-        let (synced, read) = ask(self.ensemble(), async { tokio::join!(sync, read) }).await?;
+        let (synced, read) = ask(self.ensemble(), async { tokio::join!(synced, read) }).await?;
         match synced {
             Ok(()) | Err(ZkError::NoNode) => {}
             Err(e) => {
@@ -569,14 +587,6 @@ impl ZkStore {
         }
         let sent = Instant::now();
         let session = self.session(ask_.ttl_ms).await?;
-        let fence = ask_.fencing && ask_.shared;
-        if !ask_.join {
-            // One read: a lock someone is in line for is refused without a write.
-            let looked = self.look(&session, lock.name(), false).await?;
-            if !names::free_for(&names::line(&looked.children), ask_.shared) {
-                return Ok(Attempt::HELD);
-            }
-        }
         let (path, czxid) = self.create(&session, lock, token, ask_.shared).await?;
         let place = Place {
             name: lock.name().to_owned(),
@@ -590,7 +600,9 @@ impl ZkStore {
         };
         // Recorded at once: a release after a lost answer finds it.
         self.shared.record(token, place.clone());
-        self.decide(lock, token, ask_, place, (sent, &session), fence)
+        // Read behind its own create on the same session: the server has applied it, so every
+        // node before it that still exists is seen (no `sync` needed).
+        self.decide(lock, token, ask_, place, (sent, &session), false)
             .await
     }
 
@@ -603,9 +615,10 @@ impl ZkStore {
         ask_: &Ask,
         place: Place,
         (sent, session): (Instant, &Session),
-        fence: bool,
+        sync: bool,
     ) -> Result<Attempt, LockError> {
-        let looked = match self.look(session, lock.name(), fence).await {
+        let fence = ask_.fencing && place.shared;
+        let looked = match self.look(session, lock.name(), fence, sync).await {
             Ok(looked) => looked,
             Err(e) => {
                 if !ask_.join {
@@ -678,7 +691,7 @@ impl ZkStore {
                 ..place
             },
         );
-        let kept_until = sent + session.timeout;
+        let kept_until = sent + session.keeps;
         Attempt::Acquired {
             fence: ask_.fencing.then(|| u64::try_from(fence).unwrap_or(0)),
             kept_until: (kept_until < until).then_some(kept_until),
@@ -723,8 +736,9 @@ impl ZkStore {
             self.shared.unwatch(token);
             return Box::pin(self.acquire(lock, token, ask_)).await;
         };
-        let fence = ask_.fencing && place.shared;
-        self.decide(lock, token, ask_, place, (sent, &session), fence)
+        // Behind a `sync`: a server cut off from the leader still answers reads for a while,
+        // from a state that may still show this client's node after its session ended.
+        self.decide(lock, token, ask_, place, (sent, &session), true)
             .await
     }
 
@@ -769,8 +783,8 @@ impl ZkStore {
                 let ttl = Duration::from_millis(locks[*at].2);
                 found[*at] = match stat {
                     Ok(Some(stat)) if stat.czxid == place.czxid && stat.ephemeral_owner == session.id => {
-                        if session.timeout < ttl {
-                            Renewal::RenewedFor(session.timeout)
+                        if session.keeps < ttl {
+                            Renewal::RenewedFor(session.keeps)
                         } else {
                             Renewal::Renewed
                         }

@@ -175,16 +175,6 @@ pub(super) fn standing<'l>(line: &'l [Child], mine: &str) -> Option<Option<&'l C
     Some(ahead)
 }
 
-/// Whether a caller of this kind would hold at once: nobody is in line (for a reader: no
-/// excluding node is).
-pub(super) fn free_for(line: &[Child], shared: bool) -> bool {
-    if shared {
-        line.iter().all(|c| c.shared)
-    } else {
-        line.is_empty()
-    }
-}
-
 /// The holders in `line`: the first node if it excludes, else every reader before the first
 /// excluding node.
 pub(super) fn holders(line: &[Child]) -> &[Child] {
@@ -302,7 +292,5 @@ mod tests {
         assert_eq!(standing(&line, "missing"), None);
         assert_eq!(holders(&line).len(), 1);
         assert_eq!(holders(&line[1..]).len(), 2, "two readers before a writer");
-        assert!(free_for(&line[1..3], true) && !free_for(&line[1..3], false));
-        assert!(free_for(&[], false));
     }
 }

@@ -1,8 +1,12 @@
 //! A client's ZooKeeper sessions: one per ttl class (a ttl rounded up to whole seconds), opened
-//! at its first use with that session timeout, so that the nodes of a holder that dies lapse
-//! with its session within about its ttl. The server bounds every session timeout (by default
-//! between 2 and 20 ticks: 4 s and 40 s with its 2 s tick): the timeout it grants is what a
-//! lock on the session can count on (see [`Session::timeout`]).
+//! at its first use, so that the nodes of a holder that dies lapse with its session within
+//! about its ttl. The session timeout asked for is the class plus a margin ([`MARGIN`], at most
+//! the class itself): the leader learns that a session is alive from the server the client talks
+//! to, at that server's next ping (every tick), so it may count the session's timeout from a
+//! moment up to a tick before this client's request. The servers bound every session timeout (by
+//! default between 2 and 20 ticks: 4 s and 40 s with the default 2 s tick): what a lock on the
+//! session can count on is the timeout granted less that margin ([`Session::keeps`]), which
+//! is the whole class unless the servers granted less than was asked.
 //!
 //! A session the server ended (expired, closed, or whose client's task went with its runtime)
 //! is replaced at its next use; the nodes on it went with it, which the holders find at their
@@ -20,15 +24,19 @@ use crate::LockError;
 /// A session unused this long, with no node on it, is closed.
 pub(super) const IDLE: Duration = Duration::from_secs(60);
 
+/// What a session's timeout is asked above its class, and what a lock counts below the timeout
+/// granted: ZooKeeper's default tick (at most half the timeout granted).
+pub(super) const MARGIN: Duration = Duration::from_secs(2);
+
 /// One session.
 #[derive(Debug, Clone)]
 pub(super) struct Session {
     pub(super) client: Client,
     /// Its id: the ephemeral owner of its nodes.
     pub(super) id: i64,
-    /// The timeout the server granted: it keeps the session (and its nodes) at least this long
-    /// after it last heard from this client.
-    pub(super) timeout: Duration,
+    /// How long after a request's send the servers keep the session (and its nodes) at least:
+    /// the timeout they granted less the margin (see the module doc).
+    pub(super) keeps: Duration,
     /// When a lock last asked for it.
     used: Instant,
 }
@@ -43,9 +51,21 @@ impl Session {
     }
 }
 
-/// A ttl in whole seconds, rounded up: the session timeout asked for.
+/// A ttl in whole seconds, rounded up.
 pub(super) fn class_of(ttl_ms: u64) -> u64 {
     ttl_ms.div_ceil(1000).max(1)
+}
+
+/// The session timeout asked for a class: the class and a margin of at most the class.
+fn asked(class: u64) -> Duration {
+    let class = Duration::from_secs(class);
+    class + MARGIN.min(class)
+}
+
+/// What a session whose granted timeout is `granted` keeps a lock at least, from a request's
+/// send.
+fn keeps(granted: Duration) -> Duration {
+    granted - MARGIN.min(granted / 2)
 }
 
 /// The sessions of one client, by class.
@@ -71,7 +91,7 @@ impl Sessions {
             );
             all.remove(&class);
         }
-        let timeout = Duration::from_secs(class);
+        let timeout = asked(class);
         let client = tokio::time::timeout(
             ensemble.timeouts.connect,
             Client::connector()
@@ -89,7 +109,7 @@ impl Sessions {
         .map_err(|e| connect_error(ensemble, &e))?;
         let session = Session {
             id: client.session_id().0,
-            timeout: client.session_timeout(),
+            keeps: keeps(client.session_timeout()),
             client,
             used: Instant::now(),
         };
@@ -144,10 +164,20 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ttls_round_up_to_whole_seconds() {
+    fn ttls_round_up_to_whole_seconds_and_sessions_keep_at_least_their_class() {
         assert_eq!(class_of(1), 1);
         assert_eq!(class_of(1000), 1);
         assert_eq!(class_of(1001), 2);
         assert_eq!(class_of(30_000), 30);
+        let s = Duration::from_secs;
+        assert_eq!(asked(1), s(2));
+        assert_eq!(asked(30), s(32));
+        for class in [1, 2, 3, 10, 30, 600] {
+            assert!(keeps(asked(class)) >= s(class), "{class}");
+            assert!(keeps(asked(class)) < asked(class), "{class}");
+        }
+        // Granted less than asked (the servers' maximum): what is left after the margin.
+        assert_eq!(keeps(s(40)), s(38));
+        assert_eq!(keeps(s(2)), s(1));
     }
 }
