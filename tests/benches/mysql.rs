@@ -29,7 +29,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockOptions};
-use lock_tests::bench::{handoffs, median, ms, quantile};
+use lock_tests::bench::{
+    handoffs, many_task_rounds, median, ms, one_task_rounds, quantile, ManyTasks, OneTask,
+};
 use lock_tests::MariadbServer;
 use serde_json::json;
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
@@ -194,55 +196,25 @@ async fn main() {
 
     eprintln!("one task, sequential pairs");
     let per_round = ((400.0 * scale) as usize).max(20);
-    let mut latency: Vec<Vec<Duration>> = vec![Vec::new(); n];
-    let mut rate: Vec<Vec<f64>> = vec![Vec::new(); n];
-    let mut ratio = Vec::new();
-    for round in 0..ROUNDS {
-        let mut round_rate = vec![0.0; n];
-        for turn in 0..n {
-            let i = (turn + round) % n;
-            let started = Instant::now();
-            for _ in 0..per_round {
-                let t = Instant::now();
-                bench.pair(CONTENDERS[i], 0).await;
-                latency[i].push(t.elapsed());
-            }
-            round_rate[i] = per_round as f64 / started.elapsed().as_secs_f64();
-            rate[i].push(round_rate[i]);
-        }
-        ratio.push(round_rate[0] / round_rate[1]);
-    }
+    let pair = {
+        let bench = Arc::clone(&bench);
+        Arc::new(move |i: usize, k: usize| {
+            let bench = Arc::clone(&bench);
+            async move { bench.pair(CONTENDERS[i], k).await }
+        })
+    };
+    let OneTask {
+        mut latency,
+        mut rate,
+        mut ratio,
+    } = one_task_rounds(n, ROUNDS, per_round, &*pair).await;
 
     eprintln!("{TASKS} tasks on {TASKS} keys");
     let window = Duration::from_secs_f64((2.0 * scale).max(0.2));
-    let mut wide: Vec<Vec<f64>> = vec![Vec::new(); n];
-    let mut wide_ratio = Vec::new();
-    for round in 0..ROUNDS {
-        let mut round_rate = vec![0.0; n];
-        for turn in 0..n {
-            let i = (turn + round) % n;
-            let done = Arc::new(AtomicU64::new(0));
-            let until = Instant::now() + window;
-            let tasks: Vec<_> = (0..TASKS)
-                .map(|k| {
-                    let (bench, done) = (Arc::clone(&bench), Arc::clone(&done));
-                    tokio::spawn(async move {
-                        while Instant::now() < until {
-                            bench.pair(CONTENDERS[i], k).await;
-                            done.fetch_add(1, Ordering::Relaxed);
-                        }
-                    })
-                })
-                .collect();
-            let started = Instant::now();
-            for task in tasks {
-                task.await.unwrap();
-            }
-            round_rate[i] = done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
-            wide[i].push(round_rate[i]);
-        }
-        wide_ratio.push(round_rate[0] / round_rate[1]);
-    }
+    let ManyTasks {
+        rate: mut wide,
+        ratio: mut wide_ratio,
+    } = many_task_rounds(n, ROUNDS, TASKS, window, pair).await;
 
     eprintln!("hand-off, {WAITERS} clients on one key");
     let count = ((300.0 * scale) as usize).max(40);

@@ -1,6 +1,8 @@
-//! What the store benchmarks (`benches/postgres.rs`, `benches/etcd.rs`) share: the hand-off run
-//! and the statistics of its samples.
+//! What the store benchmarks (`benches/postgres.rs`, `benches/etcd.rs`, `benches/mysql.rs`,
+//! `benches/zookeeper.rs`) share: the interleaved rounds of pairs, the hand-off run and the
+//! statistics of their samples.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -23,6 +25,102 @@ pub fn median(values: &mut [f64]) -> f64 {
 /// `d` in milliseconds.
 pub fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
+}
+
+/// What [`one_task_rounds`] measured, per contender (by index).
+#[derive(Debug, Default)]
+pub struct OneTask {
+    /// Every pair's latency.
+    pub latency: Vec<Vec<Duration>>,
+    /// Pairs per second, one figure per round.
+    pub rate: Vec<Vec<f64>>,
+    /// Contender 0's rate over contender 1's, one figure per round.
+    pub ratio: Vec<f64>,
+}
+
+/// `rounds` rounds in which each of `contenders` in turn (a different one first each round)
+/// does `per_round` sequential pairs on key 0: `pair(contender, key)`.
+pub async fn one_task_rounds<F, Fut>(contenders: usize, rounds: usize, per_round: usize, pair: F) -> OneTask
+where
+    F: Fn(usize, usize) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let mut out = OneTask {
+        latency: vec![Vec::new(); contenders],
+        rate: vec![Vec::new(); contenders],
+        ratio: Vec::new(),
+    };
+    for round in 0..rounds {
+        let mut round_rate = vec![0.0; contenders];
+        for turn in 0..contenders {
+            let i = (turn + round) % contenders;
+            let started = Instant::now();
+            for _ in 0..per_round {
+                let t = Instant::now();
+                pair(i, 0).await;
+                out.latency[i].push(t.elapsed());
+            }
+            round_rate[i] = per_round as f64 / started.elapsed().as_secs_f64();
+            out.rate[i].push(round_rate[i]);
+        }
+        out.ratio.push(round_rate[0] / round_rate[1]);
+    }
+    out
+}
+
+/// What [`many_task_rounds`] measured: pairs per second per contender (one figure per round),
+/// and contender 0's over contender 1's per round.
+#[derive(Debug, Default)]
+pub struct ManyTasks {
+    pub rate: Vec<Vec<f64>>,
+    pub ratio: Vec<f64>,
+}
+
+/// `rounds` rounds in which each of `contenders` in turn runs `tasks` tasks for `window`, task
+/// `k` doing pairs on key `k`: `pair(contender, key)`.
+pub async fn many_task_rounds<F, Fut>(
+    contenders: usize,
+    rounds: usize,
+    tasks: usize,
+    window: Duration,
+    pair: Arc<F>,
+) -> ManyTasks
+where
+    F: Fn(usize, usize) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send,
+{
+    let mut out = ManyTasks {
+        rate: vec![Vec::new(); contenders],
+        ratio: Vec::new(),
+    };
+    for round in 0..rounds {
+        let mut round_rate = vec![0.0; contenders];
+        for turn in 0..contenders {
+            let i = (turn + round) % contenders;
+            let done = Arc::new(AtomicU64::new(0));
+            let until = Instant::now() + window;
+            let running: Vec<_> = (0..tasks)
+                .map(|k| {
+                    let (pair, done) = (Arc::clone(&pair), Arc::clone(&done));
+                    tokio::spawn(async move {
+                        while Instant::now() < until {
+                            pair(i, k).await;
+                            done.fetch_add(1, Ordering::Relaxed);
+                        }
+                    })
+                })
+                .collect();
+            let started = Instant::now();
+            for task in running {
+                task.await
+                    .unwrap_or_else(|e| panic!("a benchmark task failed: {e}"));
+            }
+            round_rate[i] = done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
+            out.rate[i].push(round_rate[i]);
+        }
+        out.ratio.push(round_rate[0] / round_rate[1]);
+    }
+    out
 }
 
 /// `count` hand-offs of `key` among `clients` (one task each): each acquires with a wait (ttl

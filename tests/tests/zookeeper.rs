@@ -335,8 +335,9 @@ async fn a_release_during_a_connection_loss_is_carried_out_once_it_is_back() {
         "{released:?}"
     );
     assert!(other.is_locked("job").await.unwrap(), "nothing deleted it yet");
-    cut.each(FaultProxy::reset_all);
+    // Relaying first: a connection opened after the reset must not lose its handshake.
     cut.each(FaultProxy::relay);
+    cut.each(FaultProxy::reset_all);
     let healed = Instant::now();
     eventually(
         10 * SECOND,
@@ -379,8 +380,9 @@ async fn a_waiter_whose_session_expired_never_trusts_its_old_node() {
         children(&zk, "/expired-waiter/turn").await.len() == 1
     })
     .await;
-    cut.each(FaultProxy::reset_all);
+    // Relaying first: a connection opened after the reset must not lose its handshake.
     cut.each(FaultProxy::relay);
+    cut.each(FaultProxy::reset_all);
     // Back: it queues again on a new session (two nodes again), or its wait failed.
     eventually(10 * SECOND, "the waiter queues again or gives up", || async {
         waiter.is_finished() || children(&zk, "/expired-waiter/turn").await.len() == 2

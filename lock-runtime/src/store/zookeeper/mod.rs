@@ -232,10 +232,28 @@ fn answer_lost(error: &ZkError) -> bool {
 }
 
 /// What one look at a line found.
+#[derive(Default)]
 struct Looked {
     children: Vec<String>,
     /// The last fenced writer's token, left on the lock's node.
     left_fence: Option<i64>,
+}
+
+/// What a multi-read of a lock's children and data found.
+fn looked_in(read: Vec<MultiReadResult>) -> Result<Looked, ZkError> {
+    let mut looked = Looked::default();
+    for result in read {
+        match result {
+            MultiReadResult::Children { children } => looked.children = children,
+            MultiReadResult::Data { data, .. } => {
+                looked.left_fence = std::str::from_utf8(&data).ok().and_then(|d| d.parse().ok());
+            }
+            MultiReadResult::Error { err: ZkError::NoNode } => {}
+            MultiReadResult::Error { err } => return Err(err),
+            _ => {}
+        }
+    }
+    Ok(looked)
 }
 
 impl Shared {
@@ -458,46 +476,47 @@ impl ZkStore {
                 None => Ok(()),
             }
         };
-        let mut reader = client.new_multi_reader();
-        let added =
-            reader
-                .add_get_children(lock)
-                .and_then(|()| if fence { reader.add_get_data(lock) } else { Ok(()) });
-        if let Err(e) = added {
-            return Err(self.error(&e, lock));
-        }
-        let read = reader.commit();
-        let (synced, read) = ask(self.ensemble(), async { tokio::join!(synced, read) }).await?;
-        match synced {
-            Ok(()) | Err(ZkError::NoNode) => {}
-            Err(e) => {
-                self.shared.failed(session, &e).await;
-                return Err(self.error(&e, lock));
-            }
-        }
-        let read = match read {
-            Ok(read) => read,
-            Err(e) => {
-                self.shared.failed(session, &e).await;
-                return Err(self.error(&e, lock));
-            }
-        };
-        let mut looked = Looked {
-            children: Vec::new(),
-            left_fence: None,
-        };
-        for result in read {
-            match result {
-                MultiReadResult::Children { children } => looked.children = children,
-                MultiReadResult::Data { data, .. } => {
-                    looked.left_fence = std::str::from_utf8(&data).ok().and_then(|d| d.parse().ok());
+        // The children alone (a plain read), or with the lock's data in one multi-read.
+        let children = (!fence).then(|| client.list_children(lock));
+        let with_fence = match fence {
+            true => {
+                let mut reader = client.new_multi_reader();
+                if let Err(e) = reader
+                    .add_get_children(lock)
+                    .and_then(|()| reader.add_get_data(lock))
+                {
+                    return Err(self.error(&e, lock));
                 }
-                MultiReadResult::Error { err: ZkError::NoNode } => {}
-                MultiReadResult::Error { err } => return Err(self.error(&err, lock)),
-                _ => {}
+                Some(reader.commit())
+            }
+            false => None,
+        };
+        let read = async {
+            match (children, with_fence) {
+                (Some(children), _) => match children.await {
+                    Ok(children) => Ok(Looked {
+                        children,
+                        left_fence: None,
+                    }),
+                    Err(ZkError::NoNode) => Ok(Looked::default()),
+                    Err(e) => Err(e),
+                },
+                (None, Some(multi)) => multi.await.and_then(looked_in),
+                (None, None) => Ok(Looked::default()),
+            }
+        };
+        let (synced, read) = ask(self.ensemble(), async { tokio::join!(synced, read) }).await?;
+        let synced = match synced {
+            Ok(()) | Err(ZkError::NoNode) => Ok(()),
+            Err(e) => Err(e),
+        };
+        match synced.and(read) {
+            Ok(looked) => Ok(looked),
+            Err(e) => {
+                self.shared.failed(session, &e).await;
+                Err(self.error(&e, lock))
             }
         }
-        Ok(looked)
     }
 
     /// Creates `token`'s node in the lock's line (the lock's node made first when it is
