@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use lock_tests::{
     EtcdCluster, FaultProxy, MariadbServer, PostgresServer, RedisCluster, RedisServer, SentinelSetup,
+    ZkEnsemble,
 };
 
 use crate::worker;
@@ -26,10 +27,12 @@ pub enum Kind {
     Postgres,
     /// MySQL's protocol, on a MariaDB server the kit starts (`mariadbd`).
     Mysql,
+    /// A 3-server ensemble.
+    Zookeeper,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 8] = [
+    pub const ALL: [Kind; 9] = [
         Kind::Memory,
         Kind::Redis,
         Kind::Sentinel,
@@ -38,6 +41,7 @@ impl Kind {
         Kind::Etcd,
         Kind::Postgres,
         Kind::Mysql,
+        Kind::Zookeeper,
     ];
 
     pub fn name(self) -> &'static str {
@@ -50,12 +54,13 @@ impl Kind {
             Kind::Etcd => "etcd",
             Kind::Postgres => "postgres",
             Kind::Mysql => "mysql",
+            Kind::Zookeeper => "zookeeper",
         }
     }
 
     pub fn parse(name: &str) -> Fallible<Kind> {
         Kind::ALL.into_iter().find(|k| k.name() == name).ok_or_else(|| {
-            format!("--store {name}: one of memory, redis, sentinel, cluster, redlock, etcd, postgres, mysql")
+            format!("--store {name}: one of memory, redis, sentinel, cluster, redlock, etcd, postgres, mysql, zookeeper")
                 .into()
         })
     }
@@ -70,7 +75,10 @@ impl Kind {
     /// not where the client learns addresses from the store (Sentinel, Cluster) or reaches five
     /// of them (RedLock).
     pub fn proxied(self) -> bool {
-        matches!(self, Kind::Redis | Kind::Etcd | Kind::Postgres | Kind::Mysql)
+        matches!(
+            self,
+            Kind::Redis | Kind::Etcd | Kind::Postgres | Kind::Mysql | Kind::Zookeeper
+        )
     }
 }
 
@@ -84,8 +92,8 @@ pub enum Fault {
     Sigkill,
     /// The store restarted: Redis empty (no persistence), PostgreSQL and MariaDB on their data.
     Restart,
-    /// The primary (Sentinel, Cluster) killed after its replicas fell behind, or the etcd
-    /// leader killed; the killed node started again afterwards.
+    /// The primary (Sentinel, Cluster) killed after its replicas fell behind, or the etcd or
+    /// ZooKeeper leader killed; the killed node started again afterwards.
     Failover,
     /// A worker cut off from the store (its connections silent) for longer than the lease.
     Partition,
@@ -132,7 +140,10 @@ impl Fault {
             Fault::Sigstop | Fault::Sigkill => store != Kind::Memory,
             Fault::Partition => store.proxied(),
             Fault::Restart => matches!(store, Kind::Redis | Kind::Postgres | Kind::Mysql),
-            Fault::Failover => matches!(store, Kind::Sentinel | Kind::Cluster | Kind::Etcd),
+            Fault::Failover => matches!(
+                store,
+                Kind::Sentinel | Kind::Cluster | Kind::Etcd | Kind::Zookeeper
+            ),
             Fault::RestartEmpty => store == Kind::Redlock,
         }
     }
@@ -158,6 +169,8 @@ enum Parts {
     Postgres(PostgresServer, Vec<FaultProxy>),
     /// Per worker, one proxy in front of the server.
     Mysql(MariadbServer, Vec<FaultProxy>),
+    /// Per worker, one proxy per server.
+    Zookeeper(ZkEnsemble, Vec<Vec<FaultProxy>>),
 }
 
 impl Deployment {
@@ -196,6 +209,17 @@ impl Deployment {
                 let proxies = (0..workers).map(|_| FaultProxy::start(server.port())).collect();
                 Parts::Mysql(server, proxies)
             }
+            Kind::Zookeeper => {
+                let ensemble = ZkEnsemble::spawn();
+                let proxies = (0..workers)
+                    .map(|_| {
+                        (0..3)
+                            .map(|s| FaultProxy::start(ensemble.client_port(s)))
+                            .collect()
+                    })
+                    .collect();
+                Parts::Zookeeper(ensemble, proxies)
+            }
         };
         Deployment {
             kind,
@@ -217,6 +241,13 @@ impl Deployment {
                 proxies[w]
                     .iter()
                     .map(|p| format!("http://127.0.0.1:{}", p.port()))
+                    .collect(),
+                "",
+            ),
+            Parts::Zookeeper(_, proxies) => (
+                proxies[w]
+                    .iter()
+                    .map(|p| format!("127.0.0.1:{}", p.port()))
                     .collect(),
                 "",
             ),
@@ -243,7 +274,7 @@ impl Deployment {
             Parts::Redis(_, proxies) | Parts::Postgres(_, proxies) | Parts::Mysql(_, proxies) => {
                 std::slice::from_ref(&proxies[w])
             }
-            Parts::Etcd(_, proxies) => &proxies[w],
+            Parts::Etcd(_, proxies) | Parts::Zookeeper(_, proxies) => &proxies[w],
             _ => &[],
         };
         for proxy in proxies {
@@ -314,6 +345,14 @@ impl Deployment {
                 cluster.wait_for_leader();
                 cluster.restart(leader);
                 cluster.wait_ready(&[0, 1, 2]);
+            }
+            (Fault::Failover, Parts::Zookeeper(ensemble, _)) => {
+                let leader = ensemble.wait_for_leader();
+                struck();
+                ensemble.kill(leader);
+                ensemble.wait_for_leader();
+                ensemble.restart(leader);
+                ensemble.wait_ready(&[0, 1, 2]);
             }
             (Fault::RestartEmpty, Parts::Redlock(masters)) => {
                 let n = masters.len();

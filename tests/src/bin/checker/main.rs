@@ -16,7 +16,8 @@
 //! Stores (`--store`), each spawned with the test kit: `memory` (the in-process backend: the
 //! tasks of every "process" run in the checker itself), `redis` (one server), `sentinel` (a
 //! primary, two replicas, a sentinel), `cluster` (three primaries with a replica each),
-//! `redlock` (five masters), `etcd` (three members), `postgres` (a server of its own), `mysql`
+//! `redlock` (five masters), `etcd` (three members), `zookeeper` (three servers), `postgres` (a
+//! server of its own), `mysql`
 //! (a MariaDB server of its own; sections use only what MySQL offers: a fencing token, no fair
 //! mode or read-write lock, which the checker's sections never ask for).
 //! `--wait-for-replicas N` makes every acquire and renewal wait for N replicas (Sentinel,
@@ -25,10 +26,10 @@
 //! Faults (`--fault`), each where it means something: `sigstop` (a worker frozen for longer
 //! than the lease, then thawed), `sigkill` (a worker killed, then started again), `partition`
 //! (a worker's connections to the store go silent for longer than the lease: one Redis, etcd,
-//! PostgreSQL, MySQL, whose workers connect through fault proxies), `restart` (one Redis
+//! ZooKeeper, PostgreSQL, MySQL, whose workers connect through fault proxies), `restart` (one Redis
 //! restarted empty; PostgreSQL and MariaDB restarted on their data), `failover` (Sentinel and
 //! Cluster: the replicas frozen for a second, so that they miss what the primary took then, and
-//! the primary killed; etcd: the leader killed), `restart-empty` (a RedLock master restarted without its data, at
+//! the primary killed; etcd and ZooKeeper: the leader killed), `restart-empty` (a RedLock master restarted without its data, at
 //! once or `--restart-delay-ms` later).
 //!
 //! Each critical section holds its key's lock for a short time (5–50 ms) or, one in five, a
@@ -114,7 +115,7 @@ struct Cell {
 impl Cell {
     /// Whether the library promises no overlap and no late body here: every fault of a worker
     /// (the lease and the holder's own validity end together), and faults the store keeps its
-    /// locks through: replica acknowledgement, etcd's consensus, PostgreSQL's and MariaDB's
+    /// locks through: replica acknowledgement, etcd's and ZooKeeper's consensus, PostgreSQL's and MariaDB's
     /// committed rows. Not one Redis restarted empty, a failover without acknowledgement, or a
     /// RedLock master restarted empty: there the store itself forgets locks, which only fencing
     /// makes safe.
@@ -122,7 +123,7 @@ impl Cell {
         match self.fault {
             Fault::None | Fault::Sigstop | Fault::Sigkill | Fault::Partition => true,
             Fault::Restart => matches!(self.store, Kind::Postgres | Kind::Mysql),
-            Fault::Failover => self.store == Kind::Etcd || self.replicas > 0,
+            Fault::Failover => matches!(self.store, Kind::Etcd | Kind::Zookeeper) || self.replicas > 0,
             Fault::RestartEmpty => false,
         }
     }
@@ -636,6 +637,9 @@ fn cells(template: &Cell) -> Vec<Cell> {
         cell(Kind::Mysql, Fault::Sigstop, 0, 0),
         cell(Kind::Mysql, Fault::Restart, 0, 0),
         cell(Kind::Mysql, Fault::Partition, 0, 0),
+        cell(Kind::Zookeeper, Fault::Failover, 0, 0),
+        cell(Kind::Zookeeper, Fault::Sigstop, 0, 0),
+        cell(Kind::Zookeeper, Fault::Partition, 0, 0),
     ]
 }
 

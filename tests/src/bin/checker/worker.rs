@@ -39,6 +39,7 @@ pub async fn client(spec: &str) -> Fallible<LockClient> {
         "etcd" => builder.etcd(urls),
         "postgres" => builder.postgres(urls[0]),
         "mysql" => builder.mysql(urls[0]),
+        "zookeeper" => builder.zookeeper(urls),
         other => return Err(format!("no lock store {other:?}").into()),
     };
     let builder = if replicas > 0 {
