@@ -143,13 +143,15 @@ impl LockGuard {
             .await
             .inspect_err(|_| telemetry::renewal_failed())?;
         match renewed {
-            Renewal::Renewed => {
-                self.state.renewed(sent, ttl);
-                telemetry::renewed(1);
-                Ok(())
-            }
-            Renewal::RenewedFor(kept) => {
-                self.state.renewed(sent, ttl.min(kept));
+            Renewal::Renewed | Renewal::RenewedFor(_) => {
+                let lease = match renewed {
+                    Renewal::RenewedFor(kept) => ttl.min(kept),
+                    _ => ttl,
+                };
+                // Answered after the lock's validity ran out: it stays lost.
+                if !self.state.renewed(sent, lease) {
+                    return Err(self.lost_error());
+                }
                 telemetry::renewed(1);
                 Ok(())
             }

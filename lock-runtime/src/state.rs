@@ -141,16 +141,24 @@ impl LockState {
     /// and then 2 s it expires no earlier than the 60 s one set, whatever order the answers are
     /// handled in; each renewal's expiry counts from its send, which the store applied later.
     /// With a maximum hold, validity never passes it.
-    pub(crate) fn renewed(&self, sent: Instant, ttl: Duration) {
+    /// Answers whether the lock was still valid when the renewal was counted (`false`: it was
+    /// lost or had run out, and stays so).
+    pub(crate) fn renewed(&self, sent: Instant, ttl: Duration) -> bool {
+        let mut valid = true;
         self.update(|s| {
             let until = sent + ttl.saturating_sub(drift(ttl));
             let until = self.hold_limit.map_or(until, |limit| until.min(limit));
-            if s.lost || Instant::now() >= s.valid_until || until <= s.valid_until {
+            if s.lost || Instant::now() >= s.valid_until {
+                valid = false;
+                return false;
+            }
+            if until <= s.valid_until {
                 return false;
             }
             s.valid_until = until;
             true
         });
+        valid
     }
 
     /// The lease a renewal sent at `now` asks for: `ttl`, or with a maximum hold what is left

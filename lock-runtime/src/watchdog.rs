@@ -225,7 +225,11 @@ impl Watchdog {
                             _ => leases[i],
                         };
                         state.renewed(sent, lease);
-                        let cycle = state.ttl.min(lease.max(Duration::from_millis(1)));
+                        // Renewed again a third of the way through what the store keeps.
+                        let cycle = match renewal {
+                            Renewal::RenewedFor(kept) => state.ttl.min(kept.max(Duration::from_millis(1))),
+                            _ => state.ttl,
+                        };
                         watched.due = sent + interval(cycle);
                         watched.lease = cycle;
                         tracing::trace!(key = %state.key(), "lock renewed");

@@ -598,3 +598,57 @@ async fn sessions_shorter_than_the_ttl_bound_the_holders_validity() {
     assert!(next.release().await.unwrap());
     drop(proxies);
 }
+
+/// Acquires made while the client is disconnected (their creates queued by the client, sent
+/// once it reconnects, after the acquires gave up): each leaves no node behind, since its
+/// clean-up follows the create on the same session; once the holder lets go, the keys are free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creates_sent_after_their_acquires_gave_up_leave_no_node() {
+    let hosts = ZkEnsemble::shared().hosts();
+    let holder = client(&hosts, "/late-create").await;
+    let zk = raw(&hosts).await;
+    let keys = ["k0", "k1", "k2", "k3"];
+    let mut held = Vec::new();
+    for key in keys {
+        held.push(holder.acquire(key, &ttl(30_000)).await.unwrap());
+    }
+    let cut = CutOff::new("/late-create").await;
+    // Its session (a 30 s ttl) outlives the cut.
+    let warm = cut.client.acquire("warm", &ttl(30_000)).await.unwrap();
+    assert!(warm.release().await.unwrap());
+    cut.each(FaultProxy::blackhole);
+    cut.each(FaultProxy::reset_all);
+    for key in keys {
+        let gave_up = cut.client.acquire(key, &ttl(30_000).wait(5 * SECOND)).await;
+        assert!(
+            matches!(gave_up, Err(LockError::Unavailable { .. })),
+            "{key}: {gave_up:?}"
+        );
+    }
+    // Disconnected a while longer (a fault's length, not a wait for anything): the clean-ups
+    // keep trying until their session answers.
+    tokio::time::sleep(3 * SECOND).await;
+    // Relayed again: the client's connection attempt in the blackhole times out, the next one
+    // gets through, and the requests it queued meanwhile (the creates first) are sent.
+    cut.each(FaultProxy::relay);
+    for guard in held {
+        assert!(guard.release().await.unwrap());
+    }
+    // Free once the clean-up that follows each late create has run: no node holds a key for
+    // nobody (before, it stayed as long as the client's session).
+    for key in keys {
+        eventually(
+            15 * SECOND,
+            "the key is free for the client that gave up",
+            || async {
+                match cut.client.acquire(key, &ttl(5000)).await {
+                    Ok(next) => next.release().await.unwrap(),
+                    Err(LockError::Busy { .. }) => false,
+                    Err(e) => panic!("{key}: {e}"),
+                }
+            },
+        )
+        .await;
+        assert!(children(&zk, &format!("/late-create/{key}")).await.is_empty());
+    }
+}

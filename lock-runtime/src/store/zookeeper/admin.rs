@@ -31,7 +31,11 @@ impl ZkStore {
     async fn read_line(&self, lock: &str) -> Result<(Vec<Child>, Vec<Option<Held>>, Option<i64>), LockError> {
         let session = self.session(PROBE_TTL_MS).await?;
         let client = &session.client;
-        let (children, left) = match ask(self.ensemble(), client.get_data(lock)).await? {
+        // Behind a `sync`, sent first: not a state older than the leader's.
+        let synced = client.sync(lock);
+        let data = client.get_data(lock);
+        let (_, data) = ask(self.ensemble(), async { tokio::join!(synced, data) }).await?;
+        let (children, left) = match data {
             Ok((data, _)) => {
                 let left = std::str::from_utf8(&data).ok().and_then(|d| d.parse().ok());
                 match ask(self.ensemble(), client.list_children(lock)).await? {

@@ -298,22 +298,22 @@ impl Shared {
         }
     }
 
-    /// The session `id`, if it is alive; a session found ended is forgotten.
-    async fn session(&self, id: i64) -> Option<Session> {
-        self.sessions.by_id(id).await
+    /// The session `id`, if it is alive.
+    fn session(&self, id: i64) -> Option<Session> {
+        self.sessions.by_id(id)
     }
 
     /// Notes what a failed request says of its session.
-    async fn failed(&self, session: &Session, error: &ZkError) {
+    fn failed(&self, session: &Session, error: &ZkError) {
         if ends_session(error) {
-            self.sessions.forget(session.id).await;
+            self.sessions.forget(session.id);
         }
     }
 
     /// Deletes `place`'s node if it is still there (and, for a fenced writer, leaves its token
     /// on the lock's node for the readers after it): whether it was there.
     async fn delete(&self, place: &Place) -> Result<bool, LockError> {
-        let Some(session) = self.session(place.session).await else {
+        let Some(session) = self.session(place.session) else {
             // Its session ended: its node went with it.
             return Ok(false);
         };
@@ -327,10 +327,16 @@ impl Shared {
             if let Err(e) = added {
                 return Err(store_error(&self.ensemble, &e, &place.path));
             }
-            ask(&self.ensemble, writer.commit())
-                .await?
-                .map(|_| ())
-                .map_err(ZkError::from)
+            match ask(&self.ensemble, writer.commit()).await? {
+                Ok(_) => Ok(()),
+                // The token could not be left on the lock's node (no WRITE right on it, say):
+                // the node is deleted all the same, and a reader after it takes its own token.
+                Err(zookeeper_client::MultiWriteError::OperationFailed { index: 1, source }) => {
+                    tracing::warn!(lock = %place.name, error = %source, "could not leave a fenced writer's token on the ZooKeeper lock node (it needs WRITE there); deleting its node without it");
+                    ask(&self.ensemble, client.delete(&place.path, None)).await?
+                }
+                Err(e) => Err(ZkError::from(e)),
+            }
         } else {
             ask(&self.ensemble, client.delete(&place.path, None)).await?
         };
@@ -338,7 +344,7 @@ impl Shared {
             Ok(()) => Ok(true),
             Err(ZkError::NoNode) => Ok(false),
             Err(e) => {
-                self.failed(&session, &e).await;
+                self.failed(&session, &e);
                 Err(store_error(&self.ensemble, &e, &place.path))
             }
         }
@@ -374,9 +380,15 @@ impl Shared {
             }
         }
         for (token, place) in ended {
-            if let Err(e) = self.delete(&place).await {
-                tracing::debug!(error = %e, "could not delete a ZooKeeper lock whose ttl ended; trying again");
-                self.delete_soon(&token, place);
+            match self.delete(&place).await {
+                Ok(_) => {}
+                Err(e @ LockError::Refused { .. }) => {
+                    tracing::warn!(error = %e, "ZooKeeper refuses to delete a lock's node: it stays until its session ends");
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "could not delete a ZooKeeper lock whose ttl ended; trying again");
+                    self.delete_soon(&token, place);
+                }
             }
         }
     }
@@ -414,7 +426,7 @@ impl Shared {
             }
             self.reap().await;
             let in_use: Vec<i64> = self.places().values().map(|p| p.session).collect();
-            self.sessions.close_idle(|id| in_use.contains(&id)).await;
+            self.sessions.close_idle(|id| in_use.contains(&id));
         }
     }
 }
@@ -513,7 +525,7 @@ impl ZkStore {
         match synced.and(read) {
             Ok(looked) => Ok(looked),
             Err(e) => {
-                self.shared.failed(session, &e).await;
+                self.shared.failed(session, &e);
                 Err(self.error(&e, lock))
             }
         }
@@ -564,7 +576,7 @@ impl ZkStore {
                     return Err(self.error(&e, lock.name()));
                 }
                 Err(e) => {
-                    self.shared.failed(session, &e).await;
+                    self.shared.failed(session, &e);
                     return Err(self.error(&e, lock.name()));
                 }
             }
@@ -599,13 +611,21 @@ impl ZkStore {
         }
     }
 
-    async fn acquire(&self, lock: &Lock, token: &str, ask_: &Ask) -> Result<Attempt, LockError> {
+    async fn acquire(
+        &self,
+        lock: &Lock,
+        token: &str,
+        ask_: &Ask,
+        flight: &Flight,
+    ) -> Result<Attempt, LockError> {
         let known = self.shared.places().get(token).cloned();
         if let Some(place) = known.filter(|p| p.until.is_none()) {
-            return self.look_again(lock, token, ask_, place).await;
+            return self.look_again(lock, token, (ask_, flight), place).await;
         }
         let sent = Instant::now();
         let session = self.session(ask_.ttl_ms).await?;
+        // The release of an attempt whose answer never came follows it on this session.
+        flight.set(session.id as u64);
         let (path, czxid) = self.create(&session, lock, token, ask_.shared).await?;
         let place = Place {
             name: lock.name().to_owned(),
@@ -621,7 +641,7 @@ impl ZkStore {
         self.shared.record(token, place.clone());
         // Read behind its own create on the same session: the server has applied it, so every
         // node before it that still exists is seen (no `sync` needed).
-        self.decide(lock, token, ask_, place, (sent, &session), false)
+        self.decide(lock, token, (ask_, flight), place, (sent, &session), false)
             .await
     }
 
@@ -631,7 +651,7 @@ impl ZkStore {
         &self,
         lock: &Lock,
         token: &str,
-        ask_: &Ask,
+        (ask_, flight): (&Ask, &Flight),
         place: Place,
         (sent, session): (Instant, &Session),
         sync: bool,
@@ -676,7 +696,7 @@ impl ZkStore {
                 // Gone already: its session ended (or an operator deleted it). In line again.
                 self.shared.forget(token);
                 if ask_.join {
-                    return Box::pin(self.acquire(lock, token, ask_)).await;
+                    return Box::pin(self.acquire(lock, token, ask_, flight)).await;
                 }
                 Ok(Attempt::HELD)
             }
@@ -746,18 +766,18 @@ impl ZkStore {
         &self,
         lock: &Lock,
         token: &str,
-        ask_: &Ask,
+        (ask_, flight): (&Ask, &Flight),
         place: Place,
     ) -> Result<Attempt, LockError> {
         let sent = Instant::now();
-        let Some(session) = self.shared.session(place.session).await else {
+        let Some(session) = self.shared.session(place.session) else {
             self.shared.forget(token);
             self.shared.unwatch(token);
-            return Box::pin(self.acquire(lock, token, ask_)).await;
+            return Box::pin(self.acquire(lock, token, ask_, flight)).await;
         };
         // Behind a `sync`: a server cut off from the leader still answers reads for a while,
         // from a state that may still show this client's node after its session ended.
-        self.decide(lock, token, ask_, place, (sent, &session), true)
+        self.decide(lock, token, (ask_, flight), place, (sent, &session), true)
             .await
     }
 
@@ -778,7 +798,7 @@ impl ZkStore {
             }
         }
         let checks = by_session.into_iter().map(|(id, places)| async move {
-            let Some(session) = self.shared.session(id).await else {
+            let Some(session) = self.shared.session(id) else {
                 return Ok((None, places, Vec::new()));
             };
             let client = &session.client;
@@ -788,7 +808,7 @@ impl ZkStore {
             match synced {
                 Ok(()) | Err(ZkError::NoNode) => Ok((Some(session), places, stats)),
                 Err(e) => {
-                    self.shared.failed(&session, &e).await;
+                    self.shared.failed(&session, &e);
                     Err(self.error(&e, &places[0].1.path))
                 }
             }
@@ -810,7 +830,7 @@ impl ZkStore {
                     }
                     Ok(_) => Renewal::Gone,
                     Err(e) => {
-                        self.shared.failed(&session, &e).await;
+                        self.shared.failed(&session, &e);
                         return Err(self.error(&e, &place.path));
                     }
                 };
@@ -846,7 +866,9 @@ impl ZkStore {
             if release.after.is_some() {
                 // An attempt whose answer never came may have made a node: deleted now, and again
                 // once a late request could no longer land.
-                return self.delete_unknown(lock, token).await;
+                return self
+                    .delete_unknown(lock, token, release.after.unwrap_or(&Flight::default()))
+                    .await;
             }
             return Ok(Released::NotOurs);
         };
@@ -865,50 +887,56 @@ impl ZkStore {
                 // Not known to be gone (the ensemble did not answer): deleted by the reaper,
                 // tried again every 100 ms until it is or its session ends, so a release during a
                 // connection loss still frees the lock once the connection is back (where
-                // Curator leaves the node for good: CURATOR-678).
-                self.shared.delete_soon(token, place);
+                // Curator leaves the node for good: CURATOR-678). A refusal is not retried.
+                if !matches!(e, LockError::Refused { .. }) {
+                    self.shared.delete_soon(token, place);
+                }
                 Err(e)
             }
         }
     }
 
     /// The node of `token`, which this client never heard of (an attempt whose answer never
-    /// came): deleted now, and once more after a request sent before could still have landed.
-    async fn delete_unknown(&self, lock: &Lock, token: &str) -> Result<Released, LockError> {
-        let uuid = names::uuid_of(token);
-        let shared = Arc::clone(&self.shared);
-        let name = lock.name().to_owned();
-        let delete = move || {
-            let (shared, name, uuid) = (Arc::clone(&shared), name.clone(), uuid.clone());
-            async move { delete_by_uuid(&shared, &name, &uuid).await }
+    /// came, sent on the session `flight` names): looked for and deleted through that same
+    /// session. The client sends a session's requests in order, and the servers answer them in
+    /// order (a request it queued while disconnected is sent before any made later), so a read
+    /// on that session that is answered comes after the create, whether it landed or not: once
+    /// one is, nothing is left. Until then (the session is disconnected) it is tried again in
+    /// the background, until it is or the session ends (its nodes end with it).
+    async fn delete_unknown(&self, lock: &Lock, token: &str, flight: &Flight) -> Result<Released, LockError> {
+        let Some(id) = flight.get().map(|route| route as i64) else {
+            return Ok(Released::NotOurs); // no create was sent
         };
-        let after = self.ensemble().timeouts.response * 2 + Duration::from_secs(1);
-        let late = delete.clone();
-        let started = Instant::now();
-        tokio::spawn(async move {
-            for _ in 0..300 {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                match late().await {
-                    Ok(_) if started.elapsed() >= after => return,
-                    Ok(_) => tokio::time::sleep(after.saturating_sub(started.elapsed())).await,
-                    Err(e) => {
-                        tracing::debug!(error = %e, "could not delete the node of an abandoned ZooKeeper attempt; trying again");
+        let uuid = names::uuid_of(token);
+        match delete_by_uuid(&self.shared, id, lock.name(), &uuid).await {
+            Ok(deleted) => Ok(if deleted {
+                Released::Quiet
+            } else {
+                Released::NotOurs
+            }),
+            Err(e) => {
+                let (shared, name) = (Arc::clone(&self.shared), lock.name().to_owned());
+                tokio::spawn(async move {
+                    loop {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        match delete_by_uuid(&shared, id, &name, &uuid).await {
+                            Ok(_) => return,
+                            Err(e) => {
+                                tracing::debug!(error = %e, "could not delete the node of an abandoned ZooKeeper attempt; trying again")
+                            }
+                        }
                     }
-                }
+                });
+                Err(e)
             }
-        });
-        Ok(if delete().await? {
-            Released::Quiet
-        } else {
-            Released::NotOurs
-        })
+        }
     }
 
     /// A release before the minimum hold's end: the node is kept, its data marked released, and
     /// deleted by this client when the hold ends (or with its session, if this client dies).
     async fn keep_for(&self, token: &str, place: Place, hold_ms: u64) -> Result<Released, LockError> {
         let put_back = |place: Place| self.shared.record(token, place);
-        let Some(session) = self.shared.session(place.session).await else {
+        let Some(session) = self.shared.session(place.session) else {
             return Ok(Released::NotOurs);
         };
         let marked = format!("{token}{RELEASED}");
@@ -957,10 +985,10 @@ impl ZkStore {
     }
 }
 
-/// Deletes the nodes of `uuid` under `lock` (through any session of this client): whether one
-/// was there.
-async fn delete_by_uuid(shared: &Shared, lock: &str, uuid: &str) -> Result<bool, LockError> {
-    let Some(session) = shared.sessions.any().await else {
+/// Deletes the nodes of `uuid` under `lock` through the session `id` (see
+/// [`ZkStore::delete_unknown`]): whether one was there. A session that ended took them with it.
+async fn delete_by_uuid(shared: &Shared, id: i64, lock: &str, uuid: &str) -> Result<bool, LockError> {
+    let Some(session) = shared.sessions.by_id(id) else {
         return Ok(false);
     };
     let client = &session.client;
@@ -1013,7 +1041,8 @@ impl Store for ZkStore {
         // A session, and the rights locking needs: an ephemeral node made and deleted under the
         // parent path (made, as a container, if missing).
         let session = self.session(PROBE_TTL_MS).await?;
-        let probe = names::lock_path(&self.parent, "rights-check");
+        // A lock node no key has (`node_name` never writes `%` followed by a plain name).
+        let probe = format!("{}/%rights-check", self.parent);
         let lock = Lock::new("rights-check", probe);
         let token = crate::holder::new_value("rights-check");
         let (path, _) = self.create(&session, &lock, &token, false).await?;
@@ -1023,8 +1052,14 @@ impl Store for ZkStore {
         }
     }
 
-    async fn attempt(&self, lock: &Lock, token: &str, ask_: &Ask, _: &Flight) -> Result<Attempt, LockError> {
-        self.acquire(lock, token, ask_).await
+    async fn attempt(
+        &self,
+        lock: &Lock,
+        token: &str,
+        ask_: &Ask,
+        flight: &Flight,
+    ) -> Result<Attempt, LockError> {
+        self.acquire(lock, token, ask_, flight).await
     }
 
     async fn renew(&self, locks: &[Renewing<'_>]) -> Result<Vec<Renewal>, LockError> {

@@ -56,9 +56,12 @@ pub(super) fn unavailable(ensemble: &Ensemble, what: impl Into<String>) -> LockE
 pub(super) fn store_error(ensemble: &Ensemble, error: &Error, path: &str) -> LockError {
     let reason = match error {
         Error::NoAuth => Some(
-            "its ACL does not let this client create, read and delete nodes under the prefix \
-             (locking needs CREATE, READ and DELETE there)",
+            "an ACL does not let this client do what locking needs under the prefix (CREATE, \
+             READ and DELETE; WRITE on a lock's node for fencing tokens)",
         ),
+        Error::Unimplemented => Some("locking needs ZooKeeper 3.5 or later (container nodes)"),
+        Error::NoChildrenForEphemerals => Some("the prefix is under an ephemeral node"),
+        Error::BadArguments(_) => Some("a path ZooKeeper does not take: check the prefix"),
         Error::AuthFailed => Some("authentication failed"),
         Error::InvalidAcl => Some("an invalid ACL"),
         _ => None,

@@ -71,31 +71,62 @@ fn keeps(granted: Duration) -> Duration {
 /// The sessions of one client, by class.
 #[derive(Debug, Default)]
 pub(super) struct Sessions {
-    /// Held across a connect, so that two first uses of a class open one session.
-    by_class: tokio::sync::Mutex<HashMap<u64, Session>>,
+    /// Never held across an await.
+    by_class: std::sync::Mutex<HashMap<u64, Session>>,
+    /// Held across a connect, so that two first uses of a class open one session (lookups of
+    /// the sessions that are open do not wait for it).
+    connecting: tokio::sync::Mutex<()>,
 }
 
 impl Sessions {
+    fn all(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Session>> {
+        // Every update is one step, so a poisoned map is still consistent.
+        self.by_class.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The session of `class` if it is alive (marked used); one found ended is forgotten.
+    fn alive(&self, class: u64) -> Option<Session> {
+        let mut all = self.all();
+        match all.get_mut(&class) {
+            Some(session) if session.is_alive() => {
+                session.used = Instant::now();
+                Some(session.clone())
+            }
+            Some(session) => {
+                tracing::warn!(
+                    session = format_args!("{:#x}", session.id),
+                    "a ZooKeeper session ended (expired, or closed): its locks are lost; opening another"
+                );
+                all.remove(&class);
+                None
+            }
+            None => None,
+        }
+    }
+
     /// The session for locks of `ttl_ms`, opened now if there is none alive.
     pub(super) async fn for_ttl(&self, ensemble: &Ensemble, ttl_ms: u64) -> Result<Session, LockError> {
         let class = class_of(ttl_ms);
-        let mut all = self.by_class.lock().await;
-        if let Some(session) = all.get_mut(&class) {
-            if session.is_alive() {
-                session.used = Instant::now();
-                return Ok(session.clone());
-            }
-            tracing::warn!(
-                session = format_args!("{:#x}", session.id),
-                "a ZooKeeper session ended (expired, or closed): its locks are lost; opening another"
-            );
-            all.remove(&class);
+        if let Some(session) = self.alive(class) {
+            return Ok(session);
         }
-        let timeout = asked(class);
+        let _connecting = self.connecting.lock().await;
+        if let Some(session) = self.alive(class) {
+            return Ok(session);
+        }
+        // Each server gets a share of the connect timeout for its handshake (a frozen server
+        // tried first must not use it all): at least a second, and at most the 2/5 of the
+        // session's timeout the client takes by default. The client also counts a connection
+        // silent that long as lost (it pings every 3/8 of it).
+        let servers = u32::try_from(ensemble.hosts.len().max(1)).unwrap_or(u32::MAX);
+        let per_server = (ensemble.timeouts.connect / servers)
+            .max(Duration::from_secs(1))
+            .min(asked(class) * 2 / 5);
         let client = tokio::time::timeout(
             ensemble.timeouts.connect,
             Client::connector()
-                .with_session_timeout(timeout)
+                .with_session_timeout(asked(class))
+                .with_connection_timeout(per_server)
                 .with_fail_eagerly()
                 .connect(&ensemble.connect_string()),
         )
@@ -113,49 +144,40 @@ impl Sessions {
             client,
             used: Instant::now(),
         };
-        all.insert(class, session.clone());
+        self.all().insert(class, session.clone());
         Ok(session)
     }
 
     /// Forgets the session `id` (the server ended it): the next use opens another.
-    pub(super) async fn forget(&self, id: i64) {
-        self.by_class.lock().await.retain(|_, s| s.id != id);
+    pub(super) fn forget(&self, id: i64) {
+        self.all().retain(|_, s| s.id != id);
     }
 
     /// The session with id `id`, if it is one of ours and alive.
-    pub(super) async fn by_id(&self, id: i64) -> Option<Session> {
-        let all = self.by_class.lock().await;
-        all.values().find(|s| s.id == id && s.is_alive()).cloned()
-    }
-
-    /// Any alive session of this client.
-    pub(super) async fn any(&self) -> Option<Session> {
-        let all = self.by_class.lock().await;
-        all.values().find(|s| s.is_alive()).cloned()
+    pub(super) fn by_id(&self, id: i64) -> Option<Session> {
+        self.all().values().find(|s| s.id == id && s.is_alive()).cloned()
     }
 
     /// Closes the sessions unused for [`IDLE`] on which no node of this client is (`in_use`):
-    /// dropping the last handle on a session closes it.
-    pub(super) async fn close_idle(&self, in_use: impl Fn(i64) -> bool) {
+    /// dropping the last handle on a session closes it. A session in use counts as used now.
+    pub(super) fn close_idle(&self, in_use: impl Fn(i64) -> bool) {
         let now = Instant::now();
-        self.by_class
-            .lock()
-            .await
-            .retain(|_, s| now.saturating_duration_since(s.used) < IDLE || in_use(s.id));
+        self.all().retain(|_, s| {
+            if in_use(s.id) {
+                s.used = now;
+            }
+            now.saturating_duration_since(s.used) < IDLE
+        });
     }
 
     /// When the next session may become idle.
     pub(super) fn next_idle(&self) -> Option<Instant> {
-        let all = self.by_class.try_lock().ok()?;
-        all.values().map(|s| s.used + IDLE).min()
+        self.all().values().map(|s| s.used + IDLE).min()
     }
 
     /// Takes every session out (the client is going): dropping them closes them.
     pub(super) fn take_all(&self) -> Vec<Session> {
-        match self.by_class.try_lock() {
-            Ok(mut all) => all.drain().map(|(_, s)| s).collect(),
-            Err(_) => Vec::new(),
-        }
+        self.all().drain().map(|(_, s)| s).collect()
     }
 }
 
