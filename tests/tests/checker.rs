@@ -1,7 +1,7 @@
 //! The multi-process checker (`src/bin/checker/`), a short run of each cell of its matrix that
 //! says something in a few seconds: every cell where the library promises no overlap (a fault of
 //! a worker on one Redis, in memory, a failover with replica acknowledgement, every etcd,
-//! PostgreSQL and MySQL cell) must show none, and no late body, stale write accepted or lost
+//! ZooKeeper, PostgreSQL and MySQL cell) must show none, and no late body, stale write accepted or lost
 //! update; the cells where the store itself can forget locks (one Redis restarted empty, a
 //! failover without replica acknowledgement, a RedLock master restarted empty at once) are run
 //! and their overlaps printed, never assumed to be zero (fencing must still refuse every stale
@@ -221,4 +221,19 @@ fn cluster_failover_without_acknowledgement_is_measured() {
 #[test]
 fn redlock_master_restarted_empty_is_measured() {
     measured(&["--store", "redlock", "--fault", "restart-empty"], 6);
+}
+
+#[test]
+fn zookeeper_leader_killed() {
+    promised(&["--store", "zookeeper", "--fault", "failover"], 8);
+}
+
+#[test]
+fn zookeeper_with_a_frozen_worker() {
+    promised(&["--store", "zookeeper", "--fault", "sigstop"], 8);
+}
+
+#[test]
+fn zookeeper_with_a_worker_cut_off() {
+    promised(&["--store", "zookeeper", "--fault", "partition"], 8);
 }
