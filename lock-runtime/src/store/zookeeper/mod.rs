@@ -5,16 +5,16 @@
 //! The session is the lease: a node lives as long as the session that created it, one session
 //! per ttl class (see [`sessions`]), so a holder that dies or is cut off loses its lock when
 //! the server expires its session. A holder's validity is the ttl from its request's send, and
-//! never longer than the session timeout the server granted (the server keeps a session at
-//! least that long after it last heard from it); every renewal reads the node again behind a
+//! never longer than its session is kept (the timeout the servers granted, less a margin for the
+//! leader hearing of the session a tick late); every renewal reads the node again behind a
 //! `sync`, through the server's leader, and fails (so validity runs out) while the ensemble
 //! cannot be reached. A lock taken for a ttl and not renewed is deleted by this client when its
 //! ttl ends (the reaper), as Redis expires a key; a minimum hold keeps the node until it ends.
 //!
-//! A try that will not wait reads the line first, and only when nobody is in it creates its node
-//! and looks again (three requests when it loses the race: it deletes its node). A caller that
-//! will wait creates its node at once (one write) and watches the node just ahead of its own; that
-//! node's deletion wakes it to look again (a `sync` and a read). The fencing token of an exclusive
+//! An acquire creates its node and reads the line behind it on the same session; a try that will
+//! not wait and is not first deletes its node (three requests, two writes). A caller that will
+//! wait watches the node just ahead of its own; that node's deletion wakes it to look again (a
+//! `sync` and a read). The fencing token of an exclusive
 //! holder is its node's `czxid`, the zxid of its creation, totally ordered across the ensemble and
 //! rising across leader changes; a reader's is the last fenced writer's, which a fenced writer's
 //! release leaves as the lock node's data.
@@ -44,6 +44,9 @@ mod sessions;
 
 use requests::{ask, ends_session, store_error, Ensemble};
 use sessions::{Session, Sessions};
+
+/// How often the keeper looks at what is due, at least (deletions due sooner wake it).
+const KEEPER_TICK: Duration = Duration::from_secs(1);
 
 /// The ttl class of the session `build()` opens to check the ensemble and this client's rights.
 const PROBE_TTL_MS: u64 = 10_000;
@@ -136,14 +139,17 @@ impl LockClientBuilder {
     /// Locks are laid out as Apache Curator's `InterProcessMutex` lays them: an ephemeral
     /// sequential node `<prefix>/<key>/_c_<uuid>-lock-<seq>` (a read lock's node is
     /// `…-__READ__<seq>`, as Curator's `InterProcessReadWriteLock`), so a Java service locking
-    /// the same path with Curator and this client exclude each other. The prefix is the parent
+    /// the same path with Curator's matching recipe and this client exclude each other (the
+    /// guide's deployments page has the table: Curator's mutex does not see read nodes, nor its
+    /// read-write lock mutex nodes). The prefix is the parent
     /// path of every lock (the default prefix `lock:` is `/locks` here); a key made of letters,
     /// digits, `-`, `_`, `:` and `.` is the node's name as written, any other is escaped. The
-    /// holder is the oldest node; a waiter watches only the node just ahead of its own, so
+    /// holder is the oldest node (or the readers before the first node that excludes); a waiter watches only the node just ahead of its own, so
     /// waiters are served in order, one wake-up per release. The fencing token is the lock
     /// node's `czxid`. A client's session is its lease (one per ttl rounded up to whole
-    /// seconds, within the session timeouts the servers allow): a client that dies loses its
-    /// locks when its session expires.
+    /// seconds, asking that timeout and a margin of up to 2 s, within what the servers allow): a
+    /// client that dies loses its locks when its session expires, and a lock is never valid
+    /// longer than its session is kept.
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), lock_runtime::LockError> {
@@ -217,7 +223,7 @@ fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The data of a node: the holder's token.
+/// The ACL of every node this client creates: open, as Curator's default.
 fn anyone() -> Acls<'static> {
     Acls::anyone_all()
 }
@@ -283,10 +289,11 @@ impl Shared {
     }
 
     /// Deletes `token`'s node at `until` unless it is renewed by then.
+    /// The keeper looks at least every [`KEEPER_TICK`], so it is told only of what is due
+    /// sooner (an acquire costs no wake-up of its task).
     fn delete_at(&self, token: &str, until: Instant) {
-        let sooner = self.due().first().is_none_or(|(first, _)| until < *first);
         self.due().insert((until, token.to_owned()));
-        if sooner {
+        if until < Instant::now() + KEEPER_TICK {
             self.changed.notify_one();
         }
     }
@@ -407,20 +414,19 @@ impl Shared {
     /// Deletes nodes whose time is up and closes idle sessions, until the client goes.
     async fn keep(self: Arc<Self>) {
         loop {
+            let now = Instant::now();
             let next = [self.sessions.next_idle(), self.due().first().map(|(at, _)| *at)]
                 .into_iter()
                 .flatten()
                 .min();
             match next {
-                Some(at) if at <= Instant::now() => {}
-                Some(at) => {
+                Some(at) if at <= now => {}
+                next => {
+                    let at = next.map_or(now + KEEPER_TICK, |at| at.min(now + KEEPER_TICK));
                     tokio::select! {
                         () = tokio::time::sleep_until(at) => {}
-                        () = self.changed.notified() => continue,
+                        () = self.changed.notified() => {}
                     }
-                }
-                None => {
-                    self.changed.notified().await;
                     continue;
                 }
             }
@@ -463,10 +469,6 @@ impl ZkStore {
         self.shared.sessions.for_ttl(self.ensemble(), ttl_ms).await
     }
 
-    /// The children of the lock's node behind a `sync` (so the server this session talks to
-    /// has caught up with the leader, and the leader heard from the session after it was
-    /// sent), and with `fence`, the token the last fenced writer left on it. A lock's node
-    /// that does not exist has no children.
     /// The children of the lock's node, with `sync` behind a `sync` (so the server this session
     /// talks to has caught up with the leader, which heard from the session after it was
     /// sent), and with `fence`, the token the last fenced writer left on it. A lock's node
