@@ -26,44 +26,38 @@ struct Held {
 }
 
 impl ZkStore {
-    /// The line of `lock` and its holders' nodes, read now (`None` for a node gone meanwhile),
-    /// and the token the last fenced writer left.
-    async fn read_line(&self, lock: &str) -> Result<(Vec<Child>, Vec<Option<Held>>, Option<i64>), LockError> {
+    /// The line of `lock` read now (behind a `sync`, with the token the last fenced writer
+    /// left: one request, as a waiter's look), and its holders' nodes that are still there.
+    async fn read_line(
+        &self,
+        lock: &str,
+    ) -> Result<(Vec<Child>, Vec<(Child, Held)>, Option<i64>), LockError> {
         let session = self.session(PROBE_TTL_MS).await?;
-        let client = &session.client;
-        // Behind a `sync`, sent first: not a state older than the leader's.
-        let synced = client.sync(lock);
-        let data = client.get_data(lock);
-        let (_, data) = ask(self.ensemble(), async { tokio::join!(synced, data) }).await?;
-        let (children, left) = match data {
-            Ok((data, _)) => {
-                let left = std::str::from_utf8(&data).ok().and_then(|d| d.parse().ok());
-                match ask(self.ensemble(), client.list_children(lock)).await? {
-                    Ok(children) => (children, left),
-                    Err(ZkError::NoNode) => (Vec::new(), None),
-                    Err(e) => return Err(self.error(&e, lock)),
-                }
-            }
-            Err(ZkError::NoNode) => (Vec::new(), None),
-            Err(e) => return Err(self.error(&e, lock)),
-        };
-        let line = names::line(&children);
+        let looked = self.look(&session, lock, true, true).await?;
+        let line = names::line(&looked.children);
         let holders = names::holders(&line).to_vec();
-        let reads = holders
-            .iter()
-            .map(|c| ask(self.ensemble(), client.get_data(&format!("{lock}/{}", c.name))));
-        let mut held = Vec::with_capacity(holders.len());
-        for read in join_all(reads).await {
+        let reads = join_all(holders.iter().map(|c| {
+            ask(
+                self.ensemble(),
+                session.client.get_data(&format!("{lock}/{}", c.name)),
+            )
+        }))
+        .await;
+        let mut found = Vec::with_capacity(holders.len());
+        for (child, read) in holders.into_iter().zip(reads) {
             match read? {
-                Ok((data, stat)) => held.push(Some(Held {
-                    data,
-                    czxid: stat.czxid,
-                })),
-                Err(ZkError::NoNode) => held.push(None),
+                Ok((data, stat)) => found.push((
+                    child,
+                    Held {
+                        data,
+                        czxid: stat.czxid,
+                    },
+                )),
+                Err(ZkError::NoNode) => {} // gone meanwhile
                 Err(e) => return Err(self.error(&e, lock)),
             }
         }
-        Ok((line, held, left))
+        Ok((line, found, looked.left_fence))
     }
 
     /// What is left of this client's node with `czxid` (`None`: not this client's).
@@ -78,15 +72,9 @@ impl ZkStore {
     }
 
     async fn view(&self, key: &str, lock: &str) -> Result<LockView, LockError> {
-        let (line, held, left) = self.read_line(lock).await?;
+        let (line, found, left) = self.read_line(lock).await?;
         let read_at = Instant::now();
-        let holders = names::holders(&line);
-        let found: Vec<(&Child, Held)> = holders
-            .iter()
-            .zip(held)
-            .filter_map(|(child, held)| held.map(|h| (child, h)))
-            .collect();
-        let waiting = &line[holders.len().min(line.len())..];
+        let waiting = &line[names::holders(&line).len()..];
         let (holding, remaining, fence) = match found.as_slice() {
             [] => (Holding::Free, None, left),
             [(child, held)] if !child.shared => (
@@ -160,13 +148,7 @@ impl ZkStore {
 
     /// Frees `lock` if its holders are still the ones `seen` shows.
     pub(super) async fn force(&self, lock: &Lock, seen: &LockView) -> Result<ForceReleased, LockError> {
-        let (line, held, _) = self.read_line(lock.name()).await?;
-        let holders = names::holders(&line);
-        let found: Vec<(&Child, Held)> = holders
-            .iter()
-            .zip(held)
-            .filter_map(|(child, held)| held.map(|h| (child, h)))
-            .collect();
+        let (_, found, _) = self.read_line(lock.name()).await?;
         if found.is_empty() {
             return Ok(ForceReleased::Gone);
         }
