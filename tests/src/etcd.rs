@@ -192,10 +192,7 @@ impl EtcdCluster {
 
     /// Kills member `i` (SIGKILL).
     pub fn kill(&mut self, i: usize) {
-        if let Some(mut child) = self.members[i].child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        super::process::kill(&mut self.members[i].child);
     }
 
     /// Starts member `i` again on its data (after [`kill`](Self::kill)).
@@ -216,12 +213,7 @@ impl EtcdCluster {
 
     fn signal(&self, i: usize, signal: &str) {
         if let Some(child) = &self.members[i].child {
-            let status = Command::new("kill")
-                .arg(signal)
-                .arg(child.id().to_string())
-                .status()
-                .unwrap_or_else(|e| panic!("cannot run kill: {e}"));
-            assert!(status.success(), "kill {signal} failed");
+            super::process::signal_child(Some(child), "etcd member", signal);
         }
     }
 

@@ -238,14 +238,7 @@ impl RedisServer {
     }
 
     fn signal(&self, signal: &str) {
-        let Some(child) = &self.child else {
-            panic!("redis-server is not running");
-        };
-        let status = Command::new("kill")
-            .args([signal, &child.id().to_string()])
-            .status()
-            .unwrap_or_else(|e| panic!("cannot run kill: {e}"));
-        assert!(status.success(), "kill {signal} failed");
+        process::signal_child(self.child.as_ref(), "redis-server", signal);
     }
 
     /// A plain `redis` connection, to look at and tamper with keys from outside the library.

@@ -298,14 +298,7 @@ impl MariadbServer {
     }
 
     fn signal(&self, signal: &str) {
-        let Some(child) = &self.child else {
-            panic!("mariadbd is not running");
-        };
-        let status = Command::new("kill")
-            .args([signal, &child.id().to_string()])
-            .status()
-            .unwrap_or_else(|e| panic!("cannot run kill: {e}"));
-        assert!(status.success(), "kill {signal} failed");
+        super::process::signal_child(self.child.as_ref(), "mariadbd", signal);
     }
 }
 
@@ -450,8 +443,9 @@ fn client_sql(client: &Path, port: u16, database: Option<&str>, statements: &str
     }
 }
 
+/// A signal to a server that may be gone already (delivered or not).
 fn signal(pid: u32, signal: &str) {
-    let _ = Command::new("kill").args([signal, &pid.to_string()]).status();
+    let _ = super::process::signal(pid, signal);
 }
 
 /// The MySQL-protocol server behaviour tests use: `$LOCK_TEST_MYSQL_URL` when set; else the

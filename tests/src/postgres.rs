@@ -279,8 +279,9 @@ fn run(mut tool: Command, user: Option<(u32, u32)>, dir: &Path) {
     );
 }
 
+/// A signal to a server that may be gone already (delivered or not).
 fn signal(pid: u32, signal: &str) {
-    let _ = Command::new("kill").args([signal, &pid.to_string()]).status();
+    let _ = super::process::signal(pid, signal);
 }
 
 /// Where Debian's (or `$PG_BIN`'s) `initdb` and `postgres` are: the newest installed version.

@@ -31,3 +31,29 @@ pub fn cpu_time(tick: f64) -> Duration {
     };
     Duration::from_secs_f64((ticks(11) + ticks(12)) as f64 / tick)
 }
+
+/// Sends `signal` (`-STOP`, `-CONT`, `-TERM`, …) to process `pid` with `kill`: whether it was
+/// delivered (false for a process that is gone).
+pub fn signal(pid: u32, signal: &str) -> bool {
+    std::process::Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run kill: {e}"))
+        .success()
+}
+
+/// Kills the kit's `child` (SIGKILL), if it runs, and reaps it.
+pub(crate) fn kill(child: &mut Option<std::process::Child>) {
+    if let Some(mut child) = child.take() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+/// Sends `signal` to the kit's `child`, which must take it (a server paused or thawed).
+pub(crate) fn signal_child(child: Option<&std::process::Child>, what: &str, signal: &str) {
+    let Some(child) = child else {
+        panic!("{what} is not running");
+    };
+    assert!(self::signal(child.id(), signal), "kill {signal} {what} failed");
+}

@@ -231,10 +231,7 @@ impl ZkEnsemble {
 
     /// Kills server `i` (SIGKILL).
     pub fn kill(&mut self, i: usize) {
-        if let Some(mut child) = self.servers[i].child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        super::process::kill(&mut self.servers[i].child);
     }
 
     /// Starts server `i` again on its data (after [`kill`](Self::kill)).
@@ -255,12 +252,7 @@ impl ZkEnsemble {
 
     fn signal(&self, i: usize, signal: &str) {
         if let Some(child) = &self.servers[i].child {
-            let status = Command::new("kill")
-                .arg(signal)
-                .arg(child.id().to_string())
-                .status()
-                .unwrap_or_else(|e| panic!("cannot run kill: {e}"));
-            assert!(status.success(), "kill {signal} failed");
+            super::process::signal_child(Some(child), "ZooKeeper server", signal);
         }
     }
 
