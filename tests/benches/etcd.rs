@@ -46,13 +46,6 @@ const ROUNDS: usize = 5;
 const TASKS: usize = 64;
 const WAITERS: usize = 8;
 
-fn scale() -> f64 {
-    std::env::var("BENCH_SCALE")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1.0)
-}
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Contender {
     OursEtcd,
@@ -207,7 +200,7 @@ impl Counted {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let scale = scale();
+    let scale = lock_tests::bench::scale();
     let cluster = EtcdCluster::spawn();
     let redis = RedisServer::spawn();
     let endpoints = cluster.endpoints();

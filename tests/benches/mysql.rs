@@ -29,9 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockOptions};
-use lock_tests::bench::{
-    handoffs, many_task_rounds, median, ms, one_task_rounds, quantile, ManyTasks, OneTask,
-};
+use lock_tests::bench::{handoffs, many_task_rounds, median, ms, one_task_rounds, pair_rows, quantile};
 use lock_tests::MariadbServer;
 use serde_json::json;
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
@@ -40,13 +38,6 @@ use tokio::time::Instant;
 const ROUNDS: usize = 5;
 const TASKS: usize = 64;
 const WAITERS: usize = 8;
-
-fn scale() -> f64 {
-    std::env::var("BENCH_SCALE")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1.0)
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Contender {
@@ -163,7 +154,7 @@ async fn across_clients(clients: &[LockClient], count: usize) -> Vec<Duration> {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let scale = scale();
+    let scale = lock_tests::bench::scale();
     let server = MariadbServer::spawn();
     // The minimum: no ping before each checkout either (as the store's own pool).
     let pool = MySqlPoolOptions::new()
@@ -203,18 +194,11 @@ async fn main() {
             async move { bench.pair(CONTENDERS[i], k).await }
         })
     };
-    let OneTask {
-        mut latency,
-        mut rate,
-        mut ratio,
-    } = one_task_rounds(n, ROUNDS, per_round, &*pair).await;
+    let mut one = one_task_rounds(n, ROUNDS, per_round, &*pair).await;
 
     eprintln!("{TASKS} tasks on {TASKS} keys");
     let window = Duration::from_secs_f64((2.0 * scale).max(0.2));
-    let ManyTasks {
-        rate: mut wide,
-        ratio: mut wide_ratio,
-    } = many_task_rounds(n, ROUNDS, TASKS, window, pair).await;
+    let mut many = many_task_rounds(n, ROUNDS, TASKS, window, pair).await;
 
     eprintln!("hand-off, {WAITERS} clients on one key");
     let count = ((300.0 * scale) as usize).max(40);
@@ -232,28 +216,9 @@ async fn main() {
         .await
         .unwrap_or_default();
     println!("MariaDB {version} on loopback, {per_round} pairs per contender in each of {ROUNDS} rounds");
-    println!(
-        "\n{:<28} {:>10} {:>10} {:>10} {:>12}",
-        "one task", "median", "p99", "pairs/s", "64 tasks/s"
-    );
-    let mut rows = Vec::new();
-    for (i, who) in CONTENDERS.iter().enumerate() {
-        let (p50, p99) = (quantile(&mut latency[i], 0.5), quantile(&mut latency[i], 0.99));
-        let (one, many) = (median(&mut rate[i]), median(&mut wide[i]));
-        println!(
-            "{:<28} {:>8.3}ms {:>8.3}ms {:>10.0} {:>12.0}",
-            who.name(),
-            ms(p50),
-            ms(p99),
-            one,
-            many
-        );
-        rows.push(
-            json!({"contender": who.name(), "median_ms": ms(p50), "p99_ms": ms(p99),
-            "pairs_per_s": one, "pairs_per_s_64_tasks": many}),
-        );
-    }
-    let (one_ratio, wide_ratio) = (median(&mut ratio), median(&mut wide_ratio));
+    let names: Vec<&str> = CONTENDERS.iter().map(|c| c.name()).collect();
+    let rows = pair_rows(&names, &mut one, &mut many);
+    let (one_ratio, wide_ratio) = (median(&mut one.ratio), median(&mut many.ratio));
     println!("ours / hand-written on MySQL: {one_ratio:.2} (one task), {wide_ratio:.2} (64 tasks)");
     let (h50, h99) = (quantile(&mut handoff, 0.5), quantile(&mut handoff, 0.99));
     println!("\nhand-off, {WAITERS} clients on one key, {count} hand-offs");

@@ -45,13 +45,6 @@ const ROUNDS: usize = 5;
 const TASKS: usize = 64;
 const WAITERS: usize = 8;
 
-fn scale() -> f64 {
-    std::env::var("BENCH_SCALE")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1.0)
-}
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Contender {
     OursPostgres,
@@ -222,7 +215,7 @@ fn statement_name(query: &str) -> String {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let scale = scale();
+    let scale = lock_tests::bench::scale();
     let pg = PostgresServer::spawn_with(&["shared_preload_libraries=pg_stat_statements"]);
     let redis = RedisServer::spawn();
     // The minimum: no ping before each checkout either (as the store's own pool).

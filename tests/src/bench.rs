@@ -10,6 +10,42 @@ use std::time::Duration;
 use lock_runtime::{LockClient, LockOptions};
 use tokio::time::Instant;
 
+/// `$BENCH_SCALE` (default 1): how much of a full run to do (`0.1` for a smoke run).
+pub fn scale() -> f64 {
+    std::env::var("BENCH_SCALE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1.0)
+}
+
+/// Prints the table of [`one_task_rounds`] and [`many_task_rounds`] (a row per contender, in
+/// `names`' order: latency median and p99, pairs/s with one task and with many) and returns the
+/// same rows as JSON.
+pub fn pair_rows(names: &[&str], one: &mut OneTask, many: &mut ManyTasks) -> Vec<serde_json::Value> {
+    println!(
+        "\n{:<28} {:>10} {:>10} {:>10} {:>12}",
+        "one task", "median", "p99", "pairs/s", "64 tasks/s"
+    );
+    let mut rows = Vec::with_capacity(names.len());
+    for (i, name) in names.iter().enumerate() {
+        let (p50, p99) = (
+            quantile(&mut one.latency[i], 0.5),
+            quantile(&mut one.latency[i], 0.99),
+        );
+        let (alone, wide) = (median(&mut one.rate[i]), median(&mut many.rate[i]));
+        println!(
+            "{name:<28} {:>8.3}ms {:>8.3}ms {alone:>10.0} {wide:>12.0}",
+            ms(p50),
+            ms(p99),
+        );
+        rows.push(
+            serde_json::json!({"contender": name, "median_ms": ms(p50), "p99_ms": ms(p99),
+            "pairs_per_s": alone, "pairs_per_s_64_tasks": wide}),
+        );
+    }
+    rows
+}
+
 /// The `q` quantile of `samples` (sorted in place).
 pub fn quantile(samples: &mut [Duration], q: f64) -> Duration {
     samples.sort_unstable();
