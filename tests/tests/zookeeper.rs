@@ -267,8 +267,13 @@ struct CutOff {
 }
 
 impl CutOff {
+    /// A client of the shared ensemble.
     async fn new(parent: &str) -> CutOff {
-        let ensemble = ZkEnsemble::shared();
+        CutOff::on(ZkEnsemble::shared(), parent).await
+    }
+
+    /// A client of `ensemble`.
+    async fn on(ensemble: &ZkEnsemble, parent: &str) -> CutOff {
         let proxies: Vec<FaultProxy> = (0..3)
             .map(|i| FaultProxy::start(ensemble.client_port(i)))
             .collect();
@@ -542,6 +547,25 @@ async fn misconfigured_clients_are_refused_and_zk_urls_connect() {
     let said = source.to_string();
     assert!(said.contains(&nowhere[0]), "{said}");
 
+    // A prefix whose ACL lets anyone read but not create: `Refused` at `build()`, saying what
+    // locking needs.
+    let zk = raw(&ensemble.hosts()).await;
+    let read_only = [zookeeper_client::Acl::new(
+        zookeeper_client::Permission::READ,
+        zookeeper_client::AuthId::anyone(),
+    )];
+    let mode =
+        zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::from(&read_only[..]));
+    match zk.create("/read-only", b"", &mode).await {
+        Ok(_) | Err(zookeeper_client::Error::NodeExists) => {}
+        Err(e) => panic!("{e}"),
+    }
+    let refused = builder(&ensemble.hosts(), "/read-only").build().await;
+    let Err(LockError::Refused { reason, .. }) = refused else {
+        panic!("{refused:?}");
+    };
+    assert!(reason.contains("CREATE"), "{reason}");
+
     let c = LockClient::connect(&ensemble.url()).await.unwrap();
     let guard = c.acquire("via-url", &ttl(5000)).await.unwrap();
     let holder = c.holder("via-url").await.unwrap().unwrap();
@@ -569,20 +593,9 @@ async fn sessions_shorter_than_the_ttl_bound_the_holders_validity() {
     }
     assert!(kept.release().await.unwrap());
 
-    let proxies: Vec<FaultProxy> = (0..3)
-        .map(|i| FaultProxy::start(ensemble.client_port(i)))
-        .collect();
-    let through: Vec<String> = proxies
-        .iter()
-        .map(|p| format!("127.0.0.1:{}", p.port()))
-        .collect();
-    let cut = builder(&through, "/short")
-        .response_timeout(Duration::from_millis(500))
-        .build()
-        .await
-        .unwrap();
-    let held = cut.acquire("cut", &ttl(10_000)).await.unwrap();
-    proxies.iter().for_each(FaultProxy::blackhole);
+    let cut = CutOff::on(&ensemble, "/short").await;
+    let held = cut.client.acquire("cut", &ttl(10_000)).await.unwrap();
+    cut.each(FaultProxy::blackhole);
     let started = Instant::now();
     let next = other.acquire("cut", &ttl(5000).wait(20 * SECOND)).await.unwrap();
     assert!(
@@ -596,7 +609,7 @@ async fn sessions_shorter_than_the_ttl_bound_the_holders_validity() {
         started.elapsed()
     );
     assert!(next.release().await.unwrap());
-    drop(proxies);
+    drop(cut);
 }
 
 /// Acquires made while the client is disconnected (their creates queued by the client, sent
@@ -617,7 +630,15 @@ async fn creates_sent_after_their_acquires_gave_up_leave_no_node() {
     let warm = cut.client.acquire("warm", &ttl(30_000)).await.unwrap();
     assert!(warm.release().await.unwrap());
     cut.each(FaultProxy::blackhole);
+    let accepted = || cut.proxies.iter().map(FaultProxy::accepted).sum::<usize>();
+    let before = accepted();
     cut.each(FaultProxy::reset_all);
+    // Its connection reset, the client reconnects into the blackhole: what it is asked now it
+    // queues until a connection gets through.
+    eventually(5 * SECOND, "the client reconnects into the blackhole", || async {
+        accepted() > before
+    })
+    .await;
     for key in keys {
         let gave_up = cut.client.acquire(key, &ttl(30_000).wait(5 * SECOND)).await;
         assert!(
@@ -631,6 +652,16 @@ async fn creates_sent_after_their_acquires_gave_up_leave_no_node() {
     // Relayed again: the client's connection attempt in the blackhole times out, the next one
     // gets through, and the requests it queued meanwhile (the creates first) are sent.
     cut.each(FaultProxy::relay);
+    // Through again: an acquire on the same session is answered after the queued creates landed
+    // (a session's requests are answered in order), while the holders still hold.
+    eventually(15 * SECOND, "the client's session answers again", || async {
+        match cut.client.acquire("through", &ttl(30_000)).await {
+            Ok(through) => through.release().await.unwrap(),
+            Err(LockError::Unavailable { .. }) => false,
+            Err(e) => panic!("{e}"),
+        }
+    })
+    .await;
     for guard in held {
         assert!(guard.release().await.unwrap());
     }
@@ -649,6 +680,11 @@ async fn creates_sent_after_their_acquires_gave_up_leave_no_node() {
             },
         )
         .await;
-        assert!(children(&zk, &format!("/late-create/{key}")).await.is_empty());
+        // Read through another session (another server, perhaps a step behind): no node left.
+        let path = format!("/late-create/{key}");
+        eventually(5 * SECOND, "no node is left", || async {
+            children(&zk, &path).await.is_empty()
+        })
+        .await;
     }
 }
