@@ -137,6 +137,8 @@ fn expand(mut config: Config, mut item: ItemFn) -> syn::Result<TokenStream> {
                 Some(Mode::Exclusive) => quote!(.mode(#private::LockMode::Exclusive)),
                 None => quote!(),
             };
+            // Only when asked: without it, the runtime's default (1, the ordinary lock).
+            let permits = config.permits.as_ref().map(|n| quote!(.permits(#n)));
             quote! {
                 #private::LockOptions::new(#ttl)
                     .watchdog(#watchdog)
@@ -147,6 +149,7 @@ fn expand(mut config: Config, mut item: ItemFn) -> syn::Result<TokenStream> {
                     .on_lost(#on_lost)
                     #most
                     #mode
+                    #permits
             }
         }
     };

@@ -12,7 +12,7 @@ use crate::parse::{RawArg, RawArgs};
 use crate::suggest::closest;
 
 /// Every argument, in the order the reference lists them.
-const ARGS: [&str; 18] = [
+const ARGS: [&str; 19] = [
     "key",
     "ttl_ms",
     "ttl",
@@ -28,12 +28,13 @@ const ARGS: [&str; 18] = [
     "on_lost",
     "read",
     "write",
+    "permits",
     "options",
     "client",
     "crate",
 ];
 /// Every argument that sets one of the lock's options; `options = …` gives all of them at once.
-const OPTION_ARGS: [&str; 14] = [
+const OPTION_ARGS: [&str; 15] = [
     "ttl_ms",
     "ttl",
     "watchdog",
@@ -48,12 +49,15 @@ const OPTION_ARGS: [&str; 14] = [
     "on_lost",
     "read",
     "write",
+    "permits",
 ];
 const DEFAULT_TTL_MS: u64 = 30_000;
 // Kept in step with lock_runtime::{MIN_TTL, MIN_WATCHDOG_TTL, MAX_DURATION}.
 const MIN_TTL_MS: u64 = 10;
 const MIN_WATCHDOG_TTL_MS: u64 = 60;
 const MAX_MS: u64 = 30 * 24 * 3600 * 1000;
+// Kept in step with lock_runtime::MAX_PERMITS.
+const MAX_PERMITS: u64 = 1024;
 
 #[derive(Clone, Copy)]
 pub(crate) enum OnLost {
@@ -111,6 +115,8 @@ pub(crate) struct Config {
     pub(crate) on_lost: OnLost,
     /// `read` or `write`; neither leaves the runtime's default (exclusive).
     pub(crate) mode: Option<Mode>,
+    /// `permits = N` or `permits = EXPR` (a `u32`); none leaves the runtime's default (1).
+    pub(crate) permits: Option<Expr>,
     /// `options = …`: a whole `LockOptions`, instead of the arguments above.
     pub(crate) options: Option<Expr>,
     pub(crate) client: Option<Expr>,
@@ -132,6 +138,8 @@ struct Given {
     on_lost: Option<OnLost>,
     /// The mode and the argument that set it (`read` or `write`).
     mode: Option<(Mode, Ident)>,
+    /// `permits = …`, and its name (for the error when `read`/`write` follows).
+    permits: Option<(Expr, Ident)>,
     ttl: Option<Expr>,
     wait: Option<Expr>,
     hold_at_least: Option<Expr>,
@@ -336,10 +344,23 @@ impl Given {
                 let fair = flag(arg)?;
                 if fair {
                     self.not_with_read(arg)?;
+                    if self.permits.is_some() {
+                        return Err(permits_fair(&arg.name));
+                    }
                 }
                 once(&mut self.fair, arg, fair)
             }
             "read" | "write" => self.set_mode(arg),
+            "permits" => {
+                if let Some((_, mode)) = &self.mode {
+                    return Err(permits_conflict(&arg.name, mode));
+                }
+                if self.fair == Some(true) {
+                    return Err(permits_fair(&arg.name));
+                }
+                let value = permits(arg)?;
+                once(&mut self.permits, arg, (value, arg.name.clone()))
+            }
             "on_lost" => {
                 let s = string(arg)?;
                 let policy = match s.value().as_str() {
@@ -385,6 +406,9 @@ impl Given {
                 ))
             }
         };
+        if let Some((_, permits)) = &self.permits {
+            return Err(permits_conflict(&arg.name, permits));
+        }
         if let Some((_, first)) = &self.mode {
             if *first == arg.name {
                 return Err(duplicate(&arg.name));
@@ -420,6 +444,52 @@ impl Given {
         }
         Ok(())
     }
+}
+
+/// `permits = N` (an integer literal from 1 to the maximum) or `permits = EXPR` (a `u32`,
+/// checked by the compiler where it is written, and by the runtime).
+fn permits(arg: &RawArg) -> syn::Result<Expr> {
+    let value = expr(arg, "a number of permits")?;
+    if let Expr::Lit(ExprLit {
+        lit: Lit::Int(int), ..
+    }) = &value
+    {
+        let n: u64 = int.base10_parse()?;
+        if n == 0 {
+            return Err(syn::Error::new(
+                int.span(),
+                "`permits` must be at least 1 (1 is the ordinary lock)",
+            ));
+        }
+        if n > MAX_PERMITS {
+            return Err(syn::Error::new(
+                int.span(),
+                format!("`permits` is at most {MAX_PERMITS}"),
+            ));
+        }
+    }
+    Ok(value)
+}
+
+/// `permits` together with `read`/`write`, reported at `at` (whichever came second).
+fn permits_conflict(at: &Ident, other: &Ident) -> syn::Error {
+    let (permits, mode) = if at == "permits" { (at, other) } else { (other, at) };
+    syn::Error::new(
+        at.span(),
+        format!(
+            "`{permits}` and `{mode}` cannot be given together: a semaphore's holders are counted \
+             permits, not readers and writers"
+        ),
+    )
+}
+
+/// `permits` together with `fair`, reported at `at`.
+fn permits_fair(at: &Ident) -> syn::Error {
+    syn::Error::new(
+        at.span(),
+        "`permits` and `fair` cannot be given together: a semaphore's waiters are woken one per \
+         released permit, but no line orders them across clients",
+    )
 }
 
 /// `read` together with `other`, reported at `at` (whichever of the two came second).
@@ -592,6 +662,7 @@ pub(crate) fn validate(args: RawArgs, item: &ItemFn) -> syn::Result<Config> {
             .or(given.hold_at_most_ms.map(|(ms, _)| Millis::Literal(ms))),
         on_lost: given.on_lost.unwrap_or(OnLost::Abort),
         mode: given.mode.map(|(mode, _)| mode),
+        permits: given.permits.map(|(permits, _)| permits),
         options: given.options,
         client: given.client,
         krate: given.krate.unwrap_or_else(|| syn::parse_quote!(::lock_runtime)),

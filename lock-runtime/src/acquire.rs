@@ -63,7 +63,7 @@ impl Acquire<'_> {
         let will_wait = !options.get_wait().is_zero();
         let fair = options.is_fair();
         // Which release the lock needs (derived here only).
-        let kind = Kind::of(fair, shared);
+        let kind = Kind::of(fair, shared, options.is_semaphore());
         // One token for every attempt of this call: it is also a fair waiter's place in line.
         let token = crate::holder::new_value(&core.owner);
         // A store whose every waiter queues (etcd): a waiting call's first attempt takes its
@@ -165,6 +165,7 @@ impl Acquire<'_> {
                 let acquired = Attempt::Acquired {
                     fence,
                     kept_until: None,
+                    permit: None,
                 };
                 (acquired, Instant::now(), (sent, lease))
             } else {
@@ -175,6 +176,7 @@ impl Acquire<'_> {
                     fair,
                     join: will_wait,
                     shared,
+                    permits: options.get_permits(),
                     claimed,
                     wait_left: will_wait.then(|| deadline.saturating_duration_since(Instant::now())),
                 };
@@ -205,7 +207,7 @@ impl Acquire<'_> {
                 }
             };
             match attempt {
-                Attempt::Acquired { fence, .. } => {
+                Attempt::Acquired { fence, permit, .. } => {
                     match wakeup {
                         // A reader passes the wake-up on: the next waiter may be a reader too
                         // (where the store queues, it wakes each waiter itself).
@@ -216,11 +218,12 @@ impl Acquire<'_> {
                     if let Some(place) = place {
                         place.taken();
                     }
-                    tracing::debug!(key, fence, "lock acquired");
+                    tracing::debug!(key, fence, permit, "lock acquired");
                     // Taken at `started` (a minimum hold and the hold time count from there:
                     // after the release, for a lock handed over).
                     let mut state =
                         LockState::new((lock, kind), token, fence, options, started, (valid_from, lease));
+                    state.permit = permit;
                     state.by_key_class = core.metrics_key_class;
                     let guard = LockGuard::new(
                         Arc::clone(core),

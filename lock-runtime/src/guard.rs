@@ -45,15 +45,17 @@ pub struct LockGuard {
 /// the validity left, whether it is lost, and the store.
 impl std::fmt::Debug for LockGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let mode = if self.state.kind == crate::store::Kind::Shared {
-            "shared"
-        } else {
-            "exclusive"
+        let mode = match self.state.kind {
+            crate::store::Kind::Shared => "shared",
+            crate::store::Kind::Permit => "permit",
+            _ => "exclusive",
         };
-        f.debug_struct("LockGuard")
-            .field("key", &self.key())
-            .field("mode", &mode)
-            .field("fencing_token", &self.fencing_token())
+        let mut f = f.debug_struct("LockGuard");
+        f.field("key", &self.key()).field("mode", &mode);
+        if let Some(permit) = self.permit() {
+            f.field("permit", &permit);
+        }
+        f.field("fencing_token", &self.fencing_token())
             .field(
                 "valid_for",
                 &self.state.valid_until().saturating_duration_since(Instant::now()),
@@ -103,6 +105,13 @@ impl LockGuard {
     /// than every token handed out for this key before.
     pub fn fencing_token(&self) -> Option<u64> {
         self.state.fence
+    }
+
+    /// The permit held (`0..n`), when the options asked for more than one
+    /// ([`LockOptions::permits`](crate::LockOptions::permits)): no two holders of the key's
+    /// permits at one time hold the same one. `None` for a lock.
+    pub fn permit(&self) -> Option<u32> {
+        self.state.permit
     }
 
     /// Whether the lock is lost: the backend said so, or its validity ran out without renewal.

@@ -17,6 +17,8 @@ pub struct Holder {
     released: bool,
     /// The owner labels of a read-write lock's shared holders (empty for an exclusive holder).
     readers: Vec<String>,
+    /// A semaphore's count, and who holds which of its permits.
+    permits: Option<(u32, Vec<(u32, String)>)>,
 }
 
 impl Holder {
@@ -30,18 +32,35 @@ impl Holder {
                 remaining,
                 released: *released,
                 readers: Vec::new(),
+                permits: None,
             },
             Holding::Shared { readers } => Holder {
                 owner: None,
                 remaining,
                 released: false,
                 readers: readers.iter().map(|r| r.owner.clone()).collect(),
+                permits: None,
+            },
+            Holding::Permits { holders, .. } if holders.is_empty() => return None,
+            Holding::Permits { permits, holders } => Holder {
+                owner: None,
+                remaining,
+                released: false,
+                readers: Vec::new(),
+                permits: Some((
+                    *permits,
+                    holders
+                        .iter()
+                        .map(|h| (h.permit.unwrap_or_default(), h.owner.clone()))
+                        .collect(),
+                )),
             },
             Holding::Foreign { .. } => Holder {
                 owner: None,
                 remaining,
                 released: false,
                 readers: Vec::new(),
+                permits: None,
             },
         })
     }
@@ -69,6 +88,24 @@ impl Holder {
     /// appears twice); empty when the lock is held exclusively.
     pub fn readers(&self) -> &[String] {
         &self.readers
+    }
+
+    /// For a semaphore ([`LockOptions::permits`](crate::LockOptions::permits)): how many
+    /// permits the key has. [`owner`](Self::owner) is then `None`, and
+    /// [`remaining`](Self::remaining) is how long the last permit taken has left.
+    pub fn permits(&self) -> Option<u32> {
+        self.permits.as_ref().map(|(n, _)| *n)
+    }
+
+    /// For a semaphore: how many of its permits are taken now.
+    pub fn permits_taken(&self) -> usize {
+        self.permits.as_ref().map_or(0, |(_, taken)| taken.len())
+    }
+
+    /// For a semaphore: who holds which permit, `(permit, owner label)` sorted by permit
+    /// (empty for a lock).
+    pub fn permit_holders(&self) -> &[(u32, String)] {
+        self.permits.as_ref().map_or(&[], |(_, taken)| taken.as_slice())
     }
 
     /// Its holder released it, and it is kept until its minimum hold (`hold_at_least`) ends.

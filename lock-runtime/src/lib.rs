@@ -91,7 +91,9 @@ pub use store::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT};
 pub const MAX_KEY_LEN: usize = 1024;
 /// The default key prefix: on Redis, `order:42` is stored at `lock:{order:42}`.
 pub const DEFAULT_PREFIX: &str = "lock:";
-pub use options::{LockMode, LockOptions, OnLost, FAIR_PLACE_KEPT, MAX_DURATION, MIN_TTL, MIN_WATCHDOG_TTL};
+pub use options::{
+    LockMode, LockOptions, OnLost, FAIR_PLACE_KEPT, MAX_DURATION, MAX_PERMITS, MIN_TTL, MIN_WATCHDOG_TTL,
+};
 pub use scope::{current, LockInfo};
 
 /// Turns an async fn into a critical section guarded by a distributed lock.

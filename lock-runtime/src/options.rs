@@ -13,6 +13,10 @@ pub const MIN_WATCHDOG_TTL: Duration = Duration::from_millis(60);
 /// delays the ones behind it by at most this (plus one of their naps, at most 300 ms).
 pub const FAIR_PLACE_KEPT: Duration = Duration::from_secs(1);
 
+/// The most permits one key may have ([`LockOptions::permits`]): each acquire of a permit looks
+/// at every taken one, so the count stays small enough for that to be one short request.
+pub const MAX_PERMITS: u32 = 1024;
+
 /// The longest ttl, wait or minimum hold accepted (30 days): longer values are almost always a
 /// unit mistake, and they keep every deadline far from overflow.
 pub const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);
@@ -78,6 +82,7 @@ pub struct LockOptions {
     on_lost: OnLost,
     fair: bool,
     mode: LockMode,
+    permits: u32,
 }
 
 impl LockOptions {
@@ -94,6 +99,7 @@ impl LockOptions {
             on_lost: OnLost::Abort,
             fair: false,
             mode: LockMode::Exclusive,
+            permits: 1,
         }
     }
 
@@ -175,6 +181,38 @@ impl LockOptions {
         self
     }
 
+    /// Lets up to `n` holders in at once: a semaphore (default 1, the ordinary lock). Each
+    /// holder takes one permit, numbered `0..n` ([`LockGuard::permit`](crate::LockGuard::permit)),
+    /// with its own token and lease: everything else holds per permit (ttl, watchdog, waiting
+    /// woken by a release, minimum and maximum hold, the lost policy, reentrancy, fencing with
+    /// tokens that rise per key and so per permit). A permit whose holder stops renewing lapses
+    /// at its ttl. The count is stored with the key while any permit is taken: an acquire
+    /// asking a different count for the same key is [`LockError::InvalidOptions`] naming both.
+    /// Not with [`LockMode::Shared`]; at most [`MAX_PERMITS`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lock_runtime::LockOptions;
+    ///
+    /// // At most 4 exports of one tenant at once, across every instance:
+    /// let options = LockOptions::new(Duration::from_secs(30)).permits(4).watchdog(true);
+    /// assert_eq!(options.get_permits(), 4);
+    /// ```
+    pub fn permits(mut self, n: u32) -> Self {
+        self.permits = n;
+        self
+    }
+
+    /// How many holders may hold the key at once (see [`permits`](Self::permits)).
+    pub fn get_permits(&self) -> u32 {
+        self.permits
+    }
+
+    /// Whether these options take a permit of a semaphore (more than one permit).
+    pub(crate) fn is_semaphore(&self) -> bool {
+        self.permits > 1
+    }
+
     /// The lock mode (see [`mode`](Self::mode)).
     pub fn get_mode(&self) -> LockMode {
         self.mode
@@ -240,6 +278,32 @@ impl LockOptions {
             return Err(LockError::invalid_options(format!(
                 "ttl {:?} is too short for the watchdog (renews every ttl/3); use at least {MIN_WATCHDOG_TTL:?}",
                 self.ttl
+            )));
+        }
+        if self.permits == 0 {
+            return Err(LockError::invalid_options(
+                "permits must be at least 1 (1 is the ordinary lock)",
+            ));
+        }
+        if self.permits > MAX_PERMITS {
+            return Err(LockError::invalid_options(format!(
+                "permits {} exceeds the maximum of {MAX_PERMITS}",
+                self.permits
+            )));
+        }
+        if self.is_semaphore() && self.mode == LockMode::Shared {
+            return Err(LockError::invalid_options(format!(
+                "permits ({}) cannot be combined with a shared (read) lock: a semaphore's \
+                 holders are counted, readers are not",
+                self.permits
+            )));
+        }
+        if self.is_semaphore() && self.fair {
+            return Err(LockError::invalid_options(format!(
+                "permits ({}) with fair mode is not offered: a release wakes one waiter per \
+                 released permit, in each client's arrival order, but no line orders waiters \
+                 across clients",
+                self.permits
             )));
         }
         if self.mode == LockMode::Shared {

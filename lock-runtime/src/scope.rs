@@ -14,6 +14,7 @@ use crate::state::LockState;
 pub struct LockInfo {
     key: String,
     fencing_token: Option<u64>,
+    permit: Option<u32>,
     state: Arc<LockState>,
 }
 
@@ -22,6 +23,7 @@ impl std::fmt::Debug for LockInfo {
         f.debug_struct("LockInfo")
             .field("key", &self.key)
             .field("fencing_token", &self.fencing_token)
+            .field("permit", &self.permit)
             .field("lost", &self.is_lost())
             .finish()
     }
@@ -58,6 +60,14 @@ impl LockInfo {
     /// The lock's fencing token, when it was taken with `fencing`.
     pub fn fencing_token(&self) -> Option<u64> {
         self.fencing_token
+    }
+
+    /// The permit held (`0..n`), when the lock is a semaphore
+    /// ([`LockOptions::permits`](crate::LockOptions::permits) above 1); `None` for a lock.
+    /// With fencing, a storage that fences per permit keeps the highest token per
+    /// `(key, permit)`: holders of different permits write at the same time.
+    pub fn permit(&self) -> Option<u32> {
+        self.permit
     }
 }
 
@@ -129,6 +139,7 @@ pub(crate) fn enter<F: Future>(
         info: LockInfo {
             key: state.key().to_owned(),
             fencing_token: state.fence,
+            permit: state.permit,
             state: Arc::clone(&state),
         },
         state,

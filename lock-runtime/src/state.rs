@@ -31,6 +31,8 @@ pub(crate) struct LockState {
     pub(crate) lock: Lock,
     pub(crate) token: String,
     pub(crate) fence: Option<u64>,
+    /// The permit held, for a semaphore.
+    pub(crate) permit: Option<u32>,
     pub(crate) ttl: Duration,
     /// Plain, fair (its release names the next waiter in line) or a share of a read-write lock.
     pub(crate) kind: Kind,
@@ -70,6 +72,7 @@ impl LockState {
             lock,
             token,
             fence,
+            permit: None,
             ttl,
             kind,
             taken_at: started,

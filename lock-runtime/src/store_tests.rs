@@ -155,6 +155,7 @@ async fn options_a_store_does_not_offer_are_refused_before_any_request() {
         fencing: Offered::No("it keeps no counter"),
         fair: Offered::No("it keeps no line"),
         shared: Offered::No("it keeps no shares"),
+        permits: Offered::No("it keeps no permits"),
         hand_over: false,
         queues: false,
         polls: false,
@@ -163,6 +164,7 @@ async fn options_a_store_does_not_offer_are_refused_before_any_request() {
         ttl().fencing(true),
         ttl().fair(true),
         ttl().mode(LockMode::Shared),
+        ttl().permits(3),
     ] {
         let refused = locks.acquire("k", &options).await;
         let Err(LockError::InvalidOptions { reason }) = refused else {

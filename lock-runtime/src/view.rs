@@ -53,6 +53,15 @@ pub enum Holding {
         /// One per share, sorted by owner and value.
         readers: Vec<Reader>,
     },
+    /// The holders of a semaphore's permits ([`LockOptions::permits`](crate::LockOptions::permits))
+    /// whose leases have not ended: `permits` is the key's count, and each holder's
+    /// [`Reader::permit`] names the permit it holds.
+    Permits {
+        /// How many permits the key has.
+        permits: u32,
+        /// One per permit taken, sorted by permit.
+        holders: Vec<Reader>,
+    },
     /// Something this library did not write: `kind` is what the store calls it (a Redis type),
     /// `value` a printable excerpt when it is text.
     Foreign {
@@ -63,10 +72,12 @@ pub enum Holding {
     },
 }
 
-/// One shared holder of a read-write lock.
+/// One shared holder of a read-write lock, or the holder of one permit of a semaphore.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Reader {
+    /// The permit it holds (`0..n`), for a semaphore's holder; `None` for a reader.
+    pub permit: Option<u32>,
     /// Its value, `<uuid> <owner>`.
     pub value: String,
     /// The owner label in it.
@@ -107,7 +118,11 @@ impl LockView {
 
     /// Whether anyone (or anything) holds it.
     pub fn is_held(&self) -> bool {
-        self.holding != Holding::Free
+        match &self.holding {
+            Holding::Free => false,
+            Holding::Permits { holders, .. } => !holders.is_empty(),
+            _ => true,
+        }
     }
 }
 
@@ -144,13 +159,30 @@ impl Holding {
         readers.sort_by(|a, b| (&a.owner, &a.value).cmp(&(&b.owner, &b.value)));
         Holding::Shared { readers }
     }
+
+    /// The holders of `permits` permits, sorted by permit (each with one).
+    pub(crate) fn permits(permits: u32, mut holders: Vec<Reader>) -> Holding {
+        holders.sort_by_key(|h| h.permit);
+        Holding::Permits { permits, holders }
+    }
 }
 
 impl Reader {
+    /// The holder of permit `permit` whose value is `value`, with `remaining` left.
+    pub(crate) fn of_permit(value: &str, permit: u32, remaining: Duration) -> Reader {
+        let token = value.strip_suffix(RELEASED).unwrap_or(value);
+        Reader {
+            permit: Some(permit),
+            owner: owner_of(token).unwrap_or_default().to_owned(),
+            ..Reader::of(value, remaining)
+        }
+    }
+
     /// A share whose value is `value`, with `remaining` left (its owner empty for a value this
     /// library did not write).
     pub(crate) fn of(value: &str, remaining: Duration) -> Reader {
         Reader {
+            permit: None,
             owner: owner_of(value).unwrap_or_default().to_owned(),
             value: value.to_owned(),
             remaining,

@@ -879,6 +879,23 @@ macro_rules! on_every_deployment_with_one_counter {
     };
 }
 
+/// Every deployment that offers semaphores ([`LockOptions::permits`]): all but RedLock, which
+/// refuses them (tests/tests/semaphores.rs checks the refusal).
+#[macro_export]
+macro_rules! on_every_deployment_with_permits {
+    ($($name:ident),* $(,)?) => {
+        $crate::on_targets!(
+            redis => $crate::Target::redis().await,
+            redis_tls => $crate::Target::redis_tls().await,
+            cluster => $crate::Target::cluster().await,
+            sentinel => $crate::Target::sentinel().await,
+            postgres => $crate::Target::postgres().await,
+            memory => $crate::Target::memory();
+            [$($name),*]
+        );
+    };
+}
+
 /// [`on_every_deployment!`] but MySQL: for a release that wakes another client's waiter at once
 /// (MySQL has no notifications: another client's waiter tries again at the holder's expiry or
 /// its next poll, 8 to 256 ms apart).

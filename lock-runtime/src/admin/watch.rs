@@ -156,6 +156,8 @@ pub enum HolderMode {
     Exclusive,
     /// A read share.
     Shared,
+    /// One permit of a semaphore: this one.
+    Permit(u32),
     /// A value this library did not write, of this kind.
     Foreign(String),
 }
@@ -166,6 +168,7 @@ impl HolderMode {
         match self {
             HolderMode::Exclusive => "exclusive",
             HolderMode::Shared => "shared",
+            HolderMode::Permit(_) => "permit",
             HolderMode::Foreign(_) => "foreign",
         }
     }
@@ -194,6 +197,16 @@ fn sightings(view: &LockView) -> Vec<Sighting> {
                 mode: HolderMode::Shared,
                 released: false,
                 remaining: Some(r.remaining),
+            })
+            .collect(),
+        Holding::Permits { holders, .. } => holders
+            .iter()
+            .map(|h| Sighting {
+                id: h.value.strip_suffix(RELEASED).unwrap_or(&h.value).to_owned(),
+                owner: Some(h.owner.clone()),
+                mode: HolderMode::Permit(h.permit.unwrap_or_default()),
+                released: h.value.ends_with(RELEASED),
+                remaining: Some(h.remaining),
             })
             .collect(),
         Holding::Foreign { kind, value } => vec![Sighting {

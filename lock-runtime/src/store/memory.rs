@@ -14,6 +14,7 @@ use super::{
 use crate::options::{ceil_millis, FAIR_PLACE_KEPT};
 use crate::view::{glob_matches, Fence, Holding, LockView, Reader, RELEASED};
 use crate::wakeups::HandedOver;
+use crate::LockError;
 
 #[derive(Debug)]
 struct Held {
@@ -34,8 +35,27 @@ impl Shares {
     }
 }
 
+/// The permits of a semaphore that are taken: its count, and each holder's permit and lease.
+#[derive(Debug)]
+struct Permits {
+    permits: u32,
+    /// By token.
+    holders: HashMap<String, PermitHeld>,
+}
+
+#[derive(Debug)]
+struct PermitHeld {
+    permit: u32,
+    expires_at: Instant,
+    fence: Option<u64>,
+    /// Given back and kept until its minimum hold ends: not renewed, and a second release stands.
+    released: bool,
+}
+
 #[derive(Debug, Default)]
 struct Table {
+    /// Semaphores with a permit taken, by lock key (a key is here or in `locks`/`shares`).
+    semaphores: HashMap<String, Permits>,
     locks: HashMap<String, Held>,
     /// Read-write locks held by readers, by lock key (a key is in `locks` or here, never both).
     shares: HashMap<String, Shares>,
@@ -127,6 +147,26 @@ impl Table {
         self.shares.get_mut(key)
     }
 
+    /// The semaphore at `key` with its live holders; lapsed ones go on the way, and the entry
+    /// with the last.
+    fn permits(&mut self, key: &str, now: Instant) -> Option<&mut Permits> {
+        if let Some(permits) = self.semaphores.get_mut(key) {
+            permits.holders.retain(|_, held| held.expires_at > now);
+            if permits.holders.is_empty() {
+                self.semaphores.remove(key);
+            }
+        }
+        self.semaphores.get_mut(key)
+    }
+
+    /// The count a key is held with now, when anyone holds it: a lock or read-write lock has 1.
+    fn held_count(&mut self, key: &str, now: Instant) -> Option<u32> {
+        if self.live(key, now).is_some() || self.readers(key, now).is_some() {
+            return Some(1);
+        }
+        self.permits(key, now).map(|p| p.permits)
+    }
+
     /// When the latest standing claim of a waiting writer on `key` lapses, if one stands.
     fn claimed_until(&mut self, key: &str, now: Instant) -> Option<Instant> {
         let claims = self.claims.get_mut(key)?;
@@ -175,6 +215,10 @@ impl Table {
         }
         self.since_sweep = 0;
         self.locks.retain(|_, held| held.expires_at > now);
+        self.semaphores.retain(|_, permits| {
+            permits.holders.retain(|_, held| held.expires_at > now);
+            !permits.holders.is_empty()
+        });
         self.shares.retain(|_, shares| {
             shares.readers.retain(|_, expires_at| *expires_at > now);
             !shares.readers.is_empty()
@@ -196,8 +240,12 @@ impl Table {
             keep
         });
         self.expired_tokens = expired_tokens;
-        self.kept_by_sweep =
-            self.locks.len() + self.shares.len() + self.claims.len() + self.queues.len() + self.fences.len();
+        self.kept_by_sweep = self.semaphores.len()
+            + self.locks.len()
+            + self.shares.len()
+            + self.claims.len()
+            + self.queues.len()
+            + self.fences.len();
     }
 
     /// How many entries the store keeps (for the sweep's test).
@@ -233,10 +281,73 @@ impl MemoryStore {
         self.store.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(crate) fn acquire(&self, lock: &str, token: &str, ask: &Ask) -> Attempt {
-        if ask.shared {
-            return self.share(lock, token, ask);
+    pub(crate) fn acquire(&self, lock: &str, token: &str, ask: &Ask) -> Result<Attempt, LockError> {
+        if ask.permits > 1 {
+            return self.take_permit(lock, token, ask);
         }
+        if let Some(held) = self.store().permits(lock, Instant::now()).map(|p| p.permits) {
+            return Err(super::permits_differ(self.key_of(lock), held, ask.permits));
+        }
+        if ask.shared {
+            return Ok(self.share(lock, token, ask));
+        }
+        Ok(self.exclusive(lock, token, ask))
+    }
+
+    /// The user's key of the lock named `lock`.
+    fn key_of<'a>(&self, lock: &'a str) -> &'a str {
+        lock.strip_prefix(&self.prefix).unwrap_or(lock)
+    }
+
+    /// A permit of a semaphore: the lowest free one, as permit.lua takes it.
+    fn take_permit(&self, lock: &str, token: &str, ask: &Ask) -> Result<Attempt, LockError> {
+        let now = Instant::now();
+        let lease = Duration::from_millis(ask.ttl_ms);
+        let mut store = self.store();
+        store.sweep(now);
+        match store.held_count(lock, now) {
+            Some(held) if held != ask.permits => {
+                return Err(super::permits_differ(self.key_of(lock), held, ask.permits))
+            }
+            _ => {}
+        }
+        let permits = store
+            .semaphores
+            .entry(lock.to_owned())
+            .or_insert_with(|| Permits {
+                permits: ask.permits,
+                holders: HashMap::new(),
+            });
+        if let Some(held) = permits.holders.get_mut(token).filter(|h| !h.released) {
+            // Already ours (a request sent again): its lease counts from this attempt.
+            held.expires_at = held.expires_at.max(now + lease);
+            return Ok(Attempt::permit(held.fence, held.permit));
+        }
+        let taken: std::collections::HashSet<u32> = permits.holders.values().map(|h| h.permit).collect();
+        let Some(free) = (0..permits.permits).find(|p| !taken.contains(p)) else {
+            let first_end = permits.holders.values().map(|h| h.expires_at).min();
+            return Ok(Attempt::Held {
+                pttl_ms: first_end.map(|at| ms_until(at, now)),
+                behind: false,
+                claimed: false,
+                kept: None,
+            });
+        };
+        let fence = ask.fencing.then(|| store.next_fence(lock, now, lease));
+        let held = PermitHeld {
+            permit: free,
+            expires_at: now + lease,
+            fence,
+            released: false,
+        };
+        if let Some(permits) = store.semaphores.get_mut(lock) {
+            permits.holders.insert(token.to_owned(), held);
+        }
+        Ok(Attempt::permit(fence, free))
+    }
+
+    /// An exclusive lock, fair or not (acquire.lua, fair.lua).
+    fn exclusive(&self, lock: &str, token: &str, ask: &Ask) -> Attempt {
         let now = Instant::now();
         let lease = Duration::from_millis(ask.ttl_ms);
         let mut store = self.store();
@@ -389,19 +500,53 @@ impl MemoryStore {
             held.expires_at = held.expires_at.max(expires_at);
             return true;
         }
-        match store
+        if let Some(share) = store
             .readers(lock, now)
             .and_then(|shares| shares.readers.get_mut(token))
         {
-            Some(share) => {
-                *share = (*share).max(expires_at);
+            *share = (*share).max(expires_at);
+            return true;
+        }
+        match store
+            .permits(lock, now)
+            .and_then(|p| p.holders.get_mut(token))
+            .filter(|h| !h.released)
+        {
+            Some(held) => {
+                held.expires_at = held.expires_at.max(expires_at);
                 true
             }
             None => false,
         }
     }
 
+    /// Gives a permit back (or keeps it for its minimum hold); `None` when `token` holds no
+    /// permit of `lock`.
+    fn release_permit(&self, lock: &str, token: &str, hold_ms: u64) -> Option<Released> {
+        let now = Instant::now();
+        let mut store = self.store();
+        let permits = store.permits(lock, now)?;
+        let held = permits.holders.get_mut(token)?;
+        if hold_ms > 0 {
+            if held.released {
+                return Some(Released::Quiet);
+            }
+            held.released = true;
+            held.expires_at = now + Duration::from_millis(hold_ms);
+        } else {
+            permits.holders.remove(token);
+            if permits.holders.is_empty() {
+                store.semaphores.remove(lock);
+            }
+        }
+        // The client wakes its next waiter: one per permit given back.
+        Some(Released::Freed)
+    }
+
     pub(crate) fn release(&self, lock: &str, token: &str, hold_ms: u64, fair: bool) -> Released {
+        if let Some(released) = self.release_permit(lock, token, hold_ms) {
+            return released;
+        }
         let now = Instant::now();
         let next = {
             let mut store = self.store();
@@ -494,6 +639,24 @@ impl MemoryStore {
                 .map(|(token, at)| Reader::of(token, at.saturating_duration_since(now)))
                 .collect();
             view.holding = Holding::shared(readers);
+        } else if let Some(permits) = store.permits(lock, now) {
+            view.remaining = permits
+                .holders
+                .values()
+                .map(|h| h.expires_at.saturating_duration_since(now))
+                .max();
+            let holders = permits
+                .holders
+                .iter()
+                .map(|(token, h)| {
+                    let value = match h.released {
+                        true => format!("{token}{RELEASED}"),
+                        false => token.clone(),
+                    };
+                    Reader::of_permit(&value, h.permit, h.expires_at.saturating_duration_since(now))
+                })
+                .collect();
+            view.holding = Holding::permits(permits.permits, holders);
         }
         view.fence = match store.fence(lock, now) {
             0 => Fence::None,
@@ -525,7 +688,12 @@ impl MemoryStore {
                 .iter()
                 .filter(|(_, s)| s.last().is_some_and(|at| at > now))
                 .map(|(n, _)| n);
-            held.chain(shared).cloned().collect()
+            let semaphores = store
+                .semaphores
+                .iter()
+                .filter(|(_, p)| p.holders.values().any(|h| h.expires_at > now))
+                .map(|(n, _)| n);
+            held.chain(shared).chain(semaphores).cloned().collect()
         };
         let mut views: Vec<LockView> = names
             .iter()
@@ -555,8 +723,18 @@ impl MemoryStore {
                             ForceReleased::Freed
                         }
                         Some(_) => ForceReleased::Changed,
-                        None if store.readers(lock, now).is_some() => ForceReleased::Changed,
+                        None if store.held_count(lock, now).is_some() => ForceReleased::Changed,
                         None => ForceReleased::Gone,
+                    }
+                }
+                Holding::Permits { .. } => {
+                    if store.permits(lock, now).is_some() {
+                        store.semaphores.remove(lock);
+                        ForceReleased::Freed
+                    } else if store.held_count(lock, now).is_some() {
+                        ForceReleased::Changed
+                    } else {
+                        ForceReleased::Gone
                     }
                 }
                 Holding::Shared { .. } => {
@@ -601,7 +779,7 @@ impl Store for MemoryStore {
         ask: &Ask,
         _: &Flight,
     ) -> Result<Attempt, crate::LockError> {
-        Ok(self.acquire(lock.name(), token, ask))
+        self.acquire(lock.name(), token, ask)
     }
 
     async fn renew(&self, locks: &[Renewing<'_>]) -> Result<Vec<Renewal>, crate::LockError> {
@@ -658,6 +836,7 @@ mod tests {
             fair: false,
             join: false,
             shared: false,
+            permits: 1,
             claimed: false,
             wait_left: None,
         }
@@ -671,14 +850,14 @@ mod tests {
         let first = "lock:first";
         let Attempt::Acquired {
             fence: Some(before), ..
-        } = memory.acquire(first, "t0", &ask(true))
+        } = memory.acquire(first, "t0", &ask(true)).unwrap()
         else {
             panic!("not acquired");
         };
         for i in 0..3 * SWEEP_AFTER {
             let keys = format!("lock:k{i}");
             assert!(matches!(
-                memory.acquire(&keys, "t", &ask(true)),
+                memory.acquire(&keys, "t", &ask(true)).unwrap(),
                 Attempt::Acquired { .. }
             ));
         }
@@ -691,14 +870,14 @@ mod tests {
             assert!(acquires <= 8 * SWEEP_AFTER, "not swept after {acquires} acquires");
             let keys = format!("lock:new{acquires}");
             assert!(matches!(
-                memory.acquire(&keys, "t", &ask(false)),
+                memory.acquire(&keys, "t", &ask(false)).unwrap(),
                 Attempt::Acquired { .. }
             ));
         }
         assert!(memory.store().len() <= acquires, "{}", memory.store().len());
         let Attempt::Acquired {
             fence: Some(after), ..
-        } = memory.acquire(first, "t1", &ask(true))
+        } = memory.acquire(first, "t1", &ask(true)).unwrap()
         else {
             panic!("not acquired");
         };

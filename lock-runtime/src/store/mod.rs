@@ -224,12 +224,15 @@ pub(crate) enum Kind {
     /// A share of a read-write lock (a read lock is never fair): the last share to go wakes a
     /// waiter.
     Shared,
+    /// A permit of a semaphore: each permit given back wakes a waiter.
+    Permit,
 }
 
 impl Kind {
     /// A lock taken with these options (validated: a shared lock is never fair).
-    pub(crate) fn of(fair: bool, shared: bool) -> Kind {
+    pub(crate) fn of(fair: bool, shared: bool, semaphore: bool) -> Kind {
         match (fair, shared) {
+            _ if semaphore => Kind::Permit,
             (_, true) => Kind::Shared,
             (true, false) => Kind::Fair,
             (false, false) => Kind::Plain,
@@ -252,6 +255,10 @@ pub(crate) struct Ask {
     pub(crate) join: bool,
     /// A share of a read-write lock ([`LockMode::Shared`]).
     pub(crate) shared: bool,
+    /// How many holders the key admits at once: 1 for a lock, more for a semaphore (whose
+    /// attempt takes any free permit, in one request where the store allows, and is refused
+    /// with `InvalidOptions` when the key is held with another count).
+    pub(crate) permits: u32,
     /// An earlier attempt of this call claimed the writers' turn: taking the lock ends the claim.
     pub(crate) claimed: bool,
     /// What is left of the caller's wait when it will wait (`join`): a store whose attempt can
@@ -268,9 +275,11 @@ pub(crate) enum Attempt {
     /// keeps the lock until then whatever happens to this client, when that is sooner than the
     /// ttl from the attempt's send (etcd: a session lease last renewed a while ago); the lock is
     /// valid until then, and renewed a third of the way there.
+    /// `permit`: the permit taken, for a semaphore.
     Acquired {
         fence: Option<u64>,
         kept_until: Option<tokio::time::Instant>,
+        permit: Option<u32>,
     },
     /// Held by someone (or something) else; `pttl_ms` is its remaining life when it has one.
     /// `behind`: a fair waiter with others ahead of it in line (the next release names one of
@@ -294,6 +303,16 @@ impl Attempt {
         Attempt::Acquired {
             fence,
             kept_until: None,
+            permit: None,
+        }
+    }
+
+    /// Permit `permit` taken, valid for its ttl.
+    pub(crate) fn permit(fence: Option<u64>, permit: u32) -> Attempt {
+        Attempt::Acquired {
+            fence,
+            kept_until: None,
+            permit: Some(permit),
         }
     }
 
@@ -320,6 +339,7 @@ pub(crate) enum Renewal {
     /// the lease asked for (ZooKeeper: the session timeout the servers granted is shorter than
     /// the ttl): the holder's validity moves that far, and the next renewal comes a third of
     /// the way there.
+    #[cfg_attr(not(feature = "zookeeper"), allow(dead_code))]
     RenewedFor(Duration),
     /// Renewed, but fewer replicas than `wait_for_replicas` asked for acknowledged it: the
     /// holder's validity does not move (a failover to a replica could bring back the earlier
@@ -400,6 +420,26 @@ pub(crate) enum Offered {
     No(&'static str),
 }
 
+/// The refusal of an acquire asking `asked` permits of `key`, which is held with `held` (a lock
+/// or a read-write lock counts 1): the count is stored with the key, and never obeyed silently.
+pub(crate) fn permits_differ(key: &str, held: u32, asked: u32) -> LockError {
+    let what = |n: u32| match n {
+        1 => "1 permit (an ordinary lock)".to_owned(),
+        n => format!("{n} permits"),
+    };
+    LockError::invalid_options(format!(
+        "key {key:?} is held with {}, and this acquire asks for {}: every caller of one key must \
+         ask for the same count",
+        what(held),
+        what(asked)
+    ))
+}
+
+/// Why a store refuses semaphores it does not offer yet.
+#[allow(dead_code)]
+pub(crate) const PERMITS_NOT_YET: &str =
+    "not built for this store yet: Redis and the in-memory store offer them";
+
 /// What a store offers beyond the plain exclusive lock that every store has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Capabilities {
@@ -411,6 +451,8 @@ pub(crate) struct Capabilities {
     pub(crate) fair: Offered,
     /// Read-write locks (shares).
     pub(crate) shared: Offered,
+    /// Semaphores: more than one permit per key.
+    pub(crate) permits: Offered,
     /// A fair release hands the lock to the next in line, who may hold it without asking (not
     /// where every acquire must be acknowledged by replicas: the release's write was not
     /// waited for, so the waiter asks, and its attempt is acknowledged).
@@ -434,6 +476,7 @@ impl Capabilities {
         fencing: Offered::Yes,
         fair: Offered::Yes,
         shared: Offered::Yes,
+        permits: Offered::Yes,
         hand_over: true,
         queues: false,
         polls: false,
@@ -449,6 +492,7 @@ impl Capabilities {
                 self.shared,
                 "read-write locks",
             ),
+            (options.is_semaphore(), self.permits, "semaphores (permits)"),
         ];
         for (asked, offered, what) in asked {
             if let (true, Offered::No(why)) = (asked, offered) {

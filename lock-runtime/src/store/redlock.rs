@@ -582,6 +582,10 @@ impl Store for RedlockStore {
             shared: Offered::No(
                 "shares on a majority of masters could not keep writers out across a master's restart",
             ),
+            permits: Offered::No(
+                "each master would count its holders on its own: with more than one permit, \
+                 more callers than permits can each win a majority of masters",
+            ),
             hand_over: false,
             queues: false,
             polls: false,

@@ -91,9 +91,10 @@ fn description(event: &Event) -> String {
     let owner = event.owner.as_deref().unwrap_or("?");
     let ttl = ttl_text(event.lease().map(millis));
     let (what, by) = match &event.mode {
-        HolderMode::Shared => ("read share ", owner.to_owned()),
-        HolderMode::Foreign(kind) => ("", format!("a foreign {kind} value")),
-        _ => ("", owner.to_owned()),
+        HolderMode::Shared => ("read share ".to_owned(), owner.to_owned()),
+        HolderMode::Permit(permit) => (format!("permit {permit} "), owner.to_owned()),
+        HolderMode::Foreign(kind) => (String::new(), format!("a foreign {kind} value")),
+        _ => (String::new(), owner.to_owned()),
     };
     match event.kind {
         EventKind::Acquired => format!("{what}acquired by {by} (ttl {ttl})"),

@@ -784,6 +784,7 @@ impl EtcdStore {
         );
         let kept_until = (session.kept_until < until).then_some(session.kept_until);
         Attempt::Acquired {
+            permit: None,
             fence: ask.fencing.then_some(token_of(fence)),
             kept_until,
         }
@@ -1218,6 +1219,7 @@ impl Store for EtcdStore {
             // The next in line holds once the place ahead is deleted; it looks (a read).
             hand_over: false,
             queues: true,
+            permits: crate::store::Offered::No(super::PERMITS_NOT_YET),
             ..Capabilities::ALL
         }
     }

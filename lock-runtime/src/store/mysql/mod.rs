@@ -549,6 +549,7 @@ impl Store for MysqlStore {
             fencing: Offered::Yes,
             fair: Offered::No(NOT_YET),
             shared: Offered::No(NOT_YET),
+            permits: Offered::No(super::PERMITS_NOT_YET),
             hand_over: false,
             queues: false,
             polls: true,
@@ -571,6 +572,7 @@ impl Store for MysqlStore {
             fair: false,
             join: false,
             shared: false,
+            permits: 1,
             claimed: false,
             wait_left: None,
         };

@@ -26,7 +26,14 @@ const HELD: &str = "SELECT l.key, \
             WHERE e.value::bigint > n), '{}'), \
         l.fence, \
         (SELECT count(*) FROM lock_runtime_line AS q WHERE q.key = l.key AND q.kept_until > n), \
-        (SELECT count(*) FROM jsonb_each(l.claims) AS c WHERE c.value::bigint > n) \
+        (SELECT count(*) FROM jsonb_each(l.claims) AS c WHERE c.value::bigint > n), \
+        l.permits, \
+        coalesce((SELECT array_agg(e.key ORDER BY e.key) FROM jsonb_each(l.held) AS e \
+            WHERE (e.value ->> 0)::bigint > n), '{}'), \
+        coalesce((SELECT array_agg((e.value ->> 0)::bigint - n ORDER BY e.key) FROM jsonb_each(l.held) AS e \
+            WHERE (e.value ->> 0)::bigint > n), '{}'), \
+        coalesce((SELECT array_agg((e.value ->> 1)::bigint ORDER BY e.key) FROM jsonb_each(l.held) AS e \
+            WHERE (e.value ->> 0)::bigint > n), '{}') \
      FROM lock_runtime_locks AS l, lock_runtime_v1_now() AS n \
      WHERE starts_with(l.key, $1) AND l.key ~ $2 \
      ORDER BY l.key";
@@ -39,9 +46,11 @@ const FREE_HELD: &str = "WITH freed AS ( \
         RETURNING key) \
      SELECT count(*) FROM (SELECT lock_runtime_v1_tell($1, $3) FROM freed) AS told";
 
-/// Frees a read-write lock's shares if readers still hold it, and announces it.
+/// Frees a read-write lock's shares (or a semaphore's permits) if readers (holders) still hold
+/// it, and announces it.
 const FREE_SHARED: &str = "WITH freed AS ( \
-        UPDATE lock_runtime_locks SET shares = NULL, shares_until = 0, marked = false \
+        UPDATE lock_runtime_locks SET shares = NULL, shares_until = 0, marked = false, \
+            permits = NULL, held = NULL \
         FROM lock_runtime_v1_now() AS n \
         WHERE key = $1 AND shares_until > n \
         RETURNING key) \
@@ -56,6 +65,10 @@ type Row = (
     Option<i64>,
     i64,
     i64,
+    Option<i32>,
+    Vec<String>,
+    Vec<i64>,
+    Vec<i64>,
 );
 
 impl PostgresStore {
@@ -75,7 +88,20 @@ impl PostgresStore {
     }
 
     fn view(&self, row: Row, read_at: Instant) -> Option<LockView> {
-        let (name, token, left, readers, reader_left, fence, queued, writers) = row;
+        let (
+            name,
+            token,
+            left,
+            readers,
+            reader_left,
+            fence,
+            queued,
+            writers,
+            permits,
+            held,
+            held_left,
+            held_permit,
+        ) = row;
         let key = crate::store::user_key(&self.prefix, &name)?.to_owned();
         let millis = |n: i64| Duration::from_millis(unsigned(n));
         let (holding, remaining) = match token {
@@ -88,6 +114,19 @@ impl PostgresStore {
                     .collect();
                 let remaining = readers.iter().map(|r| r.remaining).max();
                 (Holding::shared(readers), remaining)
+            }
+            None if !held.is_empty() => {
+                let holders: Vec<Reader> = held
+                    .iter()
+                    .zip(held_left)
+                    .zip(held_permit)
+                    .map(|((value, left), permit)| {
+                        Reader::of_permit(value, u32::try_from(permit).unwrap_or_default(), millis(left))
+                    })
+                    .collect();
+                let remaining = holders.iter().map(|h| h.remaining).max();
+                let count = u32::try_from(permits.unwrap_or_default()).unwrap_or_default();
+                (Holding::permits(count, holders), remaining)
             }
             None => (Holding::Free, None),
         };
@@ -131,10 +170,12 @@ impl PostgresStore {
                     .bind(&self.announcement)
                     .fetch_one(conn))?
             }
-            Holding::Shared { .. } => ask!(self, |conn| sqlx::query_scalar(FREE_SHARED)
-                .bind(name)
-                .bind(&self.announcement)
-                .fetch_one(conn))?,
+            Holding::Shared { .. } | Holding::Permits { .. } => {
+                ask!(self, |conn| sqlx::query_scalar(FREE_SHARED)
+                    .bind(name)
+                    .bind(&self.announcement)
+                    .fetch_one(conn))?
+            }
         };
         if freed == 1 {
             return Ok(ForceReleased::Freed);

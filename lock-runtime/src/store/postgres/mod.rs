@@ -99,6 +99,12 @@ const GIVE_BACK: &str = "DELETE FROM lock_runtime_locks \
 const ACQUIRE: &str = "SELECT got, got_fence, left_ms, is_behind, has_claimed, kept_stamp \
      FROM lock_runtime_v1_acquire($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
 const SHARE: &str = "SELECT got, got_fence, left_ms FROM lock_runtime_v1_share($1, $2, $3, $4)";
+const PERMIT: &str =
+    "SELECT got, got_fence, got_permit, left_ms FROM lock_runtime_v1_permit($1, $2, $3, $4, $5, $6)";
+/// The count of a key its semaphore's permits hold now (no row: not held by permits): asked
+/// after a plain first try was refused, so that a lock asked of a semaphore is told so.
+const COUNT_HELD: &str = "SELECT permits FROM lock_runtime_locks \
+     WHERE key = $1 AND permits IS NOT NULL AND shares_until > lock_runtime_v1_now()";
 const RENEW: &str = "SELECT lock_runtime_v1_renew($1, $2, $3)";
 const RELEASE: &str = "SELECT lock_runtime_v1_release($1, $2, $3, $4, $5, $6)";
 const LEAVE: &str = "SELECT lock_runtime_v1_leave($1, $2, $3, $4)";
@@ -363,14 +369,20 @@ impl PostgresStore {
     async fn acquire(&self, lock: &Lock, token: &str, ask: &Ask) -> Result<Attempt, LockError> {
         self.sweep_now_and_then();
         let ttl = millis(ask.ttl_ms);
+        if ask.permits > 1 {
+            return self.permit(lock, token, ask).await;
+        }
         if ask.shared {
-            let (got, fence, left): (bool, Option<i64>, Option<i64>) =
-                ask!(self, |conn| sqlx::query_as(SHARE)
+            let answer: Result<(bool, Option<i64>, Option<i64>), u32> = ask!(self, |conn| counted(
+                sqlx::query_as(SHARE)
                     .bind(lock.name())
                     .bind(token)
                     .bind(ttl)
                     .bind(ask.waiting)
-                    .fetch_one(conn))?;
+                    .fetch_one(conn)
+            ))?;
+            let (got, fence, left) =
+                answer.map_err(|held| crate::store::permits_differ(lock.key(), held, 1))?;
             return Ok(if got {
                 Attempt::acquired(fence.filter(|_| ask.fencing).map(unsigned))
             } else {
@@ -396,14 +408,22 @@ impl PostgresStore {
                 .fetch_optional(conn))?;
             match taken {
                 Some(fence) => return Ok(Attempt::acquired(fence.filter(|_| ask.fencing).map(unsigned))),
-                // A first try that will not wait needs no more.
+                // A first try that will not wait needs no more (unless a semaphore holds the
+                // key: then it is told so).
                 None if !ask.join => {
+                    let held: Option<Option<i32>> = ask!(self, |conn| sqlx::query_scalar(COUNT_HELD)
+                        .bind(lock.name())
+                        .fetch_optional(conn))?;
+                    if let Some(held) = held.flatten() {
+                        let held = u32::try_from(held).unwrap_or_default();
+                        return Err(crate::store::permits_differ(lock.key(), held, 1));
+                    }
                     return Ok(Attempt::Held {
                         pttl_ms: None,
                         behind: false,
                         claimed: false,
                         kept: None,
-                    })
+                    });
                 }
                 None => {}
             }
@@ -412,7 +432,7 @@ impl PostgresStore {
         let place_ms = millis(crate::options::ceil_millis(FAIR_PLACE_KEPT));
         // 0: no bound of its own; at least 1 ms (0 would be none).
         let lock_ms = lock_wait.map_or(0, |left| millis(crate::options::ceil_millis(left)).max(1));
-        let answer: Option<Row> = ask!(self, |conn| async {
+        let answer: Option<Result<Row, u32>> = ask!(self, |conn| async {
             let asked = sqlx::query_as(ACQUIRE)
                 .bind(lock.name())
                 .bind(lock.name())
@@ -429,9 +449,16 @@ impl PostgresStore {
                 .await;
             match asked {
                 Err(e) if lock_not_available(&e) => Ok(None),
-                answer => answer.map(Some),
+                Err(e) => match count_held(&e) {
+                    Some(held) => Ok(Some(Err(held))),
+                    None => Err(e),
+                },
+                Ok(answer) => Ok(Some(Ok(answer))),
             }
         })?;
+        let answer = answer
+            .transpose()
+            .map_err(|held| crate::store::permits_differ(lock.key(), held, 1))?;
         let Some((got, fence, left, behind, claimed, kept)) = answer else {
             // The row stayed locked by another session past the caller's wait: nothing changed.
             return Ok(Attempt::Held {
@@ -450,6 +477,34 @@ impl PostgresStore {
                 claimed,
                 kept: kept.map(unsigned),
             }
+        })
+    }
+
+    /// One attempt at any free permit of a semaphore (`lock_runtime_v1_permit`).
+    async fn permit(&self, lock: &Lock, token: &str, ask: &Ask) -> Result<Attempt, LockError> {
+        let answer: Result<PermitRow, u32> = ask!(self, |conn| counted(
+            sqlx::query_as(PERMIT)
+                .bind(lock.name())
+                .bind(token)
+                .bind(millis(ask.ttl_ms))
+                .bind(i32::try_from(ask.permits).unwrap_or(i32::MAX))
+                .bind(ask.fencing)
+                .bind(ask.waiting)
+                .fetch_one(conn)
+        ))?;
+        let (got, fence, permit, left) =
+            answer.map_err(|held| crate::store::permits_differ(lock.key(), held, ask.permits))?;
+        Ok(match (got, permit) {
+            (true, Some(permit)) => Attempt::permit(
+                fence.filter(|_| ask.fencing).map(unsigned),
+                u32::try_from(permit).unwrap_or_default(),
+            ),
+            _ => Attempt::Held {
+                pttl_ms: left.map(unsigned),
+                behind: false,
+                claimed: false,
+                kept: None,
+            },
         })
     }
 
@@ -625,6 +680,30 @@ impl SqlStore for PostgresStore {
 }
 
 /// The statement gave up waiting for a row lock (its `lock_timeout`): it changed nothing.
+/// What `lock_runtime_v1_permit` answers: taken, its fencing token, its permit, and the ms
+/// until the first holder's lease ends.
+type PermitRow = (bool, Option<i64>, Option<i32>, Option<i64>);
+
+/// A request refused because the key is held with another count of permits
+/// (`lock_runtime_v1_count`: SQLSTATE LR001): that count.
+fn count_held(e: &sqlx::Error) -> Option<u32> {
+    match e {
+        sqlx::Error::Database(db) if db.code().as_deref() == Some("LR001") => db.message().parse().ok(),
+        _ => None,
+    }
+}
+
+/// A request's answer, or the count the key is held with when the database refused it for
+/// another count ([`count_held`]).
+async fn counted<T>(
+    request: impl std::future::Future<Output = Result<T, sqlx::Error>>,
+) -> Result<Result<T, u32>, sqlx::Error> {
+    match request.await {
+        Ok(answer) => Ok(Ok(answer)),
+        Err(e) => count_held(&e).map(Err).ok_or(e),
+    }
+}
+
 fn lock_not_available(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
 }
@@ -678,6 +757,7 @@ impl Store for PostgresStore {
             fair: false,
             join: false,
             shared: false,
+            permits: 1,
             claimed: false,
             wait_left: None,
         };

@@ -29,6 +29,14 @@ CREATE TABLE IF NOT EXISTS lock_runtime_locks (
     marked boolean NOT NULL DEFAULT false
 );
 
+-- Semaphores (schema version 1, second part): the count of a key held by permits, and its
+-- holders: value -> [ms its lease ends, permit, fencing token or 0]; a permit kept for its
+-- minimum hold is under '<value>:released'. shares_until is then the last holder's end (so the
+-- plain acquire and the sweep treat the row as held, as they do readers'). Added to a table made
+-- by an earlier build.
+ALTER TABLE lock_runtime_locks ADD COLUMN IF NOT EXISTS permits integer;
+ALTER TABLE lock_runtime_locks ADD COLUMN IF NOT EXISTS held jsonb;
+
 -- Fair waiters, by arrival: each one's place lapses unless it asks again in time.
 CREATE TABLE IF NOT EXISTS lock_runtime_line (
     key text NOT NULL,
@@ -123,6 +131,94 @@ BEGIN
 END
 $$;
 
+-- Refuses an acquire of the row `r` asking `asked` permits when the row is held with another
+-- count (a lock or read-write lock counts 1): SQLSTATE LR001, the count held as the message.
+CREATE OR REPLACE FUNCTION lock_runtime_v1_count(r lock_runtime_locks, asked integer, at_ms bigint)
+RETURNS void
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    held integer;
+BEGIN
+    IF r.token IS NOT NULL AND r.expires_ms > at_ms THEN
+        held := 1;
+    ELSIF r.shares_until > at_ms THEN
+        held := coalesce(r.permits, 1);
+    END IF;
+    IF held IS NOT NULL AND held <> asked THEN
+        RAISE EXCEPTION USING ERRCODE = 'LR001', MESSAGE = held::text;
+    END IF;
+END
+$$;
+
+-- The entries of a semaphore's holders that are still live at `at_ms` (NULL when none).
+CREATE OR REPLACE FUNCTION lock_runtime_v1_live_held(m jsonb, at_ms bigint) RETURNS jsonb
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT jsonb_object_agg(e.key, e.value) FROM jsonb_each(m) AS e WHERE (e.value ->> 0)::bigint > at_ms
+$$;
+
+-- The latest end among a semaphore's holders (0 when none).
+CREATE OR REPLACE FUNCTION lock_runtime_v1_last_held(m jsonb) RETURNS bigint
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT coalesce(max((e.value ->> 0)::bigint), 0) FROM jsonb_each(m) AS e
+$$;
+
+-- One attempt at any free permit of a semaphore of `n` permits: the lowest one no live holder
+-- has. Answers taken (with the permit, and the fencing token when asked: the key's next, so
+-- tokens rise per key and per permit), or the ms until the first holder's lease ends. Refused
+-- with LR001 when the key is held with another count. Idempotent for one token.
+CREATE OR REPLACE FUNCTION lock_runtime_v1_permit(
+    k text, tok text, ttl bigint, n integer, fencing boolean, waiting boolean,
+    OUT got boolean, OUT got_fence bigint, OUT got_permit integer, OUT left_ms bigint)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    at_ms bigint;
+    r lock_runtime_locks;
+    live jsonb;
+    mine jsonb;
+    free integer;
+    f bigint;
+BEGIN
+    got := false;
+    r := lock_runtime_v1_row(k);
+    at_ms := lock_runtime_v1_now();
+    PERFORM lock_runtime_v1_count(r, n, at_ms);
+    live := CASE WHEN r.permits IS NOT NULL THEN lock_runtime_v1_live_held(r.held, at_ms) END;
+    mine := live -> tok;
+    IF mine IS NOT NULL THEN
+        -- Ours already (a request sent again): its lease counts from this attempt.
+        live := jsonb_set(live, ARRAY[tok], jsonb_build_array(
+            greatest((mine ->> 0)::bigint, at_ms + ttl), mine -> 1, mine -> 2));
+        UPDATE lock_runtime_locks SET held = live, shares_until = lock_runtime_v1_last_held(live)
+            WHERE key = k;
+        got := true;
+        got_permit := (mine ->> 1)::integer;
+        got_fence := (mine ->> 2)::bigint;
+        RETURN;
+    END IF;
+    SELECT min(p) INTO free FROM generate_series(0, n - 1) AS p
+        WHERE NOT EXISTS (SELECT 1 FROM jsonb_each(live) AS e WHERE (e.value ->> 1)::integer = p);
+    IF free IS NULL THEN
+        left_ms := (SELECT min((e.value ->> 0)::bigint) FROM jsonb_each(live) AS e) - at_ms;
+        IF waiting AND NOT r.marked THEN
+            UPDATE lock_runtime_locks SET marked = true WHERE key = k;
+        END IF;
+        RETURN;
+    END IF;
+    IF fencing THEN
+        f := lock_runtime_v1_fence(r.fence);
+    END IF;
+    live := coalesce(live, '{}'::jsonb) || jsonb_build_object(tok, jsonb_build_array(at_ms + ttl, free, coalesce(f, 0)));
+    -- A lapsed writer's or readers' values go: their late renewal or release must not find them.
+    UPDATE lock_runtime_locks
+        SET permits = n, held = live, shares_until = lock_runtime_v1_last_held(live),
+            fence = coalesce(f, r.fence), token = NULL, shares = NULL
+        WHERE key = k;
+    got := true;
+    got_permit := free;
+    got_fence := f;
+END
+$$;
+
 -- One attempt at an exclusive lock. Answers taken (with the fencing token, when asked), or the
 -- refusal: the holder's remaining ms (NULL: none, a fair waiter is behind others), whether this
 -- fair waiter is behind others in line, whether it claimed the writers' turn (refused by
@@ -180,6 +276,7 @@ BEGIN
     -- time from before the wait.
     r := lock_runtime_v1_row(k);
     at_ms := lock_runtime_v1_now();
+    PERFORM lock_runtime_v1_count(r, 1, at_ms);
     IF r.token = tok AND r.expires_ms > at_ms THEN
         -- Ours already: a fair turn handed over by a release. Its lease counts from now; with
         -- no token taken for it then, it takes one.
@@ -265,6 +362,9 @@ BEGIN
     got := false;
     r := lock_runtime_v1_row(k);
     at_ms := lock_runtime_v1_now();
+    IF r.permits IS NOT NULL AND r.shares_until > at_ms THEN
+        PERFORM lock_runtime_v1_count(r, 1, at_ms);
+    END IF;
     IF r.token IS NOT NULL AND r.expires_ms > at_ms THEN
         left_ms := r.expires_ms - at_ms;
         UPDATE lock_runtime_locks SET marked = marked OR waiting WHERE key = k;
@@ -281,7 +381,7 @@ BEGIN
     -- An expired writer's value goes: its late renewal or release must not find it.
     UPDATE lock_runtime_locks
         SET shares = readers, shares_until = lock_runtime_v1_last(readers), claims = live_claims,
-            token = NULL
+            token = NULL, permits = NULL, held = NULL
         WHERE key = k;
     got := true;
     got_fence := coalesce(r.fence, 0);
@@ -321,6 +421,16 @@ BEGIN
                         to_jsonb(greatest((l.shares ->> toks[i])::bigint, at_ms + ttls[i]))),
                     shares_until = greatest(l.shares_until, at_ms + ttls[i])
                 WHERE l.key = ks[i] AND (l.shares ->> toks[i])::bigint > at_ms;
+            IF NOT FOUND THEN
+                -- A semaphore's permit.
+                UPDATE lock_runtime_locks l
+                    SET held = jsonb_set(l.held, ARRAY[toks[i]], jsonb_build_array(
+                            greatest((l.held -> toks[i] ->> 0)::bigint, at_ms + ttls[i]),
+                            l.held -> toks[i] -> 1, l.held -> toks[i] -> 2)),
+                        shares_until = greatest(l.shares_until, at_ms + ttls[i])
+                    WHERE l.key = ks[i] AND l.permits IS NOT NULL
+                        AND (l.held -> toks[i] ->> 0)::bigint > at_ms;
+            END IF;
             IF FOUND THEN
                 done := done || i;
             END IF;
@@ -366,6 +476,35 @@ BEGIN
             END IF;
             RETURN 1;
         END IF;
+    ELSIF r.permits IS NOT NULL THEN
+        -- A semaphore's permit: it goes (kept under '<tok>:released' for a minimum hold), and
+        -- the release is announced while a waiter's mark stands (each one wakes a waiter).
+        readers := lock_runtime_v1_live_held(r.held, at_ms);
+        IF readers ? tok THEN
+            IF hold_ms > 0 THEN
+                readers := readers || jsonb_build_object(kept_tok, jsonb_build_array(
+                    at_ms + hold_ms, readers -> tok -> 1, readers -> tok -> 2));
+            END IF;
+            readers := readers - tok;
+        ELSIF readers ? kept_tok THEN
+            -- Released before, and kept for its minimum hold: that release stands.
+            IF hold_ms > 0 THEN
+                RETURN 1;
+            END IF;
+            readers := readers - kept_tok;
+        ELSE
+            RETURN 0;
+        END IF;
+        readers := NULLIF(readers, '{}'::jsonb);
+        UPDATE lock_runtime_locks
+            SET held = readers, shares_until = lock_runtime_v1_last_held(readers),
+                permits = CASE WHEN readers IS NULL THEN NULL ELSE permits END,
+                marked = marked AND readers IS NOT NULL
+            WHERE key = k;
+        IF r.marked THEN
+            PERFORM lock_runtime_v1_tell(chan, said);
+        END IF;
+        RETURN 1;
     ELSE
         readers := lock_runtime_v1_live(r.shares, at_ms);
         IF readers IS NULL OR NOT readers ? tok THEN
@@ -446,7 +585,8 @@ BEGIN
         RETURN false;
     END IF;
     UPDATE lock_runtime_locks
-        SET token = NULL, expires_ms = at_ms, shares = NULL, shares_until = 0, marked = false
+        SET token = NULL, expires_ms = at_ms, shares = NULL, shares_until = 0, marked = false,
+            permits = NULL, held = NULL
         WHERE key = k;
     PERFORM lock_runtime_v1_tell(chan, said);
     RETURN true;

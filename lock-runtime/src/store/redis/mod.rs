@@ -13,6 +13,7 @@ use self::connection::Connection;
 use self::deployment::Deployment;
 use self::replicas::Acknowledged;
 use self::scripts::acquire;
+use self::scripts::permit::Permit;
 use self::scripts::release::{Release as ReleaseCall, ReleaseAnswer, Unlock};
 use self::scripts::share::Share;
 use self::scripts::{renew, Call, RIGHTS};
@@ -178,6 +179,9 @@ impl RedisStore {
         flight: &Flight,
     ) -> Result<Attempt, LockError> {
         self.rights_checked().await?;
+        if ask.permits > 1 {
+            return self.permit(lock, token, ask, flight).await;
+        }
         if ask.shared {
             return self.share(lock, token, ask, flight).await;
         }
@@ -213,8 +217,65 @@ impl RedisStore {
                 Kind::Plain,
             )
         };
+        if let [2, held, ..] = answer[..] {
+            return Err(self.permits_differ(lock, u32::try_from(held).unwrap_or_default(), 1));
+        }
         let attempt = acquire::attempt(&answer, ask.fencing);
         self.unless_replicated(attempt, acked, lock, token, kind).await
+    }
+
+    /// One attempt at any free permit of a semaphore (permit.lua).
+    async fn permit(
+        &self,
+        lock: &str,
+        token: &str,
+        ask: &Ask,
+        flight: &Flight,
+    ) -> Result<Attempt, LockError> {
+        let permit = Permit {
+            lock,
+            token,
+            ttl_ms: ask.ttl_ms,
+            fencing: ask.fencing,
+            permits: ask.permits,
+            marks: ask.join && self.deployment.marks(),
+        };
+        let (answer, acked): (Vec<i64>, _) = self.run_acknowledged(Some(flight), || permit.call()).await?;
+        let attempt = scripts::permit::attempt(&answer, ask.fencing)
+            .map_err(|held| self.permits_differ(lock, held, ask.permits))?;
+        self.unless_replicated(attempt, acked, lock, token, Kind::Permit)
+            .await
+    }
+
+    /// The refusal of an acquire that asked `asked` permits of the lock at `lock`, held with
+    /// `held`.
+    fn permits_differ(&self, lock: &str, held: u32, asked: u32) -> LockError {
+        let key = crate::store::user_key(&self.prefix, lock).unwrap_or(lock);
+        crate::store::permits_differ(key, held, asked)
+    }
+
+    /// A lock attempt refused by a hash at the key: a semaphore's, whose count this attempt
+    /// (one permit) does not match, or anything else (the refusal stands).
+    async fn unless_semaphore(&self, lock: &str, attempt: Attempt) -> Result<Attempt, LockError> {
+        if !matches!(attempt, Attempt::Held { .. }) {
+            return Ok(attempt);
+        }
+        let (connection, within) = self.ordered();
+        let fields: Result<Vec<Option<String>>, LockError> = connection
+            .request_within(within, |mut conn| async move {
+                redis::pipe()
+                    .hget(lock, "mode")
+                    .hget(lock, "permits")
+                    .query_async(&mut conn)
+                    .await
+            })
+            .await;
+        match fields.as_deref() {
+            Ok([Some(mode), Some(count)]) if mode == "permits" => {
+                Err(self.permits_differ(lock, count.parse().unwrap_or_default(), 1))
+            }
+            _ => Ok(attempt),
+        }
     }
 
     /// One attempt at a share of a read-write lock (share.lua).
@@ -227,6 +288,9 @@ impl RedisStore {
             marks: ask.join && self.deployment.marks(),
         };
         let (answer, acked): (Vec<i64>, _) = self.run_acknowledged(Some(flight), || share.call()).await?;
+        if let [2, held, ..] = answer[..] {
+            return Err(self.permits_differ(lock, u32::try_from(held).unwrap_or_default(), 1));
+        }
         let attempt = acquire::attempt(&answer, ask.fencing);
         self.unless_replicated(attempt, acked, lock, token, Kind::Shared)
             .await
@@ -270,7 +334,8 @@ impl RedisStore {
             }
             Ok((Some(_), _)) => return Ok(Attempt::HELD),
             Err(LockError::Unavailable { source }) if errors::is_wrong_type(&source) => {
-                return Ok(Attempt::HELD)
+                // A hash: a read-write lock's readers, or a semaphore's holders.
+                return Box::pin(self.unless_semaphore(lock, Attempt::HELD)).await;
             }
             Err(e) => return Err(e),
         };

@@ -160,7 +160,7 @@ impl ZkStore {
                 Holding::Foreign { value: shown, .. } => {
                     shown.as_deref() == Some(crate::view::excerpt(&value).as_str())
                 }
-                Holding::Free => false,
+                Holding::Free | Holding::Permits { .. } => false,
             }
         };
         if !found.iter().all(|(_, held)| shown(held)) {

@@ -734,6 +734,7 @@ impl ZkStore {
         );
         let kept_until = sent + session.keeps;
         Attempt::Acquired {
+            permit: None,
             fence: ask_.fencing.then(|| u64::try_from(fence).unwrap_or(0)),
             kept_until: (kept_until < until).then_some(kept_until),
         }
@@ -1030,6 +1031,7 @@ impl Store for ZkStore {
             // The next in line holds once the node ahead is deleted; it looks (a read).
             hand_over: false,
             queues: true,
+            permits: crate::store::Offered::No(super::PERMITS_NOT_YET),
             ..Capabilities::ALL
         }
     }

@@ -12,7 +12,8 @@
 -- mark, so that the holder's release is announced (unlock.lua, release.lua).
 -- Returns {1, fence} when taken (fence is 0 without fencing), or {0, pttl} when not: pttl is the
 -- holder's remaining ttl, -1 for a key without expiry (a foreign value); a refusal by readers
--- that claimed the writers' turn adds two elements, 0 and 1.
+-- that claimed the writers' turn adds two elements, 0 and 1; {2, count} when the key is a
+-- semaphore's (permit.lua) with `count` permits.
 -- Every check comes before the first write: a counter of another type (WRONGTYPE), or one that is
 -- not a non-negative integer below 2^53, or a helper key of another type, fails the script with
 -- nothing changed.
@@ -49,6 +50,10 @@ local shared = writers and readers(lock, held)
 if shared == 'free' and redis.call('SET', lock, token, 'NX', 'PX', ttl) then
   unclaim(writers, claimed, token, mark, ttl)
   return taken(fence, counter, ttl)
+end
+local count = semaphore(lock, held)
+if count then
+  return {2, count}
 end
 if shared == 'readers' then
   claim(writers, token, ARGV[5])

@@ -6,8 +6,9 @@
 -- connection lockctl read with: no holder that took the lock in between is deleted.
 -- ARGV[1] the key's Redis type when read ('string', 'hash', or a foreign value's type), ARGV[2]
 -- for a string the value read (its ':released' suffix, a lock kept for its minimum hold, is not
--- a change of hands; '' for a foreign string: any value that is not a lock's), for a hash 'read' when it was a read-write lock's readers (which come and
--- go: any readers' hash is the same lock) and '' when foreign.
+-- a change of hands; '' for a foreign string: any value that is not a lock's), for a hash 'read'
+-- when it was a read-write lock's readers, 'permits' when a semaphore's holders (which come and
+-- go: any readers' or holders' hash is the same lock) and '' when foreign.
 -- Returns 1 when deleted, 0 when the key was already gone, -1 when it changed hands.
 local kind = redis.call('TYPE', KEYS[1]).ok
 if kind == 'none' then
@@ -31,8 +32,13 @@ if kind == 'string' then
     return -1
   end
 elseif kind == 'hash' then
-  local readers = redis.call('HGET', KEYS[1], 'mode') == 'read'
-  if readers ~= (ARGV[2] == 'read') then
+  -- A read-write lock's readers or a semaphore's holders (who come and go: any hash of the
+  -- same kind is the same lock), or a foreign hash.
+  local mode = redis.call('HGET', KEYS[1], 'mode')
+  if mode ~= 'read' and mode ~= 'permits' then
+    mode = ''
+  end
+  if mode ~= ARGV[2] then
     return -1
   end
 end

@@ -25,6 +25,7 @@ impl Force<'_> {
         let (kind, value) = match self.seen {
             Holding::Exclusive { value, .. } => ("string", value.as_str()),
             Holding::Shared { .. } => ("hash", "read"),
+            Holding::Permits { .. } => ("hash", "permits"),
             Holding::Foreign { kind, .. } => (kind.as_str(), ""),
             Holding::Free => ("none", ""),
         };

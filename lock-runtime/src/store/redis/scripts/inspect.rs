@@ -46,7 +46,7 @@ pub(crate) fn found(answer: Vec<Value>) -> Found {
         "string" => Vec::<u8>::from_redis_value(value).map_or(Holding::Free, |v| Holding::of_value(&v)),
         "hash" => HashMap::<String, String>::from_redis_value(value)
             .ok()
-            .and_then(|fields| shared(&fields, now_ms))
+            .and_then(|fields| shared(&fields, now_ms).or_else(|| permits(&fields, now_ms)))
             .unwrap_or_else(|| Holding::Foreign {
                 kind: kind.clone(),
                 value: None,
@@ -69,13 +69,40 @@ pub(crate) fn found(answer: Vec<Value>) -> Found {
     Found {
         remaining: u64::try_from(pttl)
             .ok()
-            .filter(|_| holding != Holding::Free)
+            .filter(|_| !matches!(holding, Holding::Free))
             .map(Duration::from_millis),
         holding,
         fence,
         queued,
         writers,
     }
+}
+
+/// A hash at the lock key that is a semaphore's (`mode` = `permits`, `permits` = its count, then
+/// one field per holder: its value (`:released` appended while kept for its minimum hold), and
+/// `<ms its lease ends>:<permit>:<fence>`), or `None` when it is not.
+pub(crate) fn permits(fields: &HashMap<String, String>, now_ms: u64) -> Option<Holding> {
+    if fields.get("mode").map(String::as_str) != Some("permits") {
+        return None;
+    }
+    let count = fields.get("permits")?.parse().ok()?;
+    let mut holders = Vec::new();
+    for (value, lease) in fields
+        .iter()
+        .filter(|(f, _)| !matches!(f.as_str(), "mode" | "permits"))
+    {
+        let mut parts = lease.split(':');
+        let ends: u64 = parts.next()?.parse().ok()?;
+        let permit: u32 = parts.next()?.parse().ok()?;
+        if ends > now_ms {
+            holders.push(Reader::of_permit(
+                value,
+                permit,
+                Duration::from_millis(ends - now_ms),
+            ));
+        }
+    }
+    Some(Holding::permits(count, holders))
 }
 
 /// A hash at the lock key: the shares of a read-write lock (`mode` = `read`, then one field per

@@ -11,9 +11,10 @@
 //! | `acquire.lua` | one attempt at an exclusive lock that is not fair (with fencing, or waiting) | `fence.lua`, `taking.lua` |
 //! | `fair.lua` | one attempt at a fair lock | `fence.lua`, `taking.lua` |
 //! | `share.lua` | one attempt at a read share | |
+//! | `permit.lua` | one attempt at any free permit of a semaphore | `fence.lua` |
 //! | `renew.lua` | renews many locks | |
 //! | `unlock.lua` | the common release | |
-//! | `release.lua` | every other release (fair hand-over, minimum hold, read share) | `fence.lua` |
+//! | `release.lua` | every other release (fair hand-over, minimum hold, read share, permit) | `fence.lua` |
 //! | `rights.lua` | checks once per client that it may run all of the above | |
 //! | `inspect.lua` | reads one lock at one instant (`holder`, `lock_runtime::admin`) | |
 //! | `force.lua` | an operator's forced release of what was seen (`lock_runtime::admin`) | |
@@ -23,6 +24,7 @@
 pub(crate) mod acquire;
 pub(crate) mod force;
 pub(crate) mod inspect;
+pub(crate) mod permit;
 pub(crate) mod release;
 pub(crate) mod renew;
 pub(crate) mod share;
@@ -50,6 +52,8 @@ static FAIR: LazyLock<Lua> = LazyLock::new(|| {
 });
 static RENEW: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("renew.lua")));
 static SHARE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("share.lua")));
+static PERMIT: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(concat!(include_str!("fence.lua"), include_str!("permit.lua"))));
 /// The common release (a lock that is neither fair nor kept for a minimum hold): release.lua's
 /// work for that case, in a script small enough to cost Redis what a bare compare-and-delete does.
 static UNLOCK: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("unlock.lua")));

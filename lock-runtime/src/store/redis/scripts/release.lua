@@ -50,6 +50,48 @@ local function delete()
   return redis.call('DEL', KEYS[1], mark) == 2
 end
 local held = redis.pcall('GET', KEYS[1])
+if type(held) == 'table' and held.err and redis.pcall('HGET', KEYS[1], 'mode') == 'permits' then
+  -- A semaphore's permit (permit.lua): its field goes (or, kept for its minimum hold, becomes
+  -- '<token>:released' until the hold ends), the hash with the last holder, and the release is
+  -- announced while a waiter's mark stands: each permit given back wakes one waiter.
+  local time = redis.call('TIME')
+  local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  local kept = ARGV[1] .. ':released'
+  local ends, rest = string.match(redis.call('HGET', KEYS[1], ARGV[1]) or '', '^(%d+)(:.*)$')
+  if not ends then
+    local earlier = string.match(redis.call('HGET', KEYS[1], kept) or '', '^(%d+)')
+    if not (earlier and tonumber(earlier) > now) then
+      return 0
+    end
+    -- Released before, and kept for its minimum hold: that release stands.
+    if ARGV[2] ~= '0' then
+      return 1
+    end
+    redis.call('HDEL', KEYS[1], kept)
+  else
+    redis.call('HDEL', KEYS[1], ARGV[1])
+    if tonumber(ends) <= now then
+      return 0
+    end
+    if ARGV[2] ~= '0' then
+      redis.call('HSET', KEYS[1], kept, string.format('%d', now + tonumber(ARGV[2])) .. rest)
+    end
+  end
+  local marked = not mark or redis.call('EXISTS', mark) == 1
+  -- Only 'mode' and 'permits' left (HGETALL: the commands the rights check grants).
+  if #redis.call('HGETALL', KEYS[1]) <= 4 then
+    delete()
+  end
+  if not marked then
+    -- Nobody waits for it.
+    return 1
+  end
+  local told = redis.pcall(ARGV[6] == '1' and 'SPUBLISH' or 'PUBLISH', ARGV[4], ARGV[3])
+  if type(told) == 'table' and told.err then
+    return 2
+  end
+  return 1
+end
 if type(held) == 'table' and held.err then
   local fields = redis.pcall('HGETALL', KEYS[1])
   if fields.err then

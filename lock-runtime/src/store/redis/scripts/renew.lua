@@ -4,8 +4,9 @@
 -- so the holder's validity (the longest it was told of) is never past the server's.
 -- KEYS[i] the i-th lock key; ARGV[2i-1] its token, ARGV[2i] its new ttl in ms.
 -- A lock is ours when its key holds our token, or when it is a read-write lock's readers' hash
--- (share.lua) holding an unexpired share of ours: that share gets the new ttl, and the hash's
--- own expiry is moved out to cover it.
+-- (share.lua) or a semaphore's holders' hash (permit.lua) holding an unexpired share or permit
+-- of ours: it gets the new ttl (its value starts with the ms its lease ends), and the hash's own
+-- expiry is moved out to cover it.
 -- Returns, per lock, 1 when renewed, 0 when the key is gone or holds something else (a key of
 -- another type answers GET with an error: not ours either).
 local renewed = {}
@@ -25,9 +26,11 @@ for i, key in ipairs(KEYS) do
         local time = redis.call('TIME')
         now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
       end
-      if (tonumber(share) or 0) > now and redis.call('HGET', key, 'mode') == 'read' then
-        if now + ttl > tonumber(share) then
-          redis.call('HSET', key, token, now + ttl)
+      local ends, rest = string.match(share, '^(%d+)(.*)$')
+      local mode = redis.call('HGET', key, 'mode')
+      if (tonumber(ends) or 0) > now and (mode == 'read' or mode == 'permits') then
+        if now + ttl > tonumber(ends) then
+          redis.call('HSET', key, token, string.format('%d', now + ttl) .. rest)
         end
         if redis.call('PTTL', key) < ttl then
           redis.call('PEXPIRE', key, ttl)

@@ -29,6 +29,7 @@ local steps = {
   {'HGET', KEYS[3], 'probe'},
   {'HGETALL', KEYS[3]},
   {'HDEL', KEYS[3], 'probe'},
+  {'EXISTS', KEYS[3]},
 }
 for _, step in ipairs(steps) do
   local answer = redis.pcall(unpack(step))

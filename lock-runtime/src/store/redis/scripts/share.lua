@@ -12,7 +12,7 @@
 -- mark is ('': not given).
 -- Returns {1, fence} when shared (fence 0 without fencing), or {0, ms}: how long to wait before
 -- asking again unless woken (the writer's remaining ttl, or until the waiting writers' claim
--- lapses), -1 for a foreign value without expiry.
+-- lapses), -1 for a foreign value without expiry; {2, count} when the key is a semaphore's.
 local fence = 0
 if ARGV[3] == '1' then
   local counter = redis.call('GET', KEYS[3])
@@ -36,7 +36,12 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 
 local kind = redis.call('TYPE', KEYS[1]).ok
-local readers = kind == 'hash' and redis.call('HGET', KEYS[1], 'mode') == 'read'
+local mode = kind == 'hash' and redis.call('HGET', KEYS[1], 'mode')
+if mode == 'permits' then
+  -- A semaphore's (permit.lua): held with another count than a read-write lock's.
+  return {2, tonumber(redis.call('HGET', KEYS[1], 'permits')) or 0}
+end
+local readers = mode == 'read'
 if kind ~= 'none' and not readers then
   -- A writer, or a value this library did not write.
   return refused(redis.call('PTTL', KEYS[1]))

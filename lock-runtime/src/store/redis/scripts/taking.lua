@@ -51,6 +51,18 @@ local function already_ours(lock, ttl, fence, counter)
   return {1, tonumber(counter) or 0}
 end
 
+-- The count of the semaphore at `lock` (permit.lua), when GET answered `held` there with an
+-- error (a hash) and the hash is a semaphore's: a lock asked of it is refused with {2, count}.
+local function semaphore(lock, held)
+  if type(held) ~= 'table' or redis.call('TYPE', lock).ok ~= 'hash' then
+    return nil
+  end
+  if redis.call('HGET', lock, 'mode') ~= 'permits' then
+    return nil
+  end
+  return tonumber(redis.call('HGET', lock, 'permits')) or 0
+end
+
 -- What GET answered `held` at `lock` means for a writer: 'readers' when readers share the lock
 -- (their hash answers GET with an error), 'free' when that hash holds no live share any more
 -- (its readers died after a longer lease; it is deleted here, so their lease ends for writers

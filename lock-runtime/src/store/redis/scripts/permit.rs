@@ -1,0 +1,86 @@
+//! The Rust half of `permit.lua`: one attempt at a permit of a semaphore, whatever its count, in
+//! one call. Its answer: `{1, fence, permit}` taken, `{0, ms}` every permit taken, `{2, count}`
+//! the key held with another count.
+
+use std::borrow::Cow;
+
+use super::super::keys;
+use super::{Call, PERMIT};
+use crate::store::Attempt;
+
+/// One attempt at a permit.
+#[derive(Debug)]
+pub(crate) struct Permit<'a> {
+    /// The lock's key.
+    pub(crate) lock: &'a str,
+    pub(crate) token: &'a str,
+    pub(crate) ttl_ms: u64,
+    pub(crate) fencing: bool,
+    /// How many permits the key has.
+    pub(crate) permits: u32,
+    /// The caller will wait, and the deployment marks: a refusal marks the lock as waited for.
+    pub(crate) marks: bool,
+}
+
+impl Permit<'_> {
+    /// `KEYS`: the lock, its counter (with fencing), its mark (when it marks). `ARGV`: token,
+    /// ttl, fencing, the count, where the mark is.
+    pub(crate) fn call(&self) -> Call {
+        let lock = self.lock;
+        let mut named = vec![Cow::Borrowed(lock)];
+        if self.fencing {
+            named.push(Cow::Owned(keys::fence(lock)));
+        }
+        let mark = if self.marks {
+            named.push(Cow::Owned(keys::waiting(lock)));
+            named.len().to_string()
+        } else {
+            String::new()
+        };
+        let mut call = PERMIT.call(&named);
+        call.arg(self.token)
+            .arg(self.ttl_ms)
+            .arg(if self.fencing { "1" } else { "0" })
+            .arg(self.permits)
+            .arg(mark);
+        call
+    }
+}
+
+/// What `permit.lua` answered: the attempt, or the count the key is held with when it is not
+/// the one asked for.
+pub(crate) fn attempt(answer: &[i64], fencing: bool) -> Result<Attempt, u32> {
+    let at = |i: usize| answer.get(i).copied().unwrap_or(-1);
+    match at(0) {
+        1 => Ok(Attempt::permit(
+            fencing.then_some(at(1).unsigned_abs()),
+            u32::try_from(at(2)).unwrap_or_default(),
+        )),
+        2 => Err(u32::try_from(at(1)).unwrap_or_default()),
+        _ => Ok(Attempt::Held {
+            pttl_ms: u64::try_from(at(1)).ok(),
+            behind: false,
+            claimed: false,
+            kept: None,
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_read_as_permits_refusals_or_another_count() {
+        assert_eq!(attempt(&[1, 9, 2], true), Ok(Attempt::permit(Some(9), 2)));
+        assert_eq!(attempt(&[1, 0, 0], false), Ok(Attempt::permit(None, 0)));
+        assert_eq!(attempt(&[2, 3], false), Err(3));
+        assert!(matches!(
+            attempt(&[0, 450], false),
+            Ok(Attempt::Held {
+                pttl_ms: Some(450),
+                ..
+            })
+        ));
+    }
+}

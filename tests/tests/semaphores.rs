@@ -1,0 +1,344 @@
+//! Semaphores (`LockOptions::permits`, `permits = N`): up to N holders of one key, each permit a
+//! lease with its own token, watchdog, fencing and wake-up, on every deployment that offers
+//! them; RedLock refuses them with the reason.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_runtime::{distributed_lock, LockClient, LockError, LockMode, LockOptions};
+use lock_tests::{eventually, in_line, ttl, Target, SECOND};
+use tokio::time::Instant;
+
+lock_tests::on_every_deployment_with_permits!(
+    at_most_n_holders_at_once_and_n_reached,
+    concurrent_holders_hold_distinct_permits,
+    a_release_wakes_a_waiter_of_another_client,
+    a_forgotten_permit_lapses_at_its_ttl,
+    fencing_tokens_rise_per_key_and_so_per_permit,
+    another_count_for_a_held_key_is_invalid_options_naming_both,
+    holder_shows_the_permits_taken_and_by_whom,
+    the_watchdog_renews_each_permit,
+    a_nested_call_uses_the_permit_it_holds,
+    a_minimum_hold_keeps_the_permit,
+    the_attribute_takes_a_permit,
+);
+
+fn permits(n: u32, ttl_ms: u64) -> LockOptions {
+    ttl(ttl_ms).permits(n)
+}
+
+/// 10 tasks of two clients contend for 3 permits: never more than 3 inside at once, and 3
+/// reached (each holder stays until 3 were inside together, or a deadline passed).
+async fn at_most_n_holders_at_once_and_n_reached(t: Target) {
+    const N: usize = 3;
+    let clients = [t.client(), t.other_client().await];
+    let inside = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..10)
+        .map(|i| {
+            let client = clients[i % 2].clone();
+            let (inside, most) = (Arc::clone(&inside), Arc::clone(&most));
+            tokio::spawn(async move {
+                let options = permits(N as u32, 10_000).wait(Duration::from_secs(30));
+                client
+                    .run("sem:cap", &options, async {
+                        let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                        most.fetch_max(now, Ordering::SeqCst);
+                        // Stay until N were inside together (at most 2 s): N is reached
+                        // whenever the store lets N in.
+                        let until = Instant::now() + 2 * SECOND;
+                        while most.load(Ordering::SeqCst) < N && Instant::now() < until {
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        inside.fetch_sub(1, Ordering::SeqCst);
+                    })
+                    .await
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await
+            .unwrap()
+            .expect("every task gets a permit within its wait");
+    }
+    assert_eq!(most.load(Ordering::SeqCst), N, "at most N at once, and N reached");
+}
+
+async fn concurrent_holders_hold_distinct_permits(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let mut guards = Vec::new();
+    for i in 0..4 {
+        let client = if i % 2 == 0 { &c } else { &other };
+        guards.push(client.acquire("sem:distinct", &permits(4, 10_000)).await.unwrap());
+    }
+    let held: BTreeSet<u32> = guards.iter().map(|g| g.permit().unwrap()).collect();
+    assert_eq!(held, (0..4).collect(), "each permit once");
+    let fifth = other.acquire("sem:distinct", &permits(4, 10_000)).await;
+    assert!(matches!(fifth, Err(LockError::Busy { .. })), "{fifth:?}");
+    // The permit given back is the one taken next.
+    let freed = guards.remove(1);
+    let permit = freed.permit();
+    assert!(freed.release().await.unwrap());
+    let again = other.acquire("sem:distinct", &permits(4, 10_000)).await.unwrap();
+    assert_eq!(again.permit(), permit);
+    again.release().await.unwrap();
+    for guard in guards {
+        assert!(guard.release().await.unwrap());
+    }
+    assert!(!c.is_locked("sem:distinct").await.unwrap());
+}
+
+async fn a_release_wakes_a_waiter_of_another_client(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let first = c.acquire("sem:wake", &permits(2, 60_000)).await.unwrap();
+    let second = c.acquire("sem:wake", &permits(2, 60_000)).await.unwrap();
+    let waiter = in_line(
+        &other,
+        "sem:wake",
+        permits(2, 10_000).wait(Duration::from_secs(30)),
+    )
+    .await;
+    // Refused once, it sleeps until woken (the holders' permits have a minute left).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let released_at = Instant::now();
+    let permit = second.permit();
+    assert!(second.release().await.unwrap());
+    let guard = waiter.await.unwrap().expect("woken by the release");
+    lock_tests::assert_woken_by_the_release(released_at.elapsed());
+    assert_eq!(guard.permit(), permit);
+    guard.release().await.unwrap();
+    first.release().await.unwrap();
+}
+
+async fn a_forgotten_permit_lapses_at_its_ttl(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let kept = c.acquire("sem:crash", &permits(2, 60_000)).await.unwrap();
+    // A holder that vanishes without giving its permit back (a crashed process).
+    std::mem::forget(c.acquire("sem:crash", &permits(2, 300)).await.unwrap());
+    let started = Instant::now();
+    let guard = other
+        .acquire("sem:crash", &permits(2, 5000).wait(Duration::from_secs(10)))
+        .await
+        .expect("the lapsed permit is taken");
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(250), "{waited:?}");
+    assert_ne!(guard.permit(), kept.permit());
+    guard.release().await.unwrap();
+    kept.release().await.unwrap();
+}
+
+async fn fencing_tokens_rise_per_key_and_so_per_permit(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let options = permits(2, 10_000).fencing(true);
+    let mut last: [u64; 2] = [0, 0];
+    let mut all = Vec::new();
+    for round in 0..6 {
+        let client = if round % 2 == 0 { &c } else { &other };
+        let a = client.acquire("sem:fence", &options).await.unwrap();
+        let b = client.acquire("sem:fence", &options).await.unwrap();
+        for guard in [&a, &b] {
+            let (permit, token) = (guard.permit().unwrap() as usize, guard.fencing_token().unwrap());
+            assert!(
+                token > last[permit],
+                "permit {permit}: {token} after {}",
+                last[permit]
+            );
+            last[permit] = token;
+            all.push(token);
+        }
+        a.release().await.unwrap();
+        b.release().await.unwrap();
+    }
+    assert!(
+        all.windows(2).all(|w| w[1] > w[0]),
+        "tokens rise per key: {all:?}"
+    );
+    let inside = c
+        .run("sem:fence", &options, async {
+            lock_runtime::current().map(|l| (l.permit(), l.fencing_token()))
+        })
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(inside.0.is_some() && inside.1.unwrap() > *all.last().unwrap());
+}
+
+async fn another_count_for_a_held_key_is_invalid_options_naming_both(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let held = c.acquire("sem:count", &permits(3, 10_000)).await.unwrap();
+    for (asked, named) in [
+        (permits(2, 10_000), "2 permits"),
+        (ttl(10_000), "1 permit"),
+        (
+            ttl(10_000).fencing(true).wait(Duration::from_millis(100)),
+            "1 permit",
+        ),
+        (ttl(10_000).mode(LockMode::Shared), "1 permit"),
+    ] {
+        match other.acquire("sem:count", &asked).await {
+            Err(LockError::InvalidOptions { reason }) => {
+                assert!(reason.contains("3 permits") && reason.contains(named), "{reason}");
+            }
+            got => panic!("{asked:?}: {got:?}"),
+        }
+    }
+    held.release().await.unwrap();
+    // A lock held: a semaphore of the key is refused too.
+    let lock = c.acquire("sem:count", &ttl(10_000)).await.unwrap();
+    match other.acquire("sem:count", &permits(3, 10_000)).await {
+        Err(LockError::InvalidOptions { reason }) => assert!(reason.contains("1 permit"), "{reason}"),
+        got => panic!("{got:?}"),
+    }
+    lock.release().await.unwrap();
+    // Free again: any count may take it.
+    other
+        .acquire("sem:count", &permits(5, 10_000))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+}
+
+async fn holder_shows_the_permits_taken_and_by_whom(t: Target) {
+    let c = t.client();
+    let a = c.acquire("sem:who", &permits(3, 10_000)).await.unwrap();
+    let b = c.acquire("sem:who", &permits(3, 10_000)).await.unwrap();
+    let holder = c.holder("sem:who").await.unwrap().expect("held");
+    assert_eq!(holder.permits(), Some(3));
+    assert_eq!(holder.permits_taken(), 2);
+    let taken: Vec<u32> = holder.permit_holders().iter().map(|(p, _)| *p).collect();
+    let mut expected = vec![a.permit().unwrap(), b.permit().unwrap()];
+    expected.sort_unstable();
+    assert_eq!(taken, expected);
+    assert!(holder.permit_holders().iter().all(|(_, owner)| !owner.is_empty()));
+    assert!(holder.owner().is_none() && !holder.is_shared());
+    a.release().await.unwrap();
+    b.release().await.unwrap();
+    assert!(c.holder("sem:who").await.unwrap().is_none());
+}
+
+async fn the_watchdog_renews_each_permit(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let options = permits(2, 300).watchdog(true);
+    let a = c.acquire("sem:renewed", &options).await.unwrap();
+    let b = other.acquire("sem:renewed", &options).await.unwrap();
+    // Three ttls later both are still held: a third caller is refused.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert!(!a.is_lost() && !b.is_lost());
+    let third = c.acquire("sem:renewed", &permits(2, 300)).await;
+    assert!(matches!(third, Err(LockError::Busy { .. })), "{third:?}");
+    assert!(a.release().await.unwrap());
+    assert!(b.release().await.unwrap());
+}
+
+async fn a_nested_call_uses_the_permit_it_holds(t: Target) {
+    let c = t.client();
+    let options = permits(2, 10_000);
+    let other = c.acquire("sem:nested", &options).await.unwrap();
+    let (outer, inner) = c
+        .run("sem:nested", &options, async {
+            let outer = lock_runtime::current().and_then(|l| l.permit());
+            // The one free permit is this call's: a nested call must not need another.
+            let inner = c
+                .run("sem:nested", &options, async {
+                    lock_runtime::current().and_then(|l| l.permit())
+                })
+                .await
+                .expect("runs without acquiring again");
+            (outer, inner)
+        })
+        .await
+        .unwrap();
+    assert!(outer.is_some());
+    assert_eq!(outer, inner);
+    other.release().await.unwrap();
+}
+
+async fn a_minimum_hold_keeps_the_permit(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let options = permits(1 + 1, 10_000).hold_at_least(Duration::from_millis(600));
+    let a = c.acquire("sem:hold", &options).await.unwrap();
+    let b = c.acquire("sem:hold", &options).await.unwrap();
+    let released_at = Instant::now();
+    assert!(a.release().await.unwrap());
+    let refused = other.acquire("sem:hold", &permits(2, 10_000)).await;
+    assert!(
+        matches!(refused, Err(LockError::Busy { .. })) || released_at.elapsed() >= Duration::from_millis(500),
+        "kept for its minimum hold: {refused:?}"
+    );
+    let after = other
+        .acquire("sem:hold", &permits(2, 10_000).wait(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    assert!(
+        released_at.elapsed() >= Duration::from_millis(550),
+        "{:?}",
+        released_at.elapsed()
+    );
+    after.release().await.unwrap();
+    b.release().await.unwrap();
+}
+
+#[distributed_lock(key = "sem:export:<tenant>", permits = 2, ttl_ms = 10000, wait_ms = 10000, client = client)]
+async fn export(
+    client: &LockClient,
+    tenant: u32,
+    inside: &AtomicUsize,
+    most: &AtomicUsize,
+) -> Result<Option<u32>, LockError> {
+    let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+    most.fetch_max(now, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    inside.fetch_sub(1, Ordering::SeqCst);
+    Ok(lock_runtime::current().and_then(|l| l.permit()))
+}
+
+async fn the_attribute_takes_a_permit(t: Target) {
+    let c = t.client();
+    let (inside, most) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let runs = (0..6).map(|_| export(&c, 7, &inside, &most));
+    let permits: Vec<_> = futures_util::future::join_all(runs).await;
+    for permit in permits {
+        assert!(matches!(permit, Ok(Some(0 | 1))), "{permit:?}");
+    }
+    let most = most.load(Ordering::SeqCst);
+    assert!((1..=2).contains(&most), "{most}");
+}
+
+#[tokio::test]
+async fn permits_are_checked_before_any_request() {
+    let c = LockClient::in_memory();
+    for (options, says) in [
+        (permits(0, 1000), "at least 1"),
+        (permits(lock_runtime::MAX_PERMITS + 1, 1000), "maximum"),
+        (permits(2, 1000).mode(LockMode::Shared), "shared"),
+        (permits(2, 1000).fair(true), "fair"),
+    ] {
+        match c.acquire("sem:bad", &options).await {
+            Err(LockError::InvalidOptions { reason }) => assert!(reason.contains(says), "{reason}"),
+            got => panic!("{options:?}: {got:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_refuses_permits_with_the_reason() {
+    let t = Target::redlock().await;
+    match t.client().acquire("sem:redlock", &permits(3, 1000)).await {
+        Err(LockError::InvalidOptions { reason }) => {
+            assert!(
+                reason.contains("RedLock") && reason.contains("majority"),
+                "{reason}"
+            )
+        }
+        got => panic!("{got:?}"),
+    }
+    eventually(SECOND, "nothing was taken", || async {
+        !t.client().is_locked("sem:redlock").await.unwrap()
+    })
+    .await;
+}
