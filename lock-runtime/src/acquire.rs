@@ -85,6 +85,7 @@ impl Acquire<'_> {
         // soon as that attempt has taken the place.
         let mut wakeup: Option<Registration> =
             queues.then(|| core.wakeups.register_early(lock.name(), &token));
+        let semaphore = options.is_semaphore();
         // Until refused once, no holder's expiry is known.
         let mut pttl_ms = None;
         // The place a fair waiter's last refused attempt kept (its stamp), and when that attempt
@@ -96,6 +97,9 @@ impl Acquire<'_> {
         let mut sleep_first = false;
         if will_wait && !fair && !queues && core.wakeups.queued(lock.name()) > 0 {
             wakeup = Some(core.wakeups.register(lock.name(), None));
+            if semaphore {
+                core.wakeups.spread(lock.name());
+            }
             sleep_first = true;
         }
         // An attempt made at once is sent as the call began (as far as a lock's validity, which
@@ -257,6 +261,9 @@ impl Acquire<'_> {
                     deciding.at_once = false;
                     pttl_ms = left;
                     last_kept = kept.map(|kept| (kept, started));
+                    if let Some(wakeup) = &wakeup {
+                        wakeup.refused();
+                    }
                     if let (true, Some(wakeup)) = (queues, &wakeup) {
                         wakeup.in_line();
                         sleep_first = behind;
@@ -267,6 +274,9 @@ impl Acquire<'_> {
                         // with others ahead in line need not: no release before its turn names it.
                         let name = fair.then_some(token.as_str());
                         wakeup = Some(core.wakeups.register(lock.name(), name));
+                        if semaphore {
+                            core.wakeups.spread(lock.name());
+                        }
                         sleep_first = behind;
                     } else {
                         sleep_first = true;

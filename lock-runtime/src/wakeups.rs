@@ -38,6 +38,10 @@ struct Line {
     /// again, the head of the queue checks its lock once more (a release between its re-check at
     /// the loss and the new confirmation went unheard).
     relisten: u64,
+    /// The lock is a semaphore's: each release frees one permit of several, so releases heard
+    /// before the head had its turn wake the next waiters, one each (of a lock, the head
+    /// alone: one holder at a time).
+    spread: bool,
 }
 
 impl Line {
@@ -47,6 +51,7 @@ impl Line {
             watchers: Vec::new(),
             confirmed: 0,
             relisten: 0,
+            spread: false,
         }
     }
 
@@ -87,6 +92,13 @@ struct Waiter {
     /// A fair waiter's token: a fair release names the waiter whose turn it is.
     token: Option<String>,
     wake: Notify,
+    /// Of a semaphore's line: woken, and the attempt after has not been refused: the next
+    /// release wakes another waiter.
+    pending: std::sync::atomic::AtomicBool,
+    /// The waiter saw its wake-up ([`Registration::woken`]) and makes its attempt for it. One
+    /// that leaves pending without having seen it (its attempt was sent before the release)
+    /// passes it on: the permit that release freed may still be free.
+    seen: std::sync::atomic::AtomicBool,
     /// A fair release handed this waiter the lock.
     handed: Mutex<Option<HandedOver>>,
     /// It has a place in line: counted by [`Wakeups::queued`] (a waiter registered before its
@@ -166,6 +178,8 @@ impl Wakeups {
             id: IDS.fetch_add(1, Ordering::Relaxed),
             token: token.map(str::to_owned),
             wake: Notify::new(),
+            pending: std::sync::atomic::AtomicBool::new(false),
+            seen: std::sync::atomic::AtomicBool::new(false),
             handed: Mutex::new(None),
             in_line: std::sync::atomic::AtomicBool::new(in_line),
         });
@@ -221,10 +235,26 @@ impl Wakeups {
             return;
         }
         if let Some(line) = self.lock().get(name) {
-            if let Some(head) = line.queue.front() {
-                head.wake.notify_one();
+            let next = match line.spread {
+                true => line
+                    .queue
+                    .iter()
+                    .find(|w| !w.pending.load(Ordering::SeqCst))
+                    .or(line.queue.front()),
+                false => line.queue.front(),
+            };
+            if let Some(next) = next {
+                next.pending.store(true, Ordering::SeqCst);
+                next.wake.notify_one();
             }
             line.tell_watchers(name);
+        }
+    }
+
+    /// The lock named `name` is a semaphore's: see [`Line::spread`].
+    pub(crate) fn spread(&self, name: &str) {
+        if let Some(line) = self.lock().get_mut(name) {
+            line.spread = true;
         }
     }
 
@@ -260,12 +290,24 @@ impl Wakeups {
             return;
         };
         let was_head = entry.queue.front().is_some_and(|w| w.id == waiter);
+        let pending = entry
+            .queue
+            .iter()
+            .any(|w| w.id == waiter && w.pending.load(Ordering::SeqCst) && !w.seen.load(Ordering::SeqCst));
         entry.queue.retain(|w| w.id != waiter);
         if entry.is_idle() {
             lines.remove(name);
             drop(lines);
             if let Some(told) = self.on_idle.get() {
                 told(name);
+            }
+        } else if entry.spread {
+            // A semaphore's: a wake-up it did not see goes to the next waiter not woken yet
+            // (the permit its release freed may still be free).
+            let next = entry.queue.iter().find(|w| !w.pending.load(Ordering::SeqCst));
+            if let (true, Some(next)) = (pending, next) {
+                next.pending.store(true, Ordering::SeqCst);
+                next.wake.notify_one();
             }
         } else if was_head && !acquired {
             // It may have taken a wake-up meant for the lock's next holder with it: the next
@@ -398,6 +440,13 @@ impl Registration {
     /// waiter was the head, or its turn passed on by a waiter that left).
     pub(crate) async fn woken(&self) {
         self.waiter.wake.notified().await;
+        self.waiter.seen.store(true, Ordering::SeqCst);
+    }
+
+    /// Its attempt was refused: of a semaphore's line, the next release may wake it again.
+    pub(crate) fn refused(&self) {
+        self.waiter.seen.store(false, Ordering::SeqCst);
+        self.waiter.pending.store(false, Ordering::SeqCst);
     }
 
     /// Whether a fair release handed this waiter the lock; asked once.

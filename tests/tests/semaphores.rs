@@ -15,6 +15,7 @@ lock_tests::on_every_deployment_with_permits!(
     at_most_n_holders_at_once_and_n_reached,
     concurrent_holders_hold_distinct_permits,
     a_release_wakes_a_waiter_of_another_client,
+    releases_at_once_wake_one_waiter_each,
     a_forgotten_permit_lapses_at_its_ttl,
     fencing_tokens_rise_per_key_and_so_per_permit,
     another_count_for_a_held_key_is_invalid_options_naming_both,
@@ -111,6 +112,29 @@ async fn a_release_wakes_a_waiter_of_another_client(t: Target) {
     assert_eq!(guard.permit(), permit);
     guard.release().await.unwrap();
     first.release().await.unwrap();
+}
+
+/// Two permits given back at once wake two waiters (one each), not the first waiter twice: the
+/// second would otherwise sleep until its nap ends with a permit free.
+async fn releases_at_once_wake_one_waiter_each(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let options = permits(2, 60_000);
+    let (a, b) = (
+        c.acquire("sem:both", &options).await.unwrap(),
+        c.acquire("sem:both", &options).await.unwrap(),
+    );
+    let waiting = permits(2, 10_000).wait(Duration::from_secs(30));
+    let first = in_line(&other, "sem:both", waiting.clone()).await;
+    let second = in_line(&other, "sem:both", waiting).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let released_at = Instant::now();
+    let (ra, rb) = tokio::join!(a.release(), b.release());
+    assert!(ra.unwrap() && rb.unwrap());
+    let (first, second) = (first.await.unwrap().unwrap(), second.await.unwrap().unwrap());
+    lock_tests::assert_woken_by_the_release(released_at.elapsed());
+    assert_ne!(first.permit(), second.permit());
+    first.release().await.unwrap();
+    second.release().await.unwrap();
 }
 
 async fn a_forgotten_permit_lapses_at_its_ttl(t: Target) {

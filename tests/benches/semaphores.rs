@@ -1,0 +1,163 @@
+//! Semaphores under contention: 16 tasks on one key with 4 permits, each holding its permit for
+//! 1 ms, then giving it back and asking again at once. Per contender: permits handed over per
+//! second and the p99 of the wait for a permit, in interleaved rounds on a spawned
+//! redis-server and on the machine's PostgreSQL:
+//! - ours on Redis (`permit.lua`: one script per attempt, a waiter woken by a release);
+//! - the hand-written minimum on Redis: a sorted set of holders scored by when their lease ends,
+//!   taken with one script (drop the expired, count, add) and polled every 1 ms when full;
+//! - ours on PostgreSQL (`lock_runtime_v1_permit`: one statement, `NOTIFY` wake-ups).
+//!
+//! `cargo bench -p lock-tests --bench semaphores` (`BENCH_SCALE=0.1` for a smoke run).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use lock_runtime::{LockClient, LockOptions};
+use lock_tests::bench::{ms, quantile, scale};
+use lock_tests::RedisServer;
+use serde_json::json;
+use tokio::time::Instant;
+
+const TASKS: usize = 16;
+const PERMITS: u32 = 4;
+const HOLD: Duration = Duration::from_millis(1);
+const ROUNDS: usize = 3;
+
+/// Drops the expired holders, and adds this one if fewer than n remain.
+const MINIMUM_TAKE: &str = r"
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[3]) then
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0";
+
+#[derive(Clone)]
+enum Contender {
+    Ours(LockClient),
+    Minimum(redis::aio::MultiplexedConnection, Arc<redis::Script>),
+}
+
+impl Contender {
+    /// One permit taken (waiting as long as it takes), held for [`HOLD`], given back: how long
+    /// the wait was.
+    async fn turn(&self, key: &str, task: usize, n: u64) -> Duration {
+        let asked = Instant::now();
+        match self {
+            Contender::Ours(client) => {
+                let options = LockOptions::new(Duration::from_secs(10))
+                    .permits(PERMITS)
+                    .wait(Duration::from_secs(60));
+                let guard = client
+                    .acquire(key, &options)
+                    .await
+                    .expect("a permit within a minute");
+                let waited = asked.elapsed();
+                tokio::time::sleep(HOLD).await;
+                guard.release().await.expect("given back");
+                waited
+            }
+            Contender::Minimum(conn, take) => {
+                let mut conn = conn.clone();
+                let token = format!("{task}:{n}");
+                loop {
+                    let taken: i64 = take
+                        .key(key)
+                        .arg(&token)
+                        .arg(10_000)
+                        .arg(PERMITS)
+                        .invoke_async(&mut conn)
+                        .await
+                        .expect("the minimum's script");
+                    if taken == 1 {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+                let waited = asked.elapsed();
+                tokio::time::sleep(HOLD).await;
+                let _: i64 = redis::cmd("ZREM")
+                    .arg(key)
+                    .arg(&token)
+                    .query_async(&mut conn)
+                    .await
+                    .expect("ZREM");
+                waited
+            }
+        }
+    }
+}
+
+/// [`TASKS`] tasks taking turns on `key` for `length`: permits handed over per second, and
+/// every wait.
+async fn round(contender: &Contender, key: &str, length: Duration) -> (f64, Vec<Duration>) {
+    let end = Instant::now() + length;
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|task| {
+            let (contender, key) = (contender.clone(), key.to_owned());
+            tokio::spawn(async move {
+                let mut waits = Vec::new();
+                while Instant::now() < end {
+                    waits.push(contender.turn(&key, task, waits.len() as u64).await);
+                }
+                waits
+            })
+        })
+        .collect();
+    let started = Instant::now();
+    let mut waits = Vec::new();
+    for task in tasks {
+        waits.extend(task.await.expect("a bench task"));
+    }
+    (waits.len() as f64 / started.elapsed().as_secs_f64(), waits)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let length = Duration::from_secs_f64((3.0 * scale()).max(0.3));
+    let server = RedisServer::spawn();
+    let ours = LockClient::connect(&server.url()).await.expect("redis");
+    let conn = redis::Client::open(server.url().as_str())
+        .expect("url")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis");
+    let minimum = Contender::Minimum(conn, Arc::new(redis::Script::new(MINIMUM_TAKE)));
+    let mut contenders = vec![
+        ("ours, Redis (one script, woken)", Contender::Ours(ours)),
+        ("minimum, Redis (zset, 1 ms poll)", minimum),
+    ];
+    contenders.push(("ours, in memory", Contender::Ours(LockClient::in_memory())));
+    match LockClient::connect("postgres://postgres@127.0.0.1:5432/test").await {
+        Ok(pg) => contenders.push(("ours, PostgreSQL (one statement)", Contender::Ours(pg))),
+        Err(e) => println!("PostgreSQL left out: {e}"),
+    }
+    let mut rates = vec![Vec::new(); contenders.len()];
+    let mut waits = vec![Vec::new(); contenders.len()];
+    for r in 0..ROUNDS {
+        for i in 0..contenders.len() {
+            let i = (i + r) % contenders.len();
+            let key = format!("bench:sem:{r}:{i}:{}", std::process::id());
+            let (rate, w) = round(&contenders[i].1, &key, length).await;
+            rates[i].push(rate);
+            waits[i].extend(w);
+        }
+    }
+    println!("\n{TASKS} tasks, one key, {PERMITS} permits, hold {HOLD:?}, {ROUNDS} rounds of {length:?}");
+    println!(
+        "{:<36} {:>14} {:>12} {:>12}",
+        "contender", "handed over/s", "wait p50", "wait p99"
+    );
+    let mut rows = Vec::new();
+    for (i, (name, _)) in contenders.iter().enumerate() {
+        rates[i].sort_by(f64::total_cmp);
+        let rate = rates[i][rates[i].len() / 2];
+        let (p50, p99) = (quantile(&mut waits[i], 0.5), quantile(&mut waits[i], 0.99));
+        println!("{name:<36} {rate:>14.0} {:>10.2}ms {:>10.2}ms", ms(p50), ms(p99));
+        rows.push(json!({"contender": name, "handed_over_per_s": rate, "wait_p50_ms": ms(p50), "wait_p99_ms": ms(p99)}));
+    }
+    println!("{}", json!({ "semaphores": rows }));
+}
