@@ -161,6 +161,16 @@ fn scheduled_job_runs_once_per_tick() {
     assert_no_keys_left(&server);
 }
 
+#[test]
+fn export_worker_keeps_each_tenant_within_its_permits() {
+    let server = RedisServer::spawn();
+    let mut command = example("export_worker");
+    command.args(["--jobs", "12"]);
+    let (_, stdout) = run(command, &server.url());
+    assert!(stdout.contains("ok: every tenant ran at most 2 exports at once, and reached 2"), "{stdout}");
+    assert_no_keys_left(&server);
+}
+
 /// `DATABASE_URL`, else the machine's own PostgreSQL (trust auth, database `test`).
 fn postgres_url() -> String {
     std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".to_owned())

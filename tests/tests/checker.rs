@@ -116,6 +116,14 @@ fn redis_with_a_frozen_worker() {
     promised(&["--store", "redis", "--fault", "sigstop"], 8);
 }
 
+/// The semaphore load: every key has 2 permits, each permit's sections write to a resource of
+/// their own, so two holders of one permit (or a permit outside the count) show as overlaps (an
+/// `other` error).
+#[test]
+fn redis_semaphore_with_a_frozen_worker() {
+    promised(&["--store", "redis", "--fault", "sigstop", "--permits", "2"], 8);
+}
+
 #[test]
 fn redis_with_a_killed_worker() {
     promised(&["--store", "redis", "--fault", "sigkill"], 6);

@@ -8,7 +8,7 @@
 //! ```text
 //! cargo run --release -p lock-tests --bin checker -- --store redis --fault sigstop [--seconds 30]
 //!     [--wait-for-replicas N] [--restart-delay-ms MS] [--processes 3] [--tasks 3] [--keys 4]
-//!     [--json FILE]
+//!     [--permits N] [--json FILE]
 //! cargo run --release -p lock-tests --bin checker -- --matrix [--seconds 60] [--parallel 2]
 //!     [--json FILE]
 //! ```
@@ -31,6 +31,11 @@
 //! Cluster: the replicas frozen for a second, so that they miss what the primary took then, and
 //! the primary killed; etcd and ZooKeeper: the leader killed), `restart-empty` (a RedLock master restarted without its data, at
 //! once or `--restart-delay-ms` later).
+//!
+//! `--permits N` (N > 1) makes every key a semaphore of N permits (not on RedLock, which offers
+//! none): each section takes a permit, and each permit's sections write to a resource of their
+//! own in the fenced store, so the checks below hold per permit (at most one holder of a
+//! permit at a time, hence at most N per key); a permit outside the count is an `other` error.
 //!
 //! Each critical section holds its key's lock for a short time (5–50 ms) or, one in five, a
 //! long one (2–5 s, longer than a failover takes), and writes to the fenced store as it
@@ -110,6 +115,8 @@ struct Cell {
     processes: usize,
     tasks: u64,
     keys: u64,
+    /// More than 1: the sections take permits of a semaphore on each key.
+    permits: u32,
 }
 
 impl Cell {
@@ -133,7 +140,20 @@ impl Cell {
         self.store.fences()
     }
 
+    /// What the sections lock.
+    fn load(&self) -> worker::Load {
+        worker::Load {
+            keys: self.keys,
+            permits: self.permits,
+        }
+    }
+
     fn store_label(&self) -> String {
+        if self.permits > 1 {
+            let mut plain = self.clone();
+            plain.permits = 1;
+            return format!("{}, {} permits", plain.store_label(), self.permits);
+        }
         if !self.fenced() {
             format!("{} (no fencing)", self.store.name())
         } else if self.replicas > 0 {
@@ -162,6 +182,7 @@ impl Cell {
             ("--processes", self.processes.to_string()),
             ("--tasks", self.tasks.to_string()),
             ("--keys", self.keys.to_string()),
+            ("--permits", self.permits.to_string()),
         ]
         .into_iter()
         .flat_map(|(flag, value)| [flag.to_owned(), value])
@@ -187,6 +208,7 @@ fn options(args: &[String]) -> Fallible<Options> {
             processes: 3,
             tasks: 3,
             keys: 4,
+            permits: 1,
         },
         json: None,
         matrix: false,
@@ -208,6 +230,9 @@ fn options(args: &[String]) -> Fallible<Options> {
             "--processes" => c.processes = number(value()?)? as usize,
             "--tasks" => c.tasks = number(value()?)?,
             "--keys" => c.keys = number(value()?)?,
+            "--permits" => {
+                c.permits = u32::try_from(number(value()?)?).map_err(|e| format!("--permits: {e}"))?
+            }
             "--json" => o.json = Some(PathBuf::from(value()?)),
             "--matrix" => o.matrix = true,
             "--parallel" => o.parallel = (number(value()?)? as usize).max(1),
@@ -228,8 +253,13 @@ fn options(args: &[String]) -> Fallible<Options> {
         if c.replicas > 0 && !matches!(c.store, Kind::Sentinel | Kind::Cluster) {
             return Err("--wait-for-replicas applies to --store sentinel and cluster".into());
         }
-        if c.processes < 1 || c.tasks < 1 || c.keys < 1 || c.seconds < 3 {
-            return Err("--processes, --tasks and --keys must be at least 1, --seconds at least 3".into());
+        if c.processes < 1 || c.tasks < 1 || c.keys < 1 || c.permits < 1 || c.seconds < 3 {
+            return Err(
+                "--processes, --tasks, --keys and --permits must be at least 1, --seconds at least 3".into(),
+            );
+        }
+        if c.permits > 1 && c.store == Kind::Redlock {
+            return Err("--permits: RedLock offers no semaphores".into());
         }
     }
     Ok(o)
@@ -295,6 +325,7 @@ impl Report {
             "processes": c.processes,
             "tasks": c.tasks,
             "keys": c.keys,
+            "permits": c.permits,
             "fenced": c.fenced(),
             "promised": c.promised(),
             "held": self.held(),
@@ -374,7 +405,7 @@ enum Workers {
         exe: PathBuf,
         store_url: String,
         tasks: u64,
-        keys: u64,
+        load: worker::Load,
         deadline: Instant,
         children: Vec<Child>,
         killed: usize,
@@ -399,10 +430,10 @@ impl Drop for Workers {
 impl Workers {
     fn start(cell: &Cell, deployment: &Deployment, store_url: &str, deadline: Instant) -> Fallible<Workers> {
         if cell.store == Kind::Memory {
-            let (url, tasks, keys) = (
+            let (url, tasks, load) = (
                 store_url.to_owned(),
                 cell.tasks * cell.processes as u64,
-                cell.keys,
+                cell.load(),
             );
             let thread = std::thread::spawn(move || -> Fallible<Tally> {
                 let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
@@ -412,7 +443,7 @@ impl Workers {
                     &url,
                     "m",
                     tasks,
-                    keys,
+                    load,
                     deadline,
                 ))
             });
@@ -422,7 +453,7 @@ impl Workers {
             exe: std::env::current_exe()?,
             store_url: store_url.to_owned(),
             tasks: cell.tasks,
-            keys: cell.keys,
+            load: cell.load(),
             deadline,
             children: Vec::new(),
             killed: 0,
@@ -441,7 +472,7 @@ impl Workers {
             exe,
             store_url,
             tasks,
-            keys,
+            load,
             deadline,
             ..
         } = self
@@ -451,7 +482,8 @@ impl Workers {
         let millis = deadline.saturating_duration_since(Instant::now()).as_millis();
         Ok(Command::new(exe)
             .args(["worker", &deployment.spec(w), store_url, id])
-            .args([tasks.to_string(), keys.to_string(), millis.to_string()])
+            .args([tasks.to_string(), load.keys.to_string(), millis.to_string()])
+            .arg(load.permits.to_string())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .spawn()?)
@@ -568,7 +600,7 @@ fn run(cell: &Cell) -> Fallible<Report> {
     let tally = workers.finish()?;
     let mut reader = Reader::connect(&store_server.url())?;
     let at_ms: Vec<u64> = strikes.iter().map(|&(_, ms)| ms).collect();
-    let (verdict, recovered) = reader.verdict(cell.keys, &at_ms)?;
+    let (verdict, recovered) = reader.verdict(cell.load(), &at_ms)?;
     let costs = strikes
         .iter()
         .zip(recovered)

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use redis::{AsyncCommands, Commands};
 
+use crate::worker::Load;
 use crate::Fallible;
 
 /// What a section writes: its first write, one every poll of a long body, its last.
@@ -85,23 +86,32 @@ impl Reader {
     /// Reads every key's log and counter back and checks them; `struck` are the moments
     /// (ms since the epoch) faults struck, each measured by when every key had a section enter
     /// after it (a long body already inside when it struck does not count).
-    pub fn verdict(&mut self, keys: u64, struck: &[u64]) -> Fallible<(Verdict, Vec<Option<u64>>)> {
+    /// A semaphore's permits are checked each on its own resource (no two holders of one permit
+    /// at once, so at most `permits` per key, the worker refusing a permit outside the count),
+    /// and a key has recovered once a section of any of its permits entered.
+    pub fn verdict(&mut self, load: Load, struck: &[u64]) -> Fallible<(Verdict, Vec<Option<u64>>)> {
         let mut verdict = Verdict::default();
         let mut recovered: Vec<Option<u64>> = vec![Some(0); struck.len()];
-        for k in 0..keys {
-            let lines: Vec<String> = self.conn.lrange(log(k), 0, -1)?;
-            let entries = lines
-                .iter()
-                .map(|line| Entry::parse(line).ok_or_else(|| format!("bad log entry {line:?}")))
-                .collect::<Result<Vec<_>, _>>()?;
-            let fields: HashMap<String, u64> = self.conn.hgetall(hash(k))?;
-            let field = |name: &str| fields.get(name).copied().unwrap_or(0);
-            verdict.add(&check_log(&entries, field("value"), field("increments")));
-            for (at, r) in struck.iter().zip(&mut recovered) {
-                let next = entries
+        for k in 0..load.keys {
+            let mut lines: Vec<Vec<String>> = Vec::new();
+            for permit in 0..load.permits {
+                lines.push(self.conn.lrange(log(load.resource(k, permit)), 0, -1)?);
+            }
+            let mut entered: Vec<u64> = Vec::new();
+            for (permit, lines) in (0..load.permits).zip(&lines) {
+                let resource = load.resource(k, permit);
+                let entries = lines
                     .iter()
-                    .find(|e| e.accepted && e.op == "enter" && e.ms > *at)
-                    .map(|e| e.ms - at);
+                    .map(|line| Entry::parse(line).ok_or_else(|| format!("bad log entry {line:?}")))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let fields: HashMap<String, u64> = self.conn.hgetall(hash(resource))?;
+                let field = |name: &str| fields.get(name).copied().unwrap_or(0);
+                verdict.add(&check_log(&entries, field("value"), field("increments")));
+                entered.extend(entries.iter().filter(|e| e.accepted && e.op == "enter").map(|e| e.ms));
+            }
+            entered.sort_unstable();
+            for (at, r) in struck.iter().zip(&mut recovered) {
+                let next = entered.iter().find(|&&ms| ms > *at).map(|ms| ms - at);
                 *r = match (*r, next) {
                     (Some(a), Some(b)) => Some(a.max(b)),
                     _ => None,

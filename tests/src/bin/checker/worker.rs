@@ -59,6 +59,8 @@ pub async fn client(spec: &str) -> Fallible<LockClient> {
 enum Failure {
     Lock(LockError),
     Store(redis::RedisError),
+    /// A semaphore's holder was given a permit outside its count.
+    Permit(u32),
 }
 
 impl std::fmt::Display for Failure {
@@ -66,6 +68,7 @@ impl std::fmt::Display for Failure {
         match self {
             Failure::Lock(e) => write!(f, "{e}"),
             Failure::Store(e) => write!(f, "store: {e}"),
+            Failure::Permit(p) => write!(f, "permit {p} is outside the key's count"),
         }
     }
 }
@@ -85,27 +88,50 @@ impl From<redis::RedisError> for Failure {
 /// The lease every section takes.
 pub const TTL: Duration = Duration::from_millis(3000);
 
+/// What the sections lock: `keys` keys, each with `permits` permits (1: a lock; more: a
+/// semaphore, whose every permit writes to a resource of its own in the fenced store:
+/// [`Load::resource`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Load {
+    pub keys: u64,
+    pub permits: u32,
+}
+
+impl Load {
+    /// The fenced store's resource that permit `permit` of key `k` writes to: `k` for permit 0
+    /// (a lock's own), then one per further permit.
+    pub fn resource(&self, k: u64, permit: u32) -> u64 {
+        k + self.keys * u64::from(permit)
+    }
+}
+
 /// The options of every section: the lease renewed by the watchdog, up to 3 s of waiting, and a
 /// fencing token where the store gives one (RedLock gives none: there every write carries token
-/// 0, and the store accepts them all, stale or not).
-fn options(fencing: bool) -> LockOptions {
+/// 0, and the store accepts them all, stale or not); with more than one permit, a semaphore.
+fn options(fencing: bool, permits: u32) -> LockOptions {
     LockOptions::new(TTL)
         .watchdog(true)
         .wait(Duration::from_millis(3000))
         .fencing(fencing)
+        .permits(permits)
 }
 
-/// One critical section: a read-modify-write of key `k`'s counter under its lock.
+/// One critical section: a read-modify-write of key `k`'s counter (of its permit's resource)
+/// under its lock.
 #[distributed_lock(key = "chk:<k>", options = options, client = locks)]
 async fn critical(
     locks: &LockClient,
     options: &LockOptions,
-    store: &Store,
+    (store, load): (&Store, Load),
     k: u64,
     section: &str,
     hold: Duration,
 ) -> Result<bool, Failure> {
-    body(store, k, section, hold).await
+    let permit = lock_runtime::current().and_then(|l| l.permit()).unwrap_or(0);
+    if permit >= load.permits {
+        return Err(Failure::Permit(permit));
+    }
+    body(store, load.resource(k, permit), section, hold).await
 }
 
 /// A critical section's body: enters, reads the counter, holds the lock for `hold` (writing
@@ -216,11 +242,12 @@ pub async fn run(
     store_url: &str,
     id: &str,
     tasks: u64,
-    keys: u64,
+    load: Load,
     deadline: Instant,
 ) -> Fallible<Tally> {
     let store = Store::connect(store_url).await?;
-    let options = options(fencing);
+    let options = options(fencing, load.permits);
+    let keys = load.keys;
     let mut running = Vec::new();
     for task in 0..tasks {
         let (locks, store, options) = (locks.clone(), store.clone(), options.clone());
@@ -246,7 +273,7 @@ pub async fn run(
                 let hold = hold.min(deadline.saturating_duration_since(Instant::now()));
                 tally.attempts += 1;
                 let section = format!("{writer}.{}", tally.attempts);
-                match critical(&locks, &options, &store, k, &section, hold).await {
+                match critical(&locks, &options, (&store, load), k, &section, hold).await {
                     Ok(true) => tally.completed += 1,
                     Ok(false) => tally.refused += 1,
                     Err(Failure::Lock(LockError::Busy { .. })) => tally.busy += 1,
@@ -279,20 +306,24 @@ pub async fn run(
     Ok(total)
 }
 
-/// `worker <spec> <store-url> <id> <tasks> <keys> <millis>`: a worker process. Prints its
-/// tally.
+/// `worker <spec> <store-url> <id> <tasks> <keys> <millis> <permits>`: a worker process.
+/// Prints its tally.
 pub async fn main(args: &[String]) -> Fallible<()> {
-    let [spec, store_url, id, tasks, keys, millis] = args else {
-        return Err("usage: checker worker <spec> <store-url> <id> <tasks> <keys> <millis>".into());
+    let [spec, store_url, id, tasks, keys, millis, permits] = args else {
+        return Err("usage: checker worker <spec> <store-url> <id> <tasks> <keys> <millis> <permits>".into());
     };
     let deadline = Instant::now() + Duration::from_millis(millis.parse()?);
     let (tasks, keys): (u64, u64) = (tasks.parse()?, keys.parse()?);
     if keys == 0 {
         return Err("a worker needs at least one key".into());
     }
+    let load = Load {
+        keys,
+        permits: permits.parse()?,
+    };
     let locks = client(spec).await?;
     let fencing = Kind::parse(spec.split('|').next().unwrap_or_default())?.fences();
-    let tally = run(locks, fencing, store_url, id, tasks, keys, deadline).await?;
+    let tally = run(locks, fencing, store_url, id, tasks, load, deadline).await?;
     println!("tally {}", serde_json::Value::Object(tally.json()));
     Ok(())
 }
