@@ -43,7 +43,10 @@ impl Running {
 
     fn most(&self) -> BTreeMap<u64, u32> {
         let tenants = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        tenants.iter().map(|(tenant, (_, most))| (*tenant, *most)).collect()
+        tenants
+            .iter()
+            .map(|(tenant, (_, most))| (*tenant, *most))
+            .collect()
     }
 }
 
@@ -57,8 +60,16 @@ impl Running {
     wait_ms = 60000,
     client = locks
 )]
-async fn export(locks: &LockClient, running: &Running, tenant: u64, job: u64, instance: u64) -> Result<(), LockError> {
-    let permit = lock_runtime::current().and_then(|l| l.permit()).unwrap_or_default();
+async fn export(
+    locks: &LockClient,
+    running: &Running,
+    tenant: u64,
+    job: u64,
+    instance: u64,
+) -> Result<(), LockError> {
+    let permit = lock_runtime::current()
+        .and_then(|l| l.permit())
+        .unwrap_or_default();
     running.change(tenant, 1);
     println!("instance #{instance}: export {job:>2} of tenant {tenant} runs on permit {permit}");
     tokio::time::sleep(Duration::from_millis(40 + 10 * (job % 4))).await; // the export's work

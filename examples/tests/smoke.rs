@@ -167,7 +167,10 @@ fn export_worker_keeps_each_tenant_within_its_permits() {
     let mut command = example("export_worker");
     command.args(["--jobs", "12"]);
     let (_, stdout) = run(command, &server.url());
-    assert!(stdout.contains("ok: every tenant ran at most 2 exports at once, and reached 2"), "{stdout}");
+    assert!(
+        stdout.contains("ok: every tenant ran at most 2 exports at once, and reached 2"),
+        "{stdout}"
+    );
     assert_no_keys_left(&server);
 }
 

@@ -107,7 +107,12 @@ impl Reader {
                 let fields: HashMap<String, u64> = self.conn.hgetall(hash(resource))?;
                 let field = |name: &str| fields.get(name).copied().unwrap_or(0);
                 verdict.add(&check_log(&entries, field("value"), field("increments")));
-                entered.extend(entries.iter().filter(|e| e.accepted && e.op == "enter").map(|e| e.ms));
+                entered.extend(
+                    entries
+                        .iter()
+                        .filter(|e| e.accepted && e.op == "enter")
+                        .map(|e| e.ms),
+                );
             }
             entered.sort_unstable();
             for (at, r) in struck.iter().zip(&mut recovered) {
