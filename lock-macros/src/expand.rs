@@ -80,7 +80,8 @@ fn expand(mut config: Config, mut item: ItemFn) -> syn::Result<TokenStream> {
                         boxed::rename_self(expr);
                     }
                 }
-                for part in &mut config.key {
+                let set = config.keys.iter_mut().flatten();
+                for part in std::iter::once(&mut config.key).chain(set).flatten() {
                     if let KeyPart::Value { root, .. } = part {
                         if *root == "self" {
                             *root = Ident::new("__self", root.span());
@@ -94,7 +95,7 @@ fn expand(mut config: Config, mut item: ItemFn) -> syn::Result<TokenStream> {
 
     let krate = &config.krate;
     let private = quote!(#krate::__private);
-    let (format, placeholders) = key_format(&config);
+    let (format, placeholders) = key_format(&config.key);
     let (key, client, options, out, err) = (
         hidden("__lock_key"),
         hidden("__lock_client"),
@@ -180,14 +181,26 @@ fn expand(mut config: Config, mut item: ItemFn) -> syn::Result<TokenStream> {
         _ => quote!(),
     };
 
+    // One key, or a set of them (`keys = [...]`, run by `run_all`).
+    let (key_expr, run) = match &config.keys {
+        None => (quote!(::std::format!(#format #(, #placeholders)*)), quote!(run)),
+        Some(set) => {
+            let each = set.iter().map(|parts| {
+                let (format, placeholders) = key_format(parts);
+                quote!(::std::format!(#format #(, #placeholders)*))
+            });
+            (quote!(::std::vec![#(#each),*]), quote!(run_all))
+        }
+    };
+
     // The body's statements, not its block: pasted with its braces as the tail of another block,
     // a one-line body would trip `unused_braces` in the user's crate.
     let stmts = &target.stmts;
     let body = quote! {{
-        let #key = ::std::format!(#format #(, #placeholders)*);
+        let #key = #key_expr;
         let #client = #client_expr;
         let #options = #options_expr;
-        match #private::run(#client, #key, #options, async move { #anchor #(#stmts)* }).await {
+        match #private::#run(#client, #key, #options, async move { #anchor #(#stmts)* }).await {
             ::core::result::Result::Ok(#out) => #out,
             ::core::result::Result::Err(#err) => #failed,
         }
@@ -228,10 +241,10 @@ fn duration(private: &TokenStream, millis: &Millis) -> TokenStream {
 }
 
 /// The `format!` string and arguments that render the key template.
-fn key_format(config: &Config) -> (String, Vec<TokenStream>) {
+fn key_format(key: &[KeyPart]) -> (String, Vec<TokenStream>) {
     let mut format = String::new();
     let mut args = Vec::new();
-    for part in &config.key {
+    for part in key {
         match part {
             KeyPart::Text(text) => format.push_str(&text.replace('{', "{{").replace('}', "}}")),
             KeyPart::Value { root, fields } => {

@@ -12,8 +12,9 @@ use crate::parse::{RawArg, RawArgs};
 use crate::suggest::closest;
 
 /// Every argument, in the order the reference lists them.
-const ARGS: [&str; 19] = [
+const ARGS: [&str; 20] = [
     "key",
+    "keys",
     "ttl_ms",
     "ttl",
     "watchdog",
@@ -85,6 +86,7 @@ pub(crate) enum Form {
 }
 
 /// One part of a checked key template.
+#[derive(Clone)]
 pub(crate) enum KeyPart {
     Text(String),
     /// `<root.a.0>`: the parameter's name, then fields or indexes, all spanned on the key.
@@ -104,6 +106,8 @@ pub(crate) enum Millis {
 /// Everything expansion needs, checked.
 pub(crate) struct Config {
     pub(crate) key: Vec<KeyPart>,
+    /// `keys = ["…", …]`: a multi-key set, every template (`key` is the first).
+    pub(crate) keys: Option<Vec<Vec<KeyPart>>>,
     pub(crate) ttl: Millis,
     pub(crate) watchdog: bool,
     pub(crate) wait: Millis,
@@ -128,6 +132,10 @@ pub(crate) struct Config {
 #[derive(Default)]
 struct Given {
     key: Option<LitStr>,
+    /// `keys = [...]`: its templates, and the argument's name (for the error with `key`).
+    keys: Option<(Vec<LitStr>, Ident)>,
+    /// `key` or `keys` was written (valid or not): no "missing key" error then.
+    key_named: bool,
     ttl_ms: Option<(u64, Span)>,
     watchdog: Option<bool>,
     wait_ms: Option<u64>,
@@ -321,7 +329,21 @@ impl Given {
         }
         match name.as_str() {
             "ttl" | "wait" | "hold_at_least" | "hold_at_most" | "options" => Ok(()),
-            "key" => once(&mut self.key, arg, string(arg)?),
+            "key" => {
+                self.key_named = true;
+                if let Some((_, keys)) = &self.keys {
+                    return Err(key_and_keys(&arg.name, keys));
+                }
+                once(&mut self.key, arg, string(arg)?)
+            }
+            "keys" => {
+                self.key_named = true;
+                if self.key.is_some() {
+                    return Err(key_and_keys(&arg.name, &arg.name));
+                }
+                let templates = templates(arg)?;
+                once(&mut self.keys, arg, (templates, arg.name.clone()))
+            }
             "ttl_ms" => {
                 let (ms, span) = millis(arg)?;
                 if ms == 0 {
@@ -444,6 +466,38 @@ impl Given {
         }
         Ok(())
     }
+}
+
+/// `keys = ["…", …]`: one string literal per key template, at least one.
+fn templates(arg: &RawArg) -> syn::Result<Vec<LitStr>> {
+    let usage =
+        "`keys` takes an array of key templates, as in `keys = [\"account:<from>\", \"account:<to>\"]`";
+    let Some(Expr::Array(array)) = &arg.value else {
+        let span = arg.value.as_ref().map_or(arg.name.span(), Spanned::span);
+        return Err(syn::Error::new(span, usage));
+    };
+    if array.elems.is_empty() {
+        return Err(syn::Error::new(
+            array.span(),
+            "`keys` needs at least one key template",
+        ));
+    }
+    array
+        .elems
+        .iter()
+        .map(|elem| match elem {
+            Expr::Lit(ExprLit { lit: Lit::Str(s), .. }) => Ok(s.clone()),
+            other => Err(syn::Error::new(other.span(), usage)),
+        })
+        .collect()
+}
+
+/// `key` together with `keys`, reported at `at` (whichever came second).
+fn key_and_keys(at: &Ident, _other: &Ident) -> syn::Error {
+    syn::Error::new(
+        at.span(),
+        "`key` and `keys` cannot be given together: `key` names one lock, `keys = [...]` a set of them",
+    )
 }
 
 /// `permits = N` (an integer literal from 1 to the maximum) or `permits = EXPR` (a `u32`,
@@ -622,25 +676,33 @@ pub(crate) fn validate(args: RawArgs, item: &ItemFn) -> syn::Result<Config> {
             );
         }
     }
-    let key = match &given.key {
-        None => {
+    let templates: Vec<&LitStr> = match (&given.key, &given.keys) {
+        (Some(lit), _) => vec![lit],
+        (None, Some((lits, _))) => lits.iter().collect(),
+        (None, None) if given.key_named => Vec::new(),
+        (None, None) => {
             push(
                 &mut errors,
                 syn::Error::new(
                     Span::call_site(),
-                    "missing `key = \"…\"`: the lock's key, as in `key = \"order:<id>\"`",
+                    "missing `key = \"…\"`: the lock's key, as in `key = \"order:<id>\"` (or \
+                     `keys = [\"…\", …]` for a set of locks)",
                 ),
             );
-            None
+            Vec::new()
         }
-        Some(lit) => match check_key(lit, item) {
-            Ok(parts) => Some(parts),
-            Err(e) => {
-                push(&mut errors, e);
-                None
-            }
-        },
     };
+    let mut checked = Vec::new();
+    for lit in templates {
+        match check_key(lit, item) {
+            Ok(parts) => checked.push(parts),
+            Err(e) => push(&mut errors, e),
+        }
+    }
+    let set = given.keys.is_some();
+    let mut checked = checked.into_iter();
+    let key = checked.next();
+    let keys = set.then(|| key.iter().cloned().chain(checked).collect::<Vec<_>>());
     if let Some(e) = errors {
         return Err(e);
     }
@@ -650,6 +712,7 @@ pub(crate) fn validate(args: RawArgs, item: &ItemFn) -> syn::Result<Config> {
     let duration = |expr: Option<Expr>, literal: u64| expr.map_or(Millis::Literal(literal), Millis::Expr);
     Ok(Config {
         key,
+        keys,
         ttl: duration(given.ttl, ttl_ms),
         watchdog,
         wait: duration(given.wait, given.wait_ms.unwrap_or(0)),

@@ -11,10 +11,11 @@ use crate::acquire::Acquire;
 use crate::core::{release_state, Core};
 use crate::guard::LockGuard;
 use crate::holder::Holder;
+use crate::state::LockState;
 use crate::store::memory::MemoryStore;
 use crate::store::{ForceReleased, Kind, Lock, Timeouts};
 use crate::telemetry::{self, Labels};
-use crate::{scope, LockError, LockMode, LockOptions, DEFAULT_PREFIX};
+use crate::{scope, LockError, LockMode, LockOptions, DEFAULT_PREFIX, MAX_KEYS};
 
 /// Takes, waits for and releases locks. Cheap to clone (the connection is shared), `Send + Sync`.
 ///
@@ -168,7 +169,11 @@ impl LockClient {
         let body = Box::pin(body);
         let lock = self.checked(key, options)?;
         if let Some(outer) = scope::held(self.core.id(), lock.name()) {
-            return self.run_nested(key, &outer, options, body).await;
+            let state = outer
+                .state_for(lock.name())
+                .cloned()
+                .unwrap_or_else(|| Arc::clone(&outer.state));
+            return self.run_nested(key, (&outer, &state), options, body).await;
         }
         self.offered(key, options)?;
         // Boxed: the acquire's state machine would otherwise sit inside every guarded future,
@@ -193,11 +198,22 @@ impl LockClient {
     async fn run_nested<F: Future>(
         &self,
         key: &str,
-        outer: &scope::Frame,
+        (outer, state): (&scope::Frame, &Arc<LockState>),
         options: &LockOptions,
         body: F,
     ) -> Result<F::Output, LockError> {
-        let state = &outer.state;
+        Self::may_nest(key, state, options)?;
+        let _turn = outer.turns.lock().await;
+        if state.is_lost() {
+            return Err(LockError::Lost { key: key.to_owned() });
+        }
+        state.hold_at_least_until(Instant::now() + options.get_hold_at_least());
+        let body = state.run_body(options.get_on_lost(), body);
+        scope::enter(self.core.id(), Arc::clone(state), body).await
+    }
+
+    /// Refuses a nested call on `key` that the enclosing call's lock (`state`) cannot serve.
+    fn may_nest(key: &str, state: &LockState, options: &LockOptions) -> Result<(), LockError> {
         if state.kind == Kind::Shared && options.get_mode() == LockMode::Exclusive {
             return Err(LockError::invalid_options(format!(
                 "an exclusive call on `{key}` inside a shared (read) call on it would wait for \
@@ -211,13 +227,179 @@ impl LockClient {
                  holds the lock without one: ask for `fencing` on the outermost call"
             )));
         }
-        let _turn = outer.turns.lock().await;
-        if state.is_lost() {
-            return Err(LockError::Lost { key: key.to_owned() });
+        Ok(())
+    }
+
+    /// Takes every lock of a set of keys, or none: the keys (any order, duplicates taken once)
+    /// are taken in one canonical order (the keys' bytes, sorted), so two calls that
+    /// name the same keys in any order never wait for each other in a cycle; `options.wait`
+    /// bounds the whole set (each key waits for what is left of it); a key refused, or any
+    /// error, gives back the locks taken before the call answers (a cancelled call's guards
+    /// give them back in the background). The guard holds the set: one watchdog renews its
+    /// locks in the client's batches, it is lost when any of them is, and
+    /// [`LockGuard::fencing_token_for`] gives each key's token. An empty set, or more than
+    /// [`MAX_KEYS`] distinct keys, is [`LockError::InvalidKey`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), lock_runtime::LockError> {
+    /// use std::time::Duration;
+    /// use lock_runtime::{LockClient, LockOptions};
+    ///
+    /// let locks = LockClient::in_memory();
+    /// let options = LockOptions::new(Duration::from_secs(10)).fencing(true);
+    /// let both = locks.acquire_all(["account:7", "account:3"], &options).await?;
+    /// assert_eq!(both.keys().collect::<Vec<_>>(), ["account:3", "account:7"]);
+    /// assert!(both.fencing_token_for("account:7").is_some());
+    /// // Either order is the same set: a second caller waits or is refused, never half-in.
+    /// assert!(locks.acquire_all(["account:3", "account:7"], &options).await.is_err());
+    /// both.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn acquire_all<I, K>(&self, keys: I, options: &LockOptions) -> Result<LockGuard, LockError>
+    where
+        I: IntoIterator<Item = K>,
+        K: AsRef<str>,
+    {
+        let locks = self.checked_set(keys, options)?;
+        if let Some(first) = locks.first() {
+            self.offered(first.key(), options)?;
         }
-        state.hold_at_least_until(Instant::now() + options.get_hold_at_least());
-        let body = state.run_body(options.get_on_lost(), body);
-        scope::enter(self.core.id(), Arc::clone(state), body).await
+        Box::pin(self.acquire_set(locks, options)).await
+    }
+
+    /// The locks of a set of keys, checked, in canonical order, each once.
+    fn checked_set<I, K>(&self, keys: I, options: &LockOptions) -> Result<Vec<Lock>, LockError>
+    where
+        I: IntoIterator<Item = K>,
+        K: AsRef<str>,
+    {
+        let mut locks = Vec::new();
+        for key in keys {
+            locks.push(self.checked(key.as_ref(), options)?);
+        }
+        locks.sort_by(|a, b| a.key().cmp(b.key()));
+        locks.dedup_by(|a, b| a.key() == b.key());
+        let reason = match locks.len() {
+            0 => "the set of keys is empty",
+            n if n > MAX_KEYS => "more than 64 distinct keys in one set",
+            _ => return Ok(locks),
+        };
+        Err(LockError::InvalidKey {
+            key: locks.first().map_or_else(String::new, |l| l.key().to_owned()),
+            reason,
+        })
+    }
+
+    /// Takes `locks` (checked, in canonical order) one by one within one deadline, giving back
+    /// what it took when one fails.
+    async fn acquire_set(&self, locks: Vec<Lock>, options: &LockOptions) -> Result<LockGuard, LockError> {
+        let deadline = Instant::now() + options.get_wait();
+        let mut taken: Vec<LockGuard> = Vec::with_capacity(locks.len());
+        for lock in locks {
+            let left = options
+                .clone()
+                .wait(deadline.saturating_duration_since(Instant::now()));
+            let key = lock.key().to_owned();
+            match self.acquire_lock(&key, lock, &left).await {
+                Ok(guard) => taken.push(guard),
+                Err(e) => {
+                    // Given back before the call answers, the last taken first.
+                    while let Some(guard) = taken.pop() {
+                        if let Err(failed) = guard.release().await {
+                            tracing::warn!(key = %key, error = %failed, "giving back a set's lock failed; it will expire");
+                        }
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let more = taken.split_off(1);
+        match taken.pop() {
+            Some(first) => Ok(first.with_more(more)),
+            None => Err(LockError::InvalidKey {
+                key: String::new(),
+                reason: "the set of keys is empty",
+            }),
+        }
+    }
+
+    /// Runs `body` while holding every lock of a set of keys ([`acquire_all`](Self::acquire_all)):
+    /// the body is stopped (or, with [`OnLost::Continue`](crate::OnLost::Continue), let go on)
+    /// when any of them is lost, and all are released before returning. Keys this call chain
+    /// already holds (a nested call on a subset of an enclosing set) are not taken again; a body
+    /// nested in it finds every key held ([`current`](crate::current) names the first, and
+    /// [`LockInfo::fencing_token_for`](crate::LockInfo::fencing_token_for) each one's token).
+    pub async fn run_all<I, K, F>(
+        &self,
+        keys: I,
+        options: &LockOptions,
+        body: F,
+    ) -> Result<F::Output, LockError>
+    where
+        I: IntoIterator<Item = K>,
+        K: AsRef<str>,
+        F: Future,
+    {
+        let body = Box::pin(body);
+        let locks = self.checked_set(keys, options)?;
+        // Keys an enclosing call holds run in its locks; the rest are taken as a set.
+        let (mut held, mut missing, mut turns) = (Vec::new(), Vec::new(), None);
+        for lock in locks {
+            match scope::held(self.core.id(), lock.name()) {
+                Some(frame) => {
+                    let state = frame
+                        .state_for(lock.name())
+                        .cloned()
+                        .unwrap_or_else(|| Arc::clone(&frame.state));
+                    Self::may_nest(lock.key(), &state, options)?;
+                    held.push(state);
+                    turns.get_or_insert(frame);
+                }
+                None => missing.push(lock),
+            }
+        }
+        let guard = match missing.first() {
+            None => None,
+            Some(first) => {
+                self.offered(first.key(), options)?;
+                Some(Box::pin(self.acquire_set(missing, options)).await?)
+            }
+        };
+        let _turn = match (&guard, &turns) {
+            (None, Some(frame)) => Some(frame.turns.lock().await),
+            _ => None,
+        };
+        let mut set = held;
+        if let Some(guard) = &guard {
+            set.extend(guard.states());
+        }
+        set.sort_by(|a, b| a.key().cmp(b.key()));
+        if guard.is_none() {
+            if let Some(lost) = set.iter().find(|s| s.is_lost()) {
+                return Err(LockError::Lost {
+                    key: lost.key().to_owned(),
+                });
+            }
+            for state in &set {
+                state.hold_at_least_until(Instant::now() + options.get_hold_at_least());
+            }
+        }
+        let outcome = {
+            let each: Vec<&LockState> = set.iter().map(|s| &**s).collect();
+            let guarded = crate::state::run_guarded(&each, options.get_on_lost(), body);
+            let mut frame = set.iter().cloned();
+            match frame.next() {
+                Some(first) => scope::enter_set(self.core.id(), (first, frame.collect()), guarded).await,
+                None => guarded.await,
+            }
+        };
+        if let Some(guard) = guard {
+            if let Err(e) = Box::pin(guard.release()).await {
+                tracing::warn!(error = %e, "releasing a set of locks failed; they will expire");
+            }
+        }
+        outcome
     }
 
     /// Whether anyone holds the lock on `key` right now.

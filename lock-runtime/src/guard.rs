@@ -38,6 +38,9 @@ pub struct LockGuard {
     /// Its id among the client's held locks.
     held: u64,
     released: bool,
+    /// A multi-key set's other locks ([`LockClient::acquire_all`](crate::LockClient::acquire_all)),
+    /// in the set's canonical order after this one; empty for one lock.
+    more: Vec<LockGuard>,
 }
 
 /// Short, and without the lock's token (the capability to renew or release it, which guards
@@ -54,6 +57,9 @@ impl std::fmt::Debug for LockGuard {
         f.field("key", &self.key()).field("mode", &mode);
         if let Some(permit) = self.permit() {
             f.field("permit", &permit);
+        }
+        if !self.more.is_empty() {
+            f.field("keys", &self.keys().collect::<Vec<_>>());
         }
         f.field("fencing_token", &self.fencing_token())
             .field(
@@ -89,7 +95,37 @@ impl LockGuard {
             watched,
             held,
             released: false,
+            more: Vec::new(),
         }
+    }
+
+    /// This guard, holding `more` with it as one set.
+    pub(crate) fn with_more(mut self, more: Vec<LockGuard>) -> LockGuard {
+        self.more = more;
+        self
+    }
+
+    /// The state of every lock it holds, this one first.
+    pub(crate) fn states(&self) -> Vec<Arc<LockState>> {
+        std::iter::once(&self.state)
+            .chain(self.more.iter().map(|g| &g.state))
+            .cloned()
+            .collect()
+    }
+
+    /// Every key it holds: one, or a multi-key set's keys in their canonical order (each once).
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.key()).chain(self.more.iter().map(LockGuard::key))
+    }
+
+    /// The fencing token taken for `key`, one of the keys this guard holds (a multi-key set's
+    /// keys each have their own, strictly increasing per key); `None` when it holds no such key
+    /// or took no token.
+    pub fn fencing_token_for(&self, key: &str) -> Option<u64> {
+        std::iter::once(self)
+            .chain(&self.more)
+            .find(|g| g.key() == key)
+            .and_then(LockGuard::fencing_token)
     }
 
     pub(crate) fn state(&self) -> &Arc<LockState> {
@@ -115,13 +151,20 @@ impl LockGuard {
     }
 
     /// Whether the lock is lost: the backend said so, or its validity ran out without renewal.
+    /// A multi-key set is lost when any of its locks is.
     pub fn is_lost(&self) -> bool {
-        self.state.is_lost()
+        self.state.is_lost() || self.more.iter().any(LockGuard::is_lost)
     }
 
-    /// Completes when the lock is lost (never, while it is renewed and ours).
+    /// Completes when the lock is lost (never, while it is renewed and ours); a multi-key set,
+    /// when any of its locks is.
     pub async fn lost(&self) {
-        self.state.lost().await;
+        if self.more.is_empty() {
+            return self.state.lost().await;
+        }
+        let each = self.states();
+        let lost = each.iter().map(|state| Box::pin(state.lost()));
+        futures_util::future::select_all(lost).await;
     }
 
     /// Makes the lock expire no sooner than `ttl` from now, if it is still ours;
@@ -132,6 +175,15 @@ impl LockGuard {
     /// replicas acknowledged is [`LockError::NotReplicated`], and the lock keeps the validity it
     /// had. The watchdog, if any, goes on renewing with the original ttl.
     pub async fn extend(&self, ttl: Duration) -> Result<(), LockError> {
+        self.extend_one(ttl).await?;
+        // A multi-key set: each of its other locks in turn.
+        for more in &self.more {
+            Box::pin(more.extend_one(ttl)).await?;
+        }
+        Ok(())
+    }
+
+    async fn extend_one(&self, ttl: Duration) -> Result<(), LockError> {
         if ttl < MIN_TTL || ttl > crate::options::MAX_DURATION {
             return Err(LockError::invalid_options(format!(
                 "extend ttl {ttl:?} is outside {MIN_TTL:?}..={:?}",
@@ -193,9 +245,19 @@ impl LockGuard {
     /// task), the guard's `Drop` sends the release again in the background: it is token-checked,
     /// so a second one is harmless, and the lock is never left held.
     pub async fn release(mut self) -> Result<bool, LockError> {
+        let more = std::mem::take(&mut self.more);
         self.unwatch();
-        let released = release_state(&self.core, &self.state).await;
+        let mut released = release_state(&self.core, &self.state).await;
         self.released = true;
+        // A multi-key set: every other lock, each whatever the others answered (one that
+        // failed is released again in the background by its guard's drop).
+        for guard in more {
+            let other = Box::pin(guard.release()).await;
+            released = match (released, other) {
+                (Ok(a), Ok(b)) => Ok(a && b),
+                (Err(e), _) | (_, Err(e)) => Err(e),
+            };
+        }
         released
     }
 

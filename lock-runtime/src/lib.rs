@@ -89,6 +89,9 @@ pub use store::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_RESPONSE_TIMEOUT};
 
 /// The longest key accepted, in bytes, before the prefix is added.
 pub const MAX_KEY_LEN: usize = 1024;
+/// The most distinct keys one multi-key call takes
+/// ([`LockClient::acquire_all`](crate::LockClient::acquire_all)).
+pub const MAX_KEYS: usize = 64;
 /// The default key prefix: on Redis, `order:42` is stored at `lock:{order:42}`.
 pub const DEFAULT_PREFIX: &str = "lock:";
 pub use options::{
@@ -138,6 +141,7 @@ pub use scope::{current, LockInfo};
 /// | `on_lost = "abort" \| "continue"` | `"abort"` | When the lock is lost mid-body: drop the body and return [`LockError::Lost`], or let it finish with a warning. |
 /// | `read` | off | A shared lock ([`LockMode::Shared`]): any number of `read` callers of the key at once, none while a `write` (exclusive) caller holds it. Not with `fair` (a read lock cannot be fair yet: waiting writers are preferred over new readers) nor with `hold_at_least_ms`/`hold_at_least` (readers do not exclude each other, so there is nothing to hold others out of). |
 /// | `write` | — | An exclusive lock ([`LockMode::Exclusive`]), which is also what neither flag gives, said explicitly: the other side of `read` on the same key. Not with `read`. |
+/// | `keys = ["…", …]` | — | Instead of `key`: a set of key templates, each rendered as `key` is, held all or none ([`LockClient::run_all`]): taken in one canonical order (no deadlock between calls naming them in any order), duplicates once, losing any is losing the set. Not with `key`. |
 /// | `permits = N` / `permits = EXPR` | 1 | A semaphore ([`LockOptions::permits`]): up to N callers of the key at once, each holding one permit (`lock_runtime::current().unwrap().permit()`). A literal is checked (1 to [`MAX_PERMITS`]); an expression is a `u32`. Not with `read`/`write` nor `fair`: compile errors. |
 /// | `client = EXPR` | the default client | A [`LockClient`], `&LockClient` or `Arc<LockClient>`, from an expression over the parameters (`client = self.locks`, `client = state.locks`), evaluated once before the lock is taken. Without it, [`default_client()`], or [`LockError::NotConfigured`]. |
 /// | `ttl = EXPR`, `wait = EXPR`, `hold_at_least = EXPR`, `hold_at_most = EXPR` | — | The same durations from code: any `Duration` expression (a `const`, a configuration value, a parameter), instead of the `_ms` form. Checked at run time ([`LockError::InvalidOptions`]). |

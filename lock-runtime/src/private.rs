@@ -121,6 +121,22 @@ where
     R::from_error(R::Error::from_lock_error(error))
 }
 
+/// Runs a body guarded by a set of keys (`keys = [...]`): the `client = …` one, or else the
+/// default client.
+pub async fn run_all<F: Future>(
+    client: Option<LockClient>,
+    keys: Vec<String>,
+    options: LockOptions,
+    body: F,
+) -> Result<F::Output, LockError> {
+    let body = Box::pin(body);
+    let client = match client {
+        Some(client) => client,
+        None => crate::default_client().ok_or(LockError::NotConfigured)?,
+    };
+    client.run_all(&keys, &options, body).await
+}
+
 /// Runs a guarded body: the `client = …` one, or else the default client.
 pub async fn run<F: Future>(
     client: Option<LockClient>,

@@ -16,6 +16,8 @@ pub struct LockInfo {
     fencing_token: Option<u64>,
     permit: Option<u32>,
     state: Arc<LockState>,
+    /// A multi-key set's other keys and their fencing tokens, in the set's canonical order.
+    more: Vec<(String, Option<u64>)>,
 }
 
 impl std::fmt::Debug for LockInfo {
@@ -69,6 +71,24 @@ impl LockInfo {
     pub fn permit(&self) -> Option<u32> {
         self.permit
     }
+
+    /// Every key held: one, or a multi-key set's keys in their canonical order
+    /// ([`LockClient::run_all`](crate::LockClient::run_all)); [`key`](Self::key) is the first.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        std::iter::once(self.key.as_str()).chain(self.more.iter().map(|(key, _)| key.as_str()))
+    }
+
+    /// The fencing token of `key`, one of the keys held (each key of a multi-key set has its
+    /// own); `None` for a key not held, or held without a token.
+    pub fn fencing_token_for(&self, key: &str) -> Option<u64> {
+        if key == self.key {
+            return self.fencing_token;
+        }
+        self.more
+            .iter()
+            .find(|(k, _)| k == key)
+            .and_then(|(_, token)| *token)
+    }
 }
 
 #[derive(Debug)]
@@ -77,6 +97,8 @@ pub(crate) struct Frame {
     client: usize,
     info: LockInfo,
     pub(crate) state: Arc<LockState>,
+    /// A multi-key set's other locks.
+    pub(crate) more: Vec<Arc<LockState>>,
     /// Nested calls on this frame's key, made from its body, take turns on this: two of them
     /// joined in one body do not run their bodies at the same time, as two reentrant calls of
     /// one thread could not. Each nested call runs in a frame of its own, so calls nested in it
@@ -117,7 +139,7 @@ pub(crate) fn held(client: usize, lock_key: &str) -> Option<Arc<Frame>> {
     HELD.try_with(|innermost| {
         let mut frame = Some(innermost);
         while let Some(f) = frame {
-            if f.client == client && f.state.lock.name() == lock_key {
+            if f.client == client && f.state_for(lock_key).is_some() {
                 return Some(Arc::clone(f));
             }
             frame = f.parent.as_ref();
@@ -128,10 +150,29 @@ pub(crate) fn held(client: usize, lock_key: &str) -> Option<Arc<Frame>> {
     .flatten()
 }
 
+impl Frame {
+    /// The state of the lock named `lock_key` in this frame, if it holds it.
+    pub(crate) fn state_for(&self, lock_key: &str) -> Option<&Arc<LockState>> {
+        std::iter::once(&self.state)
+            .chain(&self.more)
+            .find(|s| s.lock.name() == lock_key)
+    }
+}
+
 /// Runs `body` with `state`'s lock pushed onto this call chain's held locks.
 pub(crate) fn enter<F: Future>(
     client: usize,
     state: Arc<LockState>,
+    body: F,
+) -> impl Future<Output = F::Output> {
+    enter_set(client, (state, Vec::new()), body)
+}
+
+/// Runs `body` with a set of locks (`state` names it in [`current`], `more` are the others)
+/// pushed onto this call chain's held locks as one frame.
+pub(crate) fn enter_set<F: Future>(
+    client: usize,
+    (state, more): (Arc<LockState>, Vec<Arc<LockState>>),
     body: F,
 ) -> impl Future<Output = F::Output> {
     let frame = Frame {
@@ -141,8 +182,10 @@ pub(crate) fn enter<F: Future>(
             fencing_token: state.fence,
             permit: state.permit,
             state: Arc::clone(&state),
+            more: more.iter().map(|s| (s.key().to_owned(), s.fence)).collect(),
         },
         state,
+        more,
         turns: tokio::sync::Mutex::new(()),
         parent: HELD.try_with(Arc::clone).ok(),
     };

@@ -184,36 +184,7 @@ impl LockState {
     /// every poll) is still stopped at the end of its lease, and a lock whose acquire answer
     /// came back after its validity never runs the body at all.
     pub(crate) async fn run_body<F: Future>(&self, policy: OnLost, body: F) -> Result<F::Output, LockError> {
-        let mut body = std::pin::pin!(body);
-        let mut lost = std::pin::pin!(tokio::task::unconstrained(self.lost()));
-        let finished = std::future::poll_fn(|cx| {
-            if self.is_lost() {
-                if self.mark_lost() {
-                    tracing::warn!(key = %self.key(), "lock validity ran out without a renewal; lock lost");
-                }
-                return Poll::Ready(None);
-            }
-            if lost.as_mut().poll(cx).is_ready() {
-                return Poll::Ready(None);
-            }
-            body.as_mut().poll(cx).map(Some)
-        })
-        .await;
-        if let Some(out) = finished {
-            return Ok(out);
-        }
-        match policy {
-            OnLost::Abort => {
-                tracing::warn!(key = %self.key(), "lock lost while held; aborting the guarded code");
-                Err(LockError::Lost {
-                    key: self.key().to_owned(),
-                })
-            }
-            OnLost::Continue => {
-                tracing::warn!(key = %self.key(), "lock lost while held; the guarded code continues (on_lost = continue)");
-                Ok(body.await)
-            }
-        }
+        run_guarded(&[self], policy, body).await
     }
 
     /// Keeps the lock at least until `until` when it is released (a nested call's minimum hold
@@ -247,6 +218,61 @@ impl LockState {
                     }
                 }
             }
+        }
+    }
+}
+
+/// Runs `body` while every lock of `set` is held (one lock, or a multi-key set: losing any one
+/// of them is losing the set), as [`LockState::run_body`] says: never polled past any lock's
+/// validity, and stopped or let go on by `policy` once one is lost.
+pub(crate) async fn run_guarded<F: Future>(
+    set: &[&LockState],
+    policy: OnLost,
+    body: F,
+) -> Result<F::Output, LockError> {
+    let mut body = std::pin::pin!(body);
+    let lost = async {
+        match set {
+            [one] => one.lost().await,
+            many => {
+                let each = many.iter().map(|state| Box::pin(state.lost()));
+                futures_util::future::select_all(each).await;
+            }
+        }
+    };
+    let mut lost = std::pin::pin!(tokio::task::unconstrained(lost));
+    let finished = std::future::poll_fn(|cx| {
+        if let Some(gone) = set.iter().find(|state| state.is_lost()) {
+            if gone.mark_lost() {
+                tracing::warn!(key = %gone.key(), "lock validity ran out without a renewal; lock lost");
+            }
+            return Poll::Ready(None);
+        }
+        if lost.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(None);
+        }
+        body.as_mut().poll(cx).map(Some)
+    })
+    .await;
+    if let Some(out) = finished {
+        return Ok(out);
+    }
+    let key = set
+        .iter()
+        .find(|state| state.is_lost())
+        .or(set.first())
+        .map_or("", |state| state.key());
+    match policy {
+        OnLost::Abort => {
+            tracing::warn!(key, "lock lost while held; aborting the guarded code");
+            Err(LockError::Lost { key: key.to_owned() })
+        }
+        OnLost::Continue => {
+            tracing::warn!(
+                key,
+                "lock lost while held; the guarded code continues (on_lost = continue)"
+            );
+            Ok(body.await)
         }
     }
 }

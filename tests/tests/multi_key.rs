@@ -1,0 +1,303 @@
+//! Multi-key locks (`LockClient::acquire_all`, `run_all`, the attribute's `keys = [...]`): every
+//! key of a set or none, any order of the same keys without deadlock, one deadline for the set,
+//! a key's release waking the waiter, fencing per key, nested subsets, losing any key losing the
+//! set; on every deployment.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lock_runtime::{distributed_lock, LockClient, LockError, OnLost};
+use lock_tests::{eventually, in_line, ttl, Dice, Target, SECOND};
+use tokio::time::Instant;
+
+lock_tests::on_every_deployment!(
+    all_or_nothing_while_one_key_is_held_elsewhere,
+    opposite_orders_never_deadlock_nor_overlap,
+    duplicates_are_taken_once,
+    nested_calls_on_a_subset_run_without_acquiring,
+    one_key_freed_under_a_running_body_loses_the_set,
+    a_transfer_between_four_accounts_keeps_the_total,
+);
+
+mod notified {
+    use super::*;
+
+    lock_tests::on_every_deployment_with_notices!(the_release_of_the_blocking_key_wakes_the_waiter);
+}
+
+mod fenced {
+    use super::*;
+
+    lock_tests::on_every_deployment_with_fencing!(each_key_of_a_set_has_its_own_rising_token);
+}
+
+async fn all_or_nothing_while_one_key_is_held_elsewhere(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let held = other.acquire("set:b", &ttl(10_000)).await.unwrap();
+    let refused = c.acquire_all(["set:a", "set:b", "set:c"], &ttl(10_000)).await;
+    assert!(matches!(refused, Err(LockError::Busy { .. })), "{refused:?}");
+    // Nothing of the set stays taken: "set:a" (before the refused key) was given back.
+    for key in ["set:a", "set:c"] {
+        assert!(!c.is_locked(key).await.unwrap(), "{key} left taken");
+    }
+    // A wait that runs out gives back just the same.
+    let started = Instant::now();
+    let waited = c
+        .acquire_all(
+            ["set:c", "set:b", "set:a"],
+            &ttl(10_000).wait(Duration::from_millis(300)),
+        )
+        .await;
+    assert!(matches!(waited, Err(LockError::Busy { .. })), "{waited:?}");
+    assert!(
+        started.elapsed() < 3 * SECOND,
+        "one deadline for the set: {:?}",
+        started.elapsed()
+    );
+    for key in ["set:a", "set:c"] {
+        assert!(!c.is_locked(key).await.unwrap(), "{key} left taken");
+    }
+    held.release().await.unwrap();
+    let all = c
+        .acquire_all(["set:a", "set:b", "set:c"], &ttl(10_000))
+        .await
+        .unwrap();
+    assert_eq!(all.keys().collect::<Vec<_>>(), ["set:a", "set:b", "set:c"]);
+    assert!(all.release().await.unwrap());
+    for key in ["set:a", "set:b", "set:c"] {
+        assert!(!c.is_locked(key).await.unwrap());
+    }
+}
+
+/// Two callers of two clients take the same two keys in opposite orders, 200 rounds each with
+/// a wait: both finish every round (no deadlock), and never are both inside.
+async fn opposite_orders_never_deadlock_nor_overlap(t: Target) {
+    const ROUNDS: usize = 200;
+    let clients = [t.client(), t.other_client().await];
+    let inside = Arc::new(AtomicUsize::new(0));
+    let tasks: Vec<_> = clients
+        .into_iter()
+        .enumerate()
+        .map(|(i, client)| {
+            let inside = Arc::clone(&inside);
+            tokio::spawn(async move {
+                let keys = if i == 0 {
+                    ["set:x", "set:y"]
+                } else {
+                    ["set:y", "set:x"]
+                };
+                let options = ttl(10_000).wait(Duration::from_secs(30));
+                for _ in 0..ROUNDS {
+                    client
+                        .run_all(keys, &options, async {
+                            assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "both inside");
+                            tokio::task::yield_now().await;
+                            inside.fetch_sub(1, Ordering::SeqCst);
+                        })
+                        .await
+                        .expect("every round within its wait: no deadlock");
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(120), task)
+            .await
+            .expect("no deadlock")
+            .unwrap();
+    }
+}
+
+async fn duplicates_are_taken_once(t: Target) {
+    let c = t.client();
+    let guard = c
+        .acquire_all(["set:dup", "set:dup2", "set:dup"], &ttl(10_000))
+        .await
+        .unwrap();
+    assert_eq!(guard.keys().collect::<Vec<_>>(), ["set:dup", "set:dup2"]);
+    assert!(
+        guard.release().await.unwrap(),
+        "each taken once, each ours to give back"
+    );
+}
+
+async fn the_release_of_the_blocking_key_wakes_the_waiter(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let holder = c.acquire("set:w2", &ttl(60_000)).await.unwrap();
+    let waiter = tokio::spawn({
+        let other = other.clone();
+        async move {
+            let got = other
+                .acquire_all(["set:w1", "set:w2"], &ttl(10_000).wait(Duration::from_secs(30)))
+                .await;
+            (got, Instant::now())
+        }
+    });
+    eventually(5 * SECOND, "the waiter waits for set:w2", || async {
+        other.waiting("set:w2").unwrap() == 1
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let released_at = Instant::now();
+    assert!(holder.release().await.unwrap());
+    let (got, at) = waiter.await.unwrap();
+    lock_tests::assert_woken_by_the_release(at - released_at);
+    got.unwrap().release().await.unwrap();
+}
+
+async fn each_key_of_a_set_has_its_own_rising_token(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let options = ttl(10_000).fencing(true);
+    let first = c.acquire_all(["set:f1", "set:f2"], &options).await.unwrap();
+    let before = [
+        first.fencing_token_for("set:f1"),
+        first.fencing_token_for("set:f2"),
+    ];
+    assert!(before.iter().all(Option::is_some), "{before:?}");
+    assert_eq!(first.fencing_token_for("set:other"), None);
+    first.release().await.unwrap();
+    let (after, inside) = other
+        .run_all(["set:f2", "set:f1"], &options, async {
+            let info = lock_runtime::current().unwrap();
+            (
+                [info.fencing_token_for("set:f1"), info.fencing_token_for("set:f2")],
+                info.keys().map(str::to_owned).collect::<Vec<_>>(),
+            )
+        })
+        .await
+        .unwrap();
+    assert_eq!(inside, ["set:f1", "set:f2"]);
+    for (b, a) in before.iter().zip(&after) {
+        assert!(a > b, "per key: {after:?} after {before:?}");
+    }
+}
+
+async fn nested_calls_on_a_subset_run_without_acquiring(t: Target) {
+    let c = t.client();
+    let options = ttl(10_000);
+    let ran = c
+        .run_all(["set:n1", "set:n2", "set:n3"], &options, async {
+            let subset = c.run_all(["set:n3", "set:n1"], &options, async { 1 }).await;
+            let one = c.run("set:n2", &options, async { 2 }).await;
+            (subset.unwrap(), one.unwrap())
+        })
+        .await
+        .unwrap();
+    assert_eq!(ran, (1, 2));
+    assert!(
+        !c.is_locked("set:n2").await.unwrap(),
+        "released once, by the outermost call"
+    );
+}
+
+async fn one_key_freed_under_a_running_body_loses_the_set(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let options = ttl(600).watchdog(true);
+    let body_ran_on = Arc::new(AtomicUsize::new(0));
+    let run = tokio::spawn({
+        let (c, ran) = (c.clone(), Arc::clone(&body_ran_on));
+        async move {
+            c.run_all(["set:l1", "set:l2"], &options, async {
+                loop {
+                    ran.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+            .await
+        }
+    });
+    eventually(5 * SECOND, "the body runs", || async {
+        body_ran_on.load(Ordering::SeqCst) > 0
+    })
+    .await;
+    assert!(other.force_release("set:l2").await.unwrap());
+    let outcome = tokio::time::timeout(10 * SECOND, run)
+        .await
+        .expect("stopped")
+        .unwrap();
+    assert!(
+        matches!(outcome, Err(LockError::Lost { ref key }) if key == "set:l2"),
+        "{outcome:?}"
+    );
+    assert!(
+        !c.is_locked("set:l1").await.unwrap(),
+        "the set's other lock was given back"
+    );
+    let _ = OnLost::Abort;
+}
+
+/// Accounts in "storage" (an in-process map) read, awaited over and written back by transfers
+/// in random directions: without a set lock (or with two single locks taken in request order,
+/// which may deadlock) updates would be lost.
+#[distributed_lock(keys = ["acct:<from>", "acct:<to>"], ttl_ms = 10000, wait_ms = 30000, client = locks)]
+async fn transfer(
+    locks: &LockClient,
+    accounts: &Mutex<HashMap<u64, i64>>,
+    from: u64,
+    to: u64,
+    amount: i64,
+) -> Result<(), LockError> {
+    let (a, b) = {
+        let accounts = accounts.lock().unwrap();
+        (accounts[&from], accounts[&to])
+    };
+    tokio::task::yield_now().await;
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let mut accounts = accounts.lock().unwrap();
+    accounts.insert(from, a - amount);
+    accounts.insert(to, b + amount);
+    Ok(())
+}
+
+async fn a_transfer_between_four_accounts_keeps_the_total(t: Target) {
+    let clients = [t.client(), t.other_client().await];
+    let accounts = Arc::new(Mutex::new(
+        (0..4).map(|a| (a, 1000)).collect::<HashMap<u64, i64>>(),
+    ));
+    let mut dice = Dice::new(42);
+    let mut tasks = Vec::new();
+    for i in 0..24 {
+        let from = dice.below(4);
+        let to = (from + 1 + dice.below(3)) % 4;
+        let (locks, accounts) = (clients[i % 2].clone(), Arc::clone(&accounts));
+        tasks.push(tokio::spawn(async move {
+            transfer(&locks, &accounts, from, to, 10).await
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap().expect("every transfer within its wait");
+    }
+    let total: i64 = accounts.lock().unwrap().values().sum();
+    assert_eq!(total, 4000, "no update lost");
+}
+
+#[tokio::test]
+async fn empty_and_oversized_sets_are_invalid_keys() {
+    let c = LockClient::in_memory();
+    let none: [&str; 0] = [];
+    assert!(matches!(
+        c.acquire_all(none, &ttl(1000)).await,
+        Err(LockError::InvalidKey { .. })
+    ));
+    let many: Vec<String> = (0..=lock_runtime::MAX_KEYS).map(|i| format!("k{i}")).collect();
+    assert!(matches!(
+        c.acquire_all(&many, &ttl(1000)).await,
+        Err(LockError::InvalidKey { .. })
+    ));
+    assert!(matches!(
+        c.run_all(&many, &ttl(1000), async {}).await,
+        Err(LockError::InvalidKey { .. })
+    ));
+    // 64 keys, and a duplicate more, are fine.
+    let mut most = many[..lock_runtime::MAX_KEYS].to_vec();
+    most.push(most[0].clone());
+    c.acquire_all(&most, &ttl(1000))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let _ = in_line;
+}
