@@ -174,6 +174,19 @@ fn export_worker_keeps_each_tenant_within_its_permits() {
     assert_no_keys_left(&server);
 }
 
+#[test]
+fn transfer_holds_both_accounts_and_keeps_the_total() {
+    let server = RedisServer::spawn();
+    let mut command = example("transfer");
+    command.args(["--transfers", "30"]);
+    let (_, stdout) = run(command, &server.url());
+    assert!(
+        stdout.contains("ok: with keys = [from, to] every transfer went through"),
+        "{stdout}"
+    );
+    assert_no_keys_left(&server);
+}
+
 /// `DATABASE_URL`, else the machine's own PostgreSQL (trust auth, database `test`).
 fn postgres_url() -> String {
     std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://root@127.0.0.1:5432/test".to_owned())

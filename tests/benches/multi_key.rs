@@ -1,0 +1,128 @@
+//! Multi-key locks on a spawned redis-server, in interleaved rounds:
+//! 1. one task, sequential: a 2-key set (`acquire_all` + `release`) against two single-key
+//!    acquires and releases in a fixed order (what a careful hand-written transfer does):
+//!    pairs per second;
+//! 2. two tasks taking the same two keys in opposite orders with a wait (`run_all`), as two
+//!    opposite transfers do: sets per second and the wait's p50/p99.
+//!
+//! `cargo bench -p lock-tests --bench multi_key` (`BENCH_SCALE=0.1` for a smoke run).
+
+use std::time::Duration;
+
+use lock_runtime::{LockClient, LockOptions};
+use lock_tests::bench::{ms, quantile, scale};
+use lock_tests::RedisServer;
+use serde_json::json;
+use tokio::time::Instant;
+
+const ROUNDS: usize = 5;
+
+async fn set_pairs(locks: &LockClient, n: usize) -> f64 {
+    let options = LockOptions::new(Duration::from_secs(10));
+    let started = Instant::now();
+    for _ in 0..n {
+        let both = locks
+            .acquire_all(["acct:1", "acct:2"], &options)
+            .await
+            .expect("free");
+        both.release().await.expect("released");
+    }
+    n as f64 / started.elapsed().as_secs_f64()
+}
+
+async fn single_pairs(locks: &LockClient, n: usize) -> f64 {
+    let options = LockOptions::new(Duration::from_secs(10));
+    let started = Instant::now();
+    for _ in 0..n {
+        let a = locks.acquire("acct:3", &options).await.expect("free");
+        let b = locks.acquire("acct:4", &options).await.expect("free");
+        b.release().await.expect("released");
+        a.release().await.expect("released");
+    }
+    n as f64 / started.elapsed().as_secs_f64()
+}
+
+/// Two clients, opposite orders, `n` sets each: sets per second and every wait.
+async fn opposite(clients: &[LockClient; 2], n: usize) -> (f64, Vec<Duration>) {
+    let started = Instant::now();
+    let tasks: Vec<_> = clients
+        .iter()
+        .enumerate()
+        .map(|(i, locks)| {
+            let locks = locks.clone();
+            tokio::spawn(async move {
+                let keys = if i == 0 {
+                    ["acct:5", "acct:6"]
+                } else {
+                    ["acct:6", "acct:5"]
+                };
+                let options = LockOptions::new(Duration::from_secs(10)).wait(Duration::from_secs(30));
+                let mut waits = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let asked = Instant::now();
+                    locks
+                        .run_all(keys, &options, async {
+                            waits.push(asked.elapsed());
+                            tokio::task::yield_now().await;
+                        })
+                        .await
+                        .expect("within the wait");
+                }
+                waits
+            })
+        })
+        .collect();
+    let mut waits = Vec::new();
+    for task in tasks {
+        waits.extend(task.await.expect("a bench task"));
+    }
+    (waits.len() as f64 / started.elapsed().as_secs_f64(), waits)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let n = ((2000.0 * scale()) as usize).max(50);
+    let server = RedisServer::spawn();
+    let clients = [
+        LockClient::connect(&server.url()).await.expect("redis"),
+        LockClient::connect(&server.url()).await.expect("redis"),
+    ];
+    set_pairs(&clients[0], 100).await; // warm connections and script caches
+    single_pairs(&clients[0], 100).await;
+    let (mut sets, mut singles, mut opposed, mut waits) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for round in 0..ROUNDS {
+        if round % 2 == 0 {
+            sets.push(set_pairs(&clients[0], n).await);
+            singles.push(single_pairs(&clients[0], n).await);
+        } else {
+            singles.push(single_pairs(&clients[0], n).await);
+            sets.push(set_pairs(&clients[0], n).await);
+        }
+        let (rate, w) = opposite(&clients, n / 4).await;
+        opposed.push(rate);
+        waits.extend(w);
+    }
+    for v in [&mut sets, &mut singles, &mut opposed] {
+        v.sort_by(f64::total_cmp);
+    }
+    let median = |v: &Vec<f64>| v[v.len() / 2];
+    let (p50, p99) = (quantile(&mut waits, 0.5), quantile(&mut waits, 0.99));
+    println!("\n1 task, {n} sequential pairs per round, {ROUNDS} rounds (median pairs/s):");
+    println!("  2-key set (acquire_all)            {:>8.0}", median(&sets));
+    println!("  two single locks, fixed order      {:>8.0}", median(&singles));
+    println!(
+        "2 clients, opposite orders, with a wait ({} sets each per round):",
+        n / 4
+    );
+    println!(
+        "  sets/s {:>8.0}   wait p50 {:.2} ms   p99 {:.2} ms",
+        median(&opposed),
+        ms(p50),
+        ms(p99)
+    );
+    println!(
+        "{}",
+        json!({"set_pairs_per_s": median(&sets), "single_pairs_per_s": median(&singles),
+               "opposite_sets_per_s": median(&opposed), "opposite_wait_p50_ms": ms(p50), "opposite_wait_p99_ms": ms(p99)})
+    );
+}
