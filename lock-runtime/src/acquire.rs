@@ -12,7 +12,7 @@ use crate::core::{give_back, release_in_background, Abandoned, Core};
 use crate::error::ShutDown;
 use crate::guard::LockGuard;
 use crate::state::LockState;
-use crate::store::{Ask, Attempt, Flight, Kind, Lock, Release};
+use crate::store::{Ask, Attempt, Flight, Kind, Lock, Release, SetAttempt};
 use crate::telemetry::{self, Labels};
 use crate::wakeups::Registration;
 use crate::{LockError, LockMode, LockOptions, FAIR_PLACE_KEPT};
@@ -294,6 +294,92 @@ impl Acquire<'_> {
             }
         }
     }
+}
+
+/// What one attempt at a whole set of locks in one request came to ([`take_set_at_once`]).
+pub(crate) enum SetTaken {
+    /// Every lock of the set, held by one guard.
+    All(LockGuard),
+    /// Nothing taken: this key is held.
+    Refused(String),
+    /// The store cannot take this set in one request: take it key by key.
+    NotHere,
+}
+
+/// Every lock of `locks` (checked, in canonical order, more than one) in one request where the
+/// store can ([`Store::attempt_set`](crate::store::Store::attempt_set)): for exclusive locks
+/// that are not fair, before the set is taken key by key. An attempt whose answer never comes
+/// (cancelled, timed out) releases each lock after it, in the background, as a single one does.
+pub(crate) async fn take_set_at_once(
+    core: &Arc<Core>,
+    locks: &[Lock],
+    options: &LockOptions,
+) -> Result<SetTaken, LockError> {
+    let token = crate::holder::new_value(&core.owner);
+    let ask = Ask {
+        ttl_ms: options.ttl_ms(),
+        fencing: options.is_fencing(),
+        waiting: false,
+        fair: false,
+        join: false,
+        shared: false,
+        permits: 1,
+        claimed: false,
+        wait_left: None,
+    };
+    let in_flight = core.held.acquiring();
+    if core.held.is_closed() {
+        return Err(LockError::unavailable(ShutDown));
+    }
+    let pending: Vec<PendingAcquire<'_>> = locks
+        .iter()
+        .map(|lock| PendingAcquire::new(core, lock, &token, (&ask, Kind::Plain)))
+        .collect();
+    let started = Instant::now();
+    // One route for the set: each lock's release follows it.
+    let flight = Flight::default();
+    let answer = core.store.attempt_set(locks, &token, &ask, &flight).await;
+    for p in &pending {
+        if let Some(route) = flight.get() {
+            p.flight.set(route);
+        }
+    }
+    let answer = answer?; // `pending` releases each lock in the background as it drops
+    pending.into_iter().for_each(PendingAcquire::settled);
+    let fences = match answer {
+        None => return Ok(SetTaken::NotHere),
+        Some(SetAttempt::Refused { at, .. }) => {
+            let key = locks.get(at).map_or("", Lock::key);
+            return Ok(SetTaken::Refused(key.to_owned()));
+        }
+        Some(SetAttempt::Taken(fences)) => fences,
+    };
+    let lease = (started, options.ttl());
+    let mut guards: Vec<LockGuard> = locks
+        .iter()
+        .zip(fences.into_iter().chain(std::iter::repeat(None)))
+        .map(|(lock, fence)| {
+            let mut state = LockState::new(
+                (lock.clone(), Kind::Plain),
+                token.clone(),
+                fence,
+                options,
+                started,
+                lease,
+            );
+            state.by_key_class = core.metrics_key_class;
+            let labels = Labels::new(false, lock.key(), core.metrics_key_class);
+            telemetry::acquire(&labels, "acquired", started.elapsed(), started.elapsed());
+            LockGuard::new(Arc::clone(core), state, options.is_watchdog(), lease)
+        })
+        .collect();
+    drop(in_flight); // registered: shutdown will find them
+    tracing::debug!(keys = locks.len(), "a set of locks acquired in one request");
+    let more = guards.split_off(1.min(guards.len()));
+    Ok(match guards.pop() {
+        Some(first) => SetTaken::All(first.with_more(more)),
+        None => SetTaken::NotHere,
+    })
 }
 
 /// An acquire request in flight. If it is dropped before its answer is seen (the caller was

@@ -7,7 +7,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use tokio::time::Instant;
 
-use crate::acquire::Acquire;
+use crate::acquire::{Acquire, SetTaken};
 use crate::core::{release_state, Core};
 use crate::guard::LockGuard;
 use crate::holder::Holder;
@@ -295,6 +295,19 @@ impl LockClient {
     /// what it took when one fails.
     async fn acquire_set(&self, locks: Vec<Lock>, options: &LockOptions) -> Result<LockGuard, LockError> {
         let deadline = Instant::now() + options.get_wait();
+        // One request for the whole set where the store can (exclusive locks, not fair): a
+        // refusal then costs nothing to give back, and a caller that waits goes on key by key.
+        let plain =
+            !options.is_fair() && options.get_mode() == LockMode::Exclusive && !options.is_semaphore();
+        if locks.len() > 1 && plain {
+            match Box::pin(crate::acquire::take_set_at_once(&self.core, &locks, options)).await? {
+                SetTaken::All(guard) => return Ok(guard),
+                SetTaken::Refused(key) if options.get_wait().is_zero() => {
+                    return Err(LockError::Busy { key });
+                }
+                SetTaken::Refused(_) | SetTaken::NotHere => {}
+            }
+        }
         let mut taken: Vec<LockGuard> = Vec::with_capacity(locks.len());
         for lock in locks {
             let left = options

@@ -19,6 +19,7 @@ lock_tests::on_every_deployment!(
     nested_calls_on_a_subset_run_without_acquiring,
     one_key_freed_under_a_running_body_loses_the_set,
     a_transfer_between_four_accounts_keeps_the_total,
+    keys_sharing_a_hash_tag_are_one_set,
 );
 
 mod notified {
@@ -108,6 +109,22 @@ async fn opposite_orders_never_deadlock_nor_overlap(t: Target) {
             .expect("no deadlock")
             .unwrap();
     }
+}
+
+/// Keys that start with the same `{tag}` (one Cluster slot: one script there too) and keys of
+/// different slots are sets alike.
+async fn keys_sharing_a_hash_tag_are_one_set(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let tagged = c
+        .acquire_all(["{acct}:1", "{acct}:2"], &ttl(10_000))
+        .await
+        .unwrap();
+    let refused = other
+        .acquire_all(["{acct}:2", "set:tag-other"], &ttl(10_000))
+        .await;
+    assert!(matches!(refused, Err(LockError::Busy { .. })), "{refused:?}");
+    assert!(!other.is_locked("set:tag-other").await.unwrap());
+    assert!(tagged.release().await.unwrap());
 }
 
 async fn duplicates_are_taken_once(t: Target) {
@@ -271,6 +288,53 @@ async fn a_transfer_between_four_accounts_keeps_the_total(t: Target) {
     }
     let total: i64 = accounts.lock().unwrap().values().sum();
     assert_eq!(total, 4000, "no update lost");
+}
+
+/// On one Redis a set is one script (`set.lua`), all or none: the uncontended acquire of two keys
+/// costs one request, and a refused one leaves nothing taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_on_one_redis_is_taken_in_one_script() {
+    let t = Target::redis().await;
+    let (c, server) = (t.client(), t.server().expect("a redis-server"));
+    // The rights check runs once, before the first lock.
+    c.acquire("set:warm", &ttl(1000))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    // Scripts run by hash, or by source the first time (after NOSCRIPT, which is not counted).
+    let scripts_run = || async { server.command_calls("evalsha").await + server.command_calls("eval").await };
+    for fencing in [false, true] {
+        let (scripts, sets) = (scripts_run().await, server.command_calls("set").await);
+        let both = c
+            .acquire_all(["set:s1", "set:s2", "set:s3"], &ttl(10_000).fencing(fencing))
+            .await
+            .unwrap();
+        assert_eq!(scripts_run().await - scripts, 1, "one script");
+        assert_eq!(
+            server.command_calls("set").await - sets,
+            3,
+            "its three SETs, no other"
+        );
+        assert_eq!(both.fencing_token_for("set:s2").is_some(), fencing);
+        assert!(both.release().await.unwrap());
+    }
+    let held = t
+        .other_client()
+        .await
+        .acquire("set:s3", &ttl(10_000))
+        .await
+        .unwrap();
+    let scripts = scripts_run().await;
+    let refused = c.acquire_all(["set:s1", "set:s2", "set:s3"], &ttl(10_000)).await;
+    assert!(
+        matches!(refused, Err(LockError::Busy { ref key }) if key == "set:s3"),
+        "{refused:?}"
+    );
+    assert_eq!(scripts_run().await - scripts, 1, "refused in the same one script");
+    assert!(!c.is_locked("set:s1").await.unwrap() && !c.is_locked("set:s2").await.unwrap());
+    held.release().await.unwrap();
 }
 
 #[tokio::test]

@@ -325,6 +325,15 @@ impl Attempt {
     };
 }
 
+/// What one attempt at a whole set of locks did ([`Store::attempt_set`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum SetAttempt {
+    /// Every lock taken, for the token: each one's fencing token when asked for, in order.
+    Taken(Vec<Option<u64>>),
+    /// Nothing taken: the lock at this index is held (for how long yet, when known).
+    Refused { at: usize, pttl_ms: Option<u64> },
+}
+
 /// What one renewal found for one lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Renewal {
@@ -535,6 +544,21 @@ pub(crate) trait Store: Send + Sync + Debug + 'static {
         flight: &Flight,
     ) -> impl Future<Output = Result<Attempt, LockError>> + Send;
 
+    /// Takes every lock of `locks` (checked, in the set's canonical order, each once) for
+    /// `token` in one request, or none of them; `None` where the store cannot here (the client
+    /// then takes them one by one). Asked only for exclusive locks that are not fair, of more
+    /// than one key, by a caller that is not waiting yet. `flight` records the route, for the
+    /// release of each lock after it if its answer never comes.
+    fn attempt_set(
+        &self,
+        _locks: &[Lock],
+        _token: &str,
+        _ask: &Ask,
+        _flight: &Flight,
+    ) -> impl Future<Output = Result<Option<SetAttempt>, LockError>> + Send {
+        std::future::ready(Ok(None))
+    }
+
     /// Lengthens each lock's lease to its ttl if it still holds its token (never shortens it),
     /// in one request where the store allows: what it found for each, in order.
     fn renew(&self, locks: &[Renewing<'_>]) -> impl Future<Output = Result<Vec<Renewal>, LockError>> + Send;
@@ -619,6 +643,13 @@ pub(crate) trait DynStore: Send + Sync + Debug {
         ask: &'a Ask,
         flight: &'a Flight,
     ) -> Answer<'a, Attempt>;
+    fn attempt_set<'a>(
+        &'a self,
+        locks: &'a [Lock],
+        token: &'a str,
+        ask: &'a Ask,
+        flight: &'a Flight,
+    ) -> Answer<'a, Option<SetAttempt>>;
     fn renew<'a>(&'a self, locks: &'a [Renewing<'a>]) -> Answer<'a, Vec<Renewal>>;
     fn release<'a>(&'a self, lock: &'a Lock, token: &'a str, release: Release<'a>) -> Answer<'a, Released>;
     fn leave<'a>(&'a self, lock: &'a Lock, token: &'a str, claimed: bool) -> Answer<'a, ()>;
@@ -651,6 +682,16 @@ impl<S: Store> DynStore for S {
         flight: &'a Flight,
     ) -> Answer<'a, Attempt> {
         Box::pin(Store::attempt(self, lock, token, ask, flight))
+    }
+
+    fn attempt_set<'a>(
+        &'a self,
+        locks: &'a [Lock],
+        token: &'a str,
+        ask: &'a Ask,
+        flight: &'a Flight,
+    ) -> Answer<'a, Option<SetAttempt>> {
+        Box::pin(Store::attempt_set(self, locks, token, ask, flight))
     }
 
     fn renew<'a>(&'a self, locks: &'a [Renewing<'a>]) -> Answer<'a, Vec<Renewal>> {

@@ -12,6 +12,7 @@
 //! | `fair.lua` | one attempt at a fair lock | `fence.lua`, `taking.lua` |
 //! | `share.lua` | one attempt at a read share | |
 //! | `permit.lua` | one attempt at any free permit of a semaphore | `fence.lua` |
+//! | `set.lua` | one attempt at every lock of a set (a transfer's accounts), all or none | `fence.lua` |
 //! | `renew.lua` | renews many locks | |
 //! | `unlock.lua` | the common release | |
 //! | `release.lua` | every other release (fair hand-over, minimum hold, read share, permit) | `fence.lua` |
@@ -52,6 +53,9 @@ static FAIR: LazyLock<Lua> = LazyLock::new(|| {
 });
 static RENEW: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("renew.lua")));
 static SHARE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("share.lua")));
+/// A set of locks, all or none.
+pub(crate) static SET: LazyLock<Lua> =
+    LazyLock::new(|| Lua::new(concat!(include_str!("fence.lua"), include_str!("set.lua"))));
 static PERMIT: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(concat!(include_str!("fence.lua"), include_str!("permit.lua"))));
 /// The common release (a lock that is neither fair nor kept for a minimum hold): release.lua's
