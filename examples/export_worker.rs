@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lock_examples::{delete_keys_under, redis_url, run_prefix, try_redis, Flags};
+use lock_examples::{delete_keys_under, join_all, one_client_each, redis_url, run_prefix, Flags};
 use lock_runtime::{distributed_lock, LockClient, LockError};
 
 const USAGE: &str = "export_worker: exports of each tenant run at most 2 at a time, across instances
@@ -84,18 +84,7 @@ async fn main() -> anyhow::Result<()> {
     let jobs = flags.number("jobs", 24).max(TENANTS * u64::from(PER_TENANT));
     let prefix = run_prefix("export-worker-example");
     let url = redis_url();
-    let mut clients = Vec::new();
-    let mut on_redis = true;
-    for _ in 0..instances {
-        match try_redis(&url, &prefix).await {
-            Some(client) => clients.push(client),
-            None => {
-                clients = vec![LockClient::in_memory(); instances as usize];
-                on_redis = false;
-                break;
-            }
-        }
-    }
+    let (clients, on_redis) = one_client_each(instances, &url, &prefix).await;
     println!("{instances} instances run {jobs} exports of {TENANTS} tenants, at most {PER_TENANT} per tenant at once\n");
 
     let running = Running::default();
@@ -107,14 +96,7 @@ async fn main() -> anyhow::Result<()> {
             export(&locks, &running, job % TENANTS, job, instance).await
         }));
     }
-    let mut outcome: anyhow::Result<()> = Ok(());
-    for task in tasks {
-        let finished = match task.await {
-            Ok(result) => result.map_err(anyhow::Error::from),
-            Err(e) => Err(e.into()),
-        };
-        outcome = outcome.and(finished);
-    }
+    let outcome = join_all(tasks).await;
     if on_redis {
         delete_keys_under(&url, &prefix).await?;
     }

@@ -32,6 +32,37 @@ pub async fn try_redis(url: &str, prefix: &str) -> Option<LockClient> {
     }
 }
 
+/// One client per instance, as separate services would have: on Redis at `url` under `prefix`,
+/// or, when Redis does not answer, one in-memory client shared by every instance (one store in
+/// this process). Whether they are on Redis.
+pub async fn one_client_each(count: u64, url: &str, prefix: &str) -> (Vec<LockClient>, bool) {
+    let mut clients = Vec::new();
+    for _ in 0..count.max(1) {
+        match try_redis(url, prefix).await {
+            Some(client) => clients.push(client),
+            None => return (vec![LockClient::in_memory(); count.max(1) as usize], false),
+        }
+    }
+    (clients, true)
+}
+
+/// Waits for every task (also after one failed, so nothing runs on past a clean-up), and
+/// answers the first failure.
+pub async fn join_all<E>(tasks: Vec<tokio::task::JoinHandle<Result<(), E>>>) -> anyhow::Result<()>
+where
+    E: std::error::Error + Send + Sync + 'static,
+{
+    let mut outcome: anyhow::Result<()> = Ok(());
+    for task in tasks {
+        let finished = match task.await {
+            Ok(result) => result.map_err(anyhow::Error::from),
+            Err(e) => Err(e.into()),
+        };
+        outcome = outcome.and(finished);
+    }
+    outcome
+}
+
 /// A lock prefix for one run of an example, `<name>:<pid>:<unix ms>:`, which no other run shares:
 /// the run can then delete everything under it when it ends ([`delete_keys_under`]) without
 /// touching another run's locks.

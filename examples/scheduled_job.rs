@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lock_examples::{delete_keys_under, redis_url, run_prefix, try_redis, Flags};
+use lock_examples::{delete_keys_under, join_all, one_client_each, redis_url, run_prefix, Flags};
 use lock_runtime::{distributed_lock, LockClient, LockError};
 use tokio::time::Instant;
 
@@ -88,19 +88,7 @@ async fn main() -> anyhow::Result<()> {
     let prefix = run_prefix("scheduled-job-example");
     let url = redis_url();
     // One client per instance, as separate services would have (in memory: one shared store).
-    let mut clients = Vec::new();
-    let mut on_redis = true;
-    for _ in 0..instances {
-        match try_redis(&url, &prefix).await {
-            Some(client) => clients.push(client),
-            None => {
-                let shared = LockClient::in_memory();
-                clients = vec![shared; instances as usize];
-                on_redis = false;
-                break;
-            }
-        }
-    }
+    let (clients, on_redis) = one_client_each(instances, &url, &prefix).await;
     println!(
         "{instances} instances tick the job every {PERIOD:?}, each 0-250 ms late; the job takes 30 ms\n"
     );
@@ -139,14 +127,7 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     // Every instance is waited for before the clean-up, also after one failed.
-    let mut outcome: anyhow::Result<()> = Ok(());
-    for task in tasks {
-        let finished = match task.await {
-            Ok(result) => result.map_err(anyhow::Error::from),
-            Err(e) => Err(e.into()),
-        };
-        outcome = outcome.and(finished);
-    }
+    let outcome = join_all(tasks).await;
     if on_redis {
         delete_keys_under(&url, &prefix).await?;
     }

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lock_examples::{delete_keys_under, redis_url, run_prefix, try_redis, Flags};
+use lock_examples::{delete_keys_under, one_client_each, redis_url, run_prefix, Flags};
 use lock_runtime::{distributed_lock, LockClient, LockError, LockOptions};
 
 const USAGE: &str = "transfer: transfers between two accounts hold both or neither, and never deadlock
@@ -155,18 +155,7 @@ async fn main() -> anyhow::Result<()> {
     let transfers = flags.number("transfers", 60).max(2);
     let prefix = run_prefix("transfer-example");
     let url = redis_url();
-    let mut clients = Vec::new();
-    let mut on_redis = true;
-    for _ in 0..instances {
-        match try_redis(&url, &prefix).await {
-            Some(client) => clients.push(client),
-            None => {
-                clients = vec![LockClient::in_memory(); instances as usize];
-                on_redis = false;
-                break;
-            }
-        }
-    }
+    let (clients, on_redis) = one_client_each(instances, &url, &prefix).await;
     println!(
         "{instances} instances, {ACCOUNTS} accounts of {OPENING}, {transfers} transfers of 10 each way\n"
     );

@@ -316,17 +316,7 @@ pub(crate) async fn take_set_at_once(
     options: &LockOptions,
 ) -> Result<SetTaken, LockError> {
     let token = crate::holder::new_value(&core.owner);
-    let ask = Ask {
-        ttl_ms: options.ttl_ms(),
-        fencing: options.is_fencing(),
-        waiting: false,
-        fair: false,
-        join: false,
-        shared: false,
-        permits: 1,
-        claimed: false,
-        wait_left: None,
-    };
+    let ask = Ask::once(options.ttl_ms(), options.is_fencing());
     let in_flight = core.held.acquiring();
     if core.held.is_closed() {
         return Err(LockError::unavailable(ShutDown));

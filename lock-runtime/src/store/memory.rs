@@ -829,17 +829,7 @@ mod tests {
     use super::*;
 
     fn ask(fencing: bool) -> Ask {
-        Ask {
-            ttl_ms: 100,
-            fencing,
-            waiting: false,
-            fair: false,
-            join: false,
-            shared: false,
-            permits: 1,
-            claimed: false,
-            wait_left: None,
-        }
+        Ask::once(100, fencing)
     }
 
     /// Issue 23: nothing a lock leaves behind outlives its expiry for long, however many keys

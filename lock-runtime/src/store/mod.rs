@@ -268,6 +268,23 @@ pub(crate) struct Ask {
     pub(crate) wait_left: Option<std::time::Duration>,
 }
 
+impl Ask {
+    /// One attempt at an exclusive lock that is not fair, by a caller that will not wait.
+    pub(crate) fn once(ttl_ms: u64, fencing: bool) -> Ask {
+        Ask {
+            ttl_ms,
+            fencing,
+            waiting: false,
+            fair: false,
+            join: false,
+            shared: false,
+            permits: 1,
+            claimed: false,
+            wait_left: None,
+        }
+    }
+}
+
 /// The result of one acquire attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Attempt {
@@ -447,7 +464,7 @@ pub(crate) fn permits_differ(key: &str, held: u32, asked: u32) -> LockError {
 /// Why a store refuses semaphores it does not offer yet.
 #[allow(dead_code)]
 pub(crate) const PERMITS_NOT_YET: &str =
-    "not built for this store yet: Redis and the in-memory store offer them";
+    "not built for this store yet: Redis (one server, Sentinel, Cluster), PostgreSQL and the in-memory store offer them";
 
 /// What a store offers beyond the plain exclusive lock that every store has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

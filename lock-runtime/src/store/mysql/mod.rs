@@ -565,17 +565,7 @@ impl Store for MysqlStore {
         // The table, and every right locking needs: a lock taken (INSERT … ON DUPLICATE KEY
         // UPDATE needs both rights) and given back (DELETE), on a row no key names (no
         // `{…}`), so no user's lock is touched.
-        let ask = Ask {
-            ttl_ms: 1000,
-            fencing: false,
-            waiting: false,
-            fair: false,
-            join: false,
-            shared: false,
-            permits: 1,
-            claimed: false,
-            wait_left: None,
-        };
+        let ask = Ask::once(1000, false);
         let token = format!("rights-check {:016x}", rand::random::<u64>());
         let probe = Lock::new("rights-check", format!("{}rights-check", self.prefix));
         self.acquire(&probe, &token, &ask).await?;

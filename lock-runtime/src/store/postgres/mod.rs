@@ -750,17 +750,7 @@ impl Store for PostgresStore {
         // refused here, naming it, not at its first fenced or fair acquire.
         let holder = format!("{}:rights-check", self.announcement);
         let waiter = format!("{}:rights-check-waiter", self.announcement);
-        let ask = Ask {
-            ttl_ms: 1000,
-            fencing: false,
-            waiting: false,
-            fair: false,
-            join: false,
-            shared: false,
-            permits: 1,
-            claimed: false,
-            wait_left: None,
-        };
+        let ask = Ask::once(1000, false);
         let probe = Lock::new("rights-check", Store::name(self, "rights-check"));
         let _: i64 = ask!(self, |conn| sqlx::query_scalar(PROBE_FENCE).fetch_one(conn))?;
         self.acquire(&probe, &holder, &ask).await?;

@@ -224,53 +224,6 @@ impl RedisStore {
         self.unless_replicated(attempt, acked, lock, token, kind).await
     }
 
-    /// Every lock of a set, all or none, in one script (`set.lua`): where the deployment can
-    /// (one server or primary; a Cluster when the keys share a slot) and no replica must
-    /// acknowledge it (a set too few replicas acknowledged is taken one by one instead).
-    async fn take_set(
-        &self,
-        locks: &[Lock],
-        token: &str,
-        ask: &Ask,
-        flight: &Flight,
-    ) -> Result<Option<SetAttempt>, LockError> {
-        if self.acknowledged.waits() {
-            return Ok(None);
-        }
-        let renewing: Vec<Renewing<'_>> = locks.iter().map(|l| (l, token, ask.ttl_ms)).collect();
-        if self.deployment.by_slot(&renewing).len() != 1 {
-            return Ok(None);
-        }
-        self.rights_checked().await?;
-        let mut keys: Vec<String> = locks.iter().map(|l| l.name().to_owned()).collect();
-        if ask.fencing {
-            keys.extend(locks.iter().map(|l| keys::fence(l.name())));
-        }
-        let call = || {
-            let mut call = SET.call(&keys);
-            call.arg(token)
-                .arg(ask.ttl_ms)
-                .arg(if ask.fencing { "1" } else { "0" });
-            call
-        };
-        let (answer, _): (Vec<i64>, _) = self.run_acknowledged(Some(flight), call).await?;
-        Ok(Some(match answer.first() {
-            Some(1) => SetAttempt::Taken(
-                answer[1..]
-                    .iter()
-                    .map(|&f| ask.fencing.then_some(f.unsigned_abs()))
-                    .collect(),
-            ),
-            _ => SetAttempt::Refused {
-                at: answer
-                    .get(1)
-                    .and_then(|&i| usize::try_from(i - 1).ok())
-                    .unwrap_or(0),
-                pttl_ms: answer.get(2).and_then(|&ms| u64::try_from(ms).ok()),
-            },
-        }))
-    }
-
     /// One attempt at any free permit of a semaphore (permit.lua).
     async fn permit(
         &self,
@@ -623,6 +576,9 @@ impl Store for RedisStore {
         self.acquire(lock.name(), token, ask, flight).await
     }
 
+    /// Every lock of a set, all or none, in one script (`set.lua`): where the deployment can
+    /// (one server or primary; a Cluster when the keys share a slot) and no replica must
+    /// acknowledge it (a set too few replicas acknowledged is taken one by one instead).
     async fn attempt_set(
         &self,
         locks: &[Lock],
@@ -630,7 +586,41 @@ impl Store for RedisStore {
         ask: &Ask,
         flight: &Flight,
     ) -> Result<Option<SetAttempt>, LockError> {
-        self.take_set(locks, token, ask, flight).await
+        if self.acknowledged.waits() {
+            return Ok(None);
+        }
+        let renewing: Vec<Renewing<'_>> = locks.iter().map(|l| (l, token, ask.ttl_ms)).collect();
+        if self.deployment.by_slot(&renewing).len() != 1 {
+            return Ok(None);
+        }
+        self.rights_checked().await?;
+        let mut keys: Vec<String> = locks.iter().map(|l| l.name().to_owned()).collect();
+        if ask.fencing {
+            keys.extend(locks.iter().map(|l| keys::fence(l.name())));
+        }
+        let call = || {
+            let mut call = SET.call(&keys);
+            call.arg(token)
+                .arg(ask.ttl_ms)
+                .arg(if ask.fencing { "1" } else { "0" });
+            call
+        };
+        let (answer, _): (Vec<i64>, _) = self.run_acknowledged(Some(flight), call).await?;
+        Ok(Some(match answer.first() {
+            Some(1) => SetAttempt::Taken(
+                answer[1..]
+                    .iter()
+                    .map(|&f| ask.fencing.then_some(f.unsigned_abs()))
+                    .collect(),
+            ),
+            _ => SetAttempt::Refused {
+                at: answer
+                    .get(1)
+                    .and_then(|&i| usize::try_from(i - 1).ok())
+                    .unwrap_or(0),
+                pttl_ms: answer.get(2).and_then(|&ms| u64::try_from(ms).ok()),
+            },
+        }))
     }
 
     async fn renew(&self, locks: &[Renewing<'_>]) -> Result<Vec<Renewal>, LockError> {
