@@ -247,13 +247,13 @@ async fn holder_shows_the_permits_taken_and_by_whom(t: Target) {
 
 async fn the_watchdog_renews_each_permit(t: Target) {
     let (c, other) = (t.client(), t.other_client().await);
-    let options = permits(2, 300).watchdog(true);
+    let options = permits(2, 900).watchdog(true);
     let a = c.acquire("sem:renewed", &options).await.unwrap();
     let b = other.acquire("sem:renewed", &options).await.unwrap();
     // Three ttls later both are still held: a third caller is refused.
-    tokio::time::sleep(Duration::from_millis(900)).await;
+    tokio::time::sleep(Duration::from_millis(2700)).await;
     assert!(!a.is_lost() && !b.is_lost());
-    let third = c.acquire("sem:renewed", &permits(2, 300)).await;
+    let third = c.acquire("sem:renewed", &permits(2, 900)).await;
     assert!(matches!(third, Err(LockError::Busy { .. })), "{third:?}");
     assert!(a.release().await.unwrap());
     assert!(b.release().await.unwrap());
@@ -284,14 +284,15 @@ async fn a_nested_call_uses_the_permit_it_holds(t: Target) {
 
 async fn a_minimum_hold_keeps_the_permit(t: Target) {
     let (c, other) = (t.client(), t.other_client().await);
-    let options = permits(1 + 1, 10_000).hold_at_least(Duration::from_millis(600));
+    let options = permits(2, 10_000).hold_at_least(Duration::from_millis(600));
+    // The hold counts from when the acquire was sent: at or after this.
+    let asked_at = Instant::now();
     let a = c.acquire("sem:hold", &options).await.unwrap();
     let b = c.acquire("sem:hold", &options).await.unwrap();
-    let released_at = Instant::now();
     assert!(a.release().await.unwrap());
     let refused = other.acquire("sem:hold", &permits(2, 10_000)).await;
     assert!(
-        matches!(refused, Err(LockError::Busy { .. })) || released_at.elapsed() >= Duration::from_millis(500),
+        matches!(refused, Err(LockError::Busy { .. })) || asked_at.elapsed() >= Duration::from_millis(590),
         "kept for its minimum hold: {refused:?}"
     );
     let after = other
@@ -299,9 +300,9 @@ async fn a_minimum_hold_keeps_the_permit(t: Target) {
         .await
         .unwrap();
     assert!(
-        released_at.elapsed() >= Duration::from_millis(550),
+        asked_at.elapsed() >= Duration::from_millis(590),
         "{:?}",
-        released_at.elapsed()
+        asked_at.elapsed()
     );
     after.release().await.unwrap();
     b.release().await.unwrap();
