@@ -326,13 +326,13 @@ pub(crate) async fn take_set_at_once(
         .map(|lock| PendingAcquire::new(core, lock, &token, (&ask, Kind::Plain)))
         .collect();
     let started = Instant::now();
-    // One route for the set: each lock's release follows it.
-    let flight = Flight::default();
-    let answer = core.store.attempt_set(locks, &token, &ask, &flight).await;
-    for p in &pending {
-        if let Some(route) = flight.get() {
-            p.flight.set(route);
-        }
+    // One route for the set, recorded in the first lock's place (so a cancelled attempt's
+    // release of that lock follows it at once) and copied to the others once answered.
+    let spare = Flight::default();
+    let flight = pending.first().map_or(&spare, |p| &p.flight);
+    let answer = core.store.attempt_set(locks, &token, &ask, flight).await;
+    if let Some(route) = flight.get() {
+        pending.iter().for_each(|p| p.flight.set(route));
     }
     let answer = answer?; // `pending` releases each lock in the background as it drops
     pending.into_iter().for_each(PendingAcquire::settled);
