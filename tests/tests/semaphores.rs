@@ -20,6 +20,7 @@ lock_tests::on_every_deployment_with_permits!(
     fencing_tokens_rise_per_key_and_so_per_permit,
     another_count_for_a_held_key_is_invalid_options_naming_both,
     holder_shows_the_permits_taken_and_by_whom,
+    operators_list_permits_and_force_release_them,
     the_watchdog_renews_each_permit,
     a_nested_call_uses_the_permit_it_holds,
     a_minimum_hold_keeps_the_permit,
@@ -243,6 +244,46 @@ async fn holder_shows_the_permits_taken_and_by_whom(t: Target) {
     a.release().await.unwrap();
     b.release().await.unwrap();
     assert!(c.holder("sem:who").await.unwrap().is_none());
+}
+
+/// What `lockctl list`/`show` print and `lockctl release --force` does, through
+/// `lock_runtime::admin`: the count and each holder's permit, and a forced release that frees
+/// every permit of what was seen and lets a waiter in.
+async fn operators_list_permits_and_force_release_them(t: Target) {
+    use lock_runtime::admin::{Admin, ForceReleased, Holding};
+    let (c, other) = (t.client(), t.other_client().await);
+    let admin = Admin::new(c.clone());
+    let a = c.acquire("sem:ops", &permits(2, 60_000)).await.unwrap();
+    let b = c.acquire("sem:ops", &permits(2, 60_000)).await.unwrap();
+    let listed = admin.list("sem:ops").await.unwrap();
+    let [seen] = listed.as_slice() else {
+        panic!("one lock listed: {listed:?}");
+    };
+    let Holding::Permits { permits: 2, holders } = &seen.holding else {
+        panic!("a semaphore of 2: {seen:?}");
+    };
+    let shown: Vec<Option<u32>> = holders.iter().map(|h| h.permit).collect();
+    assert_eq!(shown, [Some(0), Some(1)]);
+    let waiter = tokio::spawn({
+        let other = other.clone();
+        async move {
+            other
+                .acquire("sem:ops", &permits(2, 10_000).wait(Duration::from_secs(20)))
+                .await
+        }
+    });
+    eventually(5 * SECOND, "the waiter waits", || async {
+        other.waiting("sem:ops").unwrap_or(0) > 0
+    })
+    .await;
+    assert_eq!(admin.force_release(seen).await.unwrap(), ForceReleased::Freed);
+    let got = tokio::time::timeout(20 * SECOND, waiter).await.unwrap().unwrap();
+    got.expect("the waiter takes a freed permit")
+        .release()
+        .await
+        .unwrap();
+    assert!(a.is_lost() || !a.release().await.unwrap(), "forced out");
+    assert!(b.is_lost() || !b.release().await.unwrap(), "forced out");
 }
 
 async fn the_watchdog_renews_each_permit(t: Target) {
