@@ -779,6 +779,24 @@ impl Target {
         Some(2 * found > self.marks_on.len())
     }
 
+    /// Returns once a waiter for `key` was refused by its present holder after it began
+    /// listening (it sleeps until a release wakes it): where the store keeps a waiting mark, once
+    /// the mark is there (each release deletes it, so it is the present holder's; a semaphore's
+    /// refused permit attempt sets the same mark). Elsewhere (in memory, on a Cluster, on the SQL
+    /// and queue stores) after a pause in which it will have been: were the pause too short, the
+    /// waiter would find the lock free and the test would pass without proving the wake-up,
+    /// never fail wrongly.
+    pub async fn refused_waiter(&self, key: &str) {
+        if self.has_marks() {
+            eventually(5 * SECOND, "a refused waiter marked the lock", || async {
+                self.marked(key).await == Some(true)
+            })
+            .await;
+        } else {
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        }
+    }
+
     /// Whether this deployment keeps waiting marks: not in memory, and not on a Cluster, where
     /// every release announces itself.
     pub fn has_marks(&self) -> bool {

@@ -99,7 +99,7 @@ async fn release_wakes_the_waiter_before_any_timer(t: Target) {
     })
     .await;
     // Asleep on its (>= 1.7 s) nap after its attempt.
-    refused(&t, "wake").await;
+    t.refused_waiter("wake").await;
     let released_at = Instant::now();
     assert!(holder.release().await.unwrap());
     let (guard, acquired_at) = waiter.await.unwrap();
@@ -563,7 +563,7 @@ async fn after_a_hand_off_between_clients_the_next_release_still_wakes_the_rest(
                 // The first to get it holds it until the other waiter, woken by the same
                 // release, was refused by it.
                 if turns_taken.fetch_add(1, Ordering::SeqCst) == 0 {
-                    refused(&t, "relay").await;
+                    t.refused_waiter("relay").await;
                 }
                 let released_at = Instant::now();
                 assert!(guard.release().await.unwrap());
@@ -572,7 +572,7 @@ async fn after_a_hand_off_between_clients_the_next_release_still_wakes_the_rest(
         }));
         lock_tests::joined_line(other, "relay", before).await;
     }
-    refused(&t, "relay").await;
+    t.refused_waiter("relay").await;
     let released_at = Instant::now();
     assert!(holder.release().await.unwrap());
     let mut turns = Vec::new();
@@ -585,23 +585,6 @@ async fn after_a_hand_off_between_clients_the_next_release_still_wakes_the_rest(
     };
     lock_tests::assert_woken_by_the_release(first - released_at);
     lock_tests::assert_woken_by_the_release(second - first_released);
-}
-
-/// Returns once a waiter for `key` was refused by its present holder after it began listening
-/// (it sleeps until a release wakes it): where the store keeps a waiting mark, once the mark is
-/// there (each release deletes it, so it is the present holder's). Elsewhere (in memory, on a
-/// Cluster: every release announces itself there) after a pause in which it will have been:
-/// were the pause too short, the waiter would find the lock free and the test would pass
-/// without proving the wake-up, never fail wrongly.
-async fn refused(t: &Target, key: &str) {
-    if t.has_marks() {
-        eventually(5 * SECOND, "a refused waiter marked the lock", || async {
-            t.marked(key).await == Some(true)
-        })
-        .await;
-    } else {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

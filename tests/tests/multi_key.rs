@@ -156,7 +156,7 @@ async fn the_release_of_the_blocking_key_wakes_the_waiter(t: Target) {
         other.waiting("set:w2").unwrap() == 1
     })
     .await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    t.refused_waiter("set:w2").await;
     let released_at = Instant::now();
     assert!(holder.release().await.unwrap());
     let (got, at) = waiter.await.unwrap();

@@ -103,8 +103,8 @@ async fn a_release_wakes_a_waiter_of_another_client(t: Target) {
         permits(2, 10_000).wait(Duration::from_secs(30)),
     )
     .await;
-    // Refused once, it sleeps until woken (the holders' permits have a minute left).
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Refused, it sleeps until woken (the holders' permits have a minute left).
+    t.refused_waiter("sem:wake").await;
     let released_at = Instant::now();
     let permit = second.permit();
     assert!(second.release().await.unwrap());
@@ -127,7 +127,7 @@ async fn releases_at_once_wake_one_waiter_each(t: Target) {
     let waiting = permits(2, 10_000).wait(Duration::from_secs(30));
     let first = in_line(&other, "sem:both", waiting.clone()).await;
     let second = in_line(&other, "sem:both", waiting).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    t.refused_waiter("sem:both").await;
     let released_at = Instant::now();
     let (ra, rb) = tokio::join!(a.release(), b.release());
     assert!(ra.unwrap() && rb.unwrap());
