@@ -310,6 +310,30 @@ async fn the_documented_acl_rights_are_enough_for_everything() {
     assert!(guard.release().await.unwrap());
     let _held = client.acquire("forced", &ttl(60_000)).await.unwrap();
     assert!(client.force_release("forced").await.unwrap());
+    // Semaphores (permit.lua and its release, a waiter's mark) and multi-key sets (set.lua)
+    // under the same line: it names every command their scripts run.
+    let other = builder(&with_user(&server, "locker")).build().await.unwrap();
+    let sem = ttl(5000)
+        .permits(2)
+        .fencing(true)
+        .hold_at_least(Duration::from_millis(20));
+    let (p0, p1) = (
+        client.acquire("rights:sem", &sem).await.unwrap(),
+        client.acquire("rights:sem", &sem).await.unwrap(),
+    );
+    let waiter = tokio::spawn({
+        let (other, sem) = (other.clone(), sem.clone());
+        async move { other.acquire("rights:sem", &sem.wait(10 * SECOND)).await }
+    });
+    lock_tests::joined_line(&other, "rights:sem", 0).await;
+    assert!(p0.release().await.unwrap() && p1.release().await.unwrap());
+    assert!(waiter.await.unwrap().unwrap().release().await.unwrap());
+    let set = client
+        .acquire_all(["rights:a", "rights:b"], &ttl(5000).fencing(true))
+        .await
+        .unwrap();
+    assert!(set.fencing_token_for("rights:b").is_some());
+    assert!(set.release().await.unwrap());
 }
 
 /// Issues 23 and 30: the documented line is enough for every kind of lock (fair, shared, fenced,
