@@ -4,7 +4,7 @@
 use std::borrow::Cow;
 
 use super::super::keys;
-use super::{Call, ACQUIRE, FAIR};
+use super::{mark_at, Call, ACQUIRE, FAIR};
 use crate::options::ceil_millis;
 use crate::store::Attempt;
 use crate::FAIR_PLACE_KEPT;
@@ -49,10 +49,7 @@ impl Exclusive<'_> {
         if self.join {
             named.push(Cow::Owned(keys::writers(lock)));
             writers = named.len().to_string();
-            if self.marks {
-                named.push(Cow::Owned(keys::waiting(lock)));
-                mark = named.len().to_string();
-            }
+            mark = mark_at(&mut named, lock, self.marks);
         }
         let mut call = ACQUIRE.call(&named);
         call.arg(self.token).arg(self.ttl_ms).arg(flag(self.fencing));

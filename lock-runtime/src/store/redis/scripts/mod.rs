@@ -70,6 +70,16 @@ static FORCE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("force.lua"
 static RELEASE: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(concat!(include_str!("fence.lua"), include_str!("release.lua"))));
 
+/// Names `lock`'s waiting mark after the keys in `named` when `marks`, and says where it is in
+/// `KEYS` as the attempt scripts take it (`''`: not given).
+pub(crate) fn mark_at(named: &mut Vec<std::borrow::Cow<'_, str>>, lock: &str, marks: bool) -> String {
+    if !marks {
+        return String::new();
+    }
+    named.push(std::borrow::Cow::Owned(super::keys::waiting(lock)));
+    named.len().to_string()
+}
+
 /// A script's source and its SHA1.
 #[derive(Debug)]
 pub(crate) struct Lua {

@@ -5,7 +5,7 @@
 use std::borrow::Cow;
 
 use super::super::keys;
-use super::{Call, PERMIT};
+use super::{mark_at, Call, PERMIT};
 use crate::store::Attempt;
 
 /// One attempt at a permit.
@@ -31,12 +31,7 @@ impl Permit<'_> {
         if self.fencing {
             named.push(Cow::Owned(keys::fence(lock)));
         }
-        let mark = if self.marks {
-            named.push(Cow::Owned(keys::waiting(lock)));
-            named.len().to_string()
-        } else {
-            String::new()
-        };
+        let mark = mark_at(&mut named, lock, self.marks);
         let mut call = PERMIT.call(&named);
         call.arg(self.token)
             .arg(self.ttl_ms)

@@ -5,7 +5,7 @@
 use std::borrow::Cow;
 
 use super::super::keys;
-use super::{Call, SHARE};
+use super::{mark_at, Call, SHARE};
 
 /// One attempt at a read share.
 #[derive(Debug)]
@@ -29,12 +29,7 @@ impl Share<'_> {
         if self.fencing {
             named.push(Cow::Owned(keys::fence(lock)));
         }
-        let mark = if self.marks {
-            named.push(Cow::Owned(keys::waiting(lock)));
-            named.len().to_string()
-        } else {
-            String::new()
-        };
+        let mark = mark_at(&mut named, lock, self.marks);
         let mut call = SHARE.call(&named);
         call.arg(self.token)
             .arg(self.ttl_ms)
