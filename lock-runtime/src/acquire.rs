@@ -315,48 +315,60 @@ pub(crate) async fn take_set_at_once(
     locks: &[Lock],
     options: &LockOptions,
 ) -> Result<SetTaken, LockError> {
-    let token = crate::holder::new_value(&core.owner);
-    let ask = Ask::once(options.ttl_ms(), options.is_fencing());
+    // A token per lock, as when each is taken alone.
+    let tokens: Vec<String> = locks
+        .iter()
+        .map(|_| crate::holder::new_value(&core.owner))
+        .collect();
+    let once = Ask::once(options.ttl_ms(), options.is_fencing());
+    // A caller that will wait goes on key by key when refused: the store need not say by whom.
+    let ask = Ask {
+        join: !options.get_wait().is_zero(),
+        ..once
+    };
     let in_flight = core.held.acquiring();
     if core.held.is_closed() {
         return Err(LockError::unavailable(ShutDown));
     }
     let pending: Vec<PendingAcquire<'_>> = locks
         .iter()
-        .map(|lock| PendingAcquire::new(core, lock, &token, (&ask, Kind::Plain)))
+        .zip(&tokens)
+        .map(|(lock, token)| PendingAcquire::new(core, lock, token, (&once, Kind::Plain)))
         .collect();
     let started = Instant::now();
     // One route for the set, recorded in the first lock's place (so a cancelled attempt's
     // release of that lock follows it at once) and copied to the others once answered.
     let spare = Flight::default();
     let flight = pending.first().map_or(&spare, |p| &p.flight);
-    let answer = core.store.attempt_set(locks, &token, &ask, flight).await;
+    let answer = core.store.attempt_set(locks, &tokens, &ask, flight).await;
     if let Some(route) = flight.get() {
         pending.iter().for_each(|p| p.flight.set(route));
     }
     let answer = answer?; // `pending` releases each lock in the background as it drops
     pending.into_iter().for_each(PendingAcquire::settled);
-    let fences = match answer {
+    let (fences, lease) = match answer {
         None => return Ok(SetTaken::NotHere),
         Some(SetAttempt::Refused { at, .. }) => {
             let key = locks.get(at).map_or("", Lock::key);
             return Ok(SetTaken::Refused(key.to_owned()));
         }
-        Some(SetAttempt::Taken(fences)) => fences,
+        Some(SetAttempt::Taken { fences, kept_until }) => {
+            // Kept for less than the ttl whatever happens to this client (as for one lock).
+            let lease = match kept_until {
+                Some(until) => until.saturating_duration_since(started).min(options.ttl()),
+                None => options.ttl(),
+            };
+            (fences, lease)
+        }
     };
-    let lease = (started, options.ttl());
+    let lease = (started, lease);
     let mut guards: Vec<LockGuard> = locks
         .iter()
+        .zip(tokens)
         .zip(fences.into_iter().chain(std::iter::repeat(None)))
-        .map(|(lock, fence)| {
-            let mut state = LockState::new(
-                (lock.clone(), Kind::Plain),
-                token.clone(),
-                fence,
-                options,
-                started,
-                lease,
-            );
+        .map(|((lock, token), fence)| {
+            let mut state =
+                LockState::new((lock.clone(), Kind::Plain), token, fence, options, started, lease);
             state.by_key_class = core.metrics_key_class;
             let labels = Labels::new(false, lock.key(), core.metrics_key_class);
             telemetry::acquire(&labels, "acquired", started.elapsed(), started.elapsed());

@@ -854,3 +854,45 @@ async fn waiters_survive_watches_started_below_the_compacted_revision() {
         started.elapsed()
     );
 }
+
+/// A multi-key set is one transaction (each lock's place put only if every line is empty), taken
+/// with or without fencing or refused, as etcd counts what it served; a refused set takes
+/// nothing, and each key's token rises.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_is_one_transaction_taken_or_refused() {
+    let cluster = blocking(EtcdCluster::spawn).await;
+    let endpoints = cluster.endpoints();
+    let (c, other) = (client(&endpoints).await, client(&endpoints).await);
+    // Sessions granted: what is counted below is the steady state.
+    for client in [&c, &other] {
+        let warm = client.acquire("warm", &ttl(10_000)).await.unwrap();
+        assert!(warm.release().await.unwrap());
+    }
+    let txns = || cluster.served().get("Txn").copied().unwrap_or(0.0);
+    let keys = ["set:a", "set:b", "set:c"];
+    let mut last = None;
+    for fencing in [false, true] {
+        let before = txns();
+        let all = c.acquire_all(keys, &ttl(10_000).fencing(fencing)).await.unwrap();
+        assert_eq!(txns() - before, 1.0, "one transaction (fencing: {fencing})");
+        if fencing {
+            last = all.fencing_token_for("set:b");
+        }
+        assert!(all.release().await.unwrap());
+    }
+    let held = other.acquire("set:b", &ttl(10_000)).await.unwrap();
+    let before = txns();
+    let refused = c.acquire_all(keys, &ttl(10_000)).await;
+    assert_eq!(txns() - before, 1.0, "refused in the same one transaction");
+    assert!(
+        matches!(refused, Err(LockError::Busy { ref key }) if key == "set:b"),
+        "{refused:?}"
+    );
+    for key in ["set:a", "set:c"] {
+        assert!(!c.is_locked(key).await.unwrap(), "{key} left taken");
+    }
+    assert!(held.release().await.unwrap());
+    let again = c.acquire_all(keys, &ttl(10_000).fencing(true)).await.unwrap();
+    assert!(again.fencing_token_for("set:b") > last, "{last:?}");
+    assert!(again.release().await.unwrap());
+}

@@ -3,13 +3,13 @@
 //! a key's release waking the waiter, fencing per key, nested subsets, losing any key losing the
 //! set; on every deployment.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lock_runtime::{distributed_lock, LockClient, LockError};
-use lock_tests::{eventually, ttl, Dice, Target, SECOND};
+use lock_runtime::{distributed_lock, LockClient, LockError, LockMode};
+use lock_tests::{eventually, ttl, waiting, Dice, Target, SECOND};
 use tokio::time::Instant;
 
 lock_tests::on_every_deployment!(
@@ -32,6 +32,24 @@ mod fenced {
     use super::*;
 
     lock_tests::on_every_deployment_with_fencing!(each_key_of_a_set_has_its_own_rising_token);
+}
+
+/// Fair and shared sets: each key of the set in that mode, as a single key is (taken key by
+/// key in the canonical order), where the store offers the mode.
+mod modes {
+    use super::*;
+
+    lock_tests::on_every_deployment_with_one_counter!(
+        shared_sets_share_and_hold_a_writer_back,
+        fair_sets_are_served_in_the_order_they_came,
+    );
+}
+
+/// A set of semaphores: a permit of each key.
+mod permits {
+    use super::*;
+
+    lock_tests::on_every_deployment_with_permits!(a_semaphore_set_holds_a_permit_of_each_key);
 }
 
 async fn all_or_nothing_while_one_key_is_held_elsewhere(t: Target) {
@@ -189,6 +207,98 @@ async fn each_key_of_a_set_has_its_own_rising_token(t: Target) {
     for (b, a) in before.iter().zip(&after) {
         assert!(a > b, "per key: {after:?} after {before:?}");
     }
+}
+
+/// Readers of a set share every key of it, whatever order they name it in; a writer of one of
+/// its keys, and a writer's set, wait until the last reader of that key leaves.
+async fn shared_sets_share_and_hold_a_writer_back(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let read = ttl(10_000).mode(LockMode::Shared);
+    let first = c.acquire_all(["set:r1", "set:r2"], &read).await.unwrap();
+    let second = other.acquire_all(["set:r2", "set:r1"], &read).await.unwrap();
+    let refused = other.acquire("set:r2", &ttl(10_000)).await;
+    assert!(matches!(refused, Err(LockError::Busy { .. })), "{refused:?}");
+    let before = waiting(&other, "set:r1");
+    let writer = tokio::spawn({
+        let other = other.clone();
+        async move {
+            other
+                .acquire_all(["set:r1", "set:r2"], &ttl(10_000).wait(Duration::from_secs(30)))
+                .await
+        }
+    });
+    lock_tests::joined_line(&other, "set:r1", before).await;
+    assert!(first.release().await.unwrap());
+    assert!(!writer.is_finished(), "the second reader still holds both keys");
+    assert!(second.release().await.unwrap());
+    let writer = tokio::time::timeout(10 * SECOND, writer)
+        .await
+        .expect("the writer gets in once the readers left")
+        .unwrap()
+        .unwrap();
+    let reader = c.acquire_all(["set:r2"], &read).await;
+    assert!(matches!(reader, Err(LockError::Busy { .. })), "{reader:?}");
+    assert!(writer.release().await.unwrap());
+}
+
+/// Fair sets of the same keys, named in either order, get in in the order their callers came,
+/// each behind the holder of one of the keys.
+async fn fair_sets_are_served_in_the_order_they_came(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let holder = c.acquire("set:fa", &ttl(30_000)).await.unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let fair = ttl(10_000).fair(true).wait(Duration::from_secs(30));
+    let mut waiters = Vec::new();
+    for (n, (client, keys)) in [
+        (other.clone(), ["set:fa", "set:fb"]),
+        (c.clone(), ["set:fb", "set:fa"]),
+        (other.clone(), ["set:fb", "set:fa"]),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let before = waiting(&client, "set:fa");
+        let (order, fair) = (Arc::clone(&order), fair.clone());
+        waiters.push(tokio::spawn({
+            let client = client.clone();
+            async move {
+                client
+                    .run_all(keys, &fair, async {
+                        order.lock().unwrap().push(n);
+                    })
+                    .await
+            }
+        }));
+        // In line behind the one before it: the canonical order's first key is "set:fa".
+        lock_tests::joined_line(&client, "set:fa", before).await;
+    }
+    assert!(holder.release().await.unwrap());
+    for waiter in waiters {
+        tokio::time::timeout(20 * SECOND, waiter)
+            .await
+            .expect("every fair set gets in")
+            .unwrap()
+            .unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), [0, 1, 2]);
+}
+
+/// A set with `permits` holds a permit of each key: as many holders of the same set as permits,
+/// and one more is refused until a holder leaves.
+async fn a_semaphore_set_holds_a_permit_of_each_key(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let two = ttl(10_000).permits(2);
+    let first = c.acquire_all(["set:p1", "set:p2"], &two).await.unwrap();
+    let second = other.acquire_all(["set:p2", "set:p1"], &two).await.unwrap();
+    let permits: BTreeSet<Option<u32>> = [first.permit(), second.permit()].into_iter().collect();
+    assert_eq!(permits.len(), 2, "distinct permits of the first key: {permits:?}");
+    let third = c.acquire_all(["set:p1", "set:p2"], &two).await;
+    assert!(matches!(third, Err(LockError::Busy { .. })), "{third:?}");
+    // The refused set gave back the permit of "set:p1" it may have taken: one leaving lets it in.
+    assert!(second.release().await.unwrap());
+    let third = c.acquire_all(["set:p1", "set:p2"], &two).await.unwrap();
+    assert!(third.release().await.unwrap());
+    assert!(first.release().await.unwrap());
 }
 
 async fn nested_calls_on_a_subset_run_without_acquiring(t: Target) {

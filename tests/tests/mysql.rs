@@ -442,3 +442,78 @@ async fn nothing_listening_is_named_with_its_address() {
         "{said}"
     );
 }
+
+/// A multi-key set is one statement (a multi-row insert whose refusal of any row fails it whole),
+/// and a second only to read the fencing tokens when asked for, or to name the lock held when a
+/// caller that will not wait is refused; a refused set leaves nothing taken. Counted by the
+/// server (its `Com_*` status).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_is_one_statement_and_a_refused_one_takes_nothing() {
+    let server = blocking(MariadbServer::spawn).await;
+    let (c, other) = (client(&server).await, client(&server).await);
+    // A client's first acquire sweeps in the background: settled before counting.
+    for client in [&c, &other] {
+        client
+            .acquire("warm", &ttl(1000))
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    let ran = || -> u64 {
+        server
+            .sql(
+                "SHOW GLOBAL STATUS WHERE Variable_name IN \
+                 ('Com_select', 'Com_insert', 'Com_update', 'Com_delete', 'Com_insert_select')",
+            )
+            .lines()
+            .filter_map(|line| line.split('\t').nth(1)?.trim().parse::<u64>().ok())
+            .sum()
+    };
+    let mut last = ran();
+    eventually(5 * SECOND, "the sweeps are done", || {
+        let now = ran();
+        let settled = now == last;
+        last = now;
+        async move { settled }
+    })
+    .await;
+    let keys = ["set:a", "set:b", "set:c"];
+    for (fencing, statements) in [(false, 1), (true, 2)] {
+        let before = ran();
+        let all = c.acquire_all(keys, &ttl(10_000).fencing(fencing)).await.unwrap();
+        assert_eq!(ran() - before, statements, "fencing: {fencing}");
+        let tokens: Vec<Option<u64>> = keys.iter().map(|k| all.fencing_token_for(k)).collect();
+        assert!(tokens.iter().all(|t| t.is_some() == fencing), "{tokens:?}");
+        assert!(all.release().await.unwrap());
+    }
+    let held = other.acquire("set:b", &ttl(10_000)).await.unwrap();
+    let before = ran();
+    let refused = c.acquire_all(keys, &ttl(10_000)).await;
+    assert_eq!(
+        ran() - before,
+        2,
+        "the set's statement, and the read that names the lock held"
+    );
+    assert!(
+        matches!(refused, Err(LockError::Busy { ref key }) if key == "set:b"),
+        "{refused:?}"
+    );
+    for key in ["set:a", "set:c"] {
+        assert!(!c.is_locked(key).await.unwrap(), "{key} left taken");
+    }
+    held.release().await.unwrap();
+    // A lock whose holder stopped renewing (left, as by a crashed process): once its lease
+    // ended, its row is taken by the set's statement, and its token rises.
+    let lapsed = other.acquire("set:c", &ttl(200).fencing(true)).await.unwrap();
+    let before = lapsed.fencing_token().unwrap();
+    std::mem::forget(lapsed);
+    eventually(5 * SECOND, "the lease ends", || async {
+        !c.is_locked("set:c").await.unwrap()
+    })
+    .await;
+    let all = c.acquire_all(keys, &ttl(10_000).fencing(true)).await.unwrap();
+    assert!(all.fencing_token_for("set:c").unwrap() > before);
+    assert!(all.release().await.unwrap());
+}

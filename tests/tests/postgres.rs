@@ -992,3 +992,57 @@ async fn nothing_listening_is_named_with_its_address() {
         "{said}"
     );
 }
+
+/// A multi-key set is one statement (`lock_runtime_v1_take_set`), taken with or without fencing
+/// or refused, all or none, as the server counts its statements (pg_stat_statements).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_is_one_statement_taken_or_refused() {
+    let server =
+        blocking(|| PostgresServer::spawn_with(&["shared_preload_libraries=pg_stat_statements"])).await;
+    let statements = pool(&server).await;
+    sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        .execute(&statements)
+        .await
+        .unwrap();
+    let (c, other) = (client(&server).await, client(&server).await);
+    // A client's first acquire sweeps in the background: not counted below.
+    for client in [&c, &other] {
+        client
+            .acquire("warm", &ttl(1000))
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    let ran = || async {
+        let calls: i64 = sqlx::query_scalar(
+            "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements \
+             WHERE query NOT ILIKE '%pg_stat_statements%' AND query NOT ILIKE '%lock_runtime_v1_sweep%'",
+        )
+        .fetch_one(&statements)
+        .await
+        .unwrap();
+        calls
+    };
+    let keys = ["set:a", "set:b", "set:c"];
+    for fencing in [false, true] {
+        let before = ran().await;
+        let all = c.acquire_all(keys, &ttl(10_000).fencing(fencing)).await.unwrap();
+        assert_eq!(ran().await - before, 1, "one statement (fencing: {fencing})");
+        assert_eq!(all.fencing_token_for("set:b").is_some(), fencing);
+        assert!(all.release().await.unwrap());
+    }
+    let held = other.acquire("set:b", &ttl(10_000)).await.unwrap();
+    let before = ran().await;
+    let refused = c.acquire_all(keys, &ttl(10_000)).await;
+    assert_eq!(ran().await - before, 1, "refused in the same one statement");
+    assert!(
+        matches!(refused, Err(LockError::Busy { ref key }) if key == "set:b"),
+        "{refused:?}"
+    );
+    for key in ["set:a", "set:c"] {
+        assert!(!c.is_locked(key).await.unwrap(), "{key} left taken");
+    }
+    held.release().await.unwrap();
+}

@@ -345,10 +345,24 @@ impl Attempt {
 /// What one attempt at a whole set of locks did ([`Store::attempt_set`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum SetAttempt {
-    /// Every lock taken, for the token: each one's fencing token when asked for, in order.
-    Taken(Vec<Option<u64>>),
+    /// Every lock taken, each for its token: each one's fencing token when asked for, in order.
+    /// `kept_until`: as for [`Attempt::Acquired`], for every lock of the set.
+    Taken {
+        fences: Vec<Option<u64>>,
+        kept_until: Option<tokio::time::Instant>,
+    },
     /// Nothing taken: the lock at this index is held (for how long yet, when known).
     Refused { at: usize, pttl_ms: Option<u64> },
+}
+
+impl SetAttempt {
+    /// Every lock taken, valid for its ttl, with these fencing tokens.
+    pub(crate) fn taken(fences: Vec<Option<u64>>) -> SetAttempt {
+        SetAttempt::Taken {
+            fences,
+            kept_until: None,
+        }
+    }
 }
 
 /// What one renewal found for one lock.
@@ -561,15 +575,18 @@ pub(crate) trait Store: Send + Sync + Debug + 'static {
         flight: &Flight,
     ) -> impl Future<Output = Result<Attempt, LockError>> + Send;
 
-    /// Takes every lock of `locks` (checked, in the set's canonical order, each once) for
-    /// `token` in one request, or none of them; `None` where the store cannot here (the client
-    /// then takes them one by one). Asked only for exclusive locks that are not fair, of more
-    /// than one key, by a caller that is not waiting yet. `flight` records the route, for the
-    /// release of each lock after it if its answer never comes.
+    /// Takes every lock of `locks` (checked, in the set's canonical order, each once), each for
+    /// its own token of `tokens` (in the same order: a store may keep what it knows of a lock by
+    /// its token, as for a single one), in one request, or none of them; `None` where the store
+    /// cannot here (the client then takes them one by one). Asked only for exclusive locks that
+    /// are not fair, of more than one key, by a caller that is not waiting yet; with `ask.join`
+    /// the caller will wait, and goes on key by key when refused (a refusal need not name the
+    /// lock that refused it). `flight` records the route, for the release of each lock after it
+    /// if its answer never comes.
     fn attempt_set(
         &self,
         _locks: &[Lock],
-        _token: &str,
+        _tokens: &[String],
         _ask: &Ask,
         _flight: &Flight,
     ) -> impl Future<Output = Result<Option<SetAttempt>, LockError>> + Send {
@@ -663,7 +680,7 @@ pub(crate) trait DynStore: Send + Sync + Debug {
     fn attempt_set<'a>(
         &'a self,
         locks: &'a [Lock],
-        token: &'a str,
+        tokens: &'a [String],
         ask: &'a Ask,
         flight: &'a Flight,
     ) -> Answer<'a, Option<SetAttempt>>;
@@ -704,11 +721,11 @@ impl<S: Store> DynStore for S {
     fn attempt_set<'a>(
         &'a self,
         locks: &'a [Lock],
-        token: &'a str,
+        tokens: &'a [String],
         ask: &'a Ask,
         flight: &'a Flight,
     ) -> Answer<'a, Option<SetAttempt>> {
-        Box::pin(Store::attempt_set(self, locks, token, ask, flight))
+        Box::pin(Store::attempt_set(self, locks, tokens, ask, flight))
     }
 
     fn renew<'a>(&'a self, locks: &'a [Renewing<'a>]) -> Answer<'a, Vec<Renewal>> {

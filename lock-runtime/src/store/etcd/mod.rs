@@ -40,7 +40,7 @@ use tokio::time::Instant;
 
 use super::{
     Ask, Attempt, Capabilities, DynStore, Flight, ForceReleased, Lock, LockView, Notices, Release, Released,
-    Renewal, Renewing, Settings, Store, StoreConfig,
+    Renewal, Renewing, SetAttempt, Settings, Store, StoreConfig,
 };
 use crate::background::Background;
 use crate::redact::hide_credentials;
@@ -752,6 +752,80 @@ impl EtcdStore {
         }
     }
 
+    /// Every lock of a set, or none, in one transaction: each lock's place put (each for its
+    /// own token, on one session) only if every lock's line is empty, as a try of one lock that
+    /// will not wait does for one. Every place has the transaction's revision, so each lock's
+    /// fencing token rises as a single lock's does. Refused, it reads how many are in each line,
+    /// to name the first lock held (not for a caller that will wait, which goes on key by key).
+    async fn take_set(
+        &self,
+        locks: &[Lock],
+        tokens: &[String],
+        ask: &Ask,
+    ) -> Result<Option<SetAttempt>, LockError> {
+        if locks.len() > MAX_TXN_OPS {
+            return Ok(None);
+        }
+        let sent = Instant::now();
+        let session = self.session(ask.ttl_ms).await?;
+        let (mut empty, mut puts, mut counts) = (Vec::new(), Vec::new(), Vec::new());
+        let mut places = Vec::with_capacity(locks.len());
+        for (lock, token) in locks.iter().zip(tokens) {
+            let names = Names::for_lock(lock.name());
+            let (start, end) = names.line();
+            let key = names.place(id_of(token), false);
+            empty.push(Compare::create_revision(start.clone(), CompareOp::Equal, 0).with_range(end.clone()));
+            let on_session = PutOptions::new().with_lease(session.id);
+            puts.push(TxnOp::put(key.clone(), token.as_str(), Some(on_session)));
+            if !ask.join {
+                counts.push(TxnOp::get(
+                    start,
+                    Some(GetOptions::new().with_range(end).with_count_only()),
+                ));
+            }
+            places.push((lock.name().to_owned(), key));
+        }
+        let answer = self
+            .pool()
+            .txn(Txn::new().when(empty).and_then(puts).or_else(counts))
+            .await?;
+        let responses = answer.op_responses();
+        if !answer.succeeded() {
+            let held = |at: &usize| match responses.get(*at) {
+                Some(TxnOpResponse::Get(got)) => got.count() > 0,
+                _ => false,
+            };
+            let at = (0..locks.len()).find(held).unwrap_or(0);
+            return Ok(Some(SetAttempt::Refused { at, pttl_ms: None }));
+        }
+        let created = revision(&answer);
+        let mut fences = Vec::with_capacity(locks.len());
+        let mut kept_until = None;
+        for ((name, key), token) in places.into_iter().zip(tokens) {
+            let place = Place {
+                name,
+                key,
+                shared: false,
+                created,
+                lease: session.id,
+                fenced: ask.fencing,
+                after_writer: 0,
+                until: None,
+                kept: false,
+            };
+            if let Attempt::Acquired {
+                fence,
+                kept_until: kept,
+                ..
+            } = self.taken(token, place, ask, (sent, session), 0)
+            {
+                fences.push(fence);
+                kept_until = kept_until.or(kept);
+            }
+        }
+        Ok(Some(SetAttempt::Taken { fences, kept_until }))
+    }
+
     /// The place is the lock's now: recorded as held until its ttl from `sent`, no longer
     /// than its session is kept.
     fn taken(
@@ -1251,6 +1325,17 @@ impl Store for EtcdStore {
 
     async fn attempt(&self, lock: &Lock, token: &str, ask: &Ask, _: &Flight) -> Result<Attempt, LockError> {
         self.acquire(lock, token, ask).await
+    }
+
+    /// One transaction ([`EtcdStore::take_set`]).
+    async fn attempt_set(
+        &self,
+        locks: &[Lock],
+        tokens: &[String],
+        ask: &Ask,
+        _: &Flight,
+    ) -> Result<Option<SetAttempt>, LockError> {
+        self.take_set(locks, tokens, ask).await
     }
 
     async fn renew(&self, locks: &[Renewing<'_>]) -> Result<Vec<Renewal>, LockError> {

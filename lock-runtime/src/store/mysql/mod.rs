@@ -32,7 +32,7 @@ use tokio::sync::OnceCell;
 use super::sql::{ask, bounded, millis, one_line, unsigned, why_unconnected, Checkout, LazyPool, SqlStore};
 use super::{
     Ask, Attempt, Capabilities, DynStore, Flight, ForceReleased, Kind, Lock, LockView, Notices, Offered,
-    Release, Released, Renewal, Renewing, Settings, Store, StoreConfig, Timeouts,
+    Release, Released, Renewal, Renewing, SetAttempt, Settings, Store, StoreConfig, Timeouts,
 };
 use crate::error::TimedOut;
 use crate::redact::hide_credentials;
@@ -93,6 +93,51 @@ const TAKE: &str = concat!(
     takeable!(),
     ", VALUES(expires_ms), expires_ms)"
 );
+/// A set's acquire: [`TAKE`] for many rows in one statement (binds per row: name, token, ttl,
+/// fencing; then fencing once), every row or none. A row that may not be taken makes the whole
+/// statement fail (an unsigned overflow, evaluated only for such a row: ER_DATA_OUT_OF_RANGE,
+/// whatever the `sql_mode`), and InnoDB rolls a failed statement back, so no row of a refused
+/// set was taken. A new row's fencing token is the clock in microseconds; a row's own, as for
+/// one lock. Its rows, as every statement's, are locked in the order named (the set's
+/// canonical order), and a deadlock's victim changed nothing and is sent again.
+fn take_set(rows: usize) -> String {
+    let row = concat!("(?, ?, ", now_ms!(), " + ?, IF(?, ", now_us!(), ", NULL))");
+    format!(
+        concat!(
+            "INSERT INTO lock_runtime_locks (name, token, expires_ms, fence) VALUES {} \
+             ON DUPLICATE KEY UPDATE fence = IF(",
+            takeable!(),
+            ", IF(?, IF(token = VALUES(token) AND fence IS NOT NULL, fence, GREATEST(",
+            now_us!(),
+            ", COALESCE(fence, 0) + 1)), fence), expires_ms + 18446744073709551615), token = IF(",
+            takeable!(),
+            ", VALUES(token), token), expires_ms = IF(",
+            takeable!(),
+            ", VALUES(expires_ms), expires_ms)"
+        ),
+        vec![row; rows].join(", ")
+    )
+}
+
+/// The set's statement refused: some row of it may not be taken (see [`take_set`]).
+fn set_refused(e: &sqlx::Error) -> bool {
+    // ER_DATA_OUT_OF_RANGE
+    number(e) == Some(1690)
+}
+
+/// The rows of some locks as they are now (binds: the names): name, token, fencing token and
+/// how long the lease has left (at most 0 when it ended).
+fn rows_of(names: usize) -> String {
+    format!(
+        concat!(
+            "SELECT name, token, fence, expires_ms - ",
+            now_ms!(),
+            " FROM lock_runtime_locks WHERE name IN ({})"
+        ),
+        vec!["?"; names].join(", ")
+    )
+}
+
 /// How long the holder of a refused lock has left (none: it went meanwhile).
 const LEFT: &str = concat!(
     "SELECT expires_ms - ",
@@ -339,6 +384,74 @@ impl MysqlStore {
         })
     }
 
+    /// Every lock of a set for its token, or none, in one statement ([`take_set`]); the fencing
+    /// tokens taken, when asked for, in a second (a write answers no values here), and the lock
+    /// that refused a caller that will not wait, likewise (one that will goes on key by key).
+    async fn take_set(&self, locks: &[Lock], tokens: &[String], ask: &Ask) -> Result<SetAttempt, LockError> {
+        self.sweep_now_and_then();
+        let statement = take_set(locks.len());
+        let taken = ask!(self, |conn| {
+            // Not prepared on the server: its text differs with the number of locks.
+            let mut query = sqlx::query(&statement).persistent(false);
+            for (lock, token) in locks.iter().zip(tokens) {
+                query = query
+                    .bind(lock.name().as_bytes())
+                    .bind(token.as_bytes())
+                    .bind(millis(ask.ttl_ms))
+                    .bind(ask.fencing);
+            }
+            async {
+                match query.bind(ask.fencing).execute(conn).await {
+                    Ok(_) => Ok(true),
+                    Err(e) if set_refused(&e) => Ok(false),
+                    Err(e) => Err(e),
+                }
+            }
+        })?;
+        if taken && !ask.fencing {
+            return Ok(SetAttempt::taken(vec![None; locks.len()]));
+        }
+        if !taken && ask.join {
+            return Ok(SetAttempt::Refused { at: 0, pttl_ms: None });
+        }
+        let statement = rows_of(locks.len());
+        type Row = (Vec<u8>, Option<Vec<u8>>, Option<i64>, i64);
+        let rows: Vec<Row> = ask!(self, |conn| {
+            let mut query = sqlx::query_as(&statement).persistent(false);
+            for lock in locks {
+                query = query.bind(lock.name().as_bytes());
+            }
+            query.fetch_all(conn)
+        })?;
+        let row_of = |lock: &Lock| rows.iter().find(|row| row.0 == lock.name().as_bytes());
+        if taken {
+            // A fencing token for each lock still this token's (one that ended meanwhile is
+            // lost by its holder's validity too).
+            return Ok(SetAttempt::taken(
+                locks
+                    .iter()
+                    .zip(tokens)
+                    .map(|(lock, token)| {
+                        row_of(lock)
+                            .filter(|row| row.1.as_deref() == Some(token.as_bytes()))
+                            .and_then(|row| row.2)
+                            .map(unsigned)
+                    })
+                    .collect(),
+            ));
+        }
+        // The first lock of the set someone holds (none: they went meanwhile).
+        let held = locks.iter().enumerate().find_map(|(at, lock)| {
+            row_of(lock)
+                .filter(|row| row.1.is_some() && row.3 > 0)
+                .map(|row| (at, row.3))
+        });
+        Ok(SetAttempt::Refused {
+            at: held.map_or(0, |(at, _)| at),
+            pttl_ms: held.map(|(_, left)| unsigned(left)),
+        })
+    }
+
     async fn renew_one(&self, lock: &Lock, token: &str, ttl_ms: u64) -> Result<Renewal, LockError> {
         let renewed = ask!(self, |conn| sqlx::query(RENEW)
             .bind(millis(ttl_ms))
@@ -575,6 +688,17 @@ impl Store for MysqlStore {
 
     async fn attempt(&self, lock: &Lock, token: &str, ask: &Ask, _: &Flight) -> Result<Attempt, LockError> {
         self.acquire(lock, token, ask).await
+    }
+
+    /// One statement ([`take_set`]).
+    async fn attempt_set(
+        &self,
+        locks: &[Lock],
+        tokens: &[String],
+        ask: &Ask,
+        _: &Flight,
+    ) -> Result<Option<SetAttempt>, LockError> {
+        self.take_set(locks, tokens, ask).await.map(Some)
     }
 
     async fn renew(&self, locks: &[Renewing<'_>]) -> Result<Vec<Renewal>, LockError> {

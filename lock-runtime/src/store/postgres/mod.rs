@@ -16,7 +16,7 @@ use tokio::sync::OnceCell;
 use super::sql::{ask, bounded, millis, one_line, unsigned, why_unconnected, Checkout, LazyPool, SqlStore};
 use super::{
     Ask, Attempt, Capabilities, DynStore, Flight, ForceReleased, Kind, Lock, LockView, Notices, Release,
-    Released, Renewal, Renewing, Settings, Store, StoreConfig, Timeouts,
+    Released, Renewal, Renewing, SetAttempt, Settings, Store, StoreConfig, Timeouts,
 };
 use crate::options::FAIR_PLACE_KEPT;
 use crate::redact::hide_credentials;
@@ -105,6 +105,8 @@ const PERMIT: &str =
 /// after a plain first try was refused, so that a lock asked of a semaphore is told so.
 const COUNT_HELD: &str = "SELECT permits FROM lock_runtime_locks \
      WHERE key = $1 AND permits IS NOT NULL AND shares_until > lock_runtime_v1_now()";
+/// Every lock of a set or none (`lock_runtime_v1_take_set`).
+const TAKE_SET: &str = "SELECT fences, refused, left_ms FROM lock_runtime_v1_take_set($1, $2, $3, $4)";
 const RENEW: &str = "SELECT lock_runtime_v1_renew($1, $2, $3)";
 const RELEASE: &str = "SELECT lock_runtime_v1_release($1, $2, $3, $4, $5, $6)";
 const LEAVE: &str = "SELECT lock_runtime_v1_leave($1, $2, $3, $4)";
@@ -508,6 +510,35 @@ impl PostgresStore {
         })
     }
 
+    /// Every lock of a set for its token, or none, in one statement (`lock_runtime_v1_take_set`).
+    async fn take_set(&self, locks: &[Lock], tokens: &[String], ask: &Ask) -> Result<SetAttempt, LockError> {
+        self.sweep_now_and_then();
+        let names: Vec<&str> = locks.iter().map(Lock::name).collect();
+        let (fences, refused, left): (Option<Vec<i64>>, Option<i32>, Option<i64>) =
+            ask!(self, |conn| sqlx::query_as(TAKE_SET)
+                .bind(&names)
+                .bind(tokens)
+                .bind(millis(ask.ttl_ms))
+                .bind(ask.fencing)
+                .fetch_one(conn))?;
+        Ok(match refused {
+            Some(at) => SetAttempt::Refused {
+                at: usize::try_from(at)
+                    .ok()
+                    .and_then(|at| at.checked_sub(1))
+                    .unwrap_or(0),
+                pttl_ms: left.map(unsigned),
+            },
+            None => SetAttempt::taken(
+                fences
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|f| ask.fencing.then(|| unsigned(f)))
+                    .collect(),
+            ),
+        })
+    }
+
     async fn renew_locks(&self, locks: &[Renewing<'_>]) -> Result<Vec<Renewal>, LockError> {
         let keys: Vec<&str> = locks.iter().map(|(lock, _, _)| lock.name()).collect();
         let tokens: Vec<&str> = locks.iter().map(|(_, token, _)| *token).collect();
@@ -770,6 +801,17 @@ impl Store for PostgresStore {
 
     async fn attempt(&self, lock: &Lock, token: &str, ask: &Ask, _: &Flight) -> Result<Attempt, LockError> {
         self.acquire(lock, token, ask).await
+    }
+
+    /// One statement (`lock_runtime_v1_take_set`).
+    async fn attempt_set(
+        &self,
+        locks: &[Lock],
+        tokens: &[String],
+        ask: &Ask,
+        _: &Flight,
+    ) -> Result<Option<SetAttempt>, LockError> {
+        self.take_set(locks, tokens, ask).await.map(Some)
     }
 
     async fn renew(&self, locks: &[Renewing<'_>]) -> Result<Vec<Renewal>, LockError> {

@@ -388,6 +388,57 @@ BEGIN
 END
 $$;
 
+-- One attempt at every lock of a set (exclusive, not fair), each for its own token: every one
+-- taken, or none. The rows are locked first, in key order as a renewal locks them (two requests
+-- on some of the same keys never wait for each other in a cycle), the missing ones made free;
+-- then the clock is read and every row looked at before the first is taken. Answers the fencing
+-- tokens in the order asked (when asked for), or the position (1-based) of the first lock held
+-- and how long its holder has left. Idempotent for the same tokens. A refusal writes nothing but
+-- the free rows it made for keys nobody held, which the sweep deletes.
+CREATE OR REPLACE FUNCTION lock_runtime_v1_take_set(
+    ks text[], toks text[], ttl bigint, fencing boolean,
+    OUT fences bigint[], OUT refused integer, OUT left_ms bigint)
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    at_ms bigint;
+    r lock_runtime_locks;
+    k text;
+    f bigint;
+BEGIN
+    FOR k IN SELECT DISTINCT a FROM unnest(ks) AS a ORDER BY a LOOP
+        PERFORM lock_runtime_v1_row(k);
+    END LOOP;
+    at_ms := lock_runtime_v1_now();
+    FOR i IN 1 .. coalesce(array_length(ks, 1), 0) LOOP
+        SELECT * INTO r FROM lock_runtime_locks WHERE key = ks[i];
+        IF NOT ((r.token IS NULL OR r.expires_ms <= at_ms OR r.token = toks[i])
+                AND r.shares_until <= at_ms) THEN
+            refused := i;
+            left_ms := greatest(CASE WHEN r.token IS NOT NULL AND r.expires_ms > at_ms THEN r.expires_ms END,
+                                NULLIF(r.shares_until, 0)) - at_ms;
+            RETURN;
+        END IF;
+    END LOOP;
+    fences := '{}';
+    FOR i IN 1 .. coalesce(array_length(ks, 1), 0) LOOP
+        SELECT * INTO r FROM lock_runtime_locks WHERE key = ks[i];
+        f := NULL;
+        IF fencing THEN
+            -- A request sent again keeps the token it took.
+            f := CASE WHEN r.token = toks[i] AND r.expires_ms > at_ms AND r.fence IS NOT NULL THEN r.fence
+                      ELSE lock_runtime_v1_fence(r.fence) END;
+        END IF;
+        -- A lapsed holder's, readers' or permits' values go: their late renewal or release
+        -- must not find them.
+        UPDATE lock_runtime_locks
+            SET token = toks[i], expires_ms = at_ms + ttl, fence = coalesce(f, r.fence),
+                marked = false, shares = NULL, shares_until = 0, permits = NULL, held = NULL
+            WHERE key = ks[i];
+        fences := fences || coalesce(f, 0);
+    END LOOP;
+END
+$$;
+
 -- Lengthens each lock's (or share's) lease to its ttl from at_ms if it still holds its value,
 -- never shortening it: the positions (1-based) of the renewed ones.
 CREATE OR REPLACE FUNCTION lock_runtime_v1_renew(ks text[], toks text[], ttls bigint[])

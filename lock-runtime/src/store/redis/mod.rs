@@ -582,14 +582,18 @@ impl Store for RedisStore {
     async fn attempt_set(
         &self,
         locks: &[Lock],
-        token: &str,
+        tokens: &[String],
         ask: &Ask,
         flight: &Flight,
     ) -> Result<Option<SetAttempt>, LockError> {
         if self.acknowledged.waits() {
             return Ok(None);
         }
-        let renewing: Vec<Renewing<'_>> = locks.iter().map(|l| (l, token, ask.ttl_ms)).collect();
+        let renewing: Vec<Renewing<'_>> = locks
+            .iter()
+            .zip(tokens)
+            .map(|(l, token)| (l, token.as_str(), ask.ttl_ms))
+            .collect();
         if self.deployment.by_slot(&renewing).len() != 1 {
             return Ok(None);
         }
@@ -600,14 +604,15 @@ impl Store for RedisStore {
         }
         let call = || {
             let mut call = SET.call(&keys);
-            call.arg(token)
-                .arg(ask.ttl_ms)
-                .arg(if ask.fencing { "1" } else { "0" });
+            call.arg(ask.ttl_ms).arg(if ask.fencing { "1" } else { "0" });
+            for token in tokens {
+                call.arg(token);
+            }
             call
         };
         let (answer, _): (Vec<i64>, _) = self.run_acknowledged(Some(flight), call).await?;
         Ok(Some(match answer.first() {
-            Some(1) => SetAttempt::Taken(
+            Some(1) => SetAttempt::taken(
                 answer[1..]
                     .iter()
                     .map(|&f| ask.fencing.then_some(f.unsigned_abs()))

@@ -1,20 +1,20 @@
--- Take every lock of a set (exclusive, not fair) for one token, or none of them: a transfer's
--- two accounts in one request. Every key is looked at before the first write, so a refused set
--- changes nothing. Idempotent for one token (a request sent again finds the keys its own).
+-- Take every lock of a set (exclusive, not fair), each for its own token, or none of them: a
+-- transfer's two accounts in one request. Every key is looked at before the first write, so a
+-- refused set changes nothing. Idempotent (a request sent again finds the keys its own).
 -- KEYS[1..n] the locks (one Cluster slot: the caller sends a set here only then); with
 -- fencing, KEYS[n+1..2n] their fencing counters, in the same order.
--- ARGV[1] token, ARGV[2] ttl in ms, ARGV[3] '1' = fencing.
+-- ARGV[1] ttl in ms, ARGV[2] '1' = fencing, ARGV[3..n+2] the locks' tokens, in the same order.
 -- Returns {1, fence_1, …, fence_n} when every lock was taken (fences 0 without fencing), or
 -- {0, i, pttl}: the i-th lock (1-based) is held by someone or something else, pttl its holder's
 -- remaining ttl (-1 without expiry).
-local fencing = ARGV[3] == '1'
+local fencing = ARGV[2] == '1'
 local n = fencing and #KEYS / 2 or #KEYS
-local token, ttl = ARGV[1], ARGV[2]
+local ttl = ARGV[1]
 local counters = {}
 for i = 1, n do
   -- A value of another type answers GET with an error: not ours either.
   local held = redis.pcall('GET', KEYS[i])
-  if held and held ~= token then
+  if held and held ~= ARGV[i + 2] then
     return {0, i, redis.call('PTTL', KEYS[i])}
   end
   if fencing then
@@ -27,7 +27,7 @@ for i = 1, n do
 end
 local taken = {1}
 for i = 1, n do
-  local fresh = redis.call('SET', KEYS[i], token, 'NX', 'PX', ttl)
+  local fresh = redis.call('SET', KEYS[i], ARGV[i + 2], 'NX', 'PX', ttl)
   local fence = 0
   if fencing then
     if fresh or not counters[i] then
