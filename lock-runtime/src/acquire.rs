@@ -308,22 +308,31 @@ pub(crate) enum SetTaken {
 
 /// Every lock of `locks` (checked, in canonical order, more than one) in one request where the
 /// store can ([`Store::attempt_set`](crate::store::Store::attempt_set)): for exclusive locks
-/// that are not fair, before the set is taken key by key. An attempt whose answer never comes
-/// (cancelled, timed out) releases each lock after it, in the background, as a single one does.
+/// that are not fair, before the set is taken key by key. Not while this client's own callers
+/// wait for a key of the set (a set does not barge in ahead of them: key by key, it queues
+/// behind them, as a single lock does). An attempt whose answer never comes (cancelled, timed
+/// out) releases each lock after it, in the background, and once more a while later (see
+/// [`Abandoned::InFlight`]).
 pub(crate) async fn take_set_at_once(
     core: &Arc<Core>,
     locks: &[Lock],
     options: &LockOptions,
 ) -> Result<SetTaken, LockError> {
+    if locks.iter().any(|lock| core.wakeups.queued(lock.name()) > 0) {
+        return Ok(SetTaken::NotHere);
+    }
     // A token per lock, as when each is taken alone.
     let tokens: Vec<String> = locks
         .iter()
         .map(|_| crate::holder::new_value(&core.owner))
         .collect();
     let once = Ask::once(options.ttl_ms(), options.is_fencing());
-    // A caller that will wait goes on key by key when refused: the store need not say by whom.
+    // A caller that will wait goes on key by key when refused: the store need not say by whom,
+    // and gives up within the wait.
+    let will_wait = !options.get_wait().is_zero();
     let ask = Ask {
-        join: !options.get_wait().is_zero(),
+        join: will_wait,
+        wait_left: will_wait.then(|| options.get_wait()),
         ..once
     };
     let in_flight = core.held.acquiring();
@@ -333,7 +342,7 @@ pub(crate) async fn take_set_at_once(
     let pending: Vec<PendingAcquire<'_>> = locks
         .iter()
         .zip(&tokens)
-        .map(|(lock, token)| PendingAcquire::new(core, lock, token, (&once, Kind::Plain)))
+        .map(|(lock, token)| PendingAcquire::new(core, lock, token, (&once, Kind::Plain)).of_set())
         .collect();
     let started = Instant::now();
     // One route for the set, recorded in the first lock's place (so a cancelled attempt's
@@ -397,6 +406,8 @@ struct PendingAcquire<'a> {
     kind: Kind,
     may_claim: bool,
     settled: bool,
+    /// One lock of a set taken in one request (see [`Abandoned::InFlight`]).
+    of_set: bool,
     /// The route the attempt took, for its release if its answer never comes (kept inline:
     /// nothing is allocated for it on the common path).
     flight: Flight,
@@ -411,8 +422,15 @@ impl<'a> PendingAcquire<'a> {
             kind,
             may_claim: ask.join && !ask.fair && !ask.shared,
             settled: false,
+            of_set: false,
             flight: Flight::default(),
         }
+    }
+
+    /// One lock of a set attempt in one request.
+    fn of_set(mut self) -> Self {
+        self.of_set = true;
+        self
     }
 
     /// An answer came: `Acquired` hands the lock to a guard, `Held` took nothing. An error is not
@@ -432,6 +450,7 @@ impl Drop for PendingAcquire<'_> {
                     token: self.token.to_owned(),
                     kind: self.kind,
                     flight: std::mem::take(&mut self.flight),
+                    of_set: self.of_set,
                 },
             );
             if self.may_claim {

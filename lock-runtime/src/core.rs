@@ -4,6 +4,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::time::Instant;
 
@@ -199,6 +200,7 @@ pub(crate) fn release_in_background(core: Arc<Core>, lock: Abandoned) {
                 token,
                 kind,
                 flight,
+                of_set,
             } => {
                 // After the acquire, on the route it took, even if that was replaced meanwhile:
                 // a release on a newer one could reach the store first, and the acquire would
@@ -208,7 +210,16 @@ pub(crate) fn release_in_background(core: Arc<Core>, lock: Abandoned) {
                     kind: *kind,
                     after: Some(flight),
                 };
-                let released = give_back(&core, lock, token, release).await;
+                let mut released = give_back(&core, lock, token, release).await;
+                if matches!(released, Ok(false)) && *of_set {
+                    // A set's request may take this lock after its release found nothing: one
+                    // statement locks a set's rows one after another, and this release can
+                    // reach a later row before the statement does. Given back once more when
+                    // any such request has been answered or given up (token-checked: harmless
+                    // if the lock was never taken).
+                    tokio::time::sleep(core.timeouts.response * 2 + Duration::from_secs(1)).await;
+                    released = give_back(&core, lock, token, release).await;
+                }
                 if matches!(released, Ok(false)) {
                     tracing::debug!(key = %lock.key(), "an abandoned acquire had not taken the lock");
                 }
@@ -233,6 +244,8 @@ pub(crate) enum Abandoned {
         kind: Kind,
         /// The route it took: its release follows it there.
         flight: Flight,
+        /// One lock of a set attempt in one request: given back once more a while later.
+        of_set: bool,
     },
 }
 

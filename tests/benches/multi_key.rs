@@ -1,4 +1,5 @@
-//! Multi-key locks on a spawned redis-server, in interleaved rounds:
+//! Multi-key locks, in interleaved rounds, on a spawned redis-server, PostgreSQL server,
+//! `mariadbd` and 3-member etcd cluster (each takes a set of exclusive locks in one request):
 //! 1. one task, sequential: a 2-key set (`acquire_all` + `release`) against two single-key
 //!    acquires and releases in a fixed order (what a careful hand-written transfer does):
 //!    pairs per second;
@@ -11,7 +12,7 @@ use std::time::Duration;
 
 use lock_runtime::{LockClient, LockOptions};
 use lock_tests::bench::{ms, quantile, scale};
-use lock_tests::RedisServer;
+use lock_tests::{EtcdCluster, MariadbServer, PostgresServer, RedisServer};
 use serde_json::json;
 use tokio::time::Instant;
 
@@ -79,16 +80,10 @@ async fn opposite(clients: &[LockClient; 2], n: usize) -> (f64, Vec<Duration>) {
     (waits.len() as f64 / started.elapsed().as_secs_f64(), waits)
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() {
-    let n = ((2000.0 * scale()) as usize).max(50);
-    let server = RedisServer::spawn();
-    let clients = [
-        LockClient::connect(&server.url()).await.expect("redis"),
-        LockClient::connect(&server.url()).await.expect("redis"),
-    ];
-    set_pairs(&clients[0], 100).await; // warm connections and script caches
-    single_pairs(&clients[0], 100).await;
+/// The rounds on one store (`n` pairs per round), printed and as JSON.
+async fn measure(store: &str, clients: &[LockClient; 2], n: usize) -> serde_json::Value {
+    set_pairs(&clients[0], n / 10).await; // warm connections, sessions and script caches
+    single_pairs(&clients[0], n / 10).await;
     let (mut sets, mut singles, mut opposed, mut waits) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for round in 0..ROUNDS {
         if round % 2 == 0 {
@@ -98,7 +93,7 @@ async fn main() {
             singles.push(single_pairs(&clients[0], n).await);
             sets.push(set_pairs(&clients[0], n).await);
         }
-        let (rate, w) = opposite(&clients, n / 4).await;
+        let (rate, w) = opposite(clients, n / 4).await;
         opposed.push(rate);
         waits.extend(w);
     }
@@ -107,11 +102,15 @@ async fn main() {
     }
     let median = |v: &Vec<f64>| v[v.len() / 2];
     let (p50, p99) = (quantile(&mut waits, 0.5), quantile(&mut waits, 0.99));
-    println!("\n1 task, {n} sequential pairs per round, {ROUNDS} rounds (median pairs/s):");
+    println!("\n{store}: 1 task, {n} sequential pairs per round, {ROUNDS} rounds (median pairs/s):");
     println!("  2-key set (acquire_all)            {:>8.0}", median(&sets));
     println!("  two single locks, fixed order      {:>8.0}", median(&singles));
     println!(
-        "2 clients, opposite orders, with a wait ({} sets each per round):",
+        "  ratio                              {:>8.2}",
+        median(&sets) / median(&singles)
+    );
+    println!(
+        "{store}: 2 clients, opposite orders, with a wait ({} sets each per round):",
         n / 4
     );
     println!(
@@ -120,9 +119,49 @@ async fn main() {
         ms(p50),
         ms(p99)
     );
-    println!(
-        "{}",
-        json!({"set_pairs_per_s": median(&sets), "single_pairs_per_s": median(&singles),
-               "opposite_sets_per_s": median(&opposed), "opposite_wait_p50_ms": ms(p50), "opposite_wait_p99_ms": ms(p99)})
-    );
+    json!({"store": store, "set_pairs_per_s": median(&sets), "single_pairs_per_s": median(&singles),
+           "opposite_sets_per_s": median(&opposed), "opposite_wait_p50_ms": ms(p50), "opposite_wait_p99_ms": ms(p99)})
+}
+
+/// Two clients of one store, made by `connect`.
+async fn two<F, Fut>(connect: F) -> [LockClient; 2]
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<LockClient, lock_runtime::LockError>>,
+{
+    [
+        connect().await.expect("a client"),
+        connect().await.expect("a client"),
+    ]
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let n = ((2000.0 * scale()) as usize).max(50);
+    let mut figures = Vec::new();
+    {
+        let server = RedisServer::spawn();
+        let url = server.url();
+        let clients = two(|| LockClient::connect(&url)).await;
+        figures.push(measure("redis", &clients, n).await);
+    }
+    {
+        let server = PostgresServer::spawn();
+        let url = server.url();
+        let clients = two(|| LockClient::builder().postgres(&url).build()).await;
+        figures.push(measure("postgres", &clients, n / 2).await);
+    }
+    {
+        let server = MariadbServer::spawn();
+        let url = server.url();
+        let clients = two(|| LockClient::builder().mysql(&url).build()).await;
+        figures.push(measure("mysql", &clients, n / 2).await);
+    }
+    {
+        let cluster = EtcdCluster::spawn();
+        let endpoints = cluster.endpoints();
+        let clients = two(|| LockClient::builder().etcd(&endpoints).build()).await;
+        figures.push(measure("etcd", &clients, n / 4).await);
+    }
+    println!("{}", serde_json::Value::Array(figures));
 }

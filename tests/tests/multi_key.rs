@@ -49,7 +49,10 @@ mod modes {
 mod permits {
     use super::*;
 
-    lock_tests::on_every_deployment_with_permits!(a_semaphore_set_holds_a_permit_of_each_key);
+    lock_tests::on_every_deployment_with_permits!(
+        a_semaphore_set_holds_a_permit_of_each_key,
+        a_set_of_locks_over_a_semaphores_key_is_told_the_count,
+    );
 }
 
 async fn all_or_nothing_while_one_key_is_held_elsewhere(t: Target) {
@@ -299,6 +302,24 @@ async fn a_semaphore_set_holds_a_permit_of_each_key(t: Target) {
     let third = c.acquire_all(["set:p1", "set:p2"], &two).await.unwrap();
     assert!(third.release().await.unwrap());
     assert!(first.release().await.unwrap());
+}
+
+/// A set of locks naming a key a semaphore holds is refused as a single lock is: with
+/// `InvalidOptions` naming both counts, whether it would wait or not, and nothing taken.
+async fn a_set_of_locks_over_a_semaphores_key_is_told_the_count(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let permit = c.acquire("set:sem", &ttl(10_000).permits(3)).await.unwrap();
+    for wait in [Duration::ZERO, Duration::from_millis(300)] {
+        let refused = other
+            .acquire_all(["set:sem", "set:sem-other"], &ttl(10_000).wait(wait))
+            .await;
+        assert!(
+            matches!(&refused, Err(LockError::InvalidOptions { reason }) if reason.contains("3 permits")),
+            "{refused:?}"
+        );
+        assert!(!other.is_locked("set:sem-other").await.unwrap());
+    }
+    assert!(permit.release().await.unwrap());
 }
 
 async fn nested_calls_on_a_subset_run_without_acquiring(t: Target) {

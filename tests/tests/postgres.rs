@@ -1046,3 +1046,48 @@ async fn a_set_is_one_statement_taken_or_refused() {
     }
     held.release().await.unwrap();
 }
+
+/// A set attempt abandoned while its statement waits for a row another session has locked (its
+/// caller's future dropped): the release of a later row may run before the statement takes it,
+/// and find nothing; once the statement went on and took every row, the set is still given
+/// back, by the release sent again a while later, long before the locks' ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_set_is_given_back_even_after_its_statement_took_it() {
+    let server = blocking(PostgresServer::spawn).await;
+    let c = client(&server).await;
+    let sql = pool(&server).await;
+    // The row the statement locks first, made and then locked by another session.
+    c.acquire("set:ab1", &ttl(1000))
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO lock_runtime_locks (key) VALUES ('lock:{set:ab1}') ON CONFLICT DO NOTHING")
+        .execute(&sql)
+        .await
+        .unwrap();
+    let mut blocker = sql.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM lock_runtime_locks WHERE key = 'lock:{set:ab1}' FOR UPDATE")
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    let keys = ["set:ab1", "set:ab2"];
+    let abandoned = tokio::time::timeout(Duration::from_millis(300), c.acquire_all(keys, &ttl(60_000))).await;
+    assert!(abandoned.is_err(), "the statement waits for the locked row");
+    // Time for the release of "set:ab2" to find it free while the statement still waits. (Were
+    // it slower, it would find the lock taken after the commit and free it: the test would pass
+    // without proving the second release, never fail wrongly.)
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    blocker.commit().await.unwrap();
+    // The statement goes on and takes "set:ab2" for nobody (the first row's release queued
+    // behind it, and gives that one back).
+    eventually(5 * SECOND, "the statement took the later row", || async {
+        c.is_locked("set:ab2").await.unwrap()
+    })
+    .await;
+    eventually(10 * SECOND, "the whole set is given back", || async {
+        !c.is_locked("set:ab1").await.unwrap() && !c.is_locked("set:ab2").await.unwrap()
+    })
+    .await;
+}

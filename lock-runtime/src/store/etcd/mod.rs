@@ -375,6 +375,18 @@ fn fence_of(kv: &KeyValue) -> i64 {
         .unwrap_or(kv.mod_revision())
 }
 
+/// etcd refused a transaction for its number of operations (its `--max-txn-ops`).
+fn too_many_operations(e: &LockError) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        if cause.to_string().contains("too many operations in txn request") {
+            return true;
+        }
+        source = cause.source();
+    }
+    false
+}
+
 /// The id part of a token (`<id> <owner>`): what its place's key is named by.
 fn id_of(token: &str) -> &str {
     token.split_once(' ').map_or(token, |(id, _)| id)
@@ -785,10 +797,16 @@ impl EtcdStore {
             }
             places.push((lock.name().to_owned(), key));
         }
-        let answer = self
+        let answer = match self
             .pool()
             .txn(Txn::new().when(empty).and_then(puts).or_else(counts))
-            .await?;
+            .await
+        {
+            // A cluster that takes fewer operations in a transaction than the set needs
+            // (`--max-txn-ops` below its default): key by key.
+            Err(e) if too_many_operations(&e) => return Ok(None),
+            answer => answer?,
+        };
         let responses = answer.op_responses();
         if !answer.succeeded() {
             let held = |at: &usize| match responses.get(*at) {

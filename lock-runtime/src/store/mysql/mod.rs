@@ -5,13 +5,16 @@
 //! A lease row, not `GET_LOCK()`: a named lock is session state of one server (Group
 //! Replication ignores it, Galera refuses it, a proxy stops multiplexing after it, a lost
 //! connection drops it), where a row commits and replicates with the data and carries a
-//! fencing token. Every request is one statement, so one round trip and atomic, and no
-//! connection or transaction is held while a lock is held:
+//! fencing token. Every request is one statement, so one round trip and atomic (a multi-key
+//! set's fencing tokens are read back by a second), and no connection or transaction is held
+//! while a lock is held:
 //!
 //! - the acquire is one `INSERT … ON DUPLICATE KEY UPDATE` whose assignments take the row only
 //!   when it is free, expired or already this token's; `LAST_INSERT_ID(expr)` carries the answer
 //!   back in the statement's own reply (the new fencing token, or 1, when taken; 0 when not),
 //!   since sqlx's connections count matched rows, not changed ones;
+//! - a multi-key set is one multi-row `INSERT … ON DUPLICATE KEY UPDATE` that a row it may not
+//!   take fails whole (see [`take_set`]);
 //! - a renewal and a release compare the token in their `WHERE`;
 //! - a refused waiter asks how long the holder has left (a second statement, only when it will
 //!   wait).
@@ -98,8 +101,9 @@ const TAKE: &str = concat!(
 /// statement fail (an unsigned overflow, evaluated only for such a row: ER_DATA_OUT_OF_RANGE,
 /// whatever the `sql_mode`), and InnoDB rolls a failed statement back, so no row of a refused
 /// set was taken. A new row's fencing token is the clock in microseconds; a row's own, as for
-/// one lock. Its rows, as every statement's, are locked in the order named (the set's
-/// canonical order), and a deadlock's victim changed nothing and is sent again.
+/// one lock. Its rows are locked in the order they are named, which the caller makes the
+/// primary key's (as a renewal and the sweep lock them), and a deadlock's victim changed
+/// nothing and is sent again.
 fn take_set(rows: usize) -> String {
     let row = concat!("(?, ?, ", now_ms!(), " + ?, IF(?, ", now_us!(), ", NULL))");
     format!(
@@ -119,6 +123,9 @@ fn take_set(rows: usize) -> String {
     )
 }
 
+/// Sets of up to this many locks are taken with a statement prepared on the server.
+const PREPARED_SETS: usize = 4;
+
 /// The set's statement refused: some row of it may not be taken (see [`take_set`]).
 fn set_refused(e: &sqlx::Error) -> bool {
     // ER_DATA_OUT_OF_RANGE
@@ -126,15 +133,17 @@ fn set_refused(e: &sqlx::Error) -> bool {
 }
 
 /// The rows of some locks as they are now (binds: the names): name, token, fencing token and
-/// how long the lease has left (at most 0 when it ended).
-fn rows_of(names: usize) -> String {
+/// how long the lease has left (at most 0 when it ended). `locking`: a locking read, which a
+/// proxy that splits reads from writes sends to the primary (the tokens a write just took).
+fn rows_of(names: usize, locking: bool) -> String {
     format!(
         concat!(
             "SELECT name, token, fence, expires_ms - ",
             now_ms!(),
-            " FROM lock_runtime_locks WHERE name IN ({})"
+            " FROM lock_runtime_locks WHERE name IN ({}){}"
         ),
-        vec!["?"; names].join(", ")
+        vec!["?"; names].join(", "),
+        if locking { " FOR UPDATE" } else { "" }
     )
 }
 
@@ -386,17 +395,24 @@ impl MysqlStore {
 
     /// Every lock of a set for its token, or none, in one statement ([`take_set`]); the fencing
     /// tokens taken, when asked for, in a second (a write answers no values here), and the lock
-    /// that refused a caller that will not wait, likewise (one that will goes on key by key).
+    /// that refused a caller that will not wait, likewise (one that will goes on key by key). A
+    /// fenced set whose tokens cannot all be read back as this caller's (a lock forced free or
+    /// lapsed in between) is given back and refused: no guard is handed out without its tokens.
     async fn take_set(&self, locks: &[Lock], tokens: &[String], ask: &Ask) -> Result<SetAttempt, LockError> {
         self.sweep_now_and_then();
         let statement = take_set(locks.len());
+        // The rows in the primary key's order.
+        let mut order: Vec<usize> = (0..locks.len()).collect();
+        order.sort_by_key(|&at| locks[at].name().as_bytes());
         let taken = ask!(self, |conn| {
-            // Not prepared on the server: its text differs with the number of locks.
-            let mut query = sqlx::query(&statement).persistent(false);
-            for (lock, token) in locks.iter().zip(tokens) {
+            // Prepared on the server for the small sets most callers name (one statement per
+            // size and connection, far below the server's `max_prepared_stmt_count`: parsing
+            // it each time cost a set a quarter of its speed); larger ones go as text.
+            let mut query = sqlx::query(&statement).persistent(locks.len() <= PREPARED_SETS);
+            for &at in &order {
                 query = query
-                    .bind(lock.name().as_bytes())
-                    .bind(token.as_bytes())
+                    .bind(locks[at].name().as_bytes())
+                    .bind(tokens[at].as_bytes())
                     .bind(millis(ask.ttl_ms))
                     .bind(ask.fencing);
             }
@@ -414,31 +430,37 @@ impl MysqlStore {
         if !taken && ask.join {
             return Ok(SetAttempt::Refused { at: 0, pttl_ms: None });
         }
-        let statement = rows_of(locks.len());
+        let statement = rows_of(locks.len(), taken);
         type Row = (Vec<u8>, Option<Vec<u8>>, Option<i64>, i64);
         let rows: Vec<Row> = ask!(self, |conn| {
             let mut query = sqlx::query_as(&statement).persistent(false);
-            for lock in locks {
-                query = query.bind(lock.name().as_bytes());
+            for &at in &order {
+                query = query.bind(locks[at].name().as_bytes());
             }
             query.fetch_all(conn)
         })?;
         let row_of = |lock: &Lock| rows.iter().find(|row| row.0 == lock.name().as_bytes());
         if taken {
-            // A fencing token for each lock still this token's (one that ended meanwhile is
-            // lost by its holder's validity too).
-            return Ok(SetAttempt::taken(
-                locks
-                    .iter()
-                    .zip(tokens)
-                    .map(|(lock, token)| {
-                        row_of(lock)
-                            .filter(|row| row.1.as_deref() == Some(token.as_bytes()))
-                            .and_then(|row| row.2)
-                            .map(unsigned)
-                    })
-                    .collect(),
-            ));
+            let fences: Vec<Option<u64>> = locks
+                .iter()
+                .zip(tokens)
+                .map(|(lock, token)| {
+                    row_of(lock)
+                        .filter(|row| row.1.as_deref() == Some(token.as_bytes()))
+                        .and_then(|row| row.2)
+                        .map(unsigned)
+                })
+                .collect();
+            let Some(missing) = fences.iter().position(Option::is_none) else {
+                return Ok(SetAttempt::taken(fences));
+            };
+            for (lock, token) in locks.iter().zip(tokens) {
+                self.release_lock(lock, token, 0).await?;
+            }
+            return Ok(SetAttempt::Refused {
+                at: missing,
+                pttl_ms: None,
+            });
         }
         // The first lock of the set someone holds (none: they went meanwhile).
         let held = locks.iter().enumerate().find_map(|(at, lock)| {

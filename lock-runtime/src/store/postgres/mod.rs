@@ -106,7 +106,8 @@ const PERMIT: &str =
 const COUNT_HELD: &str = "SELECT permits FROM lock_runtime_locks \
      WHERE key = $1 AND permits IS NOT NULL AND shares_until > lock_runtime_v1_now()";
 /// Every lock of a set or none (`lock_runtime_v1_take_set`).
-const TAKE_SET: &str = "SELECT fences, refused, left_ms FROM lock_runtime_v1_take_set($1, $2, $3, $4)";
+const TAKE_SET: &str =
+    "SELECT fences, refused, left_ms, held_permits FROM lock_runtime_v1_take_set($1, $2, $3, $4, $5)";
 const RENEW: &str = "SELECT lock_runtime_v1_renew($1, $2, $3)";
 const RELEASE: &str = "SELECT lock_runtime_v1_release($1, $2, $3, $4, $5, $6)";
 const LEAVE: &str = "SELECT lock_runtime_v1_leave($1, $2, $3, $4)";
@@ -396,9 +397,7 @@ impl PostgresStore {
                 }
             });
         }
-        // An attempt that could wait for a locked row longer than its caller's wait has left
-        // (the response timeout bounds every other) tells the server to give up within it.
-        let lock_wait = ask.wait_left.filter(|left| *left < self.timeouts.response);
+        let lock_wait = self.lock_wait(ask);
         // A waiter's attempt (it has been refused before) goes to the function at once: the
         // function tries the same statement first, and a refusal then costs one request.
         if !ask.fair && !ask.claimed && !ask.waiting && lock_wait.is_none() {
@@ -432,8 +431,7 @@ impl PostgresStore {
         }
         type Row = (bool, Option<i64>, Option<i64>, bool, bool, Option<i64>);
         let place_ms = millis(crate::options::ceil_millis(FAIR_PLACE_KEPT));
-        // 0: no bound of its own; at least 1 ms (0 would be none).
-        let lock_ms = lock_wait.map_or(0, |left| millis(crate::options::ceil_millis(left)).max(1));
+        let lock_ms = self.lock_ms(ask);
         let answer: Option<Result<Row, u32>> = ask!(self, |conn| async {
             let asked = sqlx::query_as(ACQUIRE)
                 .bind(lock.name())
@@ -482,6 +480,20 @@ impl PostgresStore {
         })
     }
 
+    /// How long an attempt may wait for a row another session has locked: an attempt that could
+    /// wait longer than its caller's wait has left (the response timeout bounds every other)
+    /// tells the server to give up within it.
+    fn lock_wait(&self, ask: &Ask) -> Option<std::time::Duration> {
+        ask.wait_left.filter(|left| *left < self.timeouts.response)
+    }
+
+    /// [`lock_wait`](Self::lock_wait) as the functions' `lock_ms`: 0, no bound of its own; else
+    /// at least 1 ms (0 would be none).
+    fn lock_ms(&self, ask: &Ask) -> i64 {
+        self.lock_wait(ask)
+            .map_or(0, |left| millis(crate::options::ceil_millis(left)).max(1))
+    }
+
     /// One attempt at any free permit of a semaphore (`lock_runtime_v1_permit`).
     async fn permit(&self, lock: &Lock, token: &str, ask: &Ask) -> Result<Attempt, LockError> {
         let answer: Result<PermitRow, u32> = ask!(self, |conn| counted(
@@ -511,24 +523,46 @@ impl PostgresStore {
     }
 
     /// Every lock of a set for its token, or none, in one statement (`lock_runtime_v1_take_set`).
+    /// A key held by a semaphore is refused as a single lock's try is (`InvalidOptions` naming
+    /// both counts); a caller that will wait gives up a wait for a locked row within its wait.
     async fn take_set(&self, locks: &[Lock], tokens: &[String], ask: &Ask) -> Result<SetAttempt, LockError> {
         self.sweep_now_and_then();
         let names: Vec<&str> = locks.iter().map(Lock::name).collect();
-        let (fences, refused, left): (Option<Vec<i64>>, Option<i32>, Option<i64>) =
-            ask!(self, |conn| sqlx::query_as(TAKE_SET)
+        let lock_ms = self.lock_ms(ask);
+        type Row = (Option<Vec<i64>>, Option<i32>, Option<i64>, Option<i32>);
+        let answer: Option<Row> = ask!(self, |conn| async {
+            let asked = sqlx::query_as(TAKE_SET)
                 .bind(&names)
                 .bind(tokens)
                 .bind(millis(ask.ttl_ms))
                 .bind(ask.fencing)
-                .fetch_one(conn))?;
+                .bind(lock_ms)
+                .fetch_one(conn)
+                .await;
+            match asked {
+                Err(e) if lock_not_available(&e) => Ok(None),
+                answer => answer.map(Some),
+            }
+        })?;
+        let Some((fences, refused, left, held_permits)) = answer else {
+            // A row stayed locked by another session past the caller's wait: nothing changed.
+            return Ok(SetAttempt::Refused { at: 0, pttl_ms: None });
+        };
         Ok(match refused {
-            Some(at) => SetAttempt::Refused {
-                at: usize::try_from(at)
+            Some(at) => {
+                let at = usize::try_from(at)
                     .ok()
                     .and_then(|at| at.checked_sub(1))
-                    .unwrap_or(0),
-                pttl_ms: left.map(unsigned),
-            },
+                    .unwrap_or(0);
+                if let (Some(held), Some(lock)) = (held_permits, locks.get(at)) {
+                    let held = u32::try_from(held).unwrap_or_default();
+                    return Err(crate::store::permits_differ(lock.key(), held, 1));
+                }
+                SetAttempt::Refused {
+                    at,
+                    pttl_ms: left.map(unsigned),
+                }
+            }
             None => SetAttempt::taken(
                 fences
                     .unwrap_or_default()

@@ -389,53 +389,84 @@ END
 $$;
 
 -- One attempt at every lock of a set (exclusive, not fair), each for its own token: every one
--- taken, or none. The rows are locked first, in key order as a renewal locks them (two requests
--- on some of the same keys never wait for each other in a cycle), the missing ones made free;
--- then the clock is read and every row looked at before the first is taken. Answers the fencing
--- tokens in the order asked (when asked for), or the position (1-based) of the first lock held
--- and how long its holder has left. Idempotent for the same tokens. A refusal writes nothing but
--- the free rows it made for keys nobody held, which the sweep deletes.
+-- taken, or none. The keys without a row are taken first, by inserting their rows (in key
+-- order); then the other rows are locked in key order, as a renewal locks them (two requests on
+-- some of the same keys never wait for each other in a cycle: the rows one inserted are rows no
+-- other request sees yet), the clock read again, each looked at, and all taken in one update;
+-- a refused set deletes the rows it inserted. Answers the fencing tokens in the order asked
+-- (when asked for), or the position (1-based) of the first lock held, how long its holder has
+-- left, and the count its semaphore's permits hold it with (NULL: a lock or read-write lock).
+-- Idempotent for the same tokens. With `lock_ms` > 0, a wait for a row another session has
+-- locked ends after that long with lock_not_available (55P03), and the attempt changes
+-- nothing: the caller's own wait has run out.
 CREATE OR REPLACE FUNCTION lock_runtime_v1_take_set(
-    ks text[], toks text[], ttl bigint, fencing boolean,
-    OUT fences bigint[], OUT refused integer, OUT left_ms bigint)
+    ks text[], toks text[], ttl bigint, fencing boolean, lock_ms bigint,
+    OUT fences bigint[], OUT refused integer, OUT left_ms bigint, OUT held_permits integer)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
-    at_ms bigint;
+    at_ms bigint := lock_runtime_v1_now();
+    made text[];
+    taken bigint[];
+    others lock_runtime_locks[];
     r lock_runtime_locks;
-    k text;
-    f bigint;
+    i integer;
 BEGIN
-    FOR k IN SELECT DISTINCT a FROM unnest(ks) AS a ORDER BY a LOOP
-        PERFORM lock_runtime_v1_row(k);
+    IF lock_ms > 0 THEN
+        PERFORM set_config('lock_timeout', lock_ms || 'ms', true);
+    END IF;
+    taken := array_fill(0::bigint, ARRAY[coalesce(array_length(ks, 1), 0)]);
+    -- Free keys (no row): taken as they are made. A token taken here is one nobody waited for.
+    WITH inserted AS (
+        INSERT INTO lock_runtime_locks (key, token, expires_ms, fence)
+        SELECT a.k, a.t, at_ms + ttl, CASE WHEN fencing THEN lock_runtime_v1_fence(NULL) END
+        FROM unnest(ks, toks) AS a(k, t) ORDER BY a.k
+        ON CONFLICT DO NOTHING
+        RETURNING key, fence)
+    SELECT array_agg(key), array_agg(coalesce(fence, 0)) INTO made, fences FROM inserted;
+    made := coalesce(made, '{}');
+    FOR n IN 1 .. coalesce(array_length(made, 1), 0) LOOP
+        taken[array_position(ks, made[n])] := fences[n];
     END LOOP;
-    at_ms := lock_runtime_v1_now();
-    FOR i IN 1 .. coalesce(array_length(ks, 1), 0) LOOP
-        SELECT * INTO r FROM lock_runtime_locks WHERE key = ks[i];
-        IF NOT ((r.token IS NULL OR r.expires_ms <= at_ms OR r.token = toks[i])
-                AND r.shares_until <= at_ms) THEN
-            refused := i;
-            left_ms := greatest(CASE WHEN r.token IS NOT NULL AND r.expires_ms > at_ms THEN r.expires_ms END,
-                                NULLIF(r.shares_until, 0)) - at_ms;
+    IF coalesce(array_length(made, 1), 0) < coalesce(array_length(ks, 1), 0) THEN
+        SELECT array_agg(l) INTO others FROM (
+            SELECT * FROM lock_runtime_locks WHERE key = ANY (ks) AND NOT key = ANY (made)
+            ORDER BY key FOR UPDATE) AS l;
+        -- Read after the rows are locked: no lease is judged by a time from before a wait.
+        at_ms := lock_runtime_v1_now();
+        FOREACH r IN ARRAY coalesce(others, '{}') LOOP
+            i := array_position(ks, r.key);
+            IF NOT ((r.token IS NULL OR r.expires_ms <= at_ms OR r.token = toks[i])
+                    AND r.shares_until <= at_ms)
+               AND (refused IS NULL OR i < refused) THEN
+                refused := i;
+                left_ms := greatest(CASE WHEN r.token IS NOT NULL AND r.expires_ms > at_ms THEN r.expires_ms END,
+                                    NULLIF(r.shares_until, 0)) - at_ms;
+                held_permits := CASE WHEN r.permits IS NOT NULL AND r.shares_until > at_ms THEN r.permits END;
+            END IF;
+        END LOOP;
+        IF refused IS NOT NULL THEN
+            DELETE FROM lock_runtime_locks WHERE key = ANY (made);
+            fences := NULL;
             RETURN;
         END IF;
-    END LOOP;
-    fences := '{}';
-    FOR i IN 1 .. coalesce(array_length(ks, 1), 0) LOOP
-        SELECT * INTO r FROM lock_runtime_locks WHERE key = ks[i];
-        f := NULL;
-        IF fencing THEN
-            -- A request sent again keeps the token it took.
-            f := CASE WHEN r.token = toks[i] AND r.expires_ms > at_ms AND r.fence IS NOT NULL THEN r.fence
-                      ELSE lock_runtime_v1_fence(r.fence) END;
-        END IF;
-        -- A lapsed holder's, readers' or permits' values go: their late renewal or release
-        -- must not find them.
-        UPDATE lock_runtime_locks
-            SET token = toks[i], expires_ms = at_ms + ttl, fence = coalesce(f, r.fence),
-                marked = false, shares = NULL, shares_until = 0, permits = NULL, held = NULL
-            WHERE key = ks[i];
-        fences := fences || coalesce(f, 0);
-    END LOOP;
+        -- A lapsed holder's, readers' or permits' values go: their late renewal or release must
+        -- not find them. A request sent again keeps the token it took.
+        WITH updated AS (
+            UPDATE lock_runtime_locks l
+                SET token = a.t, expires_ms = at_ms + ttl,
+                    fence = CASE WHEN NOT fencing THEN l.fence
+                                 WHEN l.token = a.t AND l.expires_ms > at_ms AND l.fence IS NOT NULL THEN l.fence
+                                 ELSE lock_runtime_v1_fence(l.fence) END,
+                    marked = false, shares = NULL, shares_until = 0, permits = NULL, held = NULL
+                FROM unnest(ks, toks) AS a(k, t)
+                WHERE l.key = a.k AND NOT a.k = ANY (made)
+                RETURNING l.key, l.fence)
+        SELECT array_agg(key), array_agg(coalesce(fence, 0)) INTO made, fences FROM updated;
+        FOR n IN 1 .. coalesce(array_length(made, 1), 0) LOOP
+            taken[array_position(ks, made[n])] := fences[n];
+        END LOOP;
+    END IF;
+    fences := taken;
 END
 $$;
 

@@ -618,13 +618,21 @@ impl Store for RedisStore {
                     .map(|&f| ask.fencing.then_some(f.unsigned_abs()))
                     .collect(),
             ),
-            _ => SetAttempt::Refused {
-                at: answer
+            _ => {
+                let at = answer
                     .get(1)
                     .and_then(|&i| usize::try_from(i - 1).ok())
-                    .unwrap_or(0),
-                pttl_ms: answer.get(2).and_then(|&ms| u64::try_from(ms).ok()),
-            },
+                    .unwrap_or(0);
+                // A semaphore's key: refused as a single lock's try is.
+                let held = answer.get(3).and_then(|&n| u32::try_from(n).ok());
+                if let (Some(held @ 1..), Some(lock)) = (held, locks.get(at)) {
+                    return Err(crate::store::permits_differ(lock.key(), held, 1));
+                }
+                SetAttempt::Refused {
+                    at,
+                    pttl_ms: answer.get(2).and_then(|&ms| u64::try_from(ms).ok()),
+                }
+            }
         }))
     }
 

@@ -5,8 +5,9 @@
 -- fencing, KEYS[n+1..2n] their fencing counters, in the same order.
 -- ARGV[1] ttl in ms, ARGV[2] '1' = fencing, ARGV[3..n+2] the locks' tokens, in the same order.
 -- Returns {1, fence_1, …, fence_n} when every lock was taken (fences 0 without fencing), or
--- {0, i, pttl}: the i-th lock (1-based) is held by someone or something else, pttl its holder's
--- remaining ttl (-1 without expiry).
+-- {0, i, pttl, permits}: the i-th lock (1-based) is held by someone or something else, pttl its
+-- holder's remaining ttl (-1 without expiry), permits the count a semaphore holds it with (0:
+-- not a semaphore).
 local fencing = ARGV[2] == '1'
 local n = fencing and #KEYS / 2 or #KEYS
 local ttl = ARGV[1]
@@ -15,7 +16,11 @@ for i = 1, n do
   -- A value of another type answers GET with an error: not ours either.
   local held = redis.pcall('GET', KEYS[i])
   if held and held ~= ARGV[i + 2] then
-    return {0, i, redis.call('PTTL', KEYS[i])}
+    local permits = 0
+    if type(held) == 'table' and redis.pcall('HGET', KEYS[i], 'mode') == 'permits' then
+      permits = tonumber(redis.call('HGET', KEYS[i], 'permits')) or 0
+    end
+    return {0, i, redis.call('PTTL', KEYS[i]), permits}
   end
   if fencing then
     local counter = redis.call('GET', KEYS[n + i])
