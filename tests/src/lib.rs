@@ -908,6 +908,8 @@ macro_rules! on_every_deployment_with_permits {
             cluster => $crate::Target::cluster().await,
             sentinel => $crate::Target::sentinel().await,
             postgres => $crate::Target::postgres().await,
+            etcd => $crate::Target::etcd().await,
+            zookeeper => $crate::Target::zookeeper().await,
             memory => $crate::Target::memory();
             [$($name),*]
         );

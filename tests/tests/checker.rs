@@ -169,6 +169,13 @@ fn etcd_leader_killed() {
     promised(&["--store", "etcd", "--fault", "failover"], 8);
 }
 
+/// The semaphore load on etcd (2 permits a key, each permit's sections writing to a resource of
+/// its own) while the leader is killed.
+#[test]
+fn etcd_semaphore_leader_killed() {
+    promised(&["--store", "etcd", "--fault", "failover", "--permits", "2"], 8);
+}
+
 #[test]
 fn etcd_with_a_frozen_worker() {
     promised(&["--store", "etcd", "--fault", "sigstop"], 8);
@@ -234,6 +241,15 @@ fn redlock_master_restarted_empty_is_measured() {
 #[test]
 fn zookeeper_leader_killed() {
     promised(&["--store", "zookeeper", "--fault", "failover"], 8);
+}
+
+/// The semaphore load on ZooKeeper (2 permits a key) with a worker frozen past its sessions.
+#[test]
+fn zookeeper_semaphore_with_a_frozen_worker() {
+    promised(
+        &["--store", "zookeeper", "--fault", "sigstop", "--permits", "2"],
+        8,
+    );
 }
 
 #[test]

@@ -896,3 +896,68 @@ async fn a_set_is_one_transaction_taken_or_refused() {
     assert!(again.fencing_token_for("set:b") > last, "{last:?}");
     assert!(again.release().await.unwrap());
 }
+
+/// A free permit of a semaphore is one transaction, and so is a try refused because every
+/// permit is taken; a waiter is served in the order it came (a newcomer never takes a permit
+/// while others queue), woken by the permit given back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_is_one_transaction_and_waiters_are_served_in_order() {
+    let cluster = blocking(EtcdCluster::spawn).await;
+    let endpoints = cluster.endpoints();
+    let (c, other) = (client(&endpoints).await, client(&endpoints).await);
+    let two = ttl(10_000).permits(2);
+    for client in [&c, &other] {
+        let warm = client.acquire("warm", &two).await.unwrap();
+        assert!(warm.release().await.unwrap());
+    }
+    let txns = || cluster.served().get("Txn").copied().unwrap_or(0.0);
+    let before = txns();
+    let first = c.acquire("sem", &two.clone().fencing(true)).await.unwrap();
+    assert_eq!(txns() - before, 1.0, "a free permit: one transaction");
+    let second = other.acquire("sem", &two).await.unwrap();
+    assert_ne!(first.permit(), second.permit());
+    let before = txns();
+    let refused = c.acquire("sem", &two).await;
+    assert!(matches!(refused, Err(LockError::Busy { .. })), "{refused:?}");
+    assert_eq!(txns() - before, 1.0, "refused in the same one transaction");
+    // Three waiters, in order; each permit given back lets the oldest in.
+    let order = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for n in 0..3 {
+        let client = if n % 2 == 0 { c.clone() } else { other.clone() };
+        let before = waiting(&client, "sem");
+        let (order, options) = (std::sync::Arc::clone(&order), two.clone().wait(30 * SECOND));
+        waiters.push(tokio::spawn({
+            let client = client.clone();
+            async move {
+                let guard = client.acquire("sem", &options).await.unwrap();
+                order.lock().unwrap().push(n);
+                guard
+            }
+        }));
+        eventually(5 * SECOND, "the waiter queues", || async {
+            waiting(&client, "sem") == before + 1
+        })
+        .await;
+    }
+    assert!(first.release().await.unwrap());
+    let got = tokio::time::timeout(10 * SECOND, waiters.remove(0))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(second.release().await.unwrap());
+    let next = tokio::time::timeout(10 * SECOND, waiters.remove(0))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(got.release().await.unwrap());
+    let last = tokio::time::timeout(10 * SECOND, waiters.remove(0))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(*order.lock().unwrap(), [0, 1, 2], "in the order they came");
+    for guard in [next, last] {
+        assert!(guard.release().await.unwrap());
+    }
+    assert!(!c.is_locked("sem").await.unwrap());
+}

@@ -1,9 +1,10 @@
 //! What operators read and do on the etcd store (`lock_runtime::admin`, `lockctl`), and what
 //! `holder` reads: every key of a lock (its places in line, the last fenced writer's token),
 //! read in one request so a lock is seen at one revision; the holders are the oldest place (a
-//! writer) or the readers before the oldest writer. A forced release deletes the holders'
-//! places in one transaction comparing each with what was seen (its value and create
-//! revision): the holders' renewals find them gone, and the waiters behind hear the deletion.
+//! writer) or the readers before the oldest writer, or a semaphore's permit keys. A forced
+//! release deletes the holders' places (or permits) in one transaction comparing each with what
+//! was seen (its value and create revision): the holders' renewals find them gone, and the
+//! waiters behind hear the deletion.
 //! No lease is revoked: a session lease holds its client's other locks too.
 #![cfg_attr(not(feature = "cli"), allow(dead_code))]
 
@@ -28,6 +29,10 @@ struct Keys {
     /// Its places in line.
     line: Vec<Seen>,
     fence: Option<i64>,
+    /// A semaphore's permits held: its count, the permit, the key-value.
+    permits: Vec<(u32, u32, KeyValue)>,
+    /// How many wait for a semaphore's permit.
+    queued: usize,
 }
 
 impl Keys {
@@ -92,6 +97,8 @@ impl EtcdStore {
                 Part::Writer(_) => lock.line.push((kv.create_revision(), true, kv)),
                 Part::Reader(_) => lock.line.push((kv.create_revision(), false, kv)),
                 Part::Fence => lock.fence = Some(super::fence_of(&kv)),
+                Part::Permit { count, permit } => lock.permits.push((count, permit, kv)),
+                Part::Queued(_) => lock.queued += 1,
             }
         }
         let mut views = Vec::with_capacity(locks.len());
@@ -128,6 +135,31 @@ impl EtcdStore {
 
     async fn view(&self, key: String, mut keys: Keys, read_at: Instant) -> Result<LockView, LockError> {
         let name = super::Store::name(self, &key);
+        if let Some(&(count, _, _)) = keys.permits.first() {
+            // A semaphore: each permit held, with its holder (and the newest permit's token).
+            let mut holders = Vec::with_capacity(keys.permits.len());
+            for (_, permit, kv) in &keys.permits {
+                let left = self.remaining(kv).await?;
+                holders.push(Reader::of_permit(
+                    &String::from_utf8_lossy(kv.value()),
+                    *permit,
+                    left,
+                ));
+            }
+            let newest = keys.permits.iter().map(|(_, _, kv)| kv.create_revision()).max();
+            return Ok(LockView {
+                key,
+                name,
+                remaining: holders.iter().map(|h| h.remaining).max(),
+                holding: Holding::permits(count, holders),
+                fence: newest
+                    .and_then(|f| u64::try_from(f).ok())
+                    .map_or(Fence::None, Fence::Token),
+                queued: u64::try_from(keys.queued).unwrap_or(u64::MAX),
+                writers: 0,
+                read_at,
+            });
+        }
         let fence_kept = keys.fence;
         let (holders, waiters) = keys.split();
         let waiting_writers = waiters.iter().filter(|(_, writer, _)| *writer).count();
@@ -187,6 +219,9 @@ impl EtcdStore {
         let mut keys = Keys::default();
         for kv in self.read(lock.name()).await? {
             match self.split(kv.key()) {
+                Some((key, Part::Permit { count, permit })) if key == lock.key() => {
+                    keys.permits.push((count, permit, kv));
+                }
                 Some((key, Part::Writer(_))) if key == lock.key() => {
                     keys.line.push((kv.create_revision(), true, kv))
                 }
@@ -196,12 +231,19 @@ impl EtcdStore {
                 _ => {}
             }
         }
-        let (holders, _) = keys.split();
+        let permits: Vec<Seen> = std::mem::take(&mut keys.permits)
+            .into_iter()
+            .map(|(_, _, kv)| (kv.create_revision(), true, kv))
+            .collect();
+        let (mut holders, _) = keys.split();
+        holders.extend(permits.iter());
         let shown = |kv: &KeyValue| {
             let value = String::from_utf8_lossy(kv.value());
             match &seen.holding {
                 Holding::Exclusive { value: shown, .. } => *shown == value,
-                Holding::Shared { readers } => readers.iter().any(|r| r.value == value),
+                Holding::Shared { readers } | Holding::Permits { holders: readers, .. } => {
+                    readers.iter().any(|r| r.value == value)
+                }
                 _ => false,
             }
         };

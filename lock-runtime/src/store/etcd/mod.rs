@@ -39,8 +39,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::{
-    Ask, Attempt, Capabilities, DynStore, Flight, ForceReleased, Lock, LockView, Notices, Release, Released,
-    Renewal, Renewing, SetAttempt, Settings, Store, StoreConfig,
+    Ask, Attempt, Capabilities, DynStore, Flight, ForceReleased, Kind, Lock, LockView, Notices, Release,
+    Released, Renewal, Renewing, SetAttempt, Settings, Store, StoreConfig,
 };
 use crate::background::Background;
 use crate::redact::hide_credentials;
@@ -49,11 +49,12 @@ use crate::{LockClientBuilder, LockError};
 
 mod admin;
 mod names;
+mod permits;
 mod pool;
 mod sessions;
 mod watcher;
 
-use names::{fence_value, Names};
+use names::{fence_value, Names, Part};
 use pool::{Access, Pool};
 use sessions::{seconds, Session, Sessions};
 
@@ -313,6 +314,9 @@ struct Place {
     until: Option<Instant>,
     /// Given back, and kept for its minimum hold (on a lease of its own).
     kept: bool,
+    /// The permit a semaphore's holder holds (its key is the permit's, not named by its
+    /// token).
+    permit: Option<u32>,
 }
 
 /// What the client's tasks share with the store.
@@ -485,6 +489,16 @@ impl Shared {
     /// Deletes `place` if it is still the one this client put (and, for a fenced writer,
     /// leaves its token for the readers after it): whether it was there.
     async fn delete(&self, place: &Place) -> Result<bool, LockError> {
+        if place.permit.is_some() {
+            // A permit's key is any holder's in turn: deleted only while it is still this one.
+            let still_ours = Compare::create_revision(place.key.clone(), CompareOp::Equal, place.created);
+            let delete = TxnOp::delete(place.key.clone(), None);
+            return Ok(self
+                .pool
+                .txn(Txn::new().when([still_ours]).and_then([delete]))
+                .await?
+                .succeeded());
+        }
         if !place.fenced || place.shared || place.created == 0 {
             // Only this token's caller writes a key named by its id: a bare deletion is its own.
             let key = place.key.clone();
@@ -664,6 +678,9 @@ impl EtcdStore {
     }
 
     async fn acquire(&self, lock: &Lock, token: &str, ask: &Ask) -> Result<Attempt, LockError> {
+        if ask.permits > 1 {
+            return self.permit_attempt(lock, token, ask).await;
+        }
         let known = self.shared.places().get(token).cloned();
         if let Some(place) = known.filter(|p| p.created > 0) {
             return self.look_again(lock, token, ask, place).await;
@@ -676,6 +693,16 @@ impl EtcdStore {
         let (line_start, line_end) = if ask.shared { names.writers() } else { names.line() };
         // A reader's fencing token may be the one the last writer left.
         let fence = ask.shared.then(|| TxnOp::get(names.fence(), None));
+        // A semaphore's permits held at the key (read with the attempt): the key is not a
+        // lock's, and the acquire is refused naming both counts.
+        let (permits, permits_end) = names.permits();
+        let any_permit = || {
+            let one = GetOptions::new()
+                .with_range(permits_end.clone())
+                .with_limit(1)
+                .with_keys_only();
+            TxnOp::get(permits.clone(), Some(one))
+        };
         let answer = if ask.join {
             // A place in line, at once; then who is ahead of it (the newest place before it:
             // its own is the newest of all).
@@ -690,18 +717,50 @@ impl EtcdStore {
                     [put, TxnOp::get(line_start.clone(), Some(ahead))]
                         .into_iter()
                         .chain(fence)
+                        .chain([any_permit()])
                         .collect::<Vec<_>>(),
                 )
                 .or_else([TxnOp::get(key.clone(), None)]);
             self.pool().txn(txn).await?
         } else {
-            // Only if nobody is in line (no writer, for a reader): one write, or none taken.
+            // Only if nobody is in line (no writer, for a reader) and no permit is held: one
+            // write, or none taken.
             let empty = Compare::create_revision(line_start.clone(), CompareOp::Equal, 0)
                 .with_range(line_end.clone());
+            let no_permits = Compare::create_revision(permits.clone(), CompareOp::Equal, 0)
+                .with_range(permits_end.clone());
             let then: Vec<TxnOp> = std::iter::once(put).chain(fence).collect();
-            let txn = Txn::new().when([empty]).and_then(then);
+            let txn = Txn::new()
+                .when([empty, no_permits])
+                .and_then(then)
+                .or_else([any_permit()]);
             self.pool().txn(txn).await?
         };
+        let responses = answer.op_responses();
+        let permits_at = match (answer.succeeded(), ask.join) {
+            (false, false) => Some(0),
+            (true, true) => Some(if ask.shared { 3 } else { 2 }),
+            _ => None,
+        };
+        let held = permits_at
+            .and_then(|at| read_at(&responses, at).first())
+            .and_then(|kv| match names.classify(kv.key()) {
+                Some(Part::Permit { count, .. }) => Some(count),
+                _ => None,
+            });
+        if let Some(held) = held {
+            if answer.succeeded() {
+                // Its place is given back before the refusal (named by its token: its own).
+                let deleted = self
+                    .pool()
+                    .txn(Txn::new().and_then([TxnOp::delete(key.clone(), None)]))
+                    .await;
+                if let Err(e) = deleted {
+                    tracing::debug!(error = %e, "could not delete a refused place in an etcd line; it goes with its session");
+                }
+            }
+            return Err(crate::store::permits_differ(lock.key(), held, 1));
+        }
         if !answer.succeeded() {
             if ask.join {
                 // An earlier send of this attempt put the place: look at it as a waiter does.
@@ -718,6 +777,7 @@ impl EtcdStore {
                     after_writer: 0,
                     until: None,
                     kept: false,
+                    permit: None,
                 };
                 self.record(token, place.clone());
                 return self.look_again(lock, token, ask, place).await;
@@ -725,7 +785,6 @@ impl EtcdStore {
             return Ok(Attempt::HELD);
         }
         let created = revision(&answer);
-        let responses = answer.op_responses();
         let (ahead, fence_at) = if ask.join { (1, 2) } else { (usize::MAX, 1) };
         let last_fence = read_at(&responses, fence_at).first().map_or(0, fence_of);
         let before: Vec<&KeyValue> = read_at(&responses, ahead)
@@ -746,6 +805,7 @@ impl EtcdStore {
             },
             until: None,
             kept: false,
+            permit: None,
         };
         match before.first() {
             None => Ok(self.taken(token, place, ask, (sent, session), last_fence)),
@@ -775,7 +835,8 @@ impl EtcdStore {
         tokens: &[String],
         ask: &Ask,
     ) -> Result<Option<SetAttempt>, LockError> {
-        if locks.len() > MAX_TXN_OPS {
+        // Two compares a lock.
+        if locks.len() * 2 > MAX_TXN_OPS {
             return Ok(None);
         }
         let sent = Instant::now();
@@ -786,7 +847,12 @@ impl EtcdStore {
             let names = Names::for_lock(lock.name());
             let (start, end) = names.line();
             let key = names.place(id_of(token), false);
+            let (permits, permits_end) = names.permits();
             empty.push(Compare::create_revision(start.clone(), CompareOp::Equal, 0).with_range(end.clone()));
+            empty.push(
+                Compare::create_revision(permits.clone(), CompareOp::Equal, 0)
+                    .with_range(permits_end.clone()),
+            );
             let on_session = PutOptions::new().with_lease(session.id);
             puts.push(TxnOp::put(key.clone(), token.as_str(), Some(on_session)));
             if !ask.join {
@@ -795,6 +861,12 @@ impl EtcdStore {
                     Some(GetOptions::new().with_range(end).with_count_only()),
                 ));
             }
+            // A semaphore's permits held at the key: refused as a single lock is.
+            let one = GetOptions::new()
+                .with_range(permits_end)
+                .with_limit(1)
+                .with_keys_only();
+            counts.push(TxnOp::get(permits, Some(one)));
             places.push((lock.name().to_owned(), key));
         }
         let answer = match self
@@ -809,11 +881,21 @@ impl EtcdStore {
         };
         let responses = answer.op_responses();
         if !answer.succeeded() {
-            let held = |at: &usize| match responses.get(*at) {
+            // Per lock: its line's count (only for a caller that will not wait), then one
+            // permit held.
+            let per_lock = if ask.join { 1 } else { 2 };
+            for (at, lock) in locks.iter().enumerate() {
+                let names = Names::for_lock(lock.name());
+                let permit = read_at(&responses, at * per_lock + per_lock - 1).first();
+                if let Some(Part::Permit { count, .. }) = permit.and_then(|kv| names.classify(kv.key())) {
+                    return Err(crate::store::permits_differ(lock.key(), count, 1));
+                }
+            }
+            let held = |at: &usize| match responses.get(at * per_lock) {
                 Some(TxnOpResponse::Get(got)) => got.count() > 0,
                 _ => false,
             };
-            let at = (0..locks.len()).find(held).unwrap_or(0);
+            let at = (0..locks.len()).find(held).filter(|_| !ask.join).unwrap_or(0);
             return Ok(Some(SetAttempt::Refused { at, pttl_ms: None }));
         }
         let created = revision(&answer);
@@ -830,6 +912,7 @@ impl EtcdStore {
                 after_writer: 0,
                 until: None,
                 kept: false,
+                permit: None,
             };
             if let Attempt::Acquired {
                 fence,
@@ -875,8 +958,9 @@ impl EtcdStore {
             },
         );
         let kept_until = (session.kept_until < until).then_some(session.kept_until);
+        let permit = place.permit;
         Attempt::Acquired {
-            permit: None,
+            permit,
             fence: ask.fencing.then_some(token_of(fence)),
             kept_until,
         }
@@ -1148,7 +1232,9 @@ impl EtcdStore {
             if release.after.is_some() {
                 // An attempt whose answer never came may have put a place: deleted now, and again
                 // once a late request could no longer land.
-                return self.delete_unknown(lock, token).await;
+                return self
+                    .delete_unknown(lock, token, release.kind == Kind::Permit)
+                    .await;
             }
             return Ok(Released::NotOurs);
         };
@@ -1180,17 +1266,42 @@ impl EtcdStore {
 
     /// The place of `token`, which this client never heard of (an attempt whose answer never
     /// came): deleted now, and once more after a request sent before could still have landed.
-    async fn delete_unknown(&self, lock: &Lock, token: &str) -> Result<Released, LockError> {
+    /// With `permits`, a semaphore's: its place in the queue, and any permit it may have taken
+    /// (a permit's key is not named by its token: found by its value).
+    async fn delete_unknown(&self, lock: &Lock, token: &str, permits: bool) -> Result<Released, LockError> {
         let names = Names::for_lock(lock.name());
         let id = id_of(token);
-        let keys = [names.place(id, false), names.place(id, true)];
+        let keys = [names.place(id, false), names.place(id, true), names.queued(id)];
         let pool = Arc::clone(self.pool());
+        let (token, range) = (token.to_owned(), names.permits());
         let delete = move || {
             let pool = Arc::clone(&pool);
-            let keys = keys.clone();
+            let (keys, token, (start, end)) = (keys.clone(), token.clone(), range.clone());
             async move {
-                let txn = Txn::new().and_then(keys.map(|key| TxnOp::delete(key, None)));
-                pool.txn(txn).await
+                let mut ops: Vec<TxnOp> = keys.into_iter().map(|key| TxnOp::delete(key, None)).collect();
+                if permits {
+                    ops.push(TxnOp::get(start, Some(GetOptions::new().with_range(end))));
+                }
+                let answer = pool.txn(Txn::new().and_then(ops)).await?;
+                let responses = answer.op_responses();
+                let mut deleted = responses
+                    .iter()
+                    .any(|r| matches!(r, TxnOpResponse::Delete(d) if d.deleted() > 0));
+                let taken = read_at(&responses, 3).iter().filter(|kv| {
+                    let value = kv.value();
+                    value == token.as_bytes()
+                        || value.strip_prefix(token.as_bytes()) == Some(RELEASED.as_bytes())
+                });
+                for kv in taken {
+                    let still =
+                        Compare::create_revision(kv.key().to_vec(), CompareOp::Equal, kv.create_revision());
+                    let delete = TxnOp::delete(kv.key().to_vec(), None);
+                    deleted |= pool
+                        .txn(Txn::new().when([still]).and_then([delete]))
+                        .await?
+                        .succeeded();
+                }
+                Ok::<bool, LockError>(deleted)
             }
         };
         // A request is abandoned after the response timeout; one that reached etcd is applied
@@ -1213,11 +1324,7 @@ impl EtcdStore {
                 }
             }
         });
-        let answer = delete().await?;
-        let deleted = answer
-            .op_responses()
-            .iter()
-            .any(|r| matches!(r, TxnOpResponse::Delete(d) if d.deleted() > 0));
+        let deleted = delete().await?;
         Ok(if deleted {
             Released::Quiet
         } else {
@@ -1311,7 +1418,6 @@ impl Store for EtcdStore {
             // The next in line holds once the place ahead is deleted; it looks (a read).
             hand_over: false,
             queues: true,
-            permits: crate::store::Offered::No(super::PERMITS_NOT_YET),
             ..Capabilities::ALL
         }
     }

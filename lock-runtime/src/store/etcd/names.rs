@@ -11,6 +11,10 @@ const WRITER: &[u8] = b"w/";
 const READER: &[u8] = b"r/";
 /// The last fenced writer's token, kept a while after its release for the readers after it.
 const FENCE: &[u8] = b"fence";
+/// A semaphore's permits: `p/<count>/<permit>` (both 4 digits), each held by one caller.
+const PERMITS: &[u8] = b"p/";
+/// A semaphore's waiters, in line by create revision: `q/` then the token.
+const QUEUE: &[u8] = b"q/";
 
 /// The keys of one lock.
 #[derive(Debug, Clone)]
@@ -36,6 +40,10 @@ pub(super) enum Part<'k> {
     Reader(&'k [u8]),
     /// The last fenced writer's token.
     Fence,
+    /// A semaphore's permit `permit` of `count`, held.
+    Permit { count: u32, permit: u32 },
+    /// A semaphore's waiter, with its token.
+    Queued(&'k [u8]),
 }
 
 impl Names {
@@ -68,6 +76,45 @@ impl Names {
         self.under(&[FENCE])
     }
 
+    /// Permit `permit` of a semaphore of `count` permits.
+    pub(super) fn permit(&self, count: u32, permit: u32) -> Vec<u8> {
+        self.under(&[PERMITS, format!("{count:04}/{permit:04}").as_bytes()])
+    }
+
+    /// Every permit held, whatever the count: `[start, end)`.
+    pub(super) fn permits(&self) -> (Vec<u8>, Vec<u8>) {
+        let start = self.under(&[PERMITS]);
+        let end = end_of(&start);
+        (start, end)
+    }
+
+    /// The permits held of a semaphore of `count`: `[start, end)`.
+    pub(super) fn permits_of(&self, count: u32) -> (Vec<u8>, Vec<u8>) {
+        let start = self.under(&[PERMITS, format!("{count:04}/").as_bytes()]);
+        let end = end_of(&start);
+        (start, end)
+    }
+
+    /// The permits held of any count but `count`: the two ranges around
+    /// [`permits_of`](Self::permits_of).
+    pub(super) fn permits_not_of(&self, count: u32) -> [(Vec<u8>, Vec<u8>); 2] {
+        let (all, all_end) = self.permits();
+        let (mine, mine_end) = self.permits_of(count);
+        [(all, mine), (mine_end, all_end)]
+    }
+
+    /// The semaphore waiter `token`'s place in its line.
+    pub(super) fn queued(&self, token: &str) -> Vec<u8> {
+        self.under(&[QUEUE, token.as_bytes()])
+    }
+
+    /// Every semaphore waiter's place: `[start, end)`.
+    pub(super) fn queue(&self) -> (Vec<u8>, Vec<u8>) {
+        let start = self.under(&[QUEUE]);
+        let end = end_of(&start);
+        (start, end)
+    }
+
     /// Every place in line: `[start, end)`.
     pub(super) fn line(&self) -> (Vec<u8>, Vec<u8>) {
         (self.under(&[&[LINE]]), self.under(&[&[LINE + 1]]))
@@ -90,8 +137,7 @@ impl Names {
     }
 
     /// What a key of this lock is (`None`: not one of its keys).
-    #[cfg(test)]
-    fn classify<'k>(&self, key: &'k [u8]) -> Option<Part<'k>> {
+    pub(super) fn classify<'k>(&self, key: &'k [u8]) -> Option<Part<'k>> {
         let rest = key.strip_prefix(self.lock.as_bytes())?.strip_prefix(&[SEP])?;
         split(rest)
     }
@@ -101,6 +147,19 @@ impl Names {
 pub(super) fn split(rest: &[u8]) -> Option<Part<'_>> {
     if rest == FENCE {
         return Some(Part::Fence);
+    }
+    if let Some(waiter) = rest.strip_prefix(QUEUE) {
+        return Some(Part::Queued(waiter));
+    }
+    if let Some(permit) = rest.strip_prefix(PERMITS) {
+        let text = std::str::from_utf8(permit).ok()?;
+        let (count, permit) = text.split_once('/')?;
+        let digits =
+            |d: &str| (d.len() == 4 && d.bytes().all(|b| b.is_ascii_digit())).then(|| d.parse().ok())?;
+        return Some(Part::Permit {
+            count: digits(count)?,
+            permit: digits(permit)?,
+        });
     }
     let place = rest.strip_prefix(&[LINE])?;
     if let Some(token) = place.strip_prefix(WRITER) {
@@ -150,6 +209,25 @@ mod tests {
             names.classify(b"lock:{order:1}\xfflr/ab"),
             Some(Part::Reader(b"ab"))
         );
+        let permit = names.permit(4, 2);
+        assert_eq!(permit, b"lock:{order:1}\xffp/0004/0002");
+        assert_eq!(
+            names.classify(&permit),
+            Some(Part::Permit { count: 4, permit: 2 })
+        );
+        assert!(start_end(&names.permits(), &permit) && start_end(&names.permits_of(4), &permit));
+        assert!(!start_end(&names.permits_of(3), &permit) && !start_end(&names.line(), &permit));
+        for range in names.permits_not_of(4) {
+            assert!(!start_end(&range, &permit));
+        }
+        let [below, above] = names.permits_not_of(4);
+        assert!(start_end(&below, &names.permit(3, 9)) && start_end(&above, &names.permit(5, 0)));
+        let queued = names.queued("t");
+        assert_eq!(names.classify(&queued), Some(Part::Queued(b"t")));
+        assert!(start_end(&names.queue(), &queued) && !start_end(&names.line(), &queued));
+        for key in [permit, queued] {
+            assert!(start_end(&names.all(), &key));
+        }
         // Other locks whose names start with this one's, whatever their keys hold.
         assert_eq!(names.classify(b"lock:{order:1}}"), None);
         assert_eq!(names.classify(b"lock:{order:1}:lw/x}"), None);

@@ -32,8 +32,14 @@ impl Waiter {
 
 #[derive(Debug)]
 enum Request {
-    /// Wake `waiter` once `key` is deleted at or after revision `from`.
-    Watch { waiter: Waiter, key: Vec<u8>, from: i64 },
+    /// Wake `waiter` once `key` (or, with `end`, any key in `[key, end)`) is deleted at or
+    /// after revision `from`.
+    Watch {
+        waiter: Waiter,
+        key: Vec<u8>,
+        end: Option<Vec<u8>>,
+        from: i64,
+    },
     /// `token` no longer waits.
     Cancel { token: String },
 }
@@ -74,11 +80,34 @@ impl Watcher {
         key: Vec<u8>,
         from: i64,
     ) {
+        self.watch_range(pool, notices, (name, token), (key, None), from);
+    }
+
+    /// Wakes the waiter `token` of the lock named `name` once any key in `[start, end)` (a
+    /// semaphore's permits, for its oldest waiter) is deleted at or after revision `from`.
+    /// Replaces the waiter's earlier watch.
+    pub(super) fn watch_range(
+        &self,
+        pool: &Arc<Pool>,
+        notices: &Notices,
+        (name, token): (&str, &str),
+        (key, end): (Vec<u8>, Option<Vec<u8>>),
+        from: i64,
+    ) {
         let waiter = Waiter {
             name: name.to_owned(),
             token: token.to_owned(),
         };
-        self.send(pool, notices, Request::Watch { waiter, key, from });
+        self.send(
+            pool,
+            notices,
+            Request::Watch {
+                waiter,
+                key,
+                end,
+                from,
+            },
+        );
     }
 
     /// The waiter `token` no longer waits.
@@ -140,12 +169,21 @@ impl Watches {
                 let ids = self.forget(&token);
                 self.cancel(ids).await;
             }
-            Request::Watch { waiter, key, from } => {
+            Request::Watch {
+                waiter,
+                key,
+                end,
+                from,
+            } => {
                 let ids = self.forget(&waiter.token);
                 self.cancel(ids).await;
                 let options = WatchOptions::new()
                     .with_start_revision(from)
                     .with_filters([WatchFilterType::NoPut]);
+                let options = match end {
+                    Some(end) => options.with_range(end),
+                    None => options,
+                };
                 // Bounded: a member that takes the request and never answers must not hold up
                 // every other waiter's watch.
                 let within = pool.timeouts.response;

@@ -1,6 +1,7 @@
 //! What operators read and do on the ZooKeeper store (`lock_runtime::admin`, `lockctl`), and
-//! what `holder` reads: the children of a lock's node (its line), the holders' data (their
-//! tokens; Curator writes the host's address) and the token the last fenced writer left. What a
+//! what `holder` reads: the children of a lock's node (its line, or a semaphore's claims), the
+//! holders' data (their tokens; Curator writes the host's address) and the token the last
+//! fenced writer left. What a
 //! holder has left is known for this client's own locks (until it deletes them); another
 //! client's node lasts as long as its session, which ZooKeeper does not show: its remaining
 //! time is not given. A forced release deletes the holders' nodes seen (node names are unique
@@ -12,7 +13,7 @@ use futures_util::future::join_all;
 use tokio::time::Instant;
 use zookeeper_client::Error as ZkError;
 
-use super::names::{self, Child};
+use super::names::{self, Child, Permits};
 use super::requests::ask;
 use super::{ZkStore, PROBE_TTL_MS};
 use crate::store::{ForceReleased, Lock};
@@ -23,41 +24,68 @@ use crate::LockError;
 struct Held {
     data: Vec<u8>,
     czxid: i64,
+    /// A semaphore's claim: the permit it holds.
+    permit: Option<u32>,
+}
+
+/// A lock's line as read: its nodes in line, its holders' nodes, the token the last fenced
+/// writer left, and for a semaphore its count and how many queue.
+struct Read {
+    line: Vec<Child>,
+    found: Vec<(String, Held)>,
+    left: Option<i64>,
+    permits: Option<(u32, usize)>,
 }
 
 impl ZkStore {
     /// The line of `lock` read now (behind a `sync`, with the token the last fenced writer
     /// left: one request, as a waiter's look), and its holders' nodes that are still there.
-    async fn read_line(
-        &self,
-        lock: &str,
-    ) -> Result<(Vec<Child>, Vec<(Child, Held)>, Option<i64>), LockError> {
+    async fn read_line(&self, lock: &str) -> Result<Read, LockError> {
         let session = self.session(PROBE_TTL_MS).await?;
         let looked = self.look(&session, lock, true, true).await?;
         let line = names::line(&looked.children);
-        let holders = names::holders(&line).to_vec();
-        let reads = join_all(holders.iter().map(|c| {
+        let claims = Permits::of(&looked.children);
+        // A semaphore's holders are its claims that hold; a lock's, the head of its line.
+        let permits = claims.holding.first().map(|c| (c.count, claims.queue.len()));
+        let holders: Vec<(String, Option<u32>)> = match permits {
+            Some(_) => claims
+                .holding
+                .iter()
+                .map(|c| (c.name.clone(), Some(c.permit)))
+                .collect(),
+            None => names::holders(&line)
+                .iter()
+                .map(|c| (c.name.clone(), None))
+                .collect(),
+        };
+        let reads = join_all(holders.iter().map(|(name, _)| {
             ask(
                 self.ensemble(),
-                session.client.get_data(&format!("{lock}/{}", c.name)),
+                session.client.get_data(&format!("{lock}/{name}")),
             )
         }))
         .await;
         let mut found = Vec::with_capacity(holders.len());
-        for (child, read) in holders.into_iter().zip(reads) {
+        for ((name, permit), read) in holders.into_iter().zip(reads) {
             match read? {
                 Ok((data, stat)) => found.push((
-                    child,
+                    name,
                     Held {
                         data,
                         czxid: stat.czxid,
+                        permit,
                     },
                 )),
                 Err(ZkError::NoNode) => {} // gone meanwhile
                 Err(e) => return Err(self.error(&e, lock)),
             }
         }
-        Ok((line, found, looked.left_fence))
+        Ok(Read {
+            line,
+            found,
+            left: looked.left_fence,
+            permits,
+        })
     }
 
     /// What is left of this client's node with `czxid` (`None`: not this client's).
@@ -72,12 +100,43 @@ impl ZkStore {
     }
 
     async fn view(&self, key: &str, lock: &str) -> Result<LockView, LockError> {
-        let (line, found, left) = self.read_line(lock).await?;
+        let Read {
+            line,
+            found,
+            left,
+            permits,
+        } = self.read_line(lock).await?;
         let read_at = Instant::now();
+        let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
+        if let Some((permits, queued)) = permits {
+            let holders: Vec<Reader> = found
+                .iter()
+                .map(|(_, held)| {
+                    let left = self.remaining_of(held.czxid).unwrap_or_default();
+                    let value = String::from_utf8_lossy(&held.data);
+                    Reader::of_permit(&value, held.permit.unwrap_or_default(), left)
+                })
+                .collect();
+            let remaining = found.iter().filter_map(|(_, h)| self.remaining_of(h.czxid)).max();
+            let newest = found.iter().map(|(_, h)| h.czxid).max();
+            return Ok(LockView {
+                key: key.to_owned(),
+                name: lock.to_owned(),
+                holding: Holding::permits(permits, holders),
+                remaining,
+                fence: newest
+                    .and_then(|f| u64::try_from(f).ok())
+                    .map_or(Fence::None, Fence::Token),
+                queued: count(queued),
+                writers: 0,
+                read_at,
+            });
+        }
         let waiting = &line[names::holders(&line).len()..];
+        let exclusive = |name: &str| line.iter().any(|c| c.name == name && !c.shared);
         let (holding, remaining, fence) = match found.as_slice() {
             [] => (Holding::Free, None, left),
-            [(child, held)] if !child.shared => (
+            [(name, held)] if exclusive(name) => (
                 Holding::of_value(&held.data),
                 self.remaining_of(held.czxid),
                 Some(held.czxid),
@@ -98,7 +157,6 @@ impl ZkStore {
             }
         };
         let shared = matches!(holding, Holding::Shared { .. });
-        let count = |n: usize| u64::try_from(n).unwrap_or(u64::MAX);
         Ok(LockView {
             key: key.to_owned(),
             name: lock.to_owned(),
@@ -148,7 +206,7 @@ impl ZkStore {
 
     /// Frees `lock` if its holders are still the ones `seen` shows.
     pub(super) async fn force(&self, lock: &Lock, seen: &LockView) -> Result<ForceReleased, LockError> {
-        let (_, found, _) = self.read_line(lock.name()).await?;
+        let Read { found, .. } = self.read_line(lock.name()).await?;
         if found.is_empty() {
             return Ok(ForceReleased::Gone);
         }
@@ -156,11 +214,13 @@ impl ZkStore {
             let value = String::from_utf8_lossy(&held.data);
             match &seen.holding {
                 Holding::Exclusive { value: shown, .. } => *shown == value,
-                Holding::Shared { readers } => readers.iter().any(|r| r.value == value),
+                Holding::Shared { readers } | Holding::Permits { holders: readers, .. } => {
+                    readers.iter().any(|r| r.value == value)
+                }
                 Holding::Foreign { value: shown, .. } => {
                     shown.as_deref() == Some(crate::view::excerpt(&value).as_str())
                 }
-                Holding::Free | Holding::Permits { .. } => false,
+                Holding::Free => false,
             }
         };
         if !found.iter().all(|(_, held)| shown(held)) {
@@ -168,8 +228,8 @@ impl ZkStore {
         }
         let session = self.session(PROBE_TTL_MS).await?;
         let mut freed = false;
-        for (child, held) in &found {
-            let path = format!("{}/{}", lock.name(), child.name);
+        for (name, held) in &found {
+            let path = format!("{}/{name}", lock.name());
             match ask(self.ensemble(), session.client.delete(&path, None)).await? {
                 Ok(()) => freed = true,
                 Err(ZkError::NoNode) => {}

@@ -39,6 +39,7 @@ use crate::{LockClientBuilder, LockError};
 
 mod admin;
 mod names;
+mod permits;
 mod requests;
 mod sessions;
 
@@ -190,6 +191,8 @@ struct Place {
     until: Option<Instant>,
     /// Given back, and kept for its minimum hold.
     kept: bool,
+    /// The permit a semaphore's holder claims (its node is that claim).
+    permit: Option<u32>,
 }
 
 /// What the client's tasks share with the store.
@@ -325,7 +328,7 @@ impl Shared {
             return Ok(false);
         };
         let client = &session.client;
-        let deleted = if place.fenced && !place.shared {
+        let deleted = if place.fenced && !place.shared && place.permit.is_none() {
             let mut writer = client.new_multi_writer();
             let token = place.czxid.to_string();
             let added = writer
@@ -543,16 +546,25 @@ impl ZkStore {
         token: &str,
         shared: bool,
     ) -> Result<(String, i64), LockError> {
-        let client = &session.client;
         let uuid = names::uuid_of(token);
         let prefix = names::node_prefix(lock.name(), &uuid, shared);
+        self.create_at(session, lock, &prefix, token).await
+    }
+
+    /// Creates the ephemeral sequential node `<prefix><seq>` holding `token` (the lock's node
+    /// made first when it is missing): its path and czxid. When the answer was lost, the node is
+    /// looked for by its prefix.
+    async fn create_at(
+        &self,
+        session: &Session,
+        lock: &Lock,
+        prefix: &str,
+        token: &str,
+    ) -> Result<(String, i64), LockError> {
+        let client = &session.client;
         let options = CreateMode::EphemeralSequential.with_acls(anyone());
         for _ in 0..5 {
-            let created = ask(
-                self.ensemble(),
-                client.create(&prefix, token.as_bytes(), &options),
-            )
-            .await?;
+            let created = ask(self.ensemble(), client.create(prefix, token.as_bytes(), &options)).await?;
             match created {
                 Ok((stat, sequence)) => {
                     let path = format!("{prefix}{sequence}");
@@ -571,7 +583,8 @@ impl ZkStore {
                     }
                 }
                 Err(e) if answer_lost(&e) => {
-                    if let Some(found) = self.find(session, lock.name(), &uuid).await? {
+                    let mine = prefix.rsplit('/').next().unwrap_or_default();
+                    if let Some(found) = self.find(session, lock.name(), mine).await? {
                         let czxid = self.czxid_of(session, &found).await?;
                         return Ok((found, czxid));
                     }
@@ -589,13 +602,13 @@ impl ZkStore {
         ))
     }
 
-    /// The node of `uuid` under `lock`, if there is one.
-    async fn find(&self, session: &Session, lock: &str, uuid: &str) -> Result<Option<String>, LockError> {
-        let mine = names::protection(uuid);
+    /// The node under `lock` whose name starts with `mine` (what its create named, before the
+    /// sequence), if there is one.
+    async fn find(&self, session: &Session, lock: &str, mine: &str) -> Result<Option<String>, LockError> {
         match ask(self.ensemble(), session.client.list_children(lock)).await? {
             Ok(children) => Ok(children
                 .into_iter()
-                .find(|c| c.starts_with(&mine))
+                .find(|c| c.starts_with(mine))
                 .map(|c| format!("{lock}/{c}"))),
             Err(ZkError::NoNode) => Ok(None),
             Err(e) => Err(self.error(&e, lock)),
@@ -620,6 +633,9 @@ impl ZkStore {
         ask_: &Ask,
         flight: &Flight,
     ) -> Result<Attempt, LockError> {
+        if ask_.permits > 1 {
+            return self.permit_attempt(lock, token, ask_, flight).await;
+        }
         let known = self.shared.places().get(token).cloned();
         if let Some(place) = known.filter(|p| p.until.is_none()) {
             return self.look_again(lock, token, (ask_, flight), place).await;
@@ -638,6 +654,7 @@ impl ZkStore {
             fenced: ask_.fencing,
             until: None,
             kept: false,
+            permit: None,
         };
         // Recorded at once: a release after a lost answer finds it.
         self.shared.record(token, place.clone());
@@ -672,6 +689,16 @@ impl ZkStore {
                 return Err(e);
             }
         };
+        // A semaphore's permits claimed at the key: not a lock's key. Refused, naming both counts,
+        // its node given back first.
+        if let Some(claim) = names::Permits::of(&looked.children).holding.first() {
+            self.shared.forget(token);
+            self.shared.unwatch(token);
+            if self.shared.delete(&place).await.is_err() {
+                self.shared.delete_soon(token, place);
+            }
+            return Err(crate::store::permits_differ(lock.key(), claim.count, 1));
+        }
         let line = names::line(&looked.children);
         let mine = place.path.rsplit('/').next().unwrap_or_default();
         match names::standing(&line, mine) {
@@ -734,7 +761,7 @@ impl ZkStore {
         );
         let kept_until = sent + session.keeps;
         Attempt::Acquired {
-            permit: None,
+            permit: place.permit,
             fence: ask_.fencing.then(|| u64::try_from(fence).unwrap_or(0)),
             kept_until: (kept_until < until).then_some(kept_until),
         }
@@ -1031,7 +1058,6 @@ impl Store for ZkStore {
             // The next in line holds once the node ahead is deleted; it looks (a read).
             hand_over: false,
             queues: true,
-            permits: crate::store::Offered::No(super::PERMITS_NOT_YET),
             ..Capabilities::ALL
         }
     }

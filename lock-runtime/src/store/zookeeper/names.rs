@@ -19,6 +19,11 @@ const READ: &str = "__READ__";
 const WRITE: &str = "__WRIT__";
 /// Curator's protection: `_c_` then a uuid (36 characters with hyphens) then `-`.
 const PROTECTED: &str = "_c_";
+/// A semaphore's claim of a permit: `_c_<uuid>-permit-<count>-<permit>-<seq>` (count and permit
+/// 4 digits each). Not one of Curator's lock names: no Curator recipe sees it.
+const PERMIT: &str = "-permit-";
+/// A semaphore's waiter: `_c_<uuid>-queue-<seq>`.
+const QUEUE: &str = "-queue-";
 
 /// The parent path of every lock, from the client's prefix: `lock:` (the library's default
 /// prefix, meant for Redis) is `/locks`; any other prefix must be an absolute path.
@@ -116,6 +121,114 @@ pub(super) fn uuid_of(token: &str) -> String {
 pub(super) fn node_prefix(lock: &str, uuid: &str, shared: bool) -> String {
     let kind = if shared { READ } else { MUTEX };
     format!("{lock}/{PROTECTED}{uuid}-{kind}")
+}
+
+/// What a semaphore's caller creates to claim `permit` of `count` (ZooKeeper appends the
+/// sequence): `<lock path>/_c_<uuid>-permit-<count>-<permit>-`.
+pub(super) fn claim_prefix(lock: &str, uuid: &str, count: u32, permit: u32) -> String {
+    format!("{lock}/{PROTECTED}{uuid}{PERMIT}{count:04}-{permit:04}-")
+}
+
+/// What a semaphore's waiter creates to queue: `<lock path>/_c_<uuid>-queue-`.
+pub(super) fn queue_prefix(lock: &str, uuid: &str) -> String {
+    format!("{lock}/{PROTECTED}{uuid}{QUEUE}")
+}
+
+/// One claim of a semaphore's permit, as read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Claim {
+    /// Its name.
+    pub(super) name: String,
+    /// The semaphore's count it was made for.
+    pub(super) count: u32,
+    /// The permit it claims.
+    pub(super) permit: u32,
+    /// Its sequence number: of two claims of one permit, the older holds it.
+    pub(super) seq: i64,
+}
+
+/// A claim's count, permit and sequence, when `name` is one.
+pub(super) fn parse_claim(name: &str) -> Option<Claim> {
+    let at = name.rfind(PERMIT)?;
+    let mut parts = name[at + PERMIT.len()..].split('-');
+    let mut number = |width: Option<usize>| {
+        let part = parts.next()?;
+        let fits = width.is_none_or(|w| part.len() == w) && !part.is_empty();
+        (fits && part.bytes().all(|b| b.is_ascii_digit())).then(|| part.parse::<i64>().ok())?
+    };
+    let (count, permit, seq) = (number(Some(4))?, number(Some(4))?, number(None)?);
+    if parts.next().is_some() {
+        return None;
+    }
+    Some(Claim {
+        name: name.to_owned(),
+        count: u32::try_from(count).ok()?,
+        permit: u32::try_from(permit).ok()?,
+        seq,
+    })
+}
+
+/// A waiter's queue node's sequence, when `name` is one.
+pub(super) fn parse_queued(name: &str) -> Option<i64> {
+    let at = name.rfind(QUEUE)?;
+    let digits = &name[at + QUEUE.len()..];
+    (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())).then(|| digits.parse().ok())?
+}
+
+/// A semaphore's nodes among a lock's children: the claims that hold a permit (of each permit,
+/// the oldest claim), sorted by permit, and the queue's nodes in order (name, sequence).
+#[derive(Debug, Default)]
+pub(super) struct Permits {
+    pub(super) holding: Vec<Claim>,
+    /// Claims that hold nothing: a newer claim of a held permit (its maker gives it up).
+    pub(super) losing: Vec<Claim>,
+    pub(super) queue: Vec<(String, i64)>,
+}
+
+impl Permits {
+    pub(super) fn of(names: &[String]) -> Permits {
+        let mut claims: Vec<Claim> = names.iter().filter_map(|n| parse_claim(n)).collect();
+        claims.sort_by_key(|c| (c.count, c.permit, c.seq));
+        let mut permits = Permits::default();
+        for claim in claims {
+            let taken = permits
+                .holding
+                .last()
+                .is_some_and(|h| (h.count, h.permit) == (claim.count, claim.permit));
+            match taken {
+                true => permits.losing.push(claim),
+                false => permits.holding.push(claim),
+            }
+        }
+        permits.queue = names
+            .iter()
+            .filter_map(|n| parse_queued(n).map(|seq| (n.clone(), seq)))
+            .collect();
+        permits.queue.sort_by_key(|(_, seq)| *seq);
+        permits
+    }
+
+    /// The count of claims made for another count than `count`, if any.
+    pub(super) fn other_count(&self, count: u32) -> Option<u32> {
+        self.holding.iter().map(|c| c.count).find(|&c| c != count)
+    }
+
+    /// Whether the claim `name` holds its permit.
+    pub(super) fn holds(&self, name: &str) -> bool {
+        self.holding.iter().any(|c| c.name == name)
+    }
+
+    /// The lowest permit of `count` nobody claims.
+    pub(super) fn free(&self, count: u32) -> Option<u32> {
+        (0..count).find(|p| !self.holding.iter().any(|c| c.permit == *p))
+    }
+
+    /// Where the queue node `mine` stands: `None` if it is not there; `Some(None)` the oldest;
+    /// `Some(Some(ahead))` behind `ahead`.
+    pub(super) fn ahead_of(&self, mine: &str) -> Option<Option<&str>> {
+        let at = self.queue.iter().position(|(name, _)| name == mine)?;
+        Some(at.checked_sub(1).map(|before| self.queue[before].0.as_str()))
+    }
 }
 
 /// The start of the names of `uuid`'s nodes (`_c_<uuid>-`).
@@ -255,6 +368,60 @@ mod tests {
         for foreign in ["leader", "lock-", "lock-12ab", "_c_x-latch-0000000001"] {
             assert_eq!(parse(foreign), None, "{foreign}");
         }
+    }
+
+    #[test]
+    fn a_semaphores_claims_and_queue_are_read_and_kept_out_of_the_line() {
+        let uuid = "01234567-89ab-cdef-0123-456789abcdef";
+        let prefix = claim_prefix("/locks/k", uuid, 4, 2);
+        assert_eq!(
+            prefix,
+            "/locks/k/_c_01234567-89ab-cdef-0123-456789abcdef-permit-0004-0002-"
+        );
+        let names: Vec<String> = [
+            "_c_a-permit-0004-0002-0000000009",
+            "_c_b-permit-0004-0002-0000000007",
+            "_c_c-permit-0004-0000-0000000008",
+            "_c_d-queue-0000000011",
+            "_c_e-queue-0000000010",
+            "_c_f-permit-0004-02-0000000001",
+            "other",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        assert!(line(&names).is_empty(), "no claim or waiter is a lock node");
+        let permits = Permits::of(&names);
+        let holding: Vec<(&str, u32)> = permits
+            .holding
+            .iter()
+            .map(|c| (c.name.as_str(), c.permit))
+            .collect();
+        assert_eq!(
+            holding,
+            [
+                ("_c_c-permit-0004-0000-0000000008", 0),
+                ("_c_b-permit-0004-0002-0000000007", 2)
+            ]
+        );
+        assert_eq!(
+            permits.losing.len(),
+            1,
+            "the newer claim of permit 2 holds nothing"
+        );
+        assert!(permits.holds("_c_b-permit-0004-0002-0000000007"));
+        assert!(!permits.holds("_c_a-permit-0004-0002-0000000009"));
+        assert_eq!(permits.free(4), Some(1));
+        assert_eq!(permits.free(1), None);
+        assert_eq!(permits.other_count(4), None);
+        assert_eq!(permits.other_count(3), Some(4));
+        assert_eq!(permits.ahead_of("_c_e-queue-0000000010"), Some(None));
+        assert_eq!(
+            permits.ahead_of("_c_d-queue-0000000011"),
+            Some(Some("_c_e-queue-0000000010"))
+        );
+        assert_eq!(permits.ahead_of("_c_x-queue-0000000012"), None);
+        assert_eq!(parse_claim("_c_f-permit-0004-02-0000000001"), None);
     }
 
     #[test]

@@ -1,0 +1,267 @@
+//! Semaphores on ZooKeeper. A permit is claimed by an ephemeral sequential node
+//! `_c_<uuid>-permit-<count>-<permit>-<seq>` under the lock's node, holding the caller's token;
+//! of two claims of one permit the older (the lower sequence) holds it, and the newer one's
+//! maker gives it up on seeing the older: every claim is read behind its own create on the
+//! same session, so the newer of two always sees the older, and at most `count` callers hold at
+//! once. A claim is refused (given up, `InvalidOptions` naming both counts) where the key's
+//! line has a lock node (a lock or read-write lock, ours or Curator's) or where permits of
+//! another count are claimed: the count is stored with the key. A lock's caller likewise
+//! refuses a key with claims.
+//!
+//! A newcomer claims the lowest permit it believes free at once (a create and a read), and
+//! when that permit was taken, the lowest free one it read. A caller that will wait and finds
+//! every permit taken queues an ephemeral sequential node `_c_<uuid>-queue-<seq>`: the oldest
+//! waiter watches the claims that hold (any one's deletion wakes it: one waiter per release),
+//! every other waiter the queue node just ahead of its own; a woken waiter looks (behind a
+//! `sync`), claims a free permit, and then deletes its queue node, which wakes the next. The
+//! fencing token is the claim's `czxid`: it rises with every claim made at the key. Curator's
+//! recipes do not see these nodes (nor its `InterProcessSemaphoreV2` ours: it keeps leases
+//! under a node of its own).
+
+use futures_util::future::select_all;
+use tokio::time::Instant;
+
+use super::names::{self, Permits};
+use super::sessions::Session;
+use super::{Place, ZkStore};
+use crate::store::{permits_differ, Ask, Attempt, Flight, Lock};
+use crate::LockError;
+
+/// How many permits one attempt claims when the one it claimed was taken meanwhile.
+const TRIES: usize = 4;
+
+/// A refusal for a waiter: it waits to be woken (by a watch, or its nap).
+const WAITING: Attempt = Attempt::Held {
+    pttl_ms: None,
+    behind: true,
+    claimed: false,
+    kept: None,
+};
+
+/// What a look at a semaphore's nodes says to do next.
+enum Next {
+    /// Claim this permit.
+    Claim(u32),
+    /// Look (a woken waiter, or one just queued).
+    Look,
+    /// Wait behind this queue node.
+    Behind(String),
+    /// The oldest waiter, every permit taken: wait for a claim to go.
+    ForAClaim,
+    /// Refused, for a caller that will not wait.
+    Refused,
+    /// Queue (a newcomer that will wait, every permit taken).
+    Queue,
+}
+
+impl ZkStore {
+    /// One attempt at any free permit of a semaphore of `ask_.permits` (see the module doc).
+    pub(super) async fn permit_attempt(
+        &self,
+        lock: &Lock,
+        token: &str,
+        ask_: &Ask,
+        flight: &Flight,
+    ) -> Result<Attempt, LockError> {
+        let count = ask_.permits;
+        let sent = Instant::now();
+        let mut queued = self
+            .shared
+            .places()
+            .get(token)
+            .filter(|p| p.until.is_none())
+            .cloned();
+        let session = match queued.as_ref().and_then(|q| self.shared.session(q.session)) {
+            Some(session) => session,
+            None => {
+                if queued.take().is_some() {
+                    // Its session ended, and its queue node with it.
+                    self.shared.forget(token);
+                    self.shared.unwatch(token);
+                }
+                self.session(ask_.ttl_ms).await?
+            }
+        };
+        // The release of an attempt whose answer never came follows it on this session.
+        flight.set(session.id as u64);
+        let uuid = names::uuid_of(token);
+        // A newcomer claims at once; a woken waiter looks first (behind a `sync`).
+        let mut next = match queued {
+            None => Next::Claim(0),
+            Some(_) => Next::Look,
+        };
+        let mut claims = 0;
+        loop {
+            let (claim, children) = match next {
+                Next::Claim(permit) => {
+                    claims += 1;
+                    let prefix = names::claim_prefix(lock.name(), &uuid, count, permit);
+                    let (path, czxid) = self.create_at(&session, lock, &prefix, token).await?;
+                    let children = self.look(&session, lock.name(), false, false).await;
+                    (Some((path, czxid, permit)), children)
+                }
+                _ => (None, self.look(&session, lock.name(), false, true).await),
+            };
+            let children = match children {
+                Ok(looked) => looked.children,
+                Err(e) => {
+                    if let Some((path, czxid, permit)) = claim {
+                        self.give_up(
+                            token,
+                            self.claim_place(lock, ask_, &session, (path, czxid, permit)),
+                        )
+                        .await;
+                    }
+                    return Err(e);
+                }
+            };
+            let permits = Permits::of(&children);
+            let held_as = if names::line(&children).is_empty() {
+                permits.other_count(count)
+            } else {
+                Some(1)
+            };
+            if let Some(held) = held_as {
+                if let Some(claim) = claim {
+                    self.give_up(token, self.claim_place(lock, ask_, &session, claim))
+                        .await;
+                }
+                return Err(permits_differ(lock.key(), held, count));
+            }
+            if let Some((path, czxid, permit)) = claim {
+                let place = self.claim_place(lock, ask_, &session, (path, czxid, permit));
+                if permits.holds(place.path.rsplit('/').next().unwrap_or_default()) {
+                    if let Some(queued) = queued.take() {
+                        // Out of the queue: the next waiter wakes.
+                        self.shared.forget(token);
+                        self.give_up(token, queued).await;
+                    }
+                    return Ok(self.taken(token, place, ask_, (sent, &session), None));
+                }
+                // An older claim holds that permit: this one is given up.
+                self.give_up(token, place).await;
+            }
+            let mine = queued
+                .as_ref()
+                .map(|q| q.path.rsplit('/').next().unwrap_or_default().to_owned());
+            let standing = mine.as_deref().map(|mine| permits.ahead_of(mine));
+            if let Some(None) = standing {
+                // Its queue node went (an operator deleted it): a newcomer again.
+                self.shared.forget(token);
+                queued = None;
+            }
+            next = match (standing.flatten(), permits.free(count)) {
+                (Some(Some(ahead)), _) => Next::Behind(format!("{}/{ahead}", lock.name())),
+                (_, Some(free)) if claims < TRIES => Next::Claim(free),
+                _ if queued.is_some() => Next::ForAClaim,
+                _ if !ask_.join => Next::Refused,
+                _ => Next::Queue,
+            };
+            match &next {
+                Next::Claim(_) | Next::Look => continue,
+                Next::Behind(ahead) => {
+                    self.watch(lock, token, &session, ahead.clone());
+                    return Ok(WAITING);
+                }
+                Next::ForAClaim => {
+                    let holding = permits
+                        .holding
+                        .iter()
+                        .map(|c| format!("{}/{}", lock.name(), c.name))
+                        .collect();
+                    self.watch_claims(lock, token, &session, holding);
+                    return Ok(WAITING);
+                }
+                Next::Refused => return Ok(Attempt::HELD),
+                Next::Queue => {
+                    let prefix = names::queue_prefix(lock.name(), &uuid);
+                    let (path, czxid) = self.create_at(&session, lock, &prefix, token).await?;
+                    let place = Place {
+                        name: lock.name().to_owned(),
+                        path,
+                        shared: false,
+                        czxid,
+                        session: session.id,
+                        fenced: ask_.fencing,
+                        until: None,
+                        kept: false,
+                        permit: None,
+                    };
+                    self.shared.record(token, place.clone());
+                    queued = Some(place);
+                    // Looked at again behind its own create: a permit may have been given back
+                    // before its node was in the queue.
+                    next = Next::Look;
+                }
+            }
+        }
+    }
+
+    /// The node of a claim this attempt made.
+    fn claim_place(
+        &self,
+        lock: &Lock,
+        ask_: &Ask,
+        session: &Session,
+        (path, czxid, permit): (String, i64, u32),
+    ) -> Place {
+        Place {
+            name: lock.name().to_owned(),
+            path,
+            shared: false,
+            czxid,
+            session: session.id,
+            fenced: ask_.fencing,
+            until: None,
+            kept: false,
+            permit: Some(permit),
+        }
+    }
+
+    /// Deletes a node this attempt made and no longer needs (a claim it does not hold, its queue
+    /// node once it holds): by the reaper, if not now.
+    async fn give_up(&self, token: &str, place: Place) {
+        if self.shared.delete(&place).await.is_err() {
+            self.shared.delete_soon(token, place);
+        }
+    }
+
+    /// Has `token` (the oldest waiter) woken when any of the claims `holding` (the ones that
+    /// hold a permit) changes or goes; at once if one went already.
+    fn watch_claims(&self, lock: &Lock, token: &str, session: &Session, holding: Vec<String>) {
+        let client = session.client.clone();
+        let notices = self.shared.notices.clone();
+        let (name, waiter) = (lock.name().to_owned(), token.to_owned());
+        let within = self.ensemble().timeouts.response;
+        let task = tokio::spawn(async move {
+            let mut watchers = Vec::with_capacity(holding.len());
+            for path in &holding {
+                match tokio::time::timeout(within, client.check_and_watch_stat(path)).await {
+                    Ok(Ok((Some(_), watcher))) => watchers.push(Box::pin(watcher.changed())),
+                    Ok(Ok((None, _))) => {
+                        // Gone already: a permit may be free.
+                        watchers.clear();
+                        break;
+                    }
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, "cannot watch a semaphore's claims");
+                        watchers.clear();
+                        break;
+                    }
+                    Err(_) => {
+                        tracing::debug!("no answer to the watch of a semaphore's claims");
+                        watchers.clear();
+                        break;
+                    }
+                }
+            }
+            if !watchers.is_empty() {
+                let _ = select_all(watchers).await;
+            }
+            notices.turn(&name, waiter.as_bytes(), None);
+        });
+        if let Some(old) = super::locked(&self.shared.watches).insert(token.to_owned(), task.abort_handle()) {
+            old.abort();
+        }
+    }
+}
