@@ -902,6 +902,16 @@ macro_rules! on_every_deployment_with_one_counter {
 #[macro_export]
 macro_rules! on_every_deployment_with_permits {
     ($($name:ident),* $(,)?) => {
+        $crate::on_every_deployment_with_permits_and_notices!($($name),*);
+        $crate::on_targets!(mysql => $crate::Target::mysql().await; [$($name),*]);
+    };
+}
+
+/// [`on_every_deployment_with_permits!`] but MySQL: for a release that wakes another client's
+/// waiters at once, one per permit given back (MySQL has no notifications).
+#[macro_export]
+macro_rules! on_every_deployment_with_permits_and_notices {
+    ($($name:ident),* $(,)?) => {
         $crate::on_targets!(
             redis => $crate::Target::redis().await,
             redis_tls => $crate::Target::redis_tls().await,

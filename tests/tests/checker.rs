@@ -206,6 +206,12 @@ fn mysql_with_a_worker_cut_off() {
     promised(&["--store", "mysql", "--fault", "partition"], 8);
 }
 
+/// The semaphore load on MySQL (2 permits a key) with a worker cut off.
+#[test]
+fn mysql_semaphore_with_a_worker_cut_off() {
+    promised(&["--store", "mysql", "--fault", "partition", "--permits", "2"], 8);
+}
+
 #[test]
 fn mysql_with_a_frozen_worker() {
     promised(&["--store", "mysql", "--fault", "sigstop"], 8);

@@ -517,3 +517,77 @@ async fn a_set_is_one_statement_and_a_refused_one_takes_nothing() {
     assert!(all.fencing_token_for("set:c").unwrap() > before);
     assert!(all.release().await.unwrap());
 }
+
+/// A semaphore on MySQL: a free permit is one statement (the header and the permit in one
+/// insert), a refused try two (the claim, and the read that says why); once the last holder
+/// leaves the key is free at once, for a lock or another count; two waiters of another client
+/// get the two permits given back by polling (no notifications).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_semaphore_is_one_statement_a_permit_and_its_key_is_freed_by_its_last_holder() {
+    let server = blocking(MariadbServer::spawn).await;
+    let (c, other) = (client(&server).await, client(&server).await);
+    for client in [&c, &other] {
+        client
+            .acquire("warm", &ttl(1000))
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
+    }
+    let ran = || -> u64 {
+        server
+            .sql(
+                "SHOW GLOBAL STATUS WHERE Variable_name IN \
+                 ('Com_select', 'Com_insert', 'Com_update', 'Com_delete', 'Com_insert_select')",
+            )
+            .lines()
+            .filter_map(|line| line.split('\t').nth(1)?.trim().parse::<u64>().ok())
+            .sum()
+    };
+    let mut last = ran();
+    eventually(5 * SECOND, "the sweeps are done", || {
+        let now = ran();
+        let settled = now == last;
+        last = now;
+        async move { settled }
+    })
+    .await;
+    let two = ttl(10_000).permits(2);
+    let before = ran();
+    let first = c.acquire("sem", &two.clone().fencing(true)).await.unwrap();
+    assert_eq!(ran() - before, 1, "a free permit: one statement");
+    assert!(first.fencing_token().is_some());
+    let second = other.acquire("sem", &two).await.unwrap();
+    assert_ne!(first.permit(), second.permit());
+    let before = ran();
+    let refused = c.acquire("sem", &two).await;
+    assert!(matches!(refused, Err(LockError::Busy { .. })), "{refused:?}");
+    assert_eq!(ran() - before, 2, "the claim, and the read that says why");
+    // Two waiters of another client; both permits given back at once.
+    let waiting = two.clone().wait(10 * SECOND);
+    let waiters: Vec<_> = (0..2)
+        .map(|_| {
+            let (c, waiting) = (c.clone(), waiting.clone());
+            tokio::spawn(async move { c.acquire("sem", &waiting).await })
+        })
+        .collect();
+    eventually(5 * SECOND, "both wait", || async {
+        lock_tests::waiting(&c, "sem") == 2
+    })
+    .await;
+    let (a, b) = tokio::join!(first.release(), second.release());
+    assert!(a.unwrap() && b.unwrap());
+    let mut guards = Vec::new();
+    for waiter in waiters {
+        guards.push(waiter.await.unwrap().expect("each waiter gets a permit"));
+    }
+    for guard in guards {
+        assert!(guard.release().await.unwrap());
+    }
+    // The last holder gone, the key is free at once: for a lock, and then for another count.
+    let lock = other.acquire("sem", &ttl(10_000)).await.unwrap();
+    assert!(lock.release().await.unwrap());
+    let three = other.acquire("sem", &ttl(10_000).permits(3)).await.unwrap();
+    assert!(three.release().await.unwrap());
+}

@@ -475,11 +475,6 @@ pub(crate) fn permits_differ(key: &str, held: u32, asked: u32) -> LockError {
     ))
 }
 
-/// Why a store refuses semaphores it does not offer yet.
-#[allow(dead_code)]
-pub(crate) const PERMITS_NOT_YET: &str =
-    "not built for this store yet: Redis (one server, Sentinel, Cluster), PostgreSQL, etcd, ZooKeeper and the in-memory store offer them";
-
 /// What a store offers beyond the plain exclusive lock that every store has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Capabilities {

@@ -253,19 +253,26 @@ impl EtcdStore {
         if !holders.iter().all(|(_, _, kv)| shown(kv)) {
             return Ok(ForceReleased::Changed);
         }
-        let compares: Vec<Compare> = holders
-            .iter()
-            .map(|(created, _, kv)| Compare::create_revision(kv.key().to_vec(), CompareOp::Equal, *created))
-            .collect();
-        let deletes: Vec<TxnOp> = holders
-            .iter()
-            .map(|(_, _, kv)| TxnOp::delete(kv.key().to_vec(), None))
-            .collect();
-        let deleted = self
-            .pool()
-            .txn(Txn::new().when(compares).and_then(deletes))
-            .await?;
-        Ok(if deleted.succeeded() {
+        // In transactions of at most etcd's operations (a semaphore may have more holders).
+        let mut freed = true;
+        for chunk in holders.chunks(super::MAX_TXN_OPS) {
+            let compares: Vec<Compare> = chunk
+                .iter()
+                .map(|(created, _, kv)| {
+                    Compare::create_revision(kv.key().to_vec(), CompareOp::Equal, *created)
+                })
+                .collect();
+            let deletes: Vec<TxnOp> = chunk
+                .iter()
+                .map(|(_, _, kv)| TxnOp::delete(kv.key().to_vec(), None))
+                .collect();
+            let deleted = self
+                .pool()
+                .txn(Txn::new().when(compares).and_then(deletes))
+                .await?;
+            freed &= deleted.succeeded();
+        }
+        Ok(if freed {
             ForceReleased::Freed
         } else {
             ForceReleased::Changed

@@ -711,16 +711,20 @@ impl EtcdStore {
                 .with_sort(SortTarget::Create, SortOrder::Descend)
                 .with_limit(if ask.shared { 1 } else { 2 })
                 .with_keys_only();
+            let no_permits = Compare::create_revision(permits.clone(), CompareOp::Equal, 0)
+                .with_range(permits_end.clone());
             let txn = Txn::new()
-                .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+                .when([
+                    Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+                    no_permits,
+                ])
                 .and_then(
                     [put, TxnOp::get(line_start.clone(), Some(ahead))]
                         .into_iter()
                         .chain(fence)
-                        .chain([any_permit()])
                         .collect::<Vec<_>>(),
                 )
-                .or_else([TxnOp::get(key.clone(), None)]);
+                .or_else([TxnOp::get(key.clone(), None), any_permit()]);
             self.pool().txn(txn).await?
         } else {
             // Only if nobody is in line (no writer, for a reader) and no permit is held: one
@@ -737,28 +741,16 @@ impl EtcdStore {
             self.pool().txn(txn).await?
         };
         let responses = answer.op_responses();
-        let permits_at = match (answer.succeeded(), ask.join) {
-            (false, false) => Some(0),
-            (true, true) => Some(if ask.shared { 3 } else { 2 }),
-            _ => None,
-        };
-        let held = permits_at
-            .and_then(|at| read_at(&responses, at).first())
+        // Refused, it read one permit held (if any), after its own place (if it will wait).
+        let permit_at = usize::from(ask.join);
+        let held = (!answer.succeeded())
+            .then(|| read_at(&responses, permit_at).first())
+            .flatten()
             .and_then(|kv| match names.classify(kv.key()) {
                 Some(Part::Permit { count, .. }) => Some(count),
                 _ => None,
             });
         if let Some(held) = held {
-            if answer.succeeded() {
-                // Its place is given back before the refusal (named by its token: its own).
-                let deleted = self
-                    .pool()
-                    .txn(Txn::new().and_then([TxnOp::delete(key.clone(), None)]))
-                    .await;
-                if let Err(e) = deleted {
-                    tracing::debug!(error = %e, "could not delete a refused place in an etcd line; it goes with its session");
-                }
-            }
             return Err(crate::store::permits_differ(lock.key(), held, 1));
         }
         if !answer.succeeded() {
@@ -1228,6 +1220,12 @@ impl EtcdStore {
             .watcher
             .cancel(self.pool(), &self.shared.notices, token);
         let place = self.shared.forget(token);
+        if release.kind == Kind::Permit && release.after.is_some() {
+            // A semaphore's attempt whose answer never came may have taken a permit (a waiter's,
+            // while its place in the queue is what this client knows of it): looked for by its
+            // token, now and once more later.
+            return self.delete_unknown(lock, token, true).await;
+        }
         let Some(place) = place else {
             if release.after.is_some() {
                 // An attempt whose answer never came may have put a place: deleted now, and again

@@ -11,9 +11,10 @@
 //! permit deletes the waiter's place in the same transaction, which wakes the next, who takes
 //! the next free permit or watches the permits in turn.
 //!
-//! An attempt is one transaction: it tries the lowest permit it believes free, and when refused
-//! reads, in the same request, which permits are held, whether the line is empty, and who queues
-//! ahead; it tries again at once only when another permit was free. The fencing token is the
+//! An attempt is one transaction: it tries the lowest permit this client does not hold, and when
+//! refused reads, in the same request, which permits are held, whether the line is empty, and
+//! who queues ahead; it tries again at once when another permit was free (a second
+//! transaction: another client held the one it tried). The fencing token is the
 //! permit key's create revision: it rises with every permit taken of the key.
 
 use std::collections::BTreeSet;
@@ -66,7 +67,11 @@ impl EtcdStore {
             .get(token)
             .filter(|p| p.until.is_none() && p.permit.is_none())
             .cloned();
-        let mut guess = 0;
+        // The lowest permit this client does not hold of the key: free, when no other client
+        // holds one.
+        let mut guess = (0..count)
+            .find(|p| !self.holds_permit(lock.name(), *p))
+            .unwrap_or(0);
         let mut read = 0;
         for _ in 0..TRIES {
             let answer = self
@@ -129,7 +134,7 @@ impl EtcdStore {
                     return Ok(WAITING);
                 }
                 _ if !ask.join => return Ok(Attempt::HELD),
-                _ => return self.enqueue(lock, token, ask, (&names, session), read).await,
+                _ => return self.enqueue(lock, token, (&names, session)).await,
             }
         }
         // Every permit it tried was taken meanwhile: a waiter waits for the next deletion.
@@ -138,7 +143,7 @@ impl EtcdStore {
             return Ok(WAITING);
         }
         if ask.join {
-            return self.enqueue(lock, token, ask, (&names, session), read).await;
+            return self.enqueue(lock, token, (&names, session)).await;
         }
         Ok(Attempt::HELD)
     }
@@ -205,15 +210,12 @@ impl EtcdStore {
     }
 
     /// Puts `token`'s place at the end of the semaphore's queue (one write), and has it watch
-    /// the place ahead of it, or, the oldest, the permits: any deletion since `read` (the
-    /// revision its refusal was read at) wakes it.
+    /// the place ahead of it; the oldest tries again at once, as a waiter in the queue.
     async fn enqueue(
         &self,
         lock: &Lock,
         token: &str,
-        ask: &Ask,
         (names, session): (&Names, Session),
-        read: i64,
     ) -> Result<Attempt, LockError> {
         let key = names.queued(id_of(token));
         let (queue, queue_end) = names.queue();
@@ -225,8 +227,8 @@ impl EtcdStore {
         let put = TxnOp::put(key.clone(), token, Some(PutOptions::new().with_lease(session.id)));
         let txn = Txn::new()
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then([put, TxnOp::get(queue, Some(newest_two))])
-            .or_else([TxnOp::get(key.clone(), None)]);
+            .and_then([put, TxnOp::get(queue.clone(), Some(newest_two.clone()))])
+            .or_else([TxnOp::get(key.clone(), None), TxnOp::get(queue, Some(newest_two))]);
         let answer = self.pool().txn(txn).await?;
         let responses = answer.op_responses();
         let created = match answer.succeeded() {
@@ -246,7 +248,8 @@ impl EtcdStore {
             shared: false,
             created,
             lease: session.id,
-            fenced: ask.fencing,
+            // A place in the queue leaves no fencing token when it goes (a lock's writer does).
+            fenced: false,
             after_writer: 0,
             until: None,
             kept: false,
@@ -254,10 +257,27 @@ impl EtcdStore {
         };
         self.record(token, place);
         match ahead {
-            Some(ahead) => self.wait_behind(lock, token, ahead, revision(&answer)),
-            None => self.watch_permits(lock, token, names, ask.permits, read),
+            Some(ahead) => {
+                self.wait_behind(lock, token, ahead, revision(&answer));
+                Ok(WAITING)
+            }
+            // The oldest: it tries again at once, as a waiter in the queue (a permit may have
+            // been given back before its place was put, and its own refusal's read was older).
+            None => Ok(Attempt::Held {
+                pttl_ms: None,
+                behind: false,
+                claimed: false,
+                kept: None,
+            }),
         }
-        Ok(WAITING)
+    }
+
+    /// Whether this client holds permit `permit` of the lock named `name`.
+    fn holds_permit(&self, name: &str, permit: u32) -> bool {
+        self.shared
+            .places()
+            .values()
+            .any(|p| p.name == name && p.permit == Some(permit))
     }
 
     /// Has `token` (the oldest waiter) watch the permits of `count`, from the revision after

@@ -5,14 +5,16 @@
 //! seen, waking this client's waiters.
 #![cfg_attr(not(feature = "cli"), allow(dead_code))]
 
+use std::collections::HashMap;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::permits::{count_of, parse_permit_row, permit_row};
 use super::MysqlStore;
 use crate::store::sql::{ask, unsigned};
 use crate::store::{ForceReleased, Lock};
-use crate::view::{glob_matches, Fence, Holding, LockView, RELEASED};
+use crate::view::{glob_matches, Fence, Holding, LockView, Reader, RELEASED};
 use crate::LockError;
 
 /// Every lock row whose name starts with the prefix (binds: prefix length, prefix), with what
@@ -40,19 +42,58 @@ const FREE_HELD: &str = concat!(
     now_ms!()
 );
 
+/// The rows of a semaphore's permits (binds: their range's start and end), as [`ROWS`].
+const PERMIT_ROWS: &str = concat!(
+    "SELECT name, IF(token IS NOT NULL AND expires_ms > ",
+    now_ms!(),
+    ", token, NULL), expires_ms - ",
+    now_ms!(),
+    ", fence FROM lock_runtime_locks WHERE name >= ? AND name < ? ORDER BY name"
+);
+
 type Row = (Vec<u8>, Option<Vec<u8>>, i64, Option<i64>);
 
+/// The permits held, by the lock name they belong to, among `rows` (the others are left).
+fn permit_holders(rows: &[Row]) -> HashMap<String, Vec<Reader>> {
+    let mut holders: HashMap<String, Vec<Reader>> = HashMap::new();
+    for (name, token, left, _) in rows {
+        let Some(token) = token else { continue };
+        let Some((lock, _, permit)) = std::str::from_utf8(name).ok().and_then(parse_permit_row) else {
+            continue;
+        };
+        let left = Duration::from_millis(unsigned(*left));
+        let value = String::from_utf8_lossy(token);
+        holders
+            .entry(lock.to_owned())
+            .or_default()
+            .push(Reader::of_permit(&value, permit, left));
+    }
+    holders
+}
+
 impl MysqlStore {
-    fn view(&self, row: Row, read_at: Instant) -> Option<LockView> {
+    /// A lock's row as operators see it; a semaphore's header shows `permits`, its permits held.
+    fn view(
+        &self,
+        row: Row,
+        read_at: Instant,
+        permits: &mut HashMap<String, Vec<Reader>>,
+    ) -> Option<LockView> {
         let (name, token, left, fence) = row;
         let name = String::from_utf8(name).ok()?;
         let key = crate::store::user_key(&self.prefix, &name)?.to_owned();
-        let (holding, remaining) = match token {
-            Some(value) => (
+        let count = token.as_deref().and_then(count_of);
+        let (holding, remaining) = match (token, count) {
+            (Some(_), Some(count)) => {
+                let holders = permits.remove(&name).unwrap_or_default();
+                let remaining = holders.iter().map(|h| h.remaining).max();
+                (Holding::permits(count, holders), remaining)
+            }
+            (Some(value), None) => (
                 Holding::of_value(&value),
                 Some(Duration::from_millis(unsigned(left))),
             ),
-            None => (Holding::Free, None),
+            (None, _) => (Holding::Free, None),
         };
         Some(LockView {
             key,
@@ -74,27 +115,68 @@ impl MysqlStore {
             .bind(prefix)
             .fetch_all(conn))?;
         let read_at = Instant::now();
+        let mut permits = permit_holders(&rows);
         Ok(rows
             .into_iter()
-            .filter_map(|row| self.view(row, read_at))
+            .filter_map(|row| self.view(row, read_at, &mut permits))
             .filter(|view| view.is_held() && glob_matches(pattern, &view.key))
             .collect())
     }
 
-    /// What `lock` holds now.
+    /// What `lock` holds now (a semaphore's permits read in a second statement).
     pub(super) async fn read_one(&self, lock: &Lock) -> Result<LockView, LockError> {
         let row: Option<Row> = ask!(self, |conn| sqlx::query_as(ROW)
             .bind(lock.name().as_bytes())
             .fetch_optional(conn))?;
+        let mut permits = HashMap::new();
+        if row
+            .as_ref()
+            .and_then(|r| r.1.as_deref())
+            .and_then(count_of)
+            .is_some()
+        {
+            let (start, end) = (format!("{}#p", lock.name()), format!("{}#q", lock.name()));
+            let rows: Vec<Row> = ask!(self, |conn| sqlx::query_as(PERMIT_ROWS)
+                .bind(start.as_bytes())
+                .bind(end.as_bytes())
+                .fetch_all(conn))?;
+            permits = permit_holders(&rows);
+        }
         let read_at = Instant::now();
         Ok(row
-            .and_then(|row| self.view(row, read_at))
+            .and_then(|row| self.view(row, read_at, &mut permits))
             .unwrap_or_else(|| LockView::free(lock.key(), lock.name())))
     }
 
     /// Frees `lock` if its row still holds what `seen` shows, and wakes this client's waiters
     /// (another client's retry at the lease's end it had read, or sooner).
     pub(super) async fn force(&self, lock: &Lock, seen: &LockView) -> Result<ForceReleased, LockError> {
+        if let Holding::Permits { permits, holders } = &seen.holding {
+            // Each permit seen, if its row still holds that holder.
+            let mut freed = false;
+            for holder in holders {
+                let row = permit_row(lock.name(), *permits, holder.permit.unwrap_or_default());
+                let token = holder.value.strip_suffix(RELEASED).unwrap_or(&holder.value);
+                let done = ask!(self, |conn| sqlx::query(FREE_HELD)
+                    .bind(row.as_bytes())
+                    .bind(token.as_bytes())
+                    .bind(token.as_bytes())
+                    .execute(conn))?;
+                freed |= done.rows_affected() == 1;
+            }
+            if freed {
+                self.shorten_header(lock, &super::permits::marker(*permits))
+                    .await?;
+                self.notices.released(lock.name());
+                return Ok(ForceReleased::Freed);
+            }
+            let now = self.read_one(lock).await?;
+            return Ok(if now.is_held() {
+                ForceReleased::Changed
+            } else {
+                ForceReleased::Gone
+            });
+        }
         let Holding::Exclusive { value, .. } = &seen.holding else {
             return Ok(ForceReleased::Gone);
         };

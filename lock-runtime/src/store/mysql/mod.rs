@@ -73,13 +73,16 @@ macro_rules! takeable {
     };
 }
 
+mod permits;
+
 /// The acquire (binds: name, token, ttl, fencing, fencing). A fencing token is the larger of the
 /// clock in microseconds and one more than the key's last (kept in its row, which a fenced lock
 /// keeps an hour after its release): tokens of a key never repeat, also when the clock steps
 /// back. The fence is assigned first, while `token` and `expires_ms` are still the row's (MySQL
 /// assigns left to right, MariaDB may assign all at once: every assignment reads the same
 /// condition, which holds after the token is ours exactly when it held before). A taken row sets
-/// `LAST_INSERT_ID` to its token (or 1 without fencing), a refused one to 0.
+/// `LAST_INSERT_ID` to its token (or 1 without fencing), a refused one to 0, or to 2 when a
+/// semaphore holds the key (its header's token starts with a zero byte: see [`permits`]).
 const TAKE: &str = concat!(
     "INSERT INTO lock_runtime_locks (name, token, expires_ms, fence) VALUES (?, ?, ",
     now_ms!(),
@@ -90,7 +93,7 @@ const TAKE: &str = concat!(
     ", IF(?, LAST_INSERT_ID(IF(token = VALUES(token) AND fence IS NOT NULL, fence, GREATEST(",
     now_us!(),
     ", COALESCE(fence, 0) + 1))), IF(LAST_INSERT_ID(1), fence, fence)), \
-     IF(LAST_INSERT_ID(0), fence, fence)), token = IF(",
+     IF(LAST_INSERT_ID(IF(LEFT(token, 1) = X'00', 2, 0)), fence, fence)), token = IF(",
     takeable!(),
     ", VALUES(token), token), expires_ms = IF(",
     takeable!(),
@@ -147,6 +150,12 @@ fn rows_of(names: usize, locking: bool) -> String {
     )
 }
 
+/// The live token of a lock's row (binds: name): a semaphore's header, read when one refused
+/// a lock.
+const HEADER: &str = concat!(
+    "SELECT token FROM lock_runtime_locks WHERE name = ? AND expires_ms > ",
+    now_ms!()
+);
 /// How long the holder of a refused lock has left (none: it went meanwhile).
 const LEFT: &str = concat!(
     "SELECT expires_ms - ",
@@ -275,6 +284,8 @@ pub(crate) struct MysqlStore {
     address: String,
     notices: Notices,
     acquires: AtomicUsize,
+    /// This client's semaphore permits, by token.
+    permits: permits::Permits,
 }
 
 impl MysqlStore {
@@ -312,6 +323,7 @@ impl MysqlStore {
             address,
             notices,
             acquires: AtomicUsize::new(0),
+            permits: permits::Permits::default(),
         })
     }
 
@@ -366,6 +378,9 @@ impl MysqlStore {
     }
 
     async fn acquire(&self, lock: &Lock, token: &str, ask: &Ask) -> Result<Attempt, LockError> {
+        if ask.permits > 1 {
+            return self.permit_attempt(lock, token, ask).await;
+        }
         self.sweep_now_and_then();
         let taken = ask!(self, |conn| sqlx::query(TAKE)
             .bind(lock.name().as_bytes())
@@ -375,6 +390,9 @@ impl MysqlStore {
             .bind(ask.fencing)
             .execute(conn))?;
         let answer = taken.last_insert_id();
+        if answer == 2 {
+            return Err(self.held_by_a_semaphore(lock, 1).await);
+        }
         if answer != 0 {
             return Ok(Attempt::acquired(ask.fencing.then_some(answer)));
         }
@@ -462,6 +480,15 @@ impl MysqlStore {
                 pttl_ms: None,
             });
         }
+        // A key a semaphore holds: refused as a single lock is.
+        for lock in locks {
+            let header = row_of(lock)
+                .filter(|row| row.3 > 0)
+                .and_then(|row| row.1.as_deref().and_then(permits::count_of));
+            if let Some(count) = header {
+                return Err(crate::store::permits_differ(lock.key(), count, 1));
+            }
+        }
         // The first lock of the set someone holds (none: they went meanwhile).
         let held = locks.iter().enumerate().find_map(|(at, lock)| {
             row_of(lock)
@@ -472,6 +499,24 @@ impl MysqlStore {
             at: held.map_or(0, |(at, _)| at),
             pttl_ms: held.map(|(_, left)| unsigned(left)),
         })
+    }
+
+    /// The refusal of an acquire asking `asked` permits of `lock`, which a semaphore's header
+    /// holds: naming its count (read now; gone meanwhile, it is refused all the same).
+    async fn held_by_a_semaphore(&self, lock: &Lock, asked: u32) -> LockError {
+        let read: Result<Option<Option<Vec<u8>>>, LockError> = async {
+            Ok(ask!(self, |conn| sqlx::query_scalar(HEADER)
+                .bind(lock.name().as_bytes())
+                .fetch_optional(conn))?)
+        }
+        .await;
+        match read {
+            Ok(token) => {
+                let held = token.flatten().as_deref().and_then(permits::count_of);
+                crate::store::permits_differ(lock.key(), held.unwrap_or(0), asked)
+            }
+            Err(e) => e,
+        }
     }
 
     async fn renew_one(&self, lock: &Lock, token: &str, ttl_ms: u64) -> Result<Renewal, LockError> {
@@ -487,37 +532,67 @@ impl MysqlStore {
     /// Many locks in one statement; when not every one was renewed, each again on its own to
     /// find which (a lost lock is rare).
     async fn renew_locks(&self, locks: &[Renewing<'_>]) -> Result<Vec<Renewal>, LockError> {
-        if let [(lock, token, ttl_ms)] = locks {
+        // A semaphore's permit is a row of its own, renewed with its header.
+        let held: Vec<Option<permits::Held>> = locks
+            .iter()
+            .map(|(_, token, _)| self.permits.get(token))
+            .collect();
+        if let ([(lock, token, ttl_ms)], [None]) = (locks, held.as_slice()) {
             return Ok(vec![self.renew_one(lock, token, *ttl_ms).await?]);
         }
+        let mut rows: Vec<(&[u8], &[u8], u64)> = locks
+            .iter()
+            .zip(&held)
+            .map(|((lock, token, ttl_ms), held)| {
+                let name = held.as_ref().map_or(lock.name(), |h| h.row.name());
+                (name.as_bytes(), token.as_bytes(), *ttl_ms)
+            })
+            .collect();
+        let mut headers: Vec<(&[u8], &[u8], u64)> = Vec::new();
+        for (held, (_, _, ttl_ms)) in held.iter().zip(locks) {
+            let Some(held) = held else { continue };
+            match headers
+                .iter_mut()
+                .find(|(name, _, _)| *name == held.header.as_bytes())
+            {
+                Some(header) => header.2 = header.2.max(*ttl_ms),
+                None => headers.push((held.header.as_bytes(), held.marker.as_slice(), *ttl_ms)),
+            }
+        }
+        rows.extend(headers);
         let mut statement = format!(
             "UPDATE lock_runtime_locks SET expires_ms = GREATEST(expires_ms, {} + CASE name",
             now_ms!()
         );
-        statement.push_str(&" WHEN ? THEN ?".repeat(locks.len()));
-        statement.push_str(" END) WHERE expires_ms > ");
+        statement.push_str(&" WHEN ? THEN ?".repeat(rows.len()));
+        // A semaphore's header counts the raises of its lease (see `permits`).
+        statement.push_str(" END), fence = IF(LEFT(token, 1) = X'00', COALESCE(fence, 0) + 1, fence)");
+        statement.push_str(" WHERE expires_ms > ");
         statement.push_str(now_ms!());
         statement.push_str(" AND (");
-        statement.push_str(&vec!["(name = ? AND token = ?)"; locks.len()].join(" OR "));
+        statement.push_str(&vec!["(name = ? AND token = ?)"; rows.len()].join(" OR "));
         statement.push(')');
         let renewed = ask!(self, |conn| {
             // Not prepared on the server: its text differs with the number of locks, and
             // prepared statements count against the server's `max_prepared_stmt_count`.
             let mut query = sqlx::query(&statement).persistent(false);
-            for (lock, _, ttl_ms) in locks {
-                query = query.bind(lock.name().as_bytes()).bind(millis(*ttl_ms));
+            for (name, _, ttl_ms) in &rows {
+                query = query.bind(*name).bind(millis(*ttl_ms));
             }
-            for (lock, token, _) in locks {
-                query = query.bind(lock.name().as_bytes()).bind(token.as_bytes());
+            for (name, token, _) in &rows {
+                query = query.bind(*name).bind(*token);
             }
             query.execute(conn)
         })?;
-        if renewed.rows_affected() == locks.len() as u64 {
+        if renewed.rows_affected() == rows.len() as u64 {
             return Ok(vec![Renewal::Renewed; locks.len()]);
         }
         let mut found = Vec::with_capacity(locks.len());
-        for (lock, token, ttl_ms) in locks {
-            found.push(self.renew_one(lock, token, *ttl_ms).await?);
+        for ((lock, token, ttl_ms), held) in locks.iter().zip(&held) {
+            found.push(match held {
+                Some(held) => Renewal::from_ours(self.renew_permit(held, token, *ttl_ms).await?),
+                None => self.renew_one(lock, token, *ttl_ms).await?,
+            });
         }
         Ok(found)
     }
@@ -684,7 +759,7 @@ impl Store for MysqlStore {
             fencing: Offered::Yes,
             fair: Offered::No(NOT_YET),
             shared: Offered::No(NOT_YET),
-            permits: Offered::No(super::PERMITS_NOT_YET),
+            permits: Offered::Yes,
             hand_over: false,
             queues: false,
             polls: true,
@@ -728,7 +803,11 @@ impl Store for MysqlStore {
     }
 
     async fn release(&self, lock: &Lock, token: &str, release: Release<'_>) -> Result<Released, LockError> {
-        debug_assert_eq!(release.kind, Kind::Plain, "refused by the capabilities");
+        if release.kind == Kind::Permit {
+            return self
+                .release_permit(lock, token, release.hold_ms, release.after.is_some())
+                .await;
+        }
         self.release_lock(lock, token, release.hold_ms).await
     }
 

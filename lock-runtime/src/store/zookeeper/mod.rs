@@ -30,8 +30,8 @@ use tokio::time::Instant;
 use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, MultiReadResult};
 
 use super::{
-    Ask, Attempt, Capabilities, DynStore, Flight, ForceReleased, Lock, LockView, Notices, Release, Released,
-    Renewal, Renewing, Settings, Store, StoreConfig,
+    Ask, Attempt, Capabilities, DynStore, Flight, ForceReleased, Kind, Lock, LockView, Notices, Release,
+    Released, Renewal, Renewing, Settings, Store, StoreConfig,
 };
 use crate::background::Background;
 use crate::view::RELEASED;
@@ -689,9 +689,18 @@ impl ZkStore {
                 return Err(e);
             }
         };
-        // A semaphore's permits claimed at the key: not a lock's key. Refused, naming both counts,
-        // its node given back first.
-        if let Some(claim) = names::Permits::of(&looked.children).holding.first() {
+        // A semaphore's permits claimed at the key before this node: not a lock's key. Refused,
+        // naming both counts, its node given back first. (A claim made after this node is given
+        // up by its maker, which sees this node.)
+        let mine_seq = names::line(&looked.children)
+            .iter()
+            .find(|c| place.path.ends_with(&c.name))
+            .map(|c| c.seq);
+        let claimed_before = names::Permits::of(&looked.children)
+            .holding
+            .into_iter()
+            .find(|claim| mine_seq.is_none_or(|mine| claim.seq < mine));
+        if let Some(claim) = claimed_before {
             self.shared.forget(token);
             self.shared.unwatch(token);
             if self.shared.delete(&place).await.is_err() {
@@ -892,7 +901,16 @@ impl ZkStore {
         release: Release<'_>,
     ) -> Result<Released, LockError> {
         self.shared.unwatch(token);
-        let Some(place) = self.shared.forget(token) else {
+        let place = self.shared.forget(token);
+        if release.kind == Kind::Permit {
+            if let Some(flight) = release.after {
+                // A semaphore's attempt whose answer never came may have claimed a permit (a
+                // waiter's, while its queue node is what this client knows of it): every node
+                // of its uuid is deleted, on the session the attempt went on.
+                return self.delete_unknown(lock, token, flight).await;
+            }
+        }
+        let Some(place) = place else {
             if release.after.is_some() {
                 // An attempt whose answer never came may have made a node: deleted now, and again
                 // once a late request could no longer land.

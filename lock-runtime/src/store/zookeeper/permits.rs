@@ -86,8 +86,13 @@ impl ZkStore {
         flight.set(session.id as u64);
         let uuid = names::uuid_of(token);
         // A newcomer claims at once; a woken waiter looks first (behind a `sync`).
+        // The lowest permit this client does not hold of the key: free, when no other client
+        // holds one.
+        let unheld = (0..count)
+            .find(|p| !self.holds_permit(lock.name(), *p))
+            .unwrap_or(0);
         let mut next = match queued {
-            None => Next::Claim(0),
+            None => Next::Claim(unheld),
             Some(_) => Next::Look,
         };
         let mut claims = 0;
@@ -182,7 +187,8 @@ impl ZkStore {
                         shared: false,
                         czxid,
                         session: session.id,
-                        fenced: ask_.fencing,
+                        // A queue node leaves no fencing token when it goes (a lock's writer does).
+                        fenced: false,
                         until: None,
                         kept: false,
                         permit: None,
@@ -195,6 +201,14 @@ impl ZkStore {
                 }
             }
         }
+    }
+
+    /// Whether this client holds permit `permit` of the lock named `name`.
+    fn holds_permit(&self, name: &str, permit: u32) -> bool {
+        self.shared
+            .places()
+            .values()
+            .any(|p| p.name == name && p.permit == Some(permit) && p.until.is_some())
     }
 
     /// The node of a claim this attempt made.
@@ -219,10 +233,12 @@ impl ZkStore {
     }
 
     /// Deletes a node this attempt made and no longer needs (a claim it does not hold, its queue
-    /// node once it holds): by the reaper, if not now.
+    /// node once it holds): by the reaper, if not now, under a name of its own (not the
+    /// token's, which names the caller's own node).
     async fn give_up(&self, token: &str, place: Place) {
         if self.shared.delete(&place).await.is_err() {
-            self.shared.delete_soon(token, place);
+            let leftover = format!("{token}\0{}", place.path);
+            self.shared.delete_soon(&leftover, place);
         }
     }
 
