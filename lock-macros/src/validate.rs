@@ -366,9 +366,6 @@ impl Given {
                 let fair = flag(arg)?;
                 if fair {
                     self.not_with_read(arg)?;
-                    if self.permits.is_some() {
-                        return Err(permits_fair(&arg.name));
-                    }
                 }
                 once(&mut self.fair, arg, fair)
             }
@@ -376,9 +373,6 @@ impl Given {
             "permits" => {
                 if let Some((_, mode)) = &self.mode {
                     return Err(permits_conflict(&arg.name, mode));
-                }
-                if self.fair == Some(true) {
-                    return Err(permits_fair(&arg.name));
                 }
                 let value = permits(arg)?;
                 once(&mut self.permits, arg, (value, arg.name.clone()))
@@ -534,15 +528,6 @@ fn permits_conflict(at: &Ident, other: &Ident) -> syn::Error {
             "`{permits}` and `{mode}` cannot be given together: a semaphore's holders are counted \
              permits, not readers and writers"
         ),
-    )
-}
-
-/// `permits` together with `fair`, reported at `at`.
-fn permits_fair(at: &Ident) -> syn::Error {
-    syn::Error::new(
-        at.span(),
-        "`permits` and `fair` cannot be given together: a semaphore's waiters are woken one per \
-         released permit, but no line orders them across clients",
     )
 }
 

@@ -75,17 +75,21 @@ impl Acquire<'_> {
         let mut refusals = 0;
         // A fair waiter's place in line, or a waiting writer's claim on a read-write lock: given
         // up if the call ends without the lock.
+        let semaphore = options.is_semaphore();
         let mut place = if queues {
             Some(QueuePlace::new(core, &lock, &token))
         } else {
-            (fair && will_wait).then(|| QueuePlace::new(core, &lock, &token).fair())
+            // (A fair semaphore's release hands nothing over: its place only leaves the line.)
+            (fair && will_wait).then(|| match semaphore {
+                true => QueuePlace::new(core, &lock, &token),
+                false => QueuePlace::new(core, &lock, &token).fair(),
+            })
         };
         let mut claimed = false;
         // Registered before the first attempt where the store queues: its wake-up may come as
         // soon as that attempt has taken the place.
         let mut wakeup: Option<Registration> =
             queues.then(|| core.wakeups.register_early(lock.name(), &token));
-        let semaphore = options.is_semaphore();
         // Until refused once, no holder's expiry is known.
         let mut pttl_ms = None;
         // The place a fair waiter's last refused attempt kept (its stamp), and when that attempt

@@ -298,14 +298,6 @@ impl LockOptions {
                 self.permits
             )));
         }
-        if self.is_semaphore() && self.fair {
-            return Err(LockError::invalid_options(format!(
-                "permits ({}) with fair mode is not offered: a release wakes one waiter per \
-                 released permit, in each client's arrival order, but no line orders waiters \
-                 across clients",
-                self.permits
-            )));
-        }
         if self.mode == LockMode::Shared {
             if self.fair {
                 return Err(LockError::invalid_options(

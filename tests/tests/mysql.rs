@@ -590,4 +590,25 @@ async fn a_semaphore_is_one_statement_a_permit_and_its_key_is_freed_by_its_last_
     assert!(lock.release().await.unwrap());
     let three = other.acquire("sem", &ttl(10_000).permits(3)).await.unwrap();
     assert!(three.release().await.unwrap());
+    // A permit kept for a minimum hold longer than its ttl keeps the key a semaphore's past
+    // the ttl, until the hold ends.
+    let kept = c
+        .acquire(
+            "sem:kept",
+            &ttl(300).permits(2).hold_at_least(Duration::from_secs(3)),
+        )
+        .await
+        .unwrap();
+    let released = Instant::now();
+    assert!(kept.release().await.unwrap());
+    tokio::time::sleep_until(released + Duration::from_millis(600)).await;
+    let refused = other.acquire("sem:kept", &ttl(10_000)).await;
+    assert!(
+        matches!(&refused, Err(LockError::InvalidOptions { reason }) if reason.contains("2 permits")),
+        "past the ttl, within the hold: {refused:?}"
+    );
+    eventually(10 * SECOND, "the hold ends", || async {
+        other.acquire("sem:kept", &ttl(10_000)).await.is_ok()
+    })
+    .await;
 }

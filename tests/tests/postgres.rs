@@ -1091,3 +1091,63 @@ async fn an_abandoned_set_is_given_back_even_after_its_statement_took_it() {
     })
     .await;
 }
+
+/// A set's statement that finds a key's row, waits for another row, and meanwhile sees that row
+/// deleted by its holder's release, makes the row again and takes it: the set never answers
+/// taken without every key's row (another caller of that key is refused).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_whose_row_is_released_while_it_waits_still_holds_that_key() {
+    let server = blocking(PostgresServer::spawn).await;
+    let (c, other) = (client(&server).await, client(&server).await);
+    let sql = pool(&server).await;
+    // "set:rb1" is locked first by the statement; its row is held locked by another session.
+    let fenced = ttl(60_000).fencing(true);
+    c.acquire("set:rb1", &fenced)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let held = other.acquire("set:rb2", &ttl(60_000)).await.unwrap();
+    let mut blocker = sql.begin().await.unwrap();
+    sqlx::query("SELECT 1 FROM lock_runtime_locks WHERE key = 'lock:{set:rb1}' FOR UPDATE")
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    let set = tokio::spawn({
+        let c = c.clone();
+        async move {
+            c.acquire_all(["set:rb1", "set:rb2"], &ttl(60_000).wait(5 * SECOND))
+                .await
+        }
+    });
+    eventually(
+        5 * SECOND,
+        "the set's statement waits for the locked row",
+        || async {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity \
+             WHERE wait_event_type = 'Lock' AND query LIKE '%lock_runtime_v1_take_set%'",
+            )
+            .fetch_one(&sql)
+            .await
+            .unwrap();
+            waiting > 0
+        },
+    )
+    .await;
+    // The row it found for "set:rb2" goes with its holder's release.
+    assert!(held.release().await.unwrap());
+    blocker.commit().await.unwrap();
+    let set = tokio::time::timeout(10 * SECOND, set)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let refused = other.acquire("set:rb2", &ttl(10_000)).await;
+    assert!(
+        matches!(refused, Err(LockError::Busy { .. })),
+        "the set holds set:rb2: {refused:?}"
+    );
+    assert!(set.release().await.unwrap());
+}

@@ -33,7 +33,49 @@ mod notified {
     lock_tests::on_every_deployment_with_permits_and_notices!(
         a_release_wakes_a_waiter_of_another_client,
         releases_at_once_wake_one_waiter_each,
+        fair_waiters_get_permits_in_the_order_they_came,
     );
+}
+
+/// Fair waiters of two clients, queued one after another while every permit is taken, get the
+/// permits in the order they came, whichever client each permit is given back by.
+async fn fair_waiters_get_permits_in_the_order_they_came(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let two = permits(2, 30_000).fair(true);
+    let mut held = vec![
+        c.acquire("sem:fair", &two).await.unwrap(),
+        other.acquire("sem:fair", &two).await.unwrap(),
+    ];
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for n in 0..4 {
+        let client = if n % 2 == 0 { other.clone() } else { c.clone() };
+        let before = lock_tests::waiting(&client, "sem:fair");
+        let (order, wait) = (Arc::clone(&order), two.clone().wait(Duration::from_secs(30)));
+        waiters.push(tokio::spawn({
+            let client = client.clone();
+            async move {
+                let guard = client.acquire("sem:fair", &wait).await;
+                order.lock().unwrap().push(n);
+                guard
+            }
+        }));
+        lock_tests::joined_line(&client, "sem:fair", before).await;
+    }
+    // Each permit given back lets the oldest waiter in; it then gives its permit back.
+    for n in 0..4 {
+        assert!(held.remove(0).release().await.unwrap());
+        let got = tokio::time::timeout(10 * SECOND, waiters.remove(0))
+            .await
+            .unwrap_or_else(|_| panic!("waiter {n} got a permit"))
+            .unwrap()
+            .unwrap();
+        held.push(got);
+    }
+    assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3], "in the order they came");
+    for guard in held {
+        guard.release().await.unwrap();
+    }
 }
 
 fn permits(n: u32, ttl_ms: u64) -> LockOptions {
@@ -393,7 +435,6 @@ async fn permits_are_checked_before_any_request() {
         (permits(0, 1000), "at least 1"),
         (permits(lock_runtime::MAX_PERMITS + 1, 1000), "maximum"),
         (permits(2, 1000).mode(LockMode::Shared), "shared"),
-        (permits(2, 1000).fair(true), "fair"),
     ] {
         match c.acquire("sem:bad", &options).await {
             Err(LockError::InvalidOptions { reason }) => assert!(reason.contains(says), "{reason}"),

@@ -20,11 +20,6 @@ async fn too_many() -> Result<(), LockError> {
     Ok(())
 }
 
-#[distributed_lock(key = "export", permits = 4, fair, wait_ms = 100)]
-async fn fair_permits() -> Result<(), LockError> {
-    Ok(())
-}
-
 #[distributed_lock(key = "export", permits = "4")]
 async fn not_a_number() -> Result<(), LockError> {
     Ok(())

@@ -324,15 +324,52 @@ impl MemoryStore {
             return Ok(Attempt::permit(held.fence, held.permit));
         }
         let taken: std::collections::HashSet<u32> = permits.holders.values().map(|h| h.permit).collect();
-        let Some(free) = (0..permits.permits).find(|p| !taken.contains(p)) else {
-            let first_end = permits.holders.values().map(|h| h.expires_at).min();
-            return Ok(Attempt::Held {
-                pttl_ms: first_end.map(|at| ms_until(at, now)),
-                behind: false,
-                claimed: false,
-                kept: None,
-            });
+        let free = (0..permits.permits).find(|p| !taken.contains(p));
+        let (free_count, first_end) = (
+            permits.permits.saturating_sub(permits.holders.len() as u32),
+            permits.holders.values().map(|h| h.expires_at).min(),
+        );
+        // A fair semaphore's waiters ahead of the caller in its line (as permit.lua's).
+        let ahead = match ask.fair {
+            true => {
+                let queue = store.queues.entry(lock.to_owned()).or_default();
+                queue.purge(now);
+                match queue.places.get(token) {
+                    Some((arrival, _, _)) => queue.order.range(..*arrival).count(),
+                    None => queue.order.len(),
+                }
+            }
+            false => 0,
         };
+        let free = match free {
+            Some(free) if ahead < free_count as usize => free,
+            _ => {
+                if ask.fair && ask.join {
+                    let store = &mut *store;
+                    let queue = store.queues.entry(lock.to_owned()).or_default();
+                    let kept = now + FAIR_PLACE_KEPT;
+                    match queue.places.get_mut(token) {
+                        Some(place) => place.1 = kept,
+                        None => {
+                            store.arrivals += 1;
+                            queue.order.insert(store.arrivals, token.to_owned());
+                            queue.places.insert(token.to_owned(), (store.arrivals, kept, 0));
+                        }
+                    }
+                }
+                return Ok(Attempt::Held {
+                    pttl_ms: first_end.map(|at| ms_until(at, now)),
+                    behind: ahead > 0,
+                    claimed: false,
+                    kept: None,
+                });
+            }
+        };
+        if ask.fair {
+            if let Some(queue) = store.queues.get_mut(lock) {
+                queue.leave(token);
+            }
+        }
         let fence = ask.fencing.then(|| store.next_fence(lock, now, lease));
         let held = PermitHeld {
             permit: free,

@@ -48,7 +48,8 @@ const PERMIT_ROWS: &str = concat!(
     now_ms!(),
     ", token, NULL), expires_ms - ",
     now_ms!(),
-    ", fence FROM lock_runtime_locks WHERE name >= ? AND name < ? ORDER BY name"
+    ", fence FROM lock_runtime_locks WHERE name >= ? AND name < ? AND LENGTH(name) = LENGTH(?) + 11 \
+     ORDER BY name"
 );
 
 type Row = (Vec<u8>, Option<Vec<u8>>, i64, Option<i64>);
@@ -139,6 +140,7 @@ impl MysqlStore {
             let rows: Vec<Row> = ask!(self, |conn| sqlx::query_as(PERMIT_ROWS)
                 .bind(start.as_bytes())
                 .bind(end.as_bytes())
+                .bind(lock.name().as_bytes())
                 .fetch_all(conn))?;
             permits = permit_holders(&rows);
         }
@@ -165,8 +167,7 @@ impl MysqlStore {
                 freed |= done.rows_affected() == 1;
             }
             if freed {
-                self.shorten_header(lock, &super::permits::marker(*permits))
-                    .await?;
+                self.shorten_header(lock).await?;
                 self.notices.released(lock.name());
                 return Ok(ForceReleased::Freed);
             }

@@ -5,9 +5,9 @@
 //! A lease row, not `GET_LOCK()`: a named lock is session state of one server (Group
 //! Replication ignores it, Galera refuses it, a proxy stops multiplexing after it, a lost
 //! connection drops it), where a row commits and replicates with the data and carries a
-//! fencing token. Every request is one statement, so one round trip and atomic (a multi-key
-//! set's fencing tokens are read back by a second), and no connection or transaction is held
-//! while a lock is held:
+//! fencing token. Every request of a lock is one statement, so one round trip and atomic (a
+//! multi-key set's fencing tokens are read back by a second; a semaphore's release is three,
+//! see [`permits`]), and no connection or transaction is held while a lock is held:
 //!
 //! - the acquire is one `INSERT … ON DUPLICATE KEY UPDATE` whose assignments take the row only
 //!   when it is free, expired or already this token's; `LAST_INSERT_ID(expr)` carries the answer
@@ -252,7 +252,8 @@ impl LockClientBuilder {
     /// feature): each lock is a row of `lock_runtime_locks` (made by the first client that
     /// connects, in the URL's database), leased on the database's clock, with fencing tokens
     /// that never repeat. No connection or transaction is held while a lock is held; every
-    /// request is one statement. Waiters of this client are woken by its releases; others
+    /// request of a lock is one statement (a semaphore's permit is a row of its own, its key's
+    /// row the semaphore's header). Waiters of this client are woken by its releases; others
     /// try again on a backoff from 8 ms to 256 ms, and at the holder's expiry. Fair mode and read-write locks are not
     /// offered on MySQL (refused as `InvalidOptions`).
     ///
@@ -391,7 +392,7 @@ impl MysqlStore {
             .execute(conn))?;
         let answer = taken.last_insert_id();
         if answer == 2 {
-            return Err(self.held_by_a_semaphore(lock, 1).await);
+            return self.held_by_a_semaphore(lock, 1).await;
         }
         if answer != 0 {
             return Ok(Attempt::acquired(ask.fencing.then_some(answer)));
@@ -502,20 +503,20 @@ impl MysqlStore {
     }
 
     /// The refusal of an acquire asking `asked` permits of `lock`, which a semaphore's header
-    /// holds: naming its count (read now; gone meanwhile, it is refused all the same).
-    async fn held_by_a_semaphore(&self, lock: &Lock, asked: u32) -> LockError {
-        let read: Result<Option<Option<Vec<u8>>>, LockError> = async {
-            Ok(ask!(self, |conn| sqlx::query_scalar(HEADER)
-                .bind(lock.name().as_bytes())
-                .fetch_optional(conn))?)
-        }
-        .await;
-        match read {
-            Ok(token) => {
-                let held = token.flatten().as_deref().and_then(permits::count_of);
-                crate::store::permits_differ(lock.key(), held.unwrap_or(0), asked)
-            }
-            Err(e) => e,
+    /// held: naming its count (read now; gone meanwhile, the attempt is only refused, and a
+    /// waiter asks again at once).
+    async fn held_by_a_semaphore(&self, lock: &Lock, asked: u32) -> Result<Attempt, LockError> {
+        let token: Option<Option<Vec<u8>>> = ask!(self, |conn| sqlx::query_scalar(HEADER)
+            .bind(lock.name().as_bytes())
+            .fetch_optional(conn))?;
+        match token.flatten().as_deref().and_then(permits::count_of) {
+            Some(held) => Err(crate::store::permits_differ(lock.key(), held, asked)),
+            None => Ok(Attempt::Held {
+                pttl_ms: Some(0),
+                behind: false,
+                claimed: false,
+                kept: None,
+            }),
         }
     }
 
@@ -532,67 +533,55 @@ impl MysqlStore {
     /// Many locks in one statement; when not every one was renewed, each again on its own to
     /// find which (a lost lock is rare).
     async fn renew_locks(&self, locks: &[Renewing<'_>]) -> Result<Vec<Renewal>, LockError> {
-        // A semaphore's permit is a row of its own, renewed with its header.
-        let held: Vec<Option<permits::Held>> = locks
-            .iter()
-            .map(|(_, token, _)| self.permits.get(token))
-            .collect();
-        if let ([(lock, token, ttl_ms)], [None]) = (locks, held.as_slice()) {
-            return Ok(vec![self.renew_one(lock, token, *ttl_ms).await?]);
-        }
-        let mut rows: Vec<(&[u8], &[u8], u64)> = locks
-            .iter()
-            .zip(&held)
-            .map(|((lock, token, ttl_ms), held)| {
-                let name = held.as_ref().map_or(lock.name(), |h| h.row.name());
-                (name.as_bytes(), token.as_bytes(), *ttl_ms)
-            })
-            .collect();
-        let mut headers: Vec<(&[u8], &[u8], u64)> = Vec::new();
-        for (held, (_, _, ttl_ms)) in held.iter().zip(locks) {
-            let Some(held) = held else { continue };
-            match headers
-                .iter_mut()
-                .find(|(name, _, _)| *name == held.header.as_bytes())
-            {
-                Some(header) => header.2 = header.2.max(*ttl_ms),
-                None => headers.push((held.header.as_bytes(), held.marker.as_slice(), *ttl_ms)),
+        // A semaphore's permit is a row of its own, renewed with its header (one statement
+        // each); the locks in one statement.
+        let mut found = vec![Renewal::Gone; locks.len()];
+        let mut plain = Vec::with_capacity(locks.len());
+        for (at, (lock, token, ttl_ms)) in locks.iter().enumerate() {
+            match self.permits.get(token) {
+                Some(held) => {
+                    found[at] = Renewal::from_ours(self.renew_permit(&held, token, *ttl_ms).await?);
+                }
+                None => plain.push((at, (*lock, *token, *ttl_ms))),
             }
         }
-        rows.extend(headers);
+        if let [(at, (lock, token, ttl_ms))] = plain.as_slice() {
+            found[*at] = self.renew_one(lock, token, *ttl_ms).await?;
+            return Ok(found);
+        }
+        if plain.is_empty() {
+            return Ok(found);
+        }
         let mut statement = format!(
             "UPDATE lock_runtime_locks SET expires_ms = GREATEST(expires_ms, {} + CASE name",
             now_ms!()
         );
-        statement.push_str(&" WHEN ? THEN ?".repeat(rows.len()));
-        // A semaphore's header counts the raises of its lease (see `permits`).
-        statement.push_str(" END), fence = IF(LEFT(token, 1) = X'00', COALESCE(fence, 0) + 1, fence)");
-        statement.push_str(" WHERE expires_ms > ");
+        statement.push_str(&" WHEN ? THEN ?".repeat(plain.len()));
+        statement.push_str(" END) WHERE expires_ms > ");
         statement.push_str(now_ms!());
         statement.push_str(" AND (");
-        statement.push_str(&vec!["(name = ? AND token = ?)"; rows.len()].join(" OR "));
+        statement.push_str(&vec!["(name = ? AND token = ?)"; plain.len()].join(" OR "));
         statement.push(')');
         let renewed = ask!(self, |conn| {
             // Not prepared on the server: its text differs with the number of locks, and
             // prepared statements count against the server's `max_prepared_stmt_count`.
             let mut query = sqlx::query(&statement).persistent(false);
-            for (name, _, ttl_ms) in &rows {
-                query = query.bind(*name).bind(millis(*ttl_ms));
+            for (_, (lock, _, ttl_ms)) in &plain {
+                query = query.bind(lock.name().as_bytes()).bind(millis(*ttl_ms));
             }
-            for (name, token, _) in &rows {
-                query = query.bind(*name).bind(*token);
+            for (_, (lock, token, _)) in &plain {
+                query = query.bind(lock.name().as_bytes()).bind(token.as_bytes());
             }
             query.execute(conn)
         })?;
-        if renewed.rows_affected() == rows.len() as u64 {
-            return Ok(vec![Renewal::Renewed; locks.len()]);
+        if renewed.rows_affected() == plain.len() as u64 {
+            for (at, _) in &plain {
+                found[*at] = Renewal::Renewed;
+            }
+            return Ok(found);
         }
-        let mut found = Vec::with_capacity(locks.len());
-        for ((lock, token, ttl_ms), held) in locks.iter().zip(&held) {
-            found.push(match held {
-                Some(held) => Renewal::from_ours(self.renew_permit(held, token, *ttl_ms).await?),
-                None => self.renew_one(lock, token, *ttl_ms).await?,
-            });
+        for (at, (lock, token, ttl_ms)) in &plain {
+            found[*at] = self.renew_one(lock, token, *ttl_ms).await?;
         }
         Ok(found)
     }

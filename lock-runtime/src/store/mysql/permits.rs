@@ -1,26 +1,28 @@
 //! Semaphores on MySQL and MariaDB, in the one lock table: permit `i` of a key with `n`
 //! permits is a row of its own, `<lock>#p<n>:<i>` (both 4 digits; a lock's name ends in `}`, so
-//! no lock's row has such a name), taken, renewed and given back as a lock's row is. The lock's
-//! own row is the semaphore's *header* while permits are held: its token the count's marker
-//! (a zero byte, `permits:`, the count: no holder's token starts with a zero byte) and its lease
-//! the last holder's, so that a lock asked of the key finds it held, and by a semaphore.
+//! no lock's row has such a name), taken and given back as a lock's row is. The lock's own row
+//! is the semaphore's *header* while permits are held: its token the count's marker (a zero
+//! byte, `permits:`, the count: no holder's token starts with a zero byte), its lease at least
+//! every holder's, so that a lock asked of the key finds it held, and by a semaphore. Its
+//! fencing column is the key's fencing floor: every claim and renewal raises it (to the clock
+//! in microseconds, or one more), a fenced permit takes the value its claim raised it to (so
+//! tokens rise per key, across permits, also when the clock steps back), and a release reads
+//! it to shorten the header only if nothing raised it meanwhile.
 //!
 //! An attempt is one statement: the header and the lowest permit this client does not hold, in
 //! one multi-row `INSERT … ON DUPLICATE KEY UPDATE` that a row it may not take fails whole (as
 //! a multi-key set's: an unsigned overflow evaluated only there, and InnoDB rolls the statement
-//! back): the
-//! header where it is free, lapsed or of this count, the permit where it is free, lapsed or this
-//! token's. Refused, a second statement reads the header and the permits, to tell another count
-//! (`InvalidOptions`) from every permit taken, or to try the lowest free one. The fencing token
-//! is the permit row's, as a lock's (the clock in microseconds, floored by the row's last), and
-//! comes back in the statement's own reply (`LAST_INSERT_ID`).
+//! back): the header where it is free, lapsed or of this count, the permit where it is free,
+//! lapsed or this token's. Refused, a second statement reads the header and the permits, to
+//! tell another count (`InvalidOptions`) from every permit taken, or to try the lowest free
+//! one. The fencing token comes back in the statement's own reply (`LAST_INSERT_ID`).
 //!
-//! The header's fencing column counts the raises of its lease (each claim and renewal), so that
-//! a release can shorten it safely: it reads the header's count and the last live permit's
-//! lease end, then shortens the header to that end, or deletes it when no permit is held, only
-//! if no claim or renewal raised it meanwhile (else it stays as long as that one's lease). So
-//! once the last holder leaves, the key is free for any count, or a lock. A release is then
-//! three statements (the permit, the read, the header), a claim and a renewal one.
+//! A renewal raises the header and the permit in one statement, only while the header still
+//! holds the count's marker. A release gives the permit's row back (a minimum hold raises the
+//! header to its end first), then reads the header and the last live permit's lease end, and
+//! shortens the header to that end, or frees it when no permit is held, only if nothing raised
+//! it since the read: three statements. So once the last holder leaves, the key is free for any
+//! count, or a lock.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
@@ -34,27 +36,30 @@ use crate::LockError;
 const TRIES: usize = 4;
 
 /// The claim of a permit with its header (binds: header name, marker, ttl; permit name, token,
-/// ttl, fencing; fencing). A header row may be taken (as the header) when it has no
-/// live holder or holds this count's marker, and its lease is then the longer of the two; a
-/// permit row as a lock's row is by [`TAKE`](super::TAKE). Any other row fails the statement.
-/// A permit taken sets `LAST_INSERT_ID` to its fencing token (or 1 without fencing).
+/// ttl, fencing; fencing). A header row may be taken (as the header) when it has no live holder
+/// or holds this count's marker: its lease is then the longer of the two, and its fencing floor
+/// is raised (`LAST_INSERT_ID` is set to it). A permit row is taken as a lock's row is by
+/// [`TAKE`](super::TAKE), a fenced one taking the header's new floor (`LAST_INSERT_ID()` read
+/// back in the same statement: the header's row comes first). Any other row fails the
+/// statement. Taken, `LAST_INSERT_ID` is the permit's fencing token (the floor, or the token a
+/// request sent again kept).
 const CLAIM: &str = concat!(
     "INSERT INTO lock_runtime_locks (name, token, expires_ms, fence) VALUES (?, ?, ",
     now_ms!(),
-    " + ?, 1), (?, ?, ",
-    now_ms!(),
-    " + ?, IF(?, LAST_INSERT_ID(",
+    " + ?, LAST_INSERT_ID(",
     now_us!(),
-    "), IF(LAST_INSERT_ID(1), NULL, NULL))) ON DUPLICATE KEY UPDATE \
+    ")), (?, ?, ",
+    now_ms!(),
+    " + ?, IF(?, LAST_INSERT_ID(), NULL)) ON DUPLICATE KEY UPDATE \
      fence = IF(LEFT(VALUES(token), 1) = X'00', \
        IF(token IS NULL OR expires_ms <= ",
     now_ms!(),
-    " OR token = VALUES(token), COALESCE(fence, 0) + 1, expires_ms + 18446744073709551615), \
+    " OR token = VALUES(token), LAST_INSERT_ID(GREATEST(",
+    now_us!(),
+    ", COALESCE(fence, 0) + 1)), expires_ms + 18446744073709551615), \
        IF(",
     takeable!(),
-    ", IF(?, LAST_INSERT_ID(IF(token = VALUES(token) AND fence IS NOT NULL, fence, GREATEST(",
-    now_us!(),
-    ", COALESCE(fence, 0) + 1))), IF(LAST_INSERT_ID(1), fence, fence)), \
+    ", IF(?, IF(token = VALUES(token) AND fence IS NOT NULL, LAST_INSERT_ID(fence), LAST_INSERT_ID()), fence), \
          expires_ms + 18446744073709551615)), \
      token = IF(LEFT(VALUES(token), 1) = X'00', VALUES(token), IF(",
     takeable!(),
@@ -64,49 +69,86 @@ const CLAIM: &str = concat!(
     ", VALUES(expires_ms), expires_ms))"
 );
 
-/// A semaphore's rows as they are (binds: the header's name, the permits' range): name, its
-/// live token (NULL: none), and how long its lease has left.
+/// Keeps only a key's own permit rows among those in its range (`<lock>#p`…`<lock>#q` holds the
+/// permits of keys that start with this key's name and `#p`, too): their names are the lock's
+/// and 11 bytes.
+macro_rules! own_permits {
+    () => {
+        " AND LENGTH(name) = LENGTH(?) + 11"
+    };
+}
+
+/// A semaphore's rows as they are (binds: the header's name, the permits' range, the header's
+/// name): name, its live token (NULL: none), and how long its lease has left.
 const ROWS: &str = concat!(
     "SELECT name, IF(token IS NOT NULL AND expires_ms > ",
     now_ms!(),
     ", token, NULL), expires_ms - ",
     now_ms!(),
-    " FROM lock_runtime_locks WHERE name = ? OR (name >= ? AND name < ?)"
+    " FROM lock_runtime_locks WHERE name = ? OR (name >= ? AND name < ?",
+    own_permits!(),
+    ")"
 );
 
-/// Lengthens a header's lease to at least the ttl from now, counting the raise (binds: ttl,
-/// name, marker).
+/// Renews a permit and its header in one statement, only while the header holds the count's
+/// marker (binds: permit name, token, ttl, ttl, header name, marker): two rows when renewed.
+const RENEW_PERMIT: &str = concat!(
+    "UPDATE lock_runtime_locks h JOIN lock_runtime_locks p ON p.name = ? AND p.token = ? \
+       AND p.expires_ms > ",
+    now_ms!(),
+    " SET h.expires_ms = GREATEST(h.expires_ms, ",
+    now_ms!(),
+    " + ?), h.fence = GREATEST(",
+    now_us!(),
+    ", COALESCE(h.fence, 0) + 1), p.expires_ms = GREATEST(p.expires_ms, ",
+    now_ms!(),
+    " + ?) WHERE h.name = ? AND h.token = ?"
+);
+
+/// Lengthens a header's lease to at least `ms` from now, raising its floor (binds: ms, name,
+/// marker): for a permit kept for its minimum hold.
 const BUMP: &str = concat!(
     "UPDATE lock_runtime_locks SET expires_ms = GREATEST(expires_ms, ",
     now_ms!(),
-    " + ?), fence = COALESCE(fence, 0) + 1 WHERE name = ? AND token = ?"
+    " + ?), fence = GREATEST(",
+    now_us!(),
+    ", COALESCE(fence, 0) + 1) WHERE name = ? AND token = ?"
 );
 
-/// A header's count of raises, and when the last live permit's lease ends (binds: header name,
-/// marker, the permits' range).
+/// A header's token and floor, and when the last live permit's lease ends (binds: header name,
+/// the permits' range, header name).
 const LAST: &str = concat!(
-    "SELECT (SELECT fence FROM lock_runtime_locks WHERE name = ? AND token = ?), \
-     (SELECT MAX(expires_ms) FROM lock_runtime_locks WHERE name >= ? AND name < ? \
-        AND token IS NOT NULL AND expires_ms > ",
+    "SELECT (SELECT token FROM lock_runtime_locks WHERE name = ?), \
+       (SELECT fence FROM lock_runtime_locks WHERE name = ?), \
+       (SELECT MAX(expires_ms) FROM lock_runtime_locks WHERE name >= ? AND name < ?",
+    own_permits!(),
+    " AND token IS NOT NULL AND expires_ms > ",
     now_ms!(),
     ")"
 );
 
 /// Shortens a header's lease to when its last permit's ends, if nothing raised it since it was
-/// read (binds: the end, name, marker, count of raises).
+/// read (binds: the end, name, marker, floor read).
 const SHORTEN: &str = "UPDATE lock_runtime_locks SET expires_ms = LEAST(expires_ms, ?) \
      WHERE name = ? AND token = ? AND fence = ?";
 
-/// Deletes a header whose permits all went, if nothing raised it since it was read (binds:
-/// name, marker, count of raises).
-const DROP_HEADER: &str = "DELETE FROM lock_runtime_locks WHERE name = ? AND token = ? AND fence = ?";
+/// Frees a header whose permits all went, if nothing raised it since it was read (binds: name,
+/// marker, floor read). Its row stays, with the key's fencing floor (the sweep deletes it an
+/// hour later).
+const FREE_HEADER: &str = concat!(
+    "UPDATE lock_runtime_locks SET token = NULL, expires_ms = ",
+    now_ms!(),
+    " WHERE name = ? AND token = ? AND fence = ?"
+);
 
 /// Gives back a permit an attempt whose answer never came may have taken, found by its token
-/// (binds: the permits' range, token, token).
+/// (binds: the permits' range, the header's name, token, token).
 const GIVE_BACK_ANY: &str = concat!(
     "UPDATE lock_runtime_locks SET token = NULL, expires_ms = ",
     now_ms!(),
-    " WHERE name >= ? AND name < ? AND (token = ? OR token = CONCAT(?, ':released'))"
+    " WHERE name >= ? AND name < ?",
+    own_permits!(),
+    " AND (token = ? OR token = CONCAT(?, ':released'))"
 );
 
 /// The header's token for a semaphore of `count` permits.
@@ -223,6 +265,7 @@ impl MysqlStore {
                 .bind(lock.name().as_bytes())
                 .bind(start.as_slice())
                 .bind(end.as_slice())
+                .bind(lock.name().as_bytes())
                 .fetch_all(conn))?;
             let mut taken = Vec::new();
             let mut first_end: Option<i64> = None;
@@ -237,7 +280,10 @@ impl MysqlStore {
                     }
                     continue;
                 }
-                let parsed = std::str::from_utf8(name).ok().and_then(parse_permit_row);
+                let parsed = std::str::from_utf8(name)
+                    .ok()
+                    .and_then(parse_permit_row)
+                    .filter(|(of, _, _)| *of == lock.name());
                 match parsed {
                     Some((_, held, _)) if held != count => {
                         return Err(permits_differ(lock.key(), held, count))
@@ -265,35 +311,34 @@ impl MysqlStore {
         Ok(Attempt::HELD)
     }
 
-    /// Renews a permit this client holds, its header first (never the permit past its header:
-    /// a lock must not find the key free while a permit is held).
+    /// Renews a permit this client holds and its header, in one statement, only while the
+    /// header holds its count's marker (a permit whose header was lost is lost).
     pub(super) async fn renew_permit(
         &self,
         held: &Held,
         token: &str,
         ttl_ms: u64,
     ) -> Result<bool, LockError> {
-        self.bump(held, ttl_ms).await?;
-        if self.renew_one(&held.row, token, ttl_ms).await? == crate::store::Renewal::Renewed {
+        let renewed = ask!(self, |conn| sqlx::query(RENEW_PERMIT)
+            .bind(held.row.name().as_bytes())
+            .bind(token.as_bytes())
+            .bind(millis(ttl_ms))
+            .bind(millis(ttl_ms))
+            .bind(held.header.as_bytes())
+            .bind(held.marker.as_slice())
+            .execute(conn))?;
+        // sqlx's connections count matched rows: both, also when no lease moved.
+        if renewed.rows_affected() == 2 {
             return Ok(true);
         }
         self.permits.forget(token);
         Ok(false)
     }
 
-    /// Lengthens `held`'s header's lease to at least the ttl from now.
-    pub(super) async fn bump(&self, held: &Held, ttl_ms: u64) -> Result<(), LockError> {
-        ask!(self, |conn| sqlx::query(BUMP)
-            .bind(millis(ttl_ms))
-            .bind(held.header.as_bytes())
-            .bind(held.marker.as_slice())
-            .execute(conn))?;
-        Ok(())
-    }
-
     /// Gives back the permit of `token` (kept `hold_ms` longer, marked released, for a minimum
-    /// hold); an attempt whose answer never came (`abandoned`) is looked for among the lock's
-    /// permits by its token.
+    /// hold: its header is raised to the hold's end first); an attempt whose answer never came
+    /// (`abandoned`) is looked for among the lock's permits by its token. Then the header is
+    /// shortened to the permits still held.
     pub(super) async fn release_permit(
         &self,
         lock: &Lock,
@@ -301,14 +346,17 @@ impl MysqlStore {
         hold_ms: u64,
         abandoned: bool,
     ) -> Result<Released, LockError> {
-        let held = match hold_ms {
-            0 => self.permits.forget(token),
-            _ => self.permits.get(token),
-        };
-        if let Some(held) = held {
+        if let Some(held) = self.permits.forget(token) {
+            if hold_ms > 0 {
+                ask!(self, |conn| sqlx::query(BUMP)
+                    .bind(millis(hold_ms))
+                    .bind(held.header.as_bytes())
+                    .bind(held.marker.as_slice())
+                    .execute(conn))?;
+            }
             let released = self.release_lock(&held.row, token, hold_ms).await?;
-            if released == Released::Freed {
-                self.shorten_header(lock, &held.marker).await?;
+            if released == Released::Freed && hold_ms == 0 {
+                self.shorten_header(lock).await?;
             }
             return Ok(released);
         }
@@ -319,41 +367,44 @@ impl MysqlStore {
         let freed = ask!(self, |conn| sqlx::query(GIVE_BACK_ANY)
             .bind(start.as_slice())
             .bind(end.as_slice())
+            .bind(lock.name().as_bytes())
             .bind(token.as_bytes())
             .bind(token.as_bytes())
             .execute(conn))?;
-        Ok(match freed.rows_affected() {
-            0 => Released::NotOurs,
-            _ => Released::Freed,
-        })
+        if freed.rows_affected() == 0 {
+            return Ok(Released::NotOurs);
+        }
+        self.shorten_header(lock).await?;
+        Ok(Released::Freed)
     }
-}
 
-impl MysqlStore {
-    /// Shortens the header of `lock` (marker `marker`) to its last live permit's lease, or
-    /// deletes it when none is left, unless a claim or renewal raised it meanwhile.
-    pub(super) async fn shorten_header(&self, lock: &Lock, marker: &[u8]) -> Result<(), LockError> {
+    /// Shortens the header of `lock` to its last live permit's lease, or frees it when none is
+    /// left, unless a claim or renewal raised its floor since it was read (a floor only rises,
+    /// so a value read once names one moment of the header).
+    pub(super) async fn shorten_header(&self, lock: &Lock) -> Result<(), LockError> {
         let (start, end) = permit_rows(lock.name());
-        let (raises, last): (Option<i64>, Option<i64>) = ask!(self, |conn| sqlx::query_as(LAST)
+        type Read = (Option<Vec<u8>>, Option<i64>, Option<i64>);
+        let (marker, floor, last): Read = ask!(self, |conn| sqlx::query_as(LAST)
             .bind(lock.name().as_bytes())
-            .bind(marker)
+            .bind(lock.name().as_bytes())
             .bind(start.as_slice())
             .bind(end.as_slice())
+            .bind(lock.name().as_bytes())
             .fetch_one(conn))?;
-        let Some(raises) = raises else {
+        let (Some(marker), Some(floor)) = (marker.filter(|m| count_of(m).is_some()), floor) else {
             return Ok(()); // no header (any more)
         };
         match last {
             Some(last) => ask!(self, |conn| sqlx::query(SHORTEN)
                 .bind(last)
                 .bind(lock.name().as_bytes())
-                .bind(marker)
-                .bind(raises)
+                .bind(marker.as_slice())
+                .bind(floor)
                 .execute(conn))?,
-            None => ask!(self, |conn| sqlx::query(DROP_HEADER)
+            None => ask!(self, |conn| sqlx::query(FREE_HEADER)
                 .bind(lock.name().as_bytes())
-                .bind(marker)
-                .bind(raises)
+                .bind(marker.as_slice())
+                .bind(floor)
                 .execute(conn))?,
         };
         Ok(())

@@ -10,6 +10,8 @@ CREATE TABLE IF NOT EXISTS lock_runtime_locks (
     token VARBINARY(2048) NULL,
     -- When the lease ends, in milliseconds of the database's clock (UTC).
     expires_ms BIGINT NOT NULL,
-    -- The last fencing token taken on this lock; NULL: never fenced.
+    -- The last fencing token taken on this lock; NULL: never fenced. A semaphore's header
+    -- (its key's row while permits are held) keeps the key's fencing floor here, raised by
+    -- every claim and renewal.
     fence BIGINT NULL
 ) ENGINE = InnoDB

@@ -99,8 +99,8 @@ const GIVE_BACK: &str = "DELETE FROM lock_runtime_locks \
 const ACQUIRE: &str = "SELECT got, got_fence, left_ms, is_behind, has_claimed, kept_stamp \
      FROM lock_runtime_v1_acquire($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
 const SHARE: &str = "SELECT got, got_fence, left_ms FROM lock_runtime_v1_share($1, $2, $3, $4)";
-const PERMIT: &str =
-    "SELECT got, got_fence, got_permit, left_ms FROM lock_runtime_v1_permit($1, $2, $3, $4, $5, $6)";
+const PERMIT: &str = "SELECT got, got_fence, got_permit, left_ms, ahead \
+     FROM lock_runtime_v1_permit($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 /// The count of a key its semaphore's permits hold now (no row: not held by permits): asked
 /// after a plain first try was refused, so that a lock asked of a semaphore is told so.
 const COUNT_HELD: &str = "SELECT permits FROM lock_runtime_locks \
@@ -496,6 +496,7 @@ impl PostgresStore {
 
     /// One attempt at any free permit of a semaphore (`lock_runtime_v1_permit`).
     async fn permit(&self, lock: &Lock, token: &str, ask: &Ask) -> Result<Attempt, LockError> {
+        let place_ms = millis(crate::options::ceil_millis(FAIR_PLACE_KEPT));
         let answer: Result<PermitRow, u32> = ask!(self, |conn| counted(
             sqlx::query_as(PERMIT)
                 .bind(lock.name())
@@ -504,9 +505,12 @@ impl PostgresStore {
                 .bind(i32::try_from(ask.permits).unwrap_or(i32::MAX))
                 .bind(ask.fencing)
                 .bind(ask.waiting)
+                .bind(ask.fair)
+                .bind(ask.join)
+                .bind(place_ms)
                 .fetch_one(conn)
         ))?;
-        let (got, fence, permit, left) =
+        let (got, fence, permit, left, ahead) =
             answer.map_err(|held| crate::store::permits_differ(lock.key(), held, ask.permits))?;
         Ok(match (got, permit) {
             (true, Some(permit)) => Attempt::permit(
@@ -515,7 +519,8 @@ impl PostgresStore {
             ),
             _ => Attempt::Held {
                 pttl_ms: left.map(unsigned),
-                behind: false,
+                // A fair waiter with others ahead in line.
+                behind: ahead.unwrap_or(0) > 0,
                 claimed: false,
                 kept: None,
             },
@@ -745,9 +750,9 @@ impl SqlStore for PostgresStore {
 }
 
 /// The statement gave up waiting for a row lock (its `lock_timeout`): it changed nothing.
-/// What `lock_runtime_v1_permit` answers: taken, its fencing token, its permit, and the ms
-/// until the first holder's lease ends.
-type PermitRow = (bool, Option<i64>, Option<i32>, Option<i64>);
+/// What `lock_runtime_v1_permit` answers: taken, its fencing token, its permit, the ms until the
+/// first holder's lease ends, and how many fair waiters are ahead.
+type PermitRow = (bool, Option<i64>, Option<i32>, Option<i64>, Option<i32>);
 
 /// A request refused because the key is held with another count of permits
 /// (`lock_runtime_v1_count`: SQLSTATE LR001): that count.

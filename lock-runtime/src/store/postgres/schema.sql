@@ -164,11 +164,18 @@ $$;
 
 -- One attempt at any free permit of a semaphore of `n` permits: the lowest one no live holder
 -- has. Answers taken (with the permit, and the fencing token when asked: the key's next, so
--- tokens rise per key and per permit), or the ms until the first holder's lease ends. Refused
--- with LR001 when the key is held with another count. Idempotent for one token.
+-- tokens rise per key and per permit), or the ms until the first holder's lease ends (NULL: a
+-- permit is free but fair waiters come first) and, for a fair semaphore, how many waiters are
+-- ahead in line. A fair semaphore's waiters are in the fair line (`lock_runtime_line`): a caller
+-- takes a permit only while fewer live waiters are ahead of it than permits are free, and a
+-- refused caller that will wait (`joining`) takes or keeps its place for `place_ms`. Refused
+-- with LR001 when the key is held with another count. Idempotent for one token. (Clients of an
+-- earlier build call the one with six arguments, which their schema makes.)
 CREATE OR REPLACE FUNCTION lock_runtime_v1_permit(
     k text, tok text, ttl bigint, n integer, fencing boolean, waiting boolean,
-    OUT got boolean, OUT got_fence bigint, OUT got_permit integer, OUT left_ms bigint)
+    fair boolean, joining boolean, place_ms bigint,
+    OUT got boolean, OUT got_fence bigint, OUT got_permit integer, OUT left_ms bigint,
+    OUT ahead integer)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     at_ms bigint;
@@ -176,9 +183,12 @@ DECLARE
     live jsonb;
     mine jsonb;
     free integer;
+    taken integer;
+    arrived bigint;
     f bigint;
 BEGIN
     got := false;
+    ahead := 0;
     r := lock_runtime_v1_row(k);
     at_ms := lock_runtime_v1_now();
     PERFORM lock_runtime_v1_count(r, n, at_ms);
@@ -197,12 +207,28 @@ BEGIN
     END IF;
     SELECT min(p) INTO free FROM generate_series(0, n - 1) AS p
         WHERE NOT EXISTS (SELECT 1 FROM jsonb_each(live) AS e WHERE (e.value ->> 1)::integer = p);
-    IF free IS NULL THEN
+    IF fair THEN
+        -- The row is locked: the line of its key changes under it only.
+        DELETE FROM lock_runtime_line WHERE key = k AND kept_until <= at_ms;
+        SELECT arrival INTO arrived FROM lock_runtime_line WHERE key = k AND token = tok;
+        SELECT count(*) INTO ahead FROM lock_runtime_line
+            WHERE key = k AND (arrived IS NULL OR arrival < arrived);
+    END IF;
+    SELECT count(*) INTO taken FROM jsonb_each(live) AS e;
+    IF free IS NULL OR ahead >= n - taken THEN
+        IF fair AND joining THEN
+            INSERT INTO lock_runtime_line AS l (key, token, arrival, kept_until, stamp)
+            VALUES (k, tok, nextval('lock_runtime_arrivals'), at_ms + place_ms, 0)
+            ON CONFLICT (key, token) DO UPDATE SET kept_until = EXCLUDED.kept_until;
+        END IF;
         left_ms := (SELECT min((e.value ->> 0)::bigint) FROM jsonb_each(live) AS e) - at_ms;
         IF waiting AND NOT r.marked THEN
             UPDATE lock_runtime_locks SET marked = true WHERE key = k;
         END IF;
         RETURN;
+    END IF;
+    IF fair THEN
+        DELETE FROM lock_runtime_line WHERE key = k AND token = tok;
     END IF;
     IF fencing THEN
         f := lock_runtime_v1_fence(r.fence);
@@ -392,48 +418,67 @@ $$;
 -- taken, or none. The keys without a row are taken first, by inserting their rows (in key
 -- order); then the other rows are locked in key order, as a renewal locks them (two requests on
 -- some of the same keys never wait for each other in a cycle: the rows one inserted are rows no
--- other request sees yet), the clock read again, each looked at, and all taken in one update;
--- a refused set deletes the rows it inserted. Answers the fencing tokens in the order asked
--- (when asked for), or the position (1-based) of the first lock held, how long its holder has
--- left, and the count its semaphore's permits hold it with (NULL: a lock or read-write lock).
--- Idempotent for the same tokens. With `lock_ms` > 0, a wait for a row another session has
--- locked ends after that long with lock_not_available (55P03), and the attempt changes
--- nothing: the caller's own wait has run out.
+-- other request sees yet). A row deleted between the two (a release) is neither, and both are
+-- done again for such keys until every key's row is made or locked. Then the clock is read
+-- again, each locked row looked at, and all taken in one update; a refused set deletes the rows
+-- it inserted. Answers the fencing tokens in the order asked (when asked for), or the position
+-- (1-based) of the first lock held, how long its holder has left, and the count its
+-- semaphore's permits hold it with (NULL: a lock or read-write lock). Idempotent for the same
+-- tokens. With `lock_ms` > 0, a wait for a row another session has locked ends after that long
+-- with lock_not_available (55P03), and the attempt changes nothing: the caller's own wait has
+-- run out.
 CREATE OR REPLACE FUNCTION lock_runtime_v1_take_set(
     ks text[], toks text[], ttl bigint, fencing boolean, lock_ms bigint,
     OUT fences bigint[], OUT refused integer, OUT left_ms bigint, OUT held_permits integer)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     at_ms bigint := lock_runtime_v1_now();
-    made text[];
+    n integer := coalesce(array_length(ks, 1), 0);
+    made text[] := '{}';
+    made_fences bigint[] := '{}';
+    more text[];
+    more_fences bigint[];
+    locked text[] := '{}';
+    others lock_runtime_locks[] := '{}';
+    batch lock_runtime_locks[];
     taken bigint[];
-    others lock_runtime_locks[];
     r lock_runtime_locks;
     i integer;
 BEGIN
     IF lock_ms > 0 THEN
         PERFORM set_config('lock_timeout', lock_ms || 'ms', true);
     END IF;
-    taken := array_fill(0::bigint, ARRAY[coalesce(array_length(ks, 1), 0)]);
-    -- Free keys (no row): taken as they are made. A token taken here is one nobody waited for.
-    WITH inserted AS (
-        INSERT INTO lock_runtime_locks (key, token, expires_ms, fence)
-        SELECT a.k, a.t, at_ms + ttl, CASE WHEN fencing THEN lock_runtime_v1_fence(NULL) END
-        FROM unnest(ks, toks) AS a(k, t) ORDER BY a.k
-        ON CONFLICT DO NOTHING
-        RETURNING key, fence)
-    SELECT array_agg(key), array_agg(coalesce(fence, 0)) INTO made, fences FROM inserted;
-    made := coalesce(made, '{}');
-    FOR n IN 1 .. coalesce(array_length(made, 1), 0) LOOP
-        taken[array_position(ks, made[n])] := fences[n];
-    END LOOP;
-    IF coalesce(array_length(made, 1), 0) < coalesce(array_length(ks, 1), 0) THEN
-        SELECT array_agg(l) INTO others FROM (
-            SELECT * FROM lock_runtime_locks WHERE key = ANY (ks) AND NOT key = ANY (made)
+    LOOP
+        -- Free keys (no row): taken as they are made. A token taken here is one nobody waited for.
+        WITH inserted AS (
+            INSERT INTO lock_runtime_locks (key, token, expires_ms, fence)
+            SELECT a.k, a.t, at_ms + ttl, CASE WHEN fencing THEN lock_runtime_v1_fence(NULL) END
+            FROM unnest(ks, toks) AS a(k, t)
+            WHERE NOT a.k = ANY (made) AND NOT a.k = ANY (locked)
+            ORDER BY a.k
+            ON CONFLICT DO NOTHING
+            RETURNING key, fence)
+        SELECT array_agg(key), array_agg(coalesce(fence, 0)) INTO more, more_fences FROM inserted;
+        made := made || coalesce(more, '{}');
+        made_fences := made_fences || coalesce(more_fences, '{}');
+        SELECT array_agg(l) INTO batch FROM (
+            SELECT * FROM lock_runtime_locks
+            WHERE key = ANY (ks) AND NOT key = ANY (made) AND NOT key = ANY (locked)
             ORDER BY key FOR UPDATE) AS l;
+        FOREACH r IN ARRAY coalesce(batch, '{}') LOOP
+            others := others || r;
+            locked := locked || r.key;
+        END LOOP;
+        EXIT WHEN coalesce(array_length(made, 1), 0) + coalesce(array_length(locked, 1), 0) >= n;
+    END LOOP;
+    taken := array_fill(0::bigint, ARRAY[n]);
+    FOR m IN 1 .. coalesce(array_length(made, 1), 0) LOOP
+        taken[array_position(ks, made[m])] := made_fences[m];
+    END LOOP;
+    IF coalesce(array_length(locked, 1), 0) > 0 THEN
         -- Read after the rows are locked: no lease is judged by a time from before a wait.
         at_ms := lock_runtime_v1_now();
-        FOREACH r IN ARRAY coalesce(others, '{}') LOOP
+        FOREACH r IN ARRAY others LOOP
             i := array_position(ks, r.key);
             IF NOT ((r.token IS NULL OR r.expires_ms <= at_ms OR r.token = toks[i])
                     AND r.shares_until <= at_ms)
@@ -446,7 +491,6 @@ BEGIN
         END LOOP;
         IF refused IS NOT NULL THEN
             DELETE FROM lock_runtime_locks WHERE key = ANY (made);
-            fences := NULL;
             RETURN;
         END IF;
         -- A lapsed holder's, readers' or permits' values go: their late renewal or release must
@@ -459,11 +503,11 @@ BEGIN
                                  ELSE lock_runtime_v1_fence(l.fence) END,
                     marked = false, shares = NULL, shares_until = 0, permits = NULL, held = NULL
                 FROM unnest(ks, toks) AS a(k, t)
-                WHERE l.key = a.k AND NOT a.k = ANY (made)
+                WHERE l.key = a.k AND a.k = ANY (locked)
                 RETURNING l.key, l.fence)
-        SELECT array_agg(key), array_agg(coalesce(fence, 0)) INTO made, fences FROM updated;
-        FOR n IN 1 .. coalesce(array_length(made, 1), 0) LOOP
-            taken[array_position(ks, made[n])] := fences[n];
+        SELECT array_agg(key), array_agg(coalesce(fence, 0)) INTO more, more_fences FROM updated;
+        FOR m IN 1 .. coalesce(array_length(more, 1), 0) LOOP
+            taken[array_position(ks, more[m])] := more_fences[m];
         END LOOP;
     END IF;
     fences := taken;

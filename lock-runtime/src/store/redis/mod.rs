@@ -239,6 +239,8 @@ impl RedisStore {
             fencing: ask.fencing,
             permits: ask.permits,
             marks: ask.join && self.deployment.marks(),
+            fair: ask.fair,
+            join: ask.join,
         };
         let (answer, acked): (Vec<i64>, _) = self.run_acknowledged(Some(flight), || permit.call()).await?;
         let attempt = scripts::permit::attempt(&answer, ask.fencing)

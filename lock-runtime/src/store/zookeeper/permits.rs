@@ -9,7 +9,8 @@
 //! refuses a key with claims.
 //!
 //! A newcomer claims the lowest permit it believes free at once (a create and a read), and
-//! when that permit was taken, the lowest free one it read. A caller that will wait and finds
+//! when that permit was taken, the lowest free one it read; a fair newcomer reads first, and
+//! queues behind any waiter it finds. A caller that will wait and finds
 //! every permit taken queues an ephemeral sequential node `_c_<uuid>-queue-<seq>`: the oldest
 //! waiter watches the claims that hold (any one's deletion wakes it: one waiter per release),
 //! every other waiter the queue node just ahead of its own; a woken waiter looks (behind a
@@ -91,9 +92,10 @@ impl ZkStore {
         let unheld = (0..count)
             .find(|p| !self.holds_permit(lock.name(), *p))
             .unwrap_or(0);
+        // A fair newcomer looks first: it claims only while nobody queues.
         let mut next = match queued {
-            None => Next::Claim(unheld),
-            Some(_) => Next::Look,
+            None if !ask_.fair => Next::Claim(unheld),
+            _ => Next::Look,
         };
         let mut claims = 0;
         loop {
@@ -155,8 +157,12 @@ impl ZkStore {
                 self.shared.forget(token);
                 queued = None;
             }
+            // A fair newcomer does not claim ahead of waiters in the queue.
+            let barred = ask_.fair && queued.is_none() && !permits.queue.is_empty();
             next = match (standing.flatten(), permits.free(count)) {
                 (Some(Some(ahead)), _) => Next::Behind(format!("{}/{ahead}", lock.name())),
+                _ if barred && !ask_.join => Next::Refused,
+                _ if barred => Next::Queue,
                 (_, Some(free)) if claims < TRIES => Next::Claim(free),
                 _ if queued.is_some() => Next::ForAClaim,
                 _ if !ask_.join => Next::Refused,

@@ -6,19 +6,28 @@
 -- A permit given back and kept for its minimum hold is a field '<token>:released' (release.lua).
 -- The key's own expiry is the latest lease, so the hash goes when its last holder's does; a
 -- holder that stopped renewing (crashed) lapses at its own lease, and its permit is free then.
+-- A fair semaphore orders its waiters in a line (as fair.lua's: tokens by arrival, and by when
+-- each one's place lapses unless it asks again): a caller takes a permit only while fewer
+-- waiters are ahead of it in line than permits are free, and a refused caller that will wait
+-- takes (or keeps) its place.
 -- KEYS[1] the lock, KEYS[2] its fencing counter (with fencing), then the lock's waiting mark
--- when the caller will wait (not on a Redis Cluster, where every release announces).
+-- when the caller will wait (not on a Redis Cluster, where every release announces), then, for
+-- a fair semaphore, its line and places.
 -- ARGV[1] token, ARGV[2] ttl in ms, ARGV[3] '1' = fencing, ARGV[4] n, ARGV[5] where in KEYS the
--- waiting mark is ('': not given).
--- Returns {1, fence, permit} when taken (fence 0 without fencing), {0, ms} when every permit is
--- taken (ms until the first lease ends: the caller asks again then unless woken; -1 for a
--- foreign value without expiry), or {2, count} when the key is held with another count (1: an
--- ordinary lock, a read-write lock, or a string this library did not write).
+-- waiting mark is ('': not given), ARGV[6] where in KEYS the line is ('': not fair), ARGV[7]
+-- the ms a waiter's place is kept without a new attempt, ARGV[8] '1' = join the line.
+-- Returns {1, fence, permit} when taken (fence 0 without fencing), {0, ms, ahead} when refused
+-- (ms until the first lease ends: the caller asks again then unless woken; -1 for a foreign
+-- value without expiry, -2 when a permit is free but fair waiters come first; ahead how many
+-- waiters are ahead in a fair line), or {2, count} when the key is held with another count (1:
+-- an ordinary lock, a read-write lock, or a string this library did not write).
 -- Every check comes before the first write: a counter that fence_ok refuses fails the script
 -- with nothing changed.
 local lock, token, ttl, n = KEYS[1], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
 local fence_key = ARGV[3] == '1' and KEYS[2] or nil
 local mark = KEYS[tonumber(ARGV[5]) or 0]
+local line_at = tonumber(ARGV[6])
+local line, places = KEYS[line_at or 0], KEYS[(line_at or 0) + 1]
 
 local kind = redis.call('TYPE', lock).ok
 local mode = kind == 'hash' and redis.call('HGET', lock, 'mode')
@@ -82,13 +91,38 @@ for permit = 0, n - 1 do
     break
   end
 end
-if not free then
-  -- A caller that will wait marks the lock as waited for, for as long as the hash lives and a
-  -- second more: each release announces itself while the mark stands (release.lua).
-  if mark then
-    redis.call('SET', mark, '1', 'PX', redis.call('PTTL', lock) + 1000)
+-- A fair semaphore's waiters ahead of the caller in line (lapsed places go first).
+local ahead = 0
+if line then
+  local lapsed = redis.call('ZRANGEBYSCORE', places, '-inf', now)
+  for _, waiter in ipairs(lapsed) do
+    redis.call('ZREM', line, waiter)
+    redis.call('ZREM', places, waiter)
   end
-  return {0, first_end - now}
+  ahead = redis.call('ZRANK', line, token) or redis.call('ZCARD', line)
+end
+if not free or ahead >= n - live then
+  if line and ARGV[8] == '1' then
+    local place = tonumber(ARGV[7])
+    redis.call('ZADD', line, 'NX', tonumber(time[1]) * 1000000 + tonumber(time[2]), token)
+    redis.call('ZADD', places, now + place, token)
+    -- The line lives while someone asks (each within its place's life).
+    redis.call('PEXPIRE', line, place + 1000)
+    redis.call('PEXPIRE', places, place + 1000)
+    ahead = redis.call('ZRANK', line, token)
+  end
+  -- A caller that will wait marks the lock as waited for, for as long as the hash lives (or,
+  -- with the permits free but fair waiters ahead, a place's life) and a second more: each
+  -- release announces itself while the mark stands (release.lua).
+  if mark then
+    local pttl = redis.call('PTTL', lock)
+    redis.call('SET', mark, '1', 'PX', math.max(pttl, tonumber(ARGV[7]) or 0) + 1000)
+  end
+  return {0, first_end and first_end - now or -2, ahead}
+end
+if line then
+  redis.call('ZREM', line, token)
+  redis.call('ZREM', places, token)
 end
 -- In slices: Lua's unpack takes a few thousand values at most.
 for i = 1, #gone, 1000 do

@@ -1,11 +1,12 @@
 //! The Rust half of `permit.lua`: one attempt at a permit of a semaphore, whatever its count, in
-//! one call. Its answer: `{1, fence, permit}` taken, `{0, ms}` every permit taken, `{2, count}`
-//! the key held with another count.
+//! one call. Its answer: `{1, fence, permit}` taken, `{0, ms, ahead}` refused (every permit
+//! taken, or fair waiters ahead), `{2, count}` the key held with another count.
 
 use std::borrow::Cow;
 
 use super::super::keys;
 use super::{mark_at, Call, PERMIT};
+use crate::options::{ceil_millis, FAIR_PLACE_KEPT};
 use crate::store::Attempt;
 
 /// One attempt at a permit.
@@ -20,11 +21,16 @@ pub(crate) struct Permit<'a> {
     pub(crate) permits: u32,
     /// The caller will wait, and the deployment marks: a refusal marks the lock as waited for.
     pub(crate) marks: bool,
+    /// A fair semaphore: its waiters are served in the order they came (a line).
+    pub(crate) fair: bool,
+    /// The caller will wait: refused, a fair one takes (or keeps) its place in line.
+    pub(crate) join: bool,
 }
 
 impl Permit<'_> {
-    /// `KEYS`: the lock, its counter (with fencing), its mark (when it marks). `ARGV`: token,
-    /// ttl, fencing, the count, where the mark is.
+    /// `KEYS`: the lock, its counter (with fencing), its mark (when it marks), its line and
+    /// places (fair). `ARGV`: token, ttl, fencing, the count, where the mark is, where the line
+    /// is, how long a place is kept, join.
     pub(crate) fn call(&self) -> Call {
         let lock = self.lock;
         let mut named = vec![Cow::Borrowed(lock)];
@@ -32,12 +38,23 @@ impl Permit<'_> {
             named.push(Cow::Owned(keys::fence(lock)));
         }
         let mark = mark_at(&mut named, lock, self.marks);
+        let line = match self.fair {
+            true => {
+                named.push(Cow::Owned(keys::queue(lock)));
+                named.push(Cow::Owned(keys::kept(lock)));
+                (named.len() - 1).to_string()
+            }
+            false => String::new(),
+        };
         let mut call = PERMIT.call(&named);
         call.arg(self.token)
             .arg(self.ttl_ms)
             .arg(if self.fencing { "1" } else { "0" })
             .arg(self.permits)
-            .arg(mark);
+            .arg(mark)
+            .arg(line)
+            .arg(ceil_millis(FAIR_PLACE_KEPT))
+            .arg(if self.join { "1" } else { "0" });
         call
     }
 }
@@ -54,7 +71,8 @@ pub(crate) fn attempt(answer: &[i64], fencing: bool) -> Result<Attempt, u32> {
         2 => Err(u32::try_from(at(1)).unwrap_or_default()),
         _ => Ok(Attempt::Held {
             pttl_ms: u64::try_from(at(1)).ok(),
-            behind: false,
+            // A fair waiter with others ahead in line.
+            behind: at(2) > 0,
             claimed: false,
             kept: None,
         }),
