@@ -328,6 +328,19 @@ async fn the_documented_acl_rights_are_enough_for_everything() {
     lock_tests::joined_line(&other, "rights:sem", 0).await;
     assert!(p0.release().await.unwrap() && p1.release().await.unwrap());
     assert!(waiter.await.unwrap().unwrap().release().await.unwrap());
+    // A fair semaphore (its line of its own), a newcomer and a waiter.
+    let fair = ttl(5000).permits(2).fair(true);
+    let (p0, p1) = (
+        client.acquire("rights:fair", &fair).await.unwrap(),
+        client.acquire("rights:fair", &fair).await.unwrap(),
+    );
+    let waiter = tokio::spawn({
+        let (other, fair) = (other.clone(), fair.clone());
+        async move { other.acquire("rights:fair", &fair.wait(10 * SECOND)).await }
+    });
+    lock_tests::joined_line(&other, "rights:fair", 0).await;
+    assert!(p0.release().await.unwrap() && p1.release().await.unwrap());
+    assert!(waiter.await.unwrap().unwrap().release().await.unwrap());
     let set = client
         .acquire_all(["rights:a", "rights:b"], &ttl(5000).fencing(true))
         .await

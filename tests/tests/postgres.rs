@@ -1093,8 +1093,9 @@ async fn an_abandoned_set_is_given_back_even_after_its_statement_took_it() {
 }
 
 /// A set's statement that finds a key's row, waits for another row, and meanwhile sees that row
-/// deleted by its holder's release, makes the row again and takes it: the set never answers
-/// taken without every key's row (another caller of that key is refused).
+/// deleted by its holder's release, never answers taken without it: it is refused at that key
+/// (making the row then would lock out of order), and a caller that will wait takes the set key
+/// by key; either way another caller of that key is refused while the set holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_set_whose_row_is_released_while_it_waits_still_holds_that_key() {
     let server = blocking(PostgresServer::spawn).await;

@@ -35,6 +35,12 @@ impl Shares {
     }
 }
 
+/// The name a fair semaphore's line of `lock` is kept under among the queues: its own, not a
+/// fair lock's (neither's release meets the other's waiters).
+fn permits_line(lock: &str) -> String {
+    format!("{lock}#permits")
+}
+
 /// The permits of a semaphore that are taken: its count, and each holder's permit and lease.
 #[derive(Debug)]
 struct Permits {
@@ -325,14 +331,17 @@ impl MemoryStore {
         }
         let taken: std::collections::HashSet<u32> = permits.holders.values().map(|h| h.permit).collect();
         let free = (0..permits.permits).find(|p| !taken.contains(p));
+        let permits_asked = permits.permits;
         let (free_count, first_end) = (
             permits.permits.saturating_sub(permits.holders.len() as u32),
             permits.holders.values().map(|h| h.expires_at).min(),
         );
-        // A fair semaphore's waiters ahead of the caller in its line (as permit.lua's).
+        // A fair semaphore's waiters ahead of the caller in its line (as permit.lua's: its own,
+        // not a fair lock's).
+        let line = permits_line(lock);
         let ahead = match ask.fair {
             true => {
-                let queue = store.queues.entry(lock.to_owned()).or_default();
+                let queue = store.queues.entry(line.clone()).or_default();
                 queue.purge(now);
                 match queue.places.get(token) {
                     Some((arrival, _, _)) => queue.order.range(..*arrival).count(),
@@ -346,7 +355,7 @@ impl MemoryStore {
             _ => {
                 if ask.fair && ask.join {
                     let store = &mut *store;
-                    let queue = store.queues.entry(lock.to_owned()).or_default();
+                    let queue = store.queues.entry(line).or_default();
                     let kept = now + FAIR_PLACE_KEPT;
                     match queue.places.get_mut(token) {
                         Some(place) => place.1 = kept,
@@ -359,14 +368,14 @@ impl MemoryStore {
                 }
                 return Ok(Attempt::Held {
                     pttl_ms: first_end.map(|at| ms_until(at, now)),
-                    behind: ahead > 0,
+                    behind: ahead >= permits_asked as usize,
                     claimed: false,
                     kept: None,
                 });
             }
         };
         if ask.fair {
-            if let Some(queue) = store.queues.get_mut(lock) {
+            if let Some(queue) = store.queues.get_mut(&line) {
                 queue.leave(token);
             }
         }
@@ -514,6 +523,9 @@ impl MemoryStore {
         let withdrawn = {
             let mut store = self.store();
             if let Some(queue) = store.queues.get_mut(lock) {
+                queue.leave(token);
+            }
+            if let Some(queue) = store.queues.get_mut(&permits_line(lock)) {
                 queue.leave(token);
             }
             store

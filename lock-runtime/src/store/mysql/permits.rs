@@ -105,14 +105,20 @@ const RENEW_PERMIT: &str = concat!(
     " + ?) WHERE h.name = ? AND h.token = ?"
 );
 
-/// Lengthens a header's lease to at least `ms` from now, raising its floor (binds: ms, name,
-/// marker): for a permit kept for its minimum hold.
-const BUMP: &str = concat!(
-    "UPDATE lock_runtime_locks SET expires_ms = GREATEST(expires_ms, ",
+/// Gives a permit back kept for its minimum hold, marked released, and raises its header to
+/// the hold's end, in one statement (one clock), only while the header holds the count's
+/// marker (binds: permit name, token, hold, hold, header name, marker): two rows when done.
+const KEEP: &str = concat!(
+    "UPDATE lock_runtime_locks h JOIN lock_runtime_locks p ON p.name = ? AND p.token = ? \
+       AND p.expires_ms > ",
     now_ms!(),
-    " + ?), fence = GREATEST(",
+    " SET p.token = CONCAT(p.token, ':released'), p.expires_ms = ",
+    now_ms!(),
+    " + ?, h.expires_ms = GREATEST(h.expires_ms, ",
+    now_ms!(),
+    " + ?), h.fence = GREATEST(",
     now_us!(),
-    ", COALESCE(fence, 0) + 1) WHERE name = ? AND token = ?"
+    ", COALESCE(h.fence, 0) + 1) WHERE h.name = ? AND h.token = ?"
 );
 
 /// A header's token and floor, and when the last live permit's lease ends (binds: header name,
@@ -336,7 +342,7 @@ impl MysqlStore {
     }
 
     /// Gives back the permit of `token` (kept `hold_ms` longer, marked released, for a minimum
-    /// hold: its header is raised to the hold's end first); an attempt whose answer never came
+    /// hold: its header raised to the hold's end in the same statement); an attempt whose answer never came
     /// (`abandoned`) is looked for among the lock's permits by its token. Then the header is
     /// shortened to the permits still held.
     pub(super) async fn release_permit(
@@ -348,14 +354,21 @@ impl MysqlStore {
     ) -> Result<Released, LockError> {
         if let Some(held) = self.permits.forget(token) {
             if hold_ms > 0 {
-                ask!(self, |conn| sqlx::query(BUMP)
+                let kept = ask!(self, |conn| sqlx::query(KEEP)
+                    .bind(held.row.name().as_bytes())
+                    .bind(token.as_bytes())
+                    .bind(millis(hold_ms))
                     .bind(millis(hold_ms))
                     .bind(held.header.as_bytes())
                     .bind(held.marker.as_slice())
                     .execute(conn))?;
+                return Ok(match kept.rows_affected() {
+                    2 => Released::Freed,
+                    _ => Released::NotOurs,
+                });
             }
             let released = self.release_lock(&held.row, token, hold_ms).await?;
-            if released == Released::Freed && hold_ms == 0 {
+            if released == Released::Freed {
                 self.shorten_header(lock).await?;
             }
             return Ok(released);

@@ -519,8 +519,9 @@ impl PostgresStore {
             ),
             _ => Attempt::Held {
                 pttl_ms: left.map(unsigned),
-                // A fair waiter with others ahead in line.
-                behind: ahead.unwrap_or(0) > 0,
+                // A fair waiter with at least as many waiters ahead in line as permits: no one
+                // release lets it in.
+                behind: ahead.unwrap_or(0) >= i32::try_from(ask.permits).unwrap_or(i32::MAX),
                 claimed: false,
                 kept: None,
             },

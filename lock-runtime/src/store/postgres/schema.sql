@@ -166,7 +166,8 @@ $$;
 -- has. Answers taken (with the permit, and the fencing token when asked: the key's next, so
 -- tokens rise per key and per permit), or the ms until the first holder's lease ends (NULL: a
 -- permit is free but fair waiters come first) and, for a fair semaphore, how many waiters are
--- ahead in line. A fair semaphore's waiters are in the fair line (`lock_runtime_line`): a caller
+-- ahead in line. A fair semaphore's waiters are in the fair line (`lock_runtime_line`, under
+-- `<key>#permits`: not a fair lock's line, so neither's release meets the other's): a caller
 -- takes a permit only while fewer live waiters are ahead of it than permits are free, and a
 -- refused caller that will wait (`joining`) takes or keeps its place for `place_ms`. Refused
 -- with LR001 when the key is held with another count. Idempotent for one token. (Clients of an
@@ -178,6 +179,8 @@ CREATE OR REPLACE FUNCTION lock_runtime_v1_permit(
     OUT ahead integer)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
+    -- Its line is its own (`<key>#permits` in the fair line), not a fair lock's.
+    q text := k || '#permits';
     at_ms bigint;
     r lock_runtime_locks;
     live jsonb;
@@ -209,16 +212,16 @@ BEGIN
         WHERE NOT EXISTS (SELECT 1 FROM jsonb_each(live) AS e WHERE (e.value ->> 1)::integer = p);
     IF fair THEN
         -- The row is locked: the line of its key changes under it only.
-        DELETE FROM lock_runtime_line WHERE key = k AND kept_until <= at_ms;
-        SELECT arrival INTO arrived FROM lock_runtime_line WHERE key = k AND token = tok;
+        DELETE FROM lock_runtime_line WHERE key = q AND kept_until <= at_ms;
+        SELECT arrival INTO arrived FROM lock_runtime_line WHERE key = q AND token = tok;
         SELECT count(*) INTO ahead FROM lock_runtime_line
-            WHERE key = k AND (arrived IS NULL OR arrival < arrived);
+            WHERE key = q AND (arrived IS NULL OR arrival < arrived);
     END IF;
     SELECT count(*) INTO taken FROM jsonb_each(live) AS e;
     IF free IS NULL OR ahead >= n - taken THEN
         IF fair AND joining THEN
             INSERT INTO lock_runtime_line AS l (key, token, arrival, kept_until, stamp)
-            VALUES (k, tok, nextval('lock_runtime_arrivals'), at_ms + place_ms, 0)
+            VALUES (q, tok, nextval('lock_runtime_arrivals'), at_ms + place_ms, 0)
             ON CONFLICT (key, token) DO UPDATE SET kept_until = EXCLUDED.kept_until;
         END IF;
         left_ms := (SELECT min((e.value ->> 0)::bigint) FROM jsonb_each(live) AS e) - at_ms;
@@ -228,7 +231,7 @@ BEGIN
         RETURN;
     END IF;
     IF fair THEN
-        DELETE FROM lock_runtime_line WHERE key = k AND token = tok;
+        DELETE FROM lock_runtime_line WHERE key = q AND token = tok;
     END IF;
     IF fencing THEN
         f := lock_runtime_v1_fence(r.fence);
@@ -418,10 +421,11 @@ $$;
 -- taken, or none. The keys without a row are taken first, by inserting their rows (in key
 -- order); then the other rows are locked in key order, as a renewal locks them (two requests on
 -- some of the same keys never wait for each other in a cycle: the rows one inserted are rows no
--- other request sees yet). A row deleted between the two (a release) is neither, and both are
--- done again for such keys until every key's row is made or locked. Then the clock is read
--- again, each locked row looked at, and all taken in one update; a refused set deletes the rows
--- it inserted. Answers the fencing tokens in the order asked (when asked for), or the position
+-- other request sees yet). A row deleted between the two (its holder's release) is neither: the
+-- set is refused at that key, as held a moment ago (making the row then would lock a key out of
+-- order, behind rows already locked, and two such sets could wait for each other), and a caller
+-- that will wait goes on key by key. Then the clock is read again, each locked row looked at,
+-- and all taken in one update; a refused set deletes the rows it inserted. Answers the fencing tokens in the order asked (when asked for), or the position
 -- (1-based) of the first lock held, how long its holder has left, and the count its
 -- semaphore's permits hold it with (NULL: a lock or read-write lock). Idempotent for the same
 -- tokens. With `lock_ms` > 0, a wait for a row another session has locked ends after that long
@@ -448,29 +452,32 @@ BEGIN
     IF lock_ms > 0 THEN
         PERFORM set_config('lock_timeout', lock_ms || 'ms', true);
     END IF;
-    LOOP
-        -- Free keys (no row): taken as they are made. A token taken here is one nobody waited for.
-        WITH inserted AS (
-            INSERT INTO lock_runtime_locks (key, token, expires_ms, fence)
-            SELECT a.k, a.t, at_ms + ttl, CASE WHEN fencing THEN lock_runtime_v1_fence(NULL) END
-            FROM unnest(ks, toks) AS a(k, t)
-            WHERE NOT a.k = ANY (made) AND NOT a.k = ANY (locked)
-            ORDER BY a.k
-            ON CONFLICT DO NOTHING
-            RETURNING key, fence)
-        SELECT array_agg(key), array_agg(coalesce(fence, 0)) INTO more, more_fences FROM inserted;
-        made := made || coalesce(more, '{}');
-        made_fences := made_fences || coalesce(more_fences, '{}');
-        SELECT array_agg(l) INTO batch FROM (
-            SELECT * FROM lock_runtime_locks
-            WHERE key = ANY (ks) AND NOT key = ANY (made) AND NOT key = ANY (locked)
-            ORDER BY key FOR UPDATE) AS l;
-        FOREACH r IN ARRAY coalesce(batch, '{}') LOOP
-            others := others || r;
-            locked := locked || r.key;
-        END LOOP;
-        EXIT WHEN coalesce(array_length(made, 1), 0) + coalesce(array_length(locked, 1), 0) >= n;
+    -- Free keys (no row): taken as they are made. A token taken here is one nobody waited for.
+    WITH inserted AS (
+        INSERT INTO lock_runtime_locks (key, token, expires_ms, fence)
+        SELECT a.k, a.t, at_ms + ttl, CASE WHEN fencing THEN lock_runtime_v1_fence(NULL) END
+        FROM unnest(ks, toks) AS a(k, t)
+        ORDER BY a.k
+        ON CONFLICT DO NOTHING
+        RETURNING key, fence)
+    SELECT array_agg(key), array_agg(coalesce(fence, 0)) INTO more, more_fences FROM inserted;
+    made := coalesce(more, '{}');
+    made_fences := coalesce(more_fences, '{}');
+    SELECT array_agg(l) INTO batch FROM (
+        SELECT * FROM lock_runtime_locks WHERE key = ANY (ks) AND NOT key = ANY (made)
+        ORDER BY key FOR UPDATE) AS l;
+    FOREACH r IN ARRAY coalesce(batch, '{}') LOOP
+        others := others || r;
+        locked := locked || r.key;
     END LOOP;
+    IF coalesce(array_length(made, 1), 0) + coalesce(array_length(locked, 1), 0) < n THEN
+        -- A row went between the insert and the read (its holder released it): refused there.
+        SELECT min(o) INTO refused FROM unnest(ks) WITH ORDINALITY AS a(k, o)
+            WHERE NOT a.k = ANY (made) AND NOT a.k = ANY (locked);
+        left_ms := 0;
+        DELETE FROM lock_runtime_locks WHERE key = ANY (made);
+        RETURN;
+    END IF;
     taken := array_fill(0::bigint, ARRAY[n]);
     FOR m IN 1 .. coalesce(array_length(made, 1), 0) LOOP
         taken[array_position(ks, made[m])] := made_fences[m];
@@ -687,7 +694,7 @@ BEGIN
     -- The lock's row first, as every other function locks it before the line (no deadlock
     -- with a fair release).
     PERFORM 1 FROM lock_runtime_locks WHERE key = k FOR UPDATE;
-    DELETE FROM lock_runtime_line WHERE key = k AND token = tok;
+    DELETE FROM lock_runtime_line WHERE key IN (k, k || '#permits') AND token = tok;
     UPDATE lock_runtime_locks SET claims = NULLIF(claims - tok, '{}'::jsonb) WHERE key = k AND claims ? tok;
     IF FOUND THEN
         PERFORM lock_runtime_v1_tell(chan, said);

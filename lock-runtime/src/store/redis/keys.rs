@@ -13,6 +13,8 @@
 //! | `p{k}:queue` | fair waiters' tokens, by arrival | while someone asks |
 //! | `p{k}:queue:kept` | fair waiters' tokens, by when their places lapse | as the line |
 //! | `p{k}:writers` | writers waiting for readers to leave, by when their claims lapse | a claim's life |
+//! | `p{k}:permits:queue` | a fair semaphore's waiters' tokens, by arrival | while someone asks |
+//! | `p{k}:permits:queue:kept` | a fair semaphore's waiters' tokens, by when their places lapse | as its line |
 //! | `p{k}:released` | the channel (not a key) a release is announced on | — |
 //!
 //! ```
@@ -38,6 +40,11 @@ const QUEUE: &str = ":queue";
 const KEPT: &str = ":queue:kept";
 /// The suffix of the waiting writers' claims.
 const WRITERS: &str = ":writers";
+/// The suffix of a fair semaphore's line (by arrival): its own, not a fair lock's, so that
+/// neither's release meets the other's waiters.
+const PERMITS_QUEUE: &str = ":permits:queue";
+/// The suffix of a fair semaphore's places (by when they lapse).
+const PERMITS_KEPT: &str = ":permits:queue:kept";
 /// The suffix of the release channel.
 const RELEASED: &str = ":released";
 
@@ -95,14 +102,27 @@ impl LockKeys {
         writers(&self.lock)
     }
 
+    /// `p{k}:permits:queue`: a fair semaphore's waiters' tokens, in the order they arrived.
+    pub fn permits_queue(&self) -> String {
+        permits_queue(&self.lock)
+    }
+
+    /// `p{k}:permits:queue:kept`: a fair semaphore's waiters' tokens, by when their places
+    /// lapse.
+    pub fn permits_kept(&self) -> String {
+        permits_kept(&self.lock)
+    }
+
     /// Every helper key (not the lock, not the channel), in the order of the module's table.
-    pub fn helpers(&self) -> [String; 5] {
+    pub fn helpers(&self) -> [String; 7] {
         [
             self.fence(),
             self.waiting(),
             self.queue(),
             self.kept(),
             self.writers(),
+            self.permits_queue(),
+            self.permits_kept(),
         ]
     }
 
@@ -150,6 +170,14 @@ pub(crate) fn writers(lock: &str) -> String {
     helper(lock, WRITERS)
 }
 
+pub(crate) fn permits_queue(lock: &str) -> String {
+    helper(lock, PERMITS_QUEUE)
+}
+
+pub(crate) fn permits_kept(lock: &str) -> String {
+    helper(lock, PERMITS_KEPT)
+}
+
 /// The three names `rights.lua` writes for a moment (a string, a sorted set and a hash), to
 /// check a client's rights beside the locks it is about to take (under its prefix).
 pub(crate) fn rights_probes(prefix: &str) -> [String; 3] {
@@ -181,6 +209,8 @@ mod tests {
                 "lock:{order:42}:queue",
                 "lock:{order:42}:queue:kept",
                 "lock:{order:42}:writers",
+                "lock:{order:42}:permits:queue",
+                "lock:{order:42}:permits:queue:kept",
             ]
         );
     }

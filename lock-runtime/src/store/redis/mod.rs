@@ -243,7 +243,7 @@ impl RedisStore {
             join: ask.join,
         };
         let (answer, acked): (Vec<i64>, _) = self.run_acknowledged(Some(flight), || permit.call()).await?;
-        let attempt = scripts::permit::attempt(&answer, ask.fencing)
+        let attempt = scripts::permit::attempt(&answer, ask.fencing, ask.permits)
             .map_err(|held| self.permits_differ(lock, held, ask.permits))?;
         self.unless_replicated(attempt, acked, lock, token, Kind::Permit)
             .await
@@ -426,6 +426,10 @@ impl RedisStore {
                 pipe.zrem(keys::queue(lock), token)
                     .ignore()
                     .zrem(keys::kept(lock), token)
+                    .ignore()
+                    .zrem(keys::permits_queue(lock), token)
+                    .ignore()
+                    .zrem(keys::permits_kept(lock), token)
                     .ignore()
                     .zrem(keys::writers(lock), token)
                     .ignore();

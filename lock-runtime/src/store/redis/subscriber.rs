@@ -264,6 +264,12 @@ impl Subscriber {
         if self.notices.is_confirmed(name) || self.cooling_down() {
             return;
         }
+        // Nobody waits for it any more (its waiter went while this ran detached): subscribing
+        // now would leave the channel subscribed for nobody, as the waiter's leaving was seen
+        // already (the upkeep judges under the same lock).
+        if !self.notices.is_wanted(name) {
+            return;
+        }
         if live.is_none() {
             match self.open().await {
                 Ok(opened) => *live = Some(opened),

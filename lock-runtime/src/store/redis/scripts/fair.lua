@@ -15,7 +15,8 @@
 -- foreign value without expiry), ahead how many waiters are ahead in line, claimed 1 when
 -- readers refused it and it claimed the writers' turn, and kept the server ms until which its
 -- place is kept (0: it took none): a release that hands the lock over names it (release.lua),
--- so the waiter knows which of its attempts the lease counts from.
+-- so the waiter knows which of its attempts the lease counts from. {2, count} when a semaphore
+-- holds the key (count its permits).
 -- Every check comes before the first write, as in acquire.lua (the line is read before it is
 -- written, so a line of another type fails the script with nothing changed).
 local lock, token, ttl = KEYS[1], ARGV[1], ARGV[2]
@@ -36,6 +37,11 @@ for _, waiter in ipairs(lapsed) do
   redis.call('ZREM', places, waiter)
 end
 local holder = redis.pcall('GET', lock)
+-- A semaphore's key: refused with its count, before the caller joins a line.
+local count = semaphore(lock, holder)
+if count then
+  return {2, count}
+end
 if holder == token then
   return already_ours(lock, ttl, fence, counter)
 end

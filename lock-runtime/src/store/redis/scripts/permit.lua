@@ -6,8 +6,8 @@
 -- A permit given back and kept for its minimum hold is a field '<token>:released' (release.lua).
 -- The key's own expiry is the latest lease, so the hash goes when its last holder's does; a
 -- holder that stopped renewing (crashed) lapses at its own lease, and its permit is free then.
--- A fair semaphore orders its waiters in a line (as fair.lua's: tokens by arrival, and by when
--- each one's place lapses unless it asks again): a caller takes a permit only while fewer
+-- A fair semaphore orders its waiters in a line of its own (as fair.lua's: tokens by arrival,
+-- and by when each one's place lapses unless it asks again): a caller takes a permit only while fewer
 -- waiters are ahead of it in line than permits are free, and a refused caller that will wait
 -- takes (or keeps) its place.
 -- KEYS[1] the lock, KEYS[2] its fencing counter (with fencing), then the lock's waiting mark
@@ -99,7 +99,8 @@ if line then
     redis.call('ZREM', line, waiter)
     redis.call('ZREM', places, waiter)
   end
-  ahead = redis.call('ZRANK', line, token) or redis.call('ZCARD', line)
+  -- (Counted with ZRANGE, a command the documented ACL grants: a line is short.)
+  ahead = redis.call('ZRANK', line, token) or #redis.call('ZRANGE', line, 0, -1)
 end
 if not free or ahead >= n - live then
   if line and ARGV[8] == '1' then

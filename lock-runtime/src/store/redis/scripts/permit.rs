@@ -40,8 +40,8 @@ impl Permit<'_> {
         let mark = mark_at(&mut named, lock, self.marks);
         let line = match self.fair {
             true => {
-                named.push(Cow::Owned(keys::queue(lock)));
-                named.push(Cow::Owned(keys::kept(lock)));
+                named.push(Cow::Owned(keys::permits_queue(lock)));
+                named.push(Cow::Owned(keys::permits_kept(lock)));
                 (named.len() - 1).to_string()
             }
             false => String::new(),
@@ -61,7 +61,7 @@ impl Permit<'_> {
 
 /// What `permit.lua` answered: the attempt, or the count the key is held with when it is not
 /// the one asked for.
-pub(crate) fn attempt(answer: &[i64], fencing: bool) -> Result<Attempt, u32> {
+pub(crate) fn attempt(answer: &[i64], fencing: bool, permits: u32) -> Result<Attempt, u32> {
     let at = |i: usize| answer.get(i).copied().unwrap_or(-1);
     match at(0) {
         1 => Ok(Attempt::permit(
@@ -71,8 +71,9 @@ pub(crate) fn attempt(answer: &[i64], fencing: bool) -> Result<Attempt, u32> {
         2 => Err(u32::try_from(at(1)).unwrap_or_default()),
         _ => Ok(Attempt::Held {
             pttl_ms: u64::try_from(at(1)).ok(),
-            // A fair waiter with others ahead in line.
-            behind: at(2) > 0,
+            // A fair waiter with at least as many waiters ahead in line as permits: no one
+            // release lets it in.
+            behind: at(2) >= i64::from(permits),
             claimed: false,
             kept: None,
         }),
@@ -85,11 +86,11 @@ mod tests {
 
     #[test]
     fn answers_read_as_permits_refusals_or_another_count() {
-        assert_eq!(attempt(&[1, 9, 2], true), Ok(Attempt::permit(Some(9), 2)));
-        assert_eq!(attempt(&[1, 0, 0], false), Ok(Attempt::permit(None, 0)));
-        assert_eq!(attempt(&[2, 3], false), Err(3));
+        assert_eq!(attempt(&[1, 9, 2], true, 2), Ok(Attempt::permit(Some(9), 2)));
+        assert_eq!(attempt(&[1, 0, 0], false, 2), Ok(Attempt::permit(None, 0)));
+        assert_eq!(attempt(&[2, 3], false, 2), Err(3));
         assert!(matches!(
-            attempt(&[0, 450], false),
+            attempt(&[0, 450], false, 2),
             Ok(Attempt::Held {
                 pttl_ms: Some(450),
                 ..
