@@ -628,6 +628,117 @@ async fn misconfigured_clients_are_refused_with_what_to_fix() {
 /// while the last one's release deletes the row: every share taken is in the store while it is
 /// held. (A share once met the row deleted under it, between the statement that saw the row and
 /// the one that locked it, and took a lock that was nowhere: a writer then entered beside it.)
+/// Clients starting together on a database without the schema make it once: each one that
+/// found it missing and waited for the one making it finds it there once it may make it, and
+/// makes nothing (a second making would lock the table against the first one's holders until it
+/// commits: a watchdog's renewals waited, and locks with a short ttl were lost).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_starting_together_make_the_schema_once() {
+    let server = PostgresServer::spawn();
+    let admin = pool(&server).await;
+    // The store's advisory lock for making the schema (the ASCII of "lockrtv1"), held here so
+    // that both clients find the schema missing and wait for it.
+    let mut gate = admin.acquire().await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(0x6c6f_636b_7274_7631_i64)
+        .execute(&mut *gate)
+        .await
+        .unwrap();
+    let url = server.url();
+    let starting: Vec<_> = (0..2)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move {
+                builder(&url)
+                    .connect_timeout(Duration::from_secs(30))
+                    .build()
+                    .await
+            })
+        })
+        .collect();
+    eventually(20 * SECOND, "both clients wait to make the schema", || async {
+        let waiting: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+                .fetch_one(&admin)
+                .await
+                .unwrap();
+        waiting == 2
+    })
+    .await;
+    sqlx::query("SELECT pg_advisory_unlock($1)")
+        .bind(0x6c6f_636b_7274_7631_i64)
+        .execute(&mut *gate)
+        .await
+        .unwrap();
+    for client in starting {
+        client.await.unwrap().unwrap();
+    }
+    // One transaction made the table and, last, the function every making replaces: a second
+    // making would have replaced it in a transaction of its own.
+    let made_by: Vec<String> = sqlx::query_scalar(
+        "SELECT xmin::text FROM pg_class WHERE oid = 'lock_runtime_locks'::regclass \
+         UNION ALL SELECT xmin::text FROM pg_proc WHERE oid = 'lock_runtime_v1_sweep(integer)'::regprocedure",
+    )
+    .fetch_all(&admin)
+    .await
+    .unwrap();
+    assert_eq!(made_by.len(), 2, "{made_by:?}");
+    assert_eq!(made_by[0], made_by[1], "the schema was made twice");
+}
+
+/// A client of a newer build makes its schema again while another's locks are held (a rolling
+/// upgrade): their renewals go on meanwhile, as nothing of the making locks the table they are
+/// rows of when the table has its columns and indexes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn making_the_schema_again_holds_up_no_renewal() {
+    let server = PostgresServer::spawn();
+    let holder = client(&server).await;
+    let admin = pool(&server).await;
+    let guard = holder
+        .acquire("upgrade", &ttl(600).watchdog(true).fencing(true))
+        .await
+        .unwrap();
+    // The schema as an older build's, then a session that keeps the mark's row locked, so the
+    // next making waits at its end with everything before done.
+    sqlx::raw_sql("COMMENT ON FUNCTION lock_runtime_v1_sweep(integer) IS 'an older build'")
+        .execute(&admin)
+        .await
+        .unwrap();
+    let mut keeping = admin.begin().await.unwrap();
+    sqlx::raw_sql("COMMENT ON FUNCTION lock_runtime_v1_sweep(integer) IS 'kept'")
+        .execute(&mut *keeping)
+        .await
+        .unwrap();
+    let url = server.url();
+    let newer = tokio::spawn(async move {
+        builder(&url)
+            .connect_timeout(Duration::from_secs(30))
+            .build()
+            .await
+    });
+    eventually(20 * SECOND, "the making waits", || async {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE application_name = 'lock-runtime' AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&admin)
+        .await
+        .unwrap();
+        waiting > 0
+    })
+    .await;
+    // Five ttls with the making under way: every renewal answered in time.
+    let until = Instant::now() + Duration::from_millis(3000);
+    while Instant::now() < until {
+        assert!(!guard.is_lost(), "a renewal waited for the making");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    keeping.rollback().await.unwrap();
+    let newer = newer.await.unwrap().unwrap();
+    assert!(guard.release().await.unwrap(), "held throughout");
+    drop(newer);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_share_taken_while_the_row_goes_is_in_the_store() {
     let t = lock_tests::Target::postgres().await;

@@ -30,10 +30,18 @@ const SCHEMA: &str = include_str!("schema.sql");
 
 /// Whether this schema is there, exactly: the comment on its last function (made last, in the
 /// same transaction as the rest) names a hash of `schema.sql`. Any other (an older build's) is
-/// made again: every statement of it is idempotent.
-const SCHEMA_READY: &str = "SELECT coalesce(obj_description(\
-     to_regprocedure('lock_runtime_v1_sweep(integer)'), 'pg_proc'), '') = $1, \
-     to_regnamespace($2) IS NOT NULL";
+/// made again: every statement of it is idempotent. Read from the catalog's tables, which each
+/// statement sees as committed when it starts (a lookup by name, `to_regprocedure`, goes through
+/// the session's cache, which a transaction that began before another's making does not renew:
+/// one that waited for the maker found nothing).
+const SCHEMA_READY: &str = "SELECT coalesce((\
+       SELECT d.description = $1 FROM pg_catalog.pg_proc p \
+       JOIN pg_catalog.pg_namespace n ON n.oid = p.pronamespace \
+       JOIN pg_catalog.pg_description d ON d.objoid = p.oid \
+         AND d.classoid = 'pg_catalog.pg_proc'::pg_catalog.regclass AND d.objsubid = 0 \
+       WHERE n.nspname = $2 AND p.proname = 'lock_runtime_v1_sweep' \
+         AND p.proargtypes = '23'::pg_catalog.oidvector), false), \
+     EXISTS (SELECT 1 FROM pg_catalog.pg_namespace WHERE nspname = $2)";
 
 /// Names this `schema.sql` (FNV-1a of its text).
 const SCHEMA_HASH: u64 = {
@@ -658,17 +666,34 @@ impl Drop for PostgresStore {
     }
 }
 
-/// Makes the schema unless this version's is there: one multi-statement query, which
-/// PostgreSQL runs as one transaction, the first statement taking a transaction-level advisory
-/// lock, so clients starting together make it one at a time.
+/// Makes the schema unless this version's is there: one transaction, its first statement taking
+/// a transaction-level advisory lock, so clients starting together make it one at a time; and
+/// asked again under that lock, so it is made once, not once per client that waited (a second
+/// making would lock the table against the first one's lock holders until it commits).
 async fn make_schema(pool: &PgPool, schema: &str) -> Result<(), sqlx::Error> {
-    let (ready, exists): (bool, bool) = sqlx::query_as(SCHEMA_READY)
-        .bind(schema_mark())
-        .bind(schema)
-        .fetch_one(pool)
-        .await?;
-    if ready {
+    let mut conn = pool.acquire().await?;
+    let conn: &mut sqlx::PgConnection = &mut conn;
+    if schema_ready(conn, schema).await?.0 {
         return Ok(());
+    }
+    let mut tx = sqlx::Connection::begin(conn).await?;
+    let made = make_schema_in(&mut tx, schema).await?;
+    tx.commit().await?;
+    if made {
+        tracing::info!("made lock-runtime's tables and functions in the database");
+    }
+    Ok(())
+}
+
+/// [`make_schema`]'s transaction: whether it made the schema (no: another client had meanwhile).
+async fn make_schema_in(tx: &mut sqlx::PgConnection, schema: &str) -> Result<bool, sqlx::Error> {
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(SCHEMA_LOCK)
+        .execute(&mut *tx)
+        .await?;
+    let (ready, exists) = schema_ready(&mut *tx, schema).await?;
+    if ready {
+        return Ok(false);
     }
     // (`schema` is a checked plain identifier.) Objects are made in the first schema of the
     // search_path, which for the store's statements starts with pg_catalog: here it is the
@@ -679,14 +704,23 @@ async fn make_schema(pool: &PgPool, schema: &str) -> Result<(), sqlx::Error> {
         format!("CREATE SCHEMA IF NOT EXISTS {schema};\n")
     };
     let script = format!(
-        "SELECT pg_advisory_xact_lock({SCHEMA_LOCK});\n{create}\
-         SET LOCAL search_path = {schema}, pg_catalog, pg_temp;\n{SCHEMA}\n\
+        "{create}SET LOCAL search_path = {schema}, pg_catalog, pg_temp;\n{SCHEMA}\n\
          COMMENT ON FUNCTION lock_runtime_v1_sweep(integer) IS '{}';",
         schema_mark()
     );
-    sqlx::raw_sql(&script).execute(pool).await?;
-    tracing::info!("made lock-runtime's tables and functions in the database");
-    Ok(())
+    // A text without arguments goes as one simple query, whose statements may be many (as
+    // `raw_sql`'s, whose executor bound the async trait's futures do not meet).
+    sqlx::Executor::execute(tx, script.as_str()).await?;
+    Ok(true)
+}
+
+/// [`SCHEMA_READY`]'s answer: this version's schema is there; the schema exists at all.
+async fn schema_ready(conn: &mut sqlx::PgConnection, schema: &str) -> Result<(bool, bool), sqlx::Error> {
+    sqlx::query_as(SCHEMA_READY)
+        .bind(schema_mark())
+        .bind(schema)
+        .fetch_one(conn)
+        .await
 }
 
 /// What went wrong with the database, in one line naming it: the source of

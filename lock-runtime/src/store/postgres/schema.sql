@@ -34,8 +34,19 @@ CREATE TABLE IF NOT EXISTS lock_runtime_locks (
 -- minimum hold is under '<value>:released'. shares_until is then the last holder's end (so the
 -- plain acquire and the sweep treat the row as held, as they do readers'). Added to a table made
 -- by an earlier build.
-ALTER TABLE lock_runtime_locks ADD COLUMN IF NOT EXISTS permits integer;
-ALTER TABLE lock_runtime_locks ADD COLUMN IF NOT EXISTS held jsonb;
+-- Only where missing: ALTER TABLE locks the table against every statement until the making
+-- commits, even when IF NOT EXISTS then changes nothing.
+DO $$
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'lock_runtime_locks'::regclass
+                   AND attname = 'permits' AND NOT attisdropped) THEN
+        ALTER TABLE lock_runtime_locks ADD COLUMN permits integer;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = 'lock_runtime_locks'::regclass
+                   AND attname = 'held' AND NOT attisdropped) THEN
+        ALTER TABLE lock_runtime_locks ADD COLUMN held jsonb;
+    END IF;
+END $$;
 
 -- Fair waiters, by arrival: each one's place lapses unless it asks again in time.
 CREATE TABLE IF NOT EXISTS lock_runtime_line (
@@ -47,10 +58,18 @@ CREATE TABLE IF NOT EXISTS lock_runtime_line (
     stamp bigint NOT NULL,
     PRIMARY KEY (key, token)
 );
-CREATE INDEX IF NOT EXISTS lock_runtime_line_by_arrival ON lock_runtime_line (key, arrival);
--- Lapsed places found by their end, so a re-check deletes only those (not a scan of the line:
--- N waiters re-checking would cost N² rows a round).
-CREATE INDEX IF NOT EXISTS lock_runtime_line_by_end ON lock_runtime_line (key, kept_until);
+-- By arrival; and lapsed places found by their end, so a re-check deletes only those (not a
+-- scan of the line: N waiters re-checking would cost N² rows a round). Only where missing, as
+-- the columns above: CREATE INDEX locks the table against writes even when it makes none.
+DO $$
+BEGIN
+    IF to_regclass('lock_runtime_line_by_arrival') IS NULL THEN
+        CREATE INDEX lock_runtime_line_by_arrival ON lock_runtime_line (key, arrival);
+    END IF;
+    IF to_regclass('lock_runtime_line_by_end') IS NULL THEN
+        CREATE INDEX lock_runtime_line_by_end ON lock_runtime_line (key, kept_until);
+    END IF;
+END $$;
 
 -- Fenced writes (lock_runtime::postgres::check_fence): per resource, the highest token a write
 -- carried.
