@@ -1,20 +1,25 @@
 //! Semaphores under contention: 16 tasks on one key with 4 permits, each holding its permit for
 //! 1 ms, then giving it back and asking again at once. Per contender: permits handed over per
 //! second and the p99 of the wait for a permit, in interleaved rounds on a spawned
-//! redis-server and on the machine's PostgreSQL:
+//! redis-server, the machine's PostgreSQL, a spawned `mariadbd`, a 3-member etcd cluster and a
+//! 3-server ZooKeeper ensemble:
 //! - ours on Redis (`permit.lua`: one script per attempt, a waiter woken by a release);
 //! - the hand-written minimum on Redis: a sorted set of holders scored by when their lease ends,
 //!   taken with one script (drop the expired, count, add) and polled every 1 ms when full;
-//! - ours on PostgreSQL (`lock_runtime_v1_permit`: one statement, `NOTIFY` wake-ups).
+//! - ours on PostgreSQL (`lock_runtime_v1_permit`: one statement, `NOTIFY` wake-ups);
+//! - ours on MySQL (a permit's row in one statement), etcd (one transaction per attempt, waiters
+//!   in a queue in the store, the oldest watching the permits) and ZooKeeper (an ephemeral
+//!   sequential claim node, waiters queued the same way).
 //!
-//! `cargo bench -p lock-tests --bench semaphores` (`BENCH_SCALE=0.1` for a smoke run).
+//! `cargo bench -p lock-tests --bench semaphores` (`BENCH_SCALE=0.1` for a smoke run;
+//! `BENCH_FAIR=1` for fair semaphores, without MySQL, which offers no fair mode).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockOptions};
 use lock_tests::bench::{ms, quantile, scale};
-use lock_tests::RedisServer;
+use lock_tests::{EtcdCluster, MariadbServer, RedisServer, ZkEnsemble};
 use serde_json::json;
 use tokio::time::Instant;
 
@@ -35,6 +40,11 @@ if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[3]) then
 end
 return 0";
 
+/// Whether ours are fair semaphores (`BENCH_FAIR=1`).
+fn fair() -> bool {
+    std::env::var("BENCH_FAIR").is_ok_and(|v| v == "1")
+}
+
 #[derive(Clone)]
 enum Contender {
     Ours(LockClient),
@@ -50,7 +60,8 @@ impl Contender {
             Contender::Ours(client) => {
                 let options = LockOptions::new(Duration::from_secs(10))
                     .permits(PERMITS)
-                    .wait(Duration::from_secs(60));
+                    .wait(Duration::from_secs(60))
+                    .fair(fair());
                 let guard = client
                     .acquire(key, &options)
                     .await
@@ -135,6 +146,33 @@ async fn main() {
         Ok(pg) => contenders.push(("ours, PostgreSQL (one statement)", Contender::Ours(pg))),
         Err(e) => println!("PostgreSQL left out: {e}"),
     }
+    // Servers of the kit, kept until the rounds are done.
+    let mariadb = MariadbServer::spawn();
+    let mysql = LockClient::builder()
+        .mysql(&mariadb.url())
+        .build()
+        .await
+        .expect("mariadbd");
+    if !fair() {
+        contenders.push(("ours, MySQL (MariaDB)", Contender::Ours(mysql)));
+    }
+    let etcd_cluster = EtcdCluster::spawn();
+    let etcd = LockClient::builder()
+        .etcd(etcd_cluster.endpoints())
+        .build()
+        .await
+        .expect("etcd");
+    contenders.push(("ours, etcd (queued in the store)", Contender::Ours(etcd)));
+    let ensemble = ZkEnsemble::spawn();
+    let zookeeper = LockClient::builder()
+        .zookeeper(ensemble.hosts())
+        .build()
+        .await
+        .expect("zookeeper");
+    contenders.push((
+        "ours, ZooKeeper (queued in the store)",
+        Contender::Ours(zookeeper),
+    ));
     let mut rates = vec![Vec::new(); contenders.len()];
     let mut waits = vec![Vec::new(); contenders.len()];
     for r in 0..ROUNDS {
@@ -146,7 +184,10 @@ async fn main() {
             waits[i].extend(w);
         }
     }
-    println!("\n{TASKS} tasks, one key, {PERMITS} permits, hold {HOLD:?}, {ROUNDS} rounds of {length:?}");
+    let mode = if fair() { "fair" } else { "not fair" };
+    println!(
+        "\n{TASKS} tasks, one key, {PERMITS} permits ({mode}), hold {HOLD:?}, {ROUNDS} rounds of {length:?}"
+    );
     println!(
         "{:<36} {:>14} {:>12} {:>12}",
         "contender", "handed over/s", "wait p50", "wait p99"
@@ -160,4 +201,5 @@ async fn main() {
         rows.push(json!({"contender": name, "handed_over_per_s": rate, "wait_p50_ms": ms(p50), "wait_p99_ms": ms(p99)}));
     }
     println!("{}", json!({ "semaphores": rows }));
+    drop((mariadb, etcd_cluster, ensemble));
 }
