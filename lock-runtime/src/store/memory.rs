@@ -331,7 +331,6 @@ impl MemoryStore {
         }
         let taken: std::collections::HashSet<u32> = permits.holders.values().map(|h| h.permit).collect();
         let free = (0..permits.permits).find(|p| !taken.contains(p));
-        let permits_asked = permits.permits;
         let (free_count, first_end) = (
             permits.permits.saturating_sub(permits.holders.len() as u32),
             permits.holders.values().map(|h| h.expires_at).min(),
@@ -366,12 +365,11 @@ impl MemoryStore {
                         }
                     }
                 }
-                return Ok(Attempt::Held {
-                    pttl_ms: first_end.map(|at| ms_until(at, now)),
-                    behind: ahead >= permits_asked as usize,
-                    claimed: false,
-                    kept: None,
-                });
+                return Ok(Attempt::no_permit(
+                    first_end.map(|at| ms_until(at, now)),
+                    u64::try_from(ahead).unwrap_or(u64::MAX),
+                    ask.permits,
+                ));
             }
         };
         if ask.fair {

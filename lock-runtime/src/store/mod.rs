@@ -333,6 +333,19 @@ impl Attempt {
         }
     }
 
+    /// No permit for this caller: the first holder's lease ends in `pttl_ms` (`None`: not said),
+    /// and `ahead` fair waiters are ahead of it in its semaphore's line of `permits`. It is
+    /// behind (it sleeps before it asks again) only with at least as many waiters ahead as
+    /// permits: then no one release lets it in. The one rule of every store with such a line.
+    pub(crate) fn no_permit(pttl_ms: Option<u64>, ahead: u64, permits: u32) -> Attempt {
+        Attempt::Held {
+            pttl_ms,
+            behind: ahead >= u64::from(permits),
+            claimed: false,
+            kept: None,
+        }
+    }
+
     /// Refused, with nothing more to say.
     pub(crate) const HELD: Attempt = Attempt::Held {
         pttl_ms: None,

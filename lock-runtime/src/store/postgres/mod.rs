@@ -525,14 +525,11 @@ impl PostgresStore {
                 fence.filter(|_| ask.fencing).map(unsigned),
                 u32::try_from(permit).unwrap_or_default(),
             ),
-            _ => Attempt::Held {
-                pttl_ms: left.map(unsigned),
-                // A fair waiter with at least as many waiters ahead in line as permits: no one
-                // release lets it in.
-                behind: ahead.unwrap_or(0) >= i32::try_from(ask.permits).unwrap_or(i32::MAX),
-                claimed: false,
-                kept: None,
-            },
+            _ => Attempt::no_permit(
+                left.map(unsigned),
+                ahead.map_or(0, |a| unsigned(a.into())),
+                ask.permits,
+            ),
         })
     }
 

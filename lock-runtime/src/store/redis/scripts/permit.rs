@@ -69,14 +69,11 @@ pub(crate) fn attempt(answer: &[i64], fencing: bool, permits: u32) -> Result<Att
             u32::try_from(at(2)).unwrap_or_default(),
         )),
         2 => Err(u32::try_from(at(1)).unwrap_or_default()),
-        _ => Ok(Attempt::Held {
-            pttl_ms: u64::try_from(at(1)).ok(),
-            // A fair waiter with at least as many waiters ahead in line as permits: no one
-            // release lets it in.
-            behind: at(2) >= i64::from(permits),
-            claimed: false,
-            kept: None,
-        }),
+        _ => Ok(Attempt::no_permit(
+            u64::try_from(at(1)).ok(),
+            u64::try_from(at(2)).unwrap_or(0),
+            permits,
+        )),
     }
 }
 
