@@ -90,35 +90,50 @@ const ROWS: &str = concat!(
     ")"
 );
 
-/// Renews a permit and its header in one statement, only while the header holds the count's
-/// marker (binds: permit name, token, ttl, ttl, header name, marker): two rows when renewed.
-const RENEW_PERMIT: &str = concat!(
-    "UPDATE lock_runtime_locks h JOIN lock_runtime_locks p ON p.name = ? AND p.token = ? \
-       AND p.expires_ms > ",
+/// An update of a live permit and its header in one statement (one clock), only while the
+/// header holds the count's marker: what it sets goes between (binds: permit name, token, then
+/// the set's, then header name, marker). Two rows when done.
+macro_rules! permit_and_header {
+    ($($set:expr),+) => {
+        concat!(
+            "UPDATE lock_runtime_locks h JOIN lock_runtime_locks p ON p.name = ? AND p.token = ? \
+               AND p.expires_ms > ",
+            now_ms!(),
+            " SET ",
+            $($set,)+
+            " WHERE h.name = ? AND h.token = ?"
+        )
+    };
+}
+
+/// The header's lease raised to at least `?` ms from now, and its floor with it.
+macro_rules! header_raised {
+    () => {
+        concat!(
+            "h.expires_ms = GREATEST(h.expires_ms, ",
+            now_ms!(),
+            " + ?), h.fence = GREATEST(",
+            now_us!(),
+            ", COALESCE(h.fence, 0) + 1)"
+        )
+    };
+}
+
+/// Renews a permit and its header (binds: permit name, token, ttl, ttl, header name, marker).
+const RENEW_PERMIT: &str = permit_and_header!(
+    header_raised!(),
+    ", p.expires_ms = GREATEST(p.expires_ms, ",
     now_ms!(),
-    " SET h.expires_ms = GREATEST(h.expires_ms, ",
-    now_ms!(),
-    " + ?), h.fence = GREATEST(",
-    now_us!(),
-    ", COALESCE(h.fence, 0) + 1), p.expires_ms = GREATEST(p.expires_ms, ",
-    now_ms!(),
-    " + ?) WHERE h.name = ? AND h.token = ?"
+    " + ?)"
 );
 
-/// Gives a permit back kept for its minimum hold, marked released, and raises its header to
-/// the hold's end, in one statement (one clock), only while the header holds the count's
-/// marker (binds: permit name, token, hold, hold, header name, marker): two rows when done.
-const KEEP: &str = concat!(
-    "UPDATE lock_runtime_locks h JOIN lock_runtime_locks p ON p.name = ? AND p.token = ? \
-       AND p.expires_ms > ",
+/// Gives a permit back kept for its minimum hold, marked released, and raises its header to the
+/// hold's end (binds: permit name, token, hold, hold, header name, marker).
+const KEEP: &str = permit_and_header!(
+    "p.token = CONCAT(p.token, ':released'), p.expires_ms = ",
     now_ms!(),
-    " SET p.token = CONCAT(p.token, ':released'), p.expires_ms = ",
-    now_ms!(),
-    " + ?, h.expires_ms = GREATEST(h.expires_ms, ",
-    now_ms!(),
-    " + ?), h.fence = GREATEST(",
-    now_us!(),
-    ", COALESCE(h.fence, 0) + 1) WHERE h.name = ? AND h.token = ?"
+    " + ?, ",
+    header_raised!()
 );
 
 /// A header's token and floor, and when the last live permit's lease ends (binds: header name,
