@@ -39,6 +39,13 @@ async fn blocking<T: Send + 'static>(step: impl FnOnce() -> T + Send + 'static) 
         .expect("the kit's step panicked")
 }
 
+/// How many sessions wait for a lock (a row's, a table's, an advisory one) and meet `and`, a
+/// condition on their `pg_stat_activity` row.
+async fn waiting_for_a_lock(db: &PgPool, and: &str) -> i64 {
+    let asked = format!("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND ({and})");
+    sqlx::query_scalar(&asked).fetch_one(db).await.unwrap()
+}
+
 /// A lock is a committed row: a restart (fast shutdown, then start) keeps it, its holder's
 /// watchdog renews it once the server is back, others are refused meanwhile, and the fencing
 /// token after it is larger (the sequence does not go back).
@@ -208,12 +215,7 @@ async fn an_expired_writers_late_release_or_renewal_spares_the_readers() {
             }
         });
         eventually(5 * SECOND, "the writer's request waits for the row", || async {
-            let waiting: i64 =
-                sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
-                    .fetch_one(&db)
-                    .await
-                    .unwrap();
-            waiting == 1
+            waiting_for_a_lock(&db, "true").await == 1
         })
         .await;
         // The writer's lease ends, by the database's clock (the row is read, not locked).
@@ -451,12 +453,7 @@ async fn a_frozen_holders_fenced_write_is_refused() {
         }
     });
     eventually(5 * SECOND, "the late check waits for the row", || async {
-        let waiting: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
-                .fetch_one(&db)
-                .await
-                .unwrap();
-        waiting == 1
+        waiting_for_a_lock(&db, "true").await == 1
     })
     .await;
     tx.commit().await.unwrap();
@@ -657,12 +654,7 @@ async fn clients_starting_together_make_the_schema_once() {
         })
         .collect();
     eventually(20 * SECOND, "both clients wait to make the schema", || async {
-        let waiting: i64 =
-            sqlx::query_scalar("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
-                .fetch_one(&admin)
-                .await
-                .unwrap();
-        waiting == 2
+        waiting_for_a_lock(&admin, "wait_event = 'advisory'").await == 2
     })
     .await;
     sqlx::query("SELECT pg_advisory_unlock($1)")
@@ -687,10 +679,10 @@ async fn clients_starting_together_make_the_schema_once() {
 }
 
 /// A client of a newer build makes its schema again while another's locks are held (a rolling
-/// upgrade): their renewals go on meanwhile, as nothing of the making locks the table they are
-/// rows of when the table has its columns and indexes.
+/// upgrade): their renewals and a fair caller's requests go on meanwhile, as nothing of the
+/// making locks the tables they write when the tables have their columns and indexes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn making_the_schema_again_holds_up_no_renewal() {
+async fn making_the_schema_again_holds_up_no_request() {
     let server = PostgresServer::spawn();
     let holder = client(&server).await;
     let admin = pool(&server).await;
@@ -717,14 +709,7 @@ async fn making_the_schema_again_holds_up_no_renewal() {
             .await
     });
     eventually(20 * SECOND, "the making waits", || async {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity \
-             WHERE application_name = 'lock-runtime' AND wait_event_type = 'Lock'",
-        )
-        .fetch_one(&admin)
-        .await
-        .unwrap();
-        waiting > 0
+        waiting_for_a_lock(&admin, "application_name = 'lock-runtime'").await > 0
     })
     .await;
     // Five ttls with the making under way: every renewal answered in time.
@@ -733,6 +718,13 @@ async fn making_the_schema_again_holds_up_no_renewal() {
         assert!(!guard.is_lost(), "a renewal waited for the making");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    // A fair caller's request writes to the line's table: nothing of the making holds that up
+    // either (its indexes are there).
+    let fair = holder
+        .acquire("upgrade:fair", &ttl(5000).fair(true))
+        .await
+        .expect("a fair acquire during the making");
+    assert!(fair.release().await.unwrap());
     keeping.rollback().await.unwrap();
     let newer = newer.await.unwrap().unwrap();
     assert!(guard.release().await.unwrap(), "held throughout");
@@ -980,15 +972,7 @@ async fn an_acquire_behind_a_locked_row_keeps_to_its_wait() {
         .build()
         .await
         .unwrap();
-    let waiting_on_locks = || async {
-        sqlx::query_scalar::<_, i64>(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
-             AND application_name = 'lock-runtime'",
-        )
-        .fetch_one(&db)
-        .await
-        .unwrap()
-    };
+    let waiting_on_locks = || waiting_for_a_lock(&db, "application_name = 'lock-runtime'");
     for (wait, answered_before) in [(SECOND / 2, 3 * SECOND), (6 * SECOND, 6 * SECOND)] {
         sqlx::query("INSERT INTO lock_runtime_locks (key) VALUES ('lock:{row}') ON CONFLICT DO NOTHING")
             .execute(&db)
@@ -1236,16 +1220,7 @@ async fn a_set_whose_row_is_released_while_it_waits_still_holds_that_key() {
     eventually(
         5 * SECOND,
         "the set's statement waits for the locked row",
-        || async {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity \
-             WHERE wait_event_type = 'Lock' AND query LIKE '%lock_runtime_v1_take_set%'",
-            )
-            .fetch_one(&sql)
-            .await
-            .unwrap();
-            waiting > 0
-        },
+        || async { waiting_for_a_lock(&sql, "query LIKE '%lock_runtime_v1_take_set%'").await > 0 },
     )
     .await;
     // The row it found for "set:rb2" goes with its holder's release.
