@@ -313,34 +313,31 @@ async fn the_documented_acl_rights_are_enough_for_everything() {
     // Semaphores (permit.lua and its release, a waiter's mark) and multi-key sets (set.lua)
     // under the same line: it names every command their scripts run.
     let other = builder(&with_user(&server, "locker")).build().await.unwrap();
-    let sem = ttl(5000)
-        .permits(2)
-        .fencing(true)
-        .hold_at_least(Duration::from_millis(20));
-    let (p0, p1) = (
-        client.acquire("rights:sem", &sem).await.unwrap(),
-        client.acquire("rights:sem", &sem).await.unwrap(),
-    );
-    let waiter = tokio::spawn({
-        let (other, sem) = (other.clone(), sem.clone());
-        async move { other.acquire("rights:sem", &sem.wait(10 * SECOND)).await }
-    });
-    lock_tests::joined_line(&other, "rights:sem", 0).await;
-    assert!(p0.release().await.unwrap() && p1.release().await.unwrap());
-    assert!(waiter.await.unwrap().unwrap().release().await.unwrap());
-    // A fair semaphore (its line of its own), a newcomer and a waiter.
-    let fair = ttl(5000).permits(2).fair(true);
-    let (p0, p1) = (
-        client.acquire("rights:fair", &fair).await.unwrap(),
-        client.acquire("rights:fair", &fair).await.unwrap(),
-    );
-    let waiter = tokio::spawn({
-        let (other, fair) = (other.clone(), fair.clone());
-        async move { other.acquire("rights:fair", &fair.wait(10 * SECOND)).await }
-    });
-    lock_tests::joined_line(&other, "rights:fair", 0).await;
-    assert!(p0.release().await.unwrap() && p1.release().await.unwrap());
-    assert!(waiter.await.unwrap().unwrap().release().await.unwrap());
+    // A semaphore with fencing and a minimum hold, and a fair one (its line of its own): two
+    // holders, then a waiter of another client let in by their releases.
+    let semaphores = [
+        (
+            "rights:sem",
+            ttl(5000)
+                .permits(2)
+                .fencing(true)
+                .hold_at_least(Duration::from_millis(20)),
+        ),
+        ("rights:fair", ttl(5000).permits(2).fair(true)),
+    ];
+    for (key, sem) in semaphores {
+        let (p0, p1) = (
+            client.acquire(key, &sem).await.unwrap(),
+            client.acquire(key, &sem).await.unwrap(),
+        );
+        let waiter = tokio::spawn({
+            let (other, sem) = (other.clone(), sem.clone());
+            async move { other.acquire(key, &sem.wait(10 * SECOND)).await }
+        });
+        lock_tests::joined_line(&other, key, 0).await;
+        assert!(p0.release().await.unwrap() && p1.release().await.unwrap());
+        assert!(waiter.await.unwrap().unwrap().release().await.unwrap());
+    }
     let set = client
         .acquire_all(["rights:a", "rights:b"], &ttl(5000).fencing(true))
         .await
