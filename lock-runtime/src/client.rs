@@ -8,8 +8,8 @@ use futures_util::future::join_all;
 use tokio::time::Instant;
 
 use crate::acquire::{Acquire, SetTaken};
-use crate::core::{release_state, Core};
-use crate::guard::LockGuard;
+use crate::core::{release_held, Core};
+use crate::guard::{Kept, LockGuard};
 use crate::holder::Holder;
 use crate::state::LockState;
 use crate::store::memory::MemoryStore;
@@ -187,7 +187,7 @@ impl LockClient {
         )
         .await;
         if let Err(e) = Box::pin(guard.release()).await {
-            tracing::warn!(key, error = %e, "lock release failed; the lock will expire");
+            tracing::warn!(key, error = %e, "lock release failed; it is sent again in the background while the lease lasts");
         }
         outcome
     }
@@ -203,22 +203,52 @@ impl LockClient {
         body: F,
     ) -> Result<F::Output, LockError> {
         Self::may_nest(key, state, options)?;
-        let _turn = outer.turns.lock().await;
+        let turn = scope::take_turn(outer).await;
         if state.is_lost() {
             return Err(LockError::Lost { key: key.to_owned() });
         }
         state.hold_at_least_until(Instant::now() + options.get_hold_at_least());
         let body = state.run_body(options.get_on_lost(), body);
-        scope::enter(self.core.id(), Arc::clone(state), body).await
+        let turn_of = turn.is_some().then_some(outer);
+        scope::enter_set(self.core.id(), (Arc::clone(state), Vec::new()), turn_of, body).await
     }
 
-    /// Refuses a nested call on `key` that the enclosing call's lock (`state`) cannot serve.
+    /// Refuses a nested call on `key` that the enclosing call's lock (`state`) cannot serve
+    /// (docs/attribute.md, "Nesting"): a lock serves a call of the same mode or a weaker one (a
+    /// shared call inside an exclusive one), a permit serves a call for a permit of the same
+    /// count; anything else would run its body beside other holders (an exclusive call inside a
+    /// permit or a share) or wait for itself, so it is refused at once, naming both calls.
     fn may_nest(key: &str, state: &LockState, options: &LockOptions) -> Result<(), LockError> {
-        if state.kind == Kind::Shared && options.get_mode() == LockMode::Exclusive {
+        let asked = options.get_mode();
+        let serves = match state.kind {
+            Kind::Permit => options.get_permits() == state.permits,
+            Kind::Shared => !options.is_semaphore() && asked == LockMode::Shared,
+            Kind::Plain | Kind::Fair => !options.is_semaphore(),
+        };
+        if !serves {
+            let nested = match (options.is_semaphore(), asked) {
+                (true, _) => format!("a call for a permit of {} on `{key}`", options.get_permits()),
+                (false, LockMode::Shared) => format!("a shared (read) call on `{key}`"),
+                (false, _) => format!("an exclusive call on `{key}`"),
+            };
+            let (outer, why) = match state.kind {
+                Kind::Permit => (
+                    format!("a call holding a permit of {} on it", state.permits),
+                    "it would run beside the other permits' holders, or ask the key for another count",
+                ),
+                Kind::Shared => (
+                    "a shared (read) call on it".to_owned(),
+                    "it would run beside the other readers, or wait for itself",
+                ),
+                Kind::Plain | Kind::Fair => (
+                    "an exclusive call on it".to_owned(),
+                    "the key is held as a lock, not as a semaphore's permit",
+                ),
+            };
             return Err(LockError::invalid_options(format!(
-                "an exclusive call on `{key}` inside a shared (read) call on it would wait for \
-                 itself: take the outermost call exclusive (a shared call inside an exclusive \
-                 one runs)"
+                "{nested} inside {outer} cannot run in the lock the enclosing call holds: {why}; \
+                 take the outermost call in the mode the inner one needs (an exclusive call \
+                 serves exclusive and shared calls, a permit serves calls for the same count)"
             )));
         }
         if options.is_fencing() && state.fence.is_none() {
@@ -228,6 +258,43 @@ impl LockClient {
             )));
         }
         Ok(())
+    }
+
+    /// Refuses a set nested in a call chain that holds some of its keys, when a key it holds
+    /// comes after one it would take in the canonical order: the set would take that key
+    /// after a later one, and could wait in a cycle with another caller's set of the same keys
+    /// (which takes them in order). `locks` is the set, in canonical order; `held` says which
+    /// of them the chain holds.
+    fn may_take_the_rest(locks: &[Lock], held: &[bool]) -> Result<(), LockError> {
+        let first_missing = held.iter().position(|h| !h);
+        let last_held = held.iter().rposition(|h| *h);
+        match (first_missing, last_held) {
+            (Some(missing), Some(later)) if later > missing => {
+                let names = |pick: bool| {
+                    locks
+                        .iter()
+                        .zip(held)
+                        .filter(|(_, h)| **h == pick)
+                        .map(|(lock, _)| format!("`{}`", lock.key()))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
+                Err(LockError::invalid_options(format!(
+                    "a set on {} nested in a call that holds {}: it would take {} after `{}`, \
+                     against the keys' canonical order, and could wait in a cycle with another \
+                     caller's set of the same keys; take the whole set in the outermost call",
+                    locks
+                        .iter()
+                        .map(|lock| format!("`{}`", lock.key()))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    names(true),
+                    names(false),
+                    locks[later].key(),
+                )))
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Takes every lock of a set of keys, or none: the keys (any order, duplicates taken once)
@@ -308,28 +375,71 @@ impl LockClient {
                 SetTaken::Refused(_) | SetTaken::NotHere => {}
             }
         }
-        let mut taken: Vec<LockGuard> = Vec::with_capacity(locks.len());
-        for lock in locks {
+        loop {
+            match Box::pin(self.take_in_order(&locks, options, deadline)).await? {
+                Ok(guard) => return Ok(guard),
+                // A key lost while the set waited for a later one (an operator's forced
+                // release, a store that lost it): all given back; taken again while the wait
+                // lasts.
+                Err(lost) if Instant::now() >= deadline => return Err(LockError::Busy { key: lost }),
+                Err(_) => {}
+            }
+        }
+    }
+
+    /// Takes `locks` (checked, in canonical order) one by one within `deadline`. Each lock taken
+    /// is kept (renewed) while the set waits for the later ones, and every one is found valid
+    /// before the set answers: `Ok(Err(key))` when `key` was lost meanwhile (everything given
+    /// back). A lock refused, or any error, gives back what was taken.
+    async fn take_in_order(
+        &self,
+        locks: &[Lock],
+        options: &LockOptions,
+        deadline: Instant,
+    ) -> Result<Result<LockGuard, String>, LockError> {
+        let mut taken: Vec<(LockGuard, Kept)> = Vec::with_capacity(locks.len());
+        let mut failed = None;
+        for (i, lock) in locks.iter().enumerate() {
             let left = options
                 .clone()
                 .wait(deadline.saturating_duration_since(Instant::now()));
-            let key = lock.key().to_owned();
-            match self.acquire_lock(&key, lock, &left).await {
-                Ok(guard) => taken.push(guard),
+            match self.acquire_lock(lock.key(), lock.clone(), &left).await {
+                Ok(mut guard) => {
+                    // The last one starts the caller's body at once: nothing to keep it for.
+                    let kept = match i + 1 < locks.len() {
+                        true => guard.keep(),
+                        false => Kept::Already,
+                    };
+                    taken.push((guard, kept));
+                }
                 Err(e) => {
-                    // Given back before the call answers, the last taken first.
-                    while let Some(guard) = taken.pop() {
-                        if let Err(failed) = guard.release().await {
-                            tracing::warn!(key = %key, error = %failed, "giving back a set's lock failed; it will expire");
-                        }
-                    }
-                    return Err(e);
+                    failed = Some(Err(e));
+                    break;
                 }
             }
         }
-        let more = taken.split_off(1);
-        match taken.pop() {
-            Some(first) => Ok(first.with_more(more)),
+        if failed.is_none() {
+            if let Some((guard, _)) = taken.iter().find(|(guard, _)| guard.is_lost()) {
+                tracing::warn!(key = %guard.key(), "a set's lock was lost while the set waited for its later keys; taking the set again");
+                failed = Some(Ok(Err(guard.key().to_owned())));
+            }
+        }
+        if let Some(failed) = failed {
+            // Given back before the call answers, the last taken first.
+            while let Some((guard, _)) = taken.pop() {
+                let key = guard.key().to_owned();
+                if let Err(e) = guard.release().await {
+                    tracing::warn!(key = %key, error = %e, "giving back a set's lock failed; it will expire");
+                }
+            }
+            return failed;
+        }
+        let mut guards = taken.into_iter().map(|(mut guard, kept)| {
+            guard.stop_keeping(kept);
+            guard
+        });
+        match guards.next() {
+            Some(first) => Ok(Ok(first.with_more(guards.collect()))),
             None => Err(LockError::InvalidKey {
                 key: String::new(),
                 reason: "the set of keys is empty",
@@ -357,9 +467,15 @@ impl LockClient {
         let body = Box::pin(body);
         let locks = self.checked_set(keys, options)?;
         // Keys an enclosing call holds run in its locks; the rest are taken as a set.
+        let frames: Vec<Option<Arc<scope::Frame>>> = locks
+            .iter()
+            .map(|lock| scope::held(self.core.id(), lock.name()))
+            .collect();
+        let is_held: Vec<bool> = frames.iter().map(Option::is_some).collect();
+        Self::may_take_the_rest(&locks, &is_held)?;
         let (mut held, mut missing, mut turns) = (Vec::new(), Vec::new(), None);
-        for lock in locks {
-            match scope::held(self.core.id(), lock.name()) {
+        for (lock, frame) in locks.into_iter().zip(frames) {
+            match frame {
                 Some(frame) => {
                     let state = frame
                         .state_for(lock.name())
@@ -379,9 +495,13 @@ impl LockClient {
                 Some(Box::pin(self.acquire_set(missing, options)).await?)
             }
         };
-        let _turn = match (&guard, &turns) {
-            (None, Some(frame)) => Some(frame.turns.lock().await),
+        let turn = match (&guard, &turns) {
+            (None, Some(frame)) => scope::take_turn(frame).await,
             _ => None,
+        };
+        let turn_of = match turn {
+            Some(_) => turns.as_deref(),
+            None => None,
         };
         let mut set = held;
         if let Some(guard) = &guard {
@@ -403,13 +523,15 @@ impl LockClient {
             let guarded = crate::state::run_guarded(&each, options.get_on_lost(), body);
             let mut frame = set.iter().cloned();
             match frame.next() {
-                Some(first) => scope::enter_set(self.core.id(), (first, frame.collect()), guarded).await,
+                Some(first) => {
+                    scope::enter_set(self.core.id(), (first, frame.collect()), turn_of, guarded).await
+                }
                 None => guarded.await,
             }
         };
         if let Some(guard) = guard {
             if let Err(e) = Box::pin(guard.release()).await {
-                tracing::warn!(error = %e, "releasing a set of locks failed; they will expire");
+                tracing::warn!(error = %e, "releasing a set of locks failed; each is sent again in the background while its lease lasts");
             }
         }
         outcome
@@ -516,7 +638,7 @@ impl LockClient {
                 tracing::debug!(key = %state.key(), "lock given back by shutdown");
             }
         }
-        let releases = locks.iter().map(|state| release_state(&self.core, state));
+        let releases = locks.iter().map(|state| release_held(&self.core, state));
         for (state, released) in locks.iter().zip(join_all(releases).await) {
             if let Err(e) = released {
                 tracing::warn!(key = %state.key(), error = %e, "lock release at shutdown failed; the lock will expire");

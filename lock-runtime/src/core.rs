@@ -133,6 +133,49 @@ pub(crate) async fn release_state(core: &Core, state: &LockState) -> Result<bool
     released
 }
 
+/// [`release_state`], and when it fails (the store restarting in that moment, a connection
+/// cut), sent again in the background until it is answered or the lease ends: a
+/// token-checked release is harmless twice, and without it the key would stay held to the end
+/// of its lease. The first failure is still the answer.
+pub(crate) async fn release_held(core: &Arc<Core>, state: &Arc<LockState>) -> Result<bool, LockError> {
+    let released = release_state(core, state).await;
+    if let Err(e) = &released {
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let releasing = core.held.releasing();
+            let (core, state, failed) = (Arc::clone(core), Arc::clone(state), e.to_string());
+            runtime.spawn(async move {
+                let _releasing = releasing;
+                send_again(&core, &state, failed).await;
+            });
+        }
+    }
+    released
+}
+
+/// Sends a failed release again on a bounded backoff (50 ms doubling to 1 s) while the lock's
+/// lease lasts; once it is over the store has let the lock go by itself, and the release is
+/// given up with a warning and `lock_releases_given_up_total`.
+async fn send_again(core: &Core, state: &LockState, mut failed: String) {
+    let mut pause = Duration::from_millis(50);
+    loop {
+        let end = state.valid_until().max(state.hold_until());
+        if Instant::now() + pause >= end {
+            break;
+        }
+        tokio::time::sleep(pause).await;
+        match release_state(core, state).await {
+            Ok(_) => {
+                tracing::debug!(key = %state.key(), "lock released on a later try");
+                return;
+            }
+            Err(e) => failed = e.to_string(),
+        }
+        pause = (pause * 2).min(Duration::from_secs(1));
+    }
+    telemetry::release_given_up();
+    tracing::warn!(key = %state.key(), error = %failed, "lock release failed until the lease ended; the lock expires by itself");
+}
+
 /// The token-checked release; with a minimum hold (`hold_until`) left, the lock is kept until
 /// then.
 async fn release_lock(
@@ -194,7 +237,13 @@ pub(crate) fn release_in_background(core: Arc<Core>, lock: Abandoned) {
     runtime.spawn(async move {
         let _releasing = releasing;
         let released = match &lock {
-            Abandoned::Held(state) => release_state(&core, state).await,
+            Abandoned::Held(state) => match release_state(&core, state).await {
+                Err(e) => {
+                    send_again(&core, state, e.to_string()).await;
+                    return;
+                }
+                released => released,
+            },
             Abandoned::InFlight {
                 lock,
                 token,

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::core::{release_in_background, release_state, Abandoned, Core};
+use crate::core::{release_held, release_in_background, Abandoned, Core};
 use crate::options::{ceil_millis, MIN_TTL};
 use crate::state::LockState;
 use crate::store::{Renewal, Undecided};
@@ -99,6 +99,42 @@ impl LockGuard {
         }
     }
 
+    /// Renews this lock every ttl/3, whatever the options said of the watchdog, until
+    /// [`stop_keeping`](Self::stop_keeping): a set's earlier lock while the set waits for its
+    /// later ones (the caller has not started, and a set never answers with a lock that lapsed
+    /// meanwhile). Returns what `stop_keeping` needs to put it back as it was.
+    pub(crate) fn keep(&mut self) -> Kept {
+        match self.watched {
+            Some(id) => match self.core.watchdog.set_once(id, false) {
+                Some(true) => Kept::WasOnce,
+                _ => Kept::Already,
+            },
+            None => {
+                let lease = (self.state.taken_at, self.state.ttl);
+                let id = self
+                    .core
+                    .watchdog
+                    .watch(&self.core.store, Arc::clone(&self.state), lease, false);
+                self.watched = Some(id);
+                Kept::WasNot
+            }
+        }
+    }
+
+    /// Renews it as its options said again, after [`keep`](Self::keep).
+    pub(crate) fn stop_keeping(&mut self, kept: Kept) {
+        match (kept, self.watched) {
+            (Kept::WasNot, Some(id)) => {
+                self.core.watchdog.unwatch(id);
+                self.watched = None;
+            }
+            (Kept::WasOnce, Some(id)) => {
+                self.core.watchdog.set_once(id, true);
+            }
+            _ => {}
+        }
+    }
+
     /// This guard, holding `more` with it as one set.
     pub(crate) fn with_more(mut self, more: Vec<LockGuard>) -> LockGuard {
         self.more = more;
@@ -126,6 +162,16 @@ impl LockGuard {
             .chain(&self.more)
             .find(|g| g.key() == key)
             .and_then(LockGuard::fencing_token)
+    }
+
+    /// The permit held of `key`, one of the keys this guard holds (a multi-key set of
+    /// semaphores holds a permit of each key); `None` when it holds no such key, or holds it as
+    /// a lock.
+    pub fn permit_for(&self, key: &str) -> Option<u32> {
+        std::iter::once(self)
+            .chain(&self.more)
+            .find(|g| g.key() == key)
+            .and_then(LockGuard::permit)
     }
 
     pub(crate) fn state(&self) -> &Arc<LockState> {
@@ -247,7 +293,7 @@ impl LockGuard {
     pub async fn release(mut self) -> Result<bool, LockError> {
         let more = std::mem::take(&mut self.more);
         self.unwatch();
-        let mut released = release_state(&self.core, &self.state).await;
+        let mut released = release_held(&self.core, &self.state).await;
         self.released = true;
         // A multi-key set: every other lock, each whatever the others answered (one that
         // failed is released again in the background by its guard's drop).
@@ -273,6 +319,17 @@ impl LockGuard {
             key: self.state.key().to_owned(),
         }
     }
+}
+
+/// How a lock was renewed before [`LockGuard::keep`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Kept {
+    /// By the watchdog every ttl/3 already (or not at all, being released).
+    Already,
+    /// Once, as a lock handed over with a short lease.
+    WasOnce,
+    /// Not at all.
+    WasNot,
 }
 
 impl Drop for LockGuard {

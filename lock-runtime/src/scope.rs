@@ -16,8 +16,8 @@ pub struct LockInfo {
     fencing_token: Option<u64>,
     permit: Option<u32>,
     state: Arc<LockState>,
-    /// A multi-key set's other keys and their fencing tokens, in the set's canonical order.
-    more: Vec<(String, Option<u64>)>,
+    /// A multi-key set's other locks, in the set's canonical order.
+    more: Vec<Arc<LockState>>,
 }
 
 impl std::fmt::Debug for LockInfo {
@@ -42,16 +42,22 @@ impl Eq for LockInfo {}
 
 impl LockInfo {
     /// Whether the lock is lost: its key expired, was deleted or taken, or its validity ran
-    /// out. A body run with `on_lost = "continue"` checks this before each write that the lock
-    /// must cover (with `"abort"`, the body is simply stopped).
+    /// out; for a multi-key set, any of its keys. A body run with `on_lost = "continue"` checks
+    /// this before each write that the lock must cover (with `"abort"`, the body is simply
+    /// stopped).
     pub fn is_lost(&self) -> bool {
-        self.state.is_lost()
+        self.states().any(|state| state.is_lost())
     }
 
-    /// Resolves when the lock is lost (never, if it is not): to race work against it, as
-    /// `tokio::select!` does with a guard's [`lost`](crate::LockGuard::lost).
+    /// Resolves when the lock is lost (never, if it is not); for a multi-key set, when any of
+    /// its keys is: to race work against it, as `tokio::select!` does with a guard's
+    /// [`lost`](crate::LockGuard::lost).
     pub async fn lost(&self) {
-        self.state.lost().await;
+        if self.more.is_empty() {
+            return self.state.lost().await;
+        }
+        let each = self.states().map(|state| Box::pin(state.lost()));
+        futures_util::future::select_all(each).await;
     }
 
     /// The key as the caller gave it, without the prefix.
@@ -75,19 +81,27 @@ impl LockInfo {
     /// Every key held: one, or a multi-key set's keys in their canonical order
     /// ([`LockClient::run_all`](crate::LockClient::run_all)); [`key`](Self::key) is the first.
     pub fn keys(&self) -> impl Iterator<Item = &str> {
-        std::iter::once(self.key.as_str()).chain(self.more.iter().map(|(key, _)| key.as_str()))
+        self.states().map(|state| state.key())
     }
 
     /// The fencing token of `key`, one of the keys held (each key of a multi-key set has its
     /// own); `None` for a key not held, or held without a token.
     pub fn fencing_token_for(&self, key: &str) -> Option<u64> {
-        if key == self.key {
-            return self.fencing_token;
-        }
-        self.more
-            .iter()
-            .find(|(k, _)| k == key)
-            .and_then(|(_, token)| *token)
+        self.state_of(key).and_then(|state| state.fence)
+    }
+
+    /// The permit held of `key`, one of the keys held (a multi-key set of semaphores holds a
+    /// permit of each key); `None` for a key not held, or held as a lock.
+    pub fn permit_for(&self, key: &str) -> Option<u32> {
+        self.state_of(key).and_then(|state| state.permit)
+    }
+
+    fn states(&self) -> impl Iterator<Item = &Arc<LockState>> {
+        std::iter::once(&self.state).chain(&self.more)
+    }
+
+    fn state_of(&self, key: &str) -> Option<&Arc<LockState>> {
+        self.states().find(|state| state.key() == key)
     }
 }
 
@@ -104,6 +118,8 @@ pub(crate) struct Frame {
     /// one thread could not. Each nested call runs in a frame of its own, so calls nested in it
     /// take turns on its frame instead, and never wait for themselves.
     pub(crate) turns: tokio::sync::Mutex<()>,
+    /// The frame on whose `turns` this frame's call took its turn (its address), if it did.
+    turn_of: Option<usize>,
     parent: Option<Arc<Frame>>,
 }
 
@@ -150,6 +166,32 @@ pub(crate) fn held(client: usize, lock_key: &str) -> Option<Arc<Frame>> {
     .flatten()
 }
 
+/// Takes a turn among the calls nested in `outer`'s body, unless this call chain is inside one
+/// of them already (a call nested in a nested call runs in its turn: waiting for it would be
+/// waiting for itself).
+pub(crate) async fn take_turn(outer: &Frame) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+    let outer_at = std::ptr::from_ref(outer) as usize;
+    let inside = HELD
+        .try_with(|innermost| {
+            let mut frame = Some(innermost);
+            while let Some(f) = frame {
+                if Arc::as_ptr(f) as usize == outer_at {
+                    return false;
+                }
+                if f.turn_of == Some(outer_at) {
+                    return true;
+                }
+                frame = f.parent.as_ref();
+            }
+            false
+        })
+        .unwrap_or(false);
+    match inside {
+        true => None,
+        false => Some(outer.turns.lock().await),
+    }
+}
+
 impl Frame {
     /// The state of the lock named `lock_key` in this frame, if it holds it.
     pub(crate) fn state_for(&self, lock_key: &str) -> Option<&Arc<LockState>> {
@@ -165,14 +207,16 @@ pub(crate) fn enter<F: Future>(
     state: Arc<LockState>,
     body: F,
 ) -> impl Future<Output = F::Output> {
-    enter_set(client, (state, Vec::new()), body)
+    enter_set(client, (state, Vec::new()), None, body)
 }
 
 /// Runs `body` with a set of locks (`state` names it in [`current`], `more` are the others)
-/// pushed onto this call chain's held locks as one frame.
+/// pushed onto this call chain's held locks as one frame; `turn_of` is the frame whose turn
+/// the call took ([`take_turn`]), if it took one.
 pub(crate) fn enter_set<F: Future>(
     client: usize,
     (state, more): (Arc<LockState>, Vec<Arc<LockState>>),
+    turn_of: Option<&Frame>,
     body: F,
 ) -> impl Future<Output = F::Output> {
     let frame = Frame {
@@ -182,11 +226,12 @@ pub(crate) fn enter_set<F: Future>(
             fencing_token: state.fence,
             permit: state.permit,
             state: Arc::clone(&state),
-            more: more.iter().map(|s| (s.key().to_owned(), s.fence)).collect(),
+            more: more.clone(),
         },
         state,
         more,
         turns: tokio::sync::Mutex::new(()),
+        turn_of: turn_of.map(|outer| std::ptr::from_ref(outer) as usize),
         parent: HELD.try_with(Arc::clone).ok(),
     };
     HELD.scope(Arc::new(frame), body)

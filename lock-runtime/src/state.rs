@@ -33,6 +33,8 @@ pub(crate) struct LockState {
     pub(crate) fence: Option<u64>,
     /// The permit held, for a semaphore.
     pub(crate) permit: Option<u32>,
+    /// How many permits the key's semaphore has (1: a lock, exclusive or shared).
+    pub(crate) permits: u32,
     pub(crate) ttl: Duration,
     /// Plain, fair (its release names the next waiter in line) or a share of a read-write lock.
     pub(crate) kind: Kind,
@@ -73,6 +75,7 @@ impl LockState {
             token,
             fence,
             permit: None,
+            permits: options.get_permits(),
             ttl,
             kind,
             taken_at: started,

@@ -179,6 +179,10 @@ mod on {
     pub(crate) fn release_failed() {
         metrics::counter!("lock_release_failures_total").increment(1);
     }
+
+    pub(crate) fn release_given_up() {
+        metrics::counter!("lock_releases_given_up_total").increment(1);
+    }
 }
 
 #[cfg(not(feature = "metrics"))]
@@ -191,6 +195,7 @@ mod on {
     pub(crate) fn renewed(_: u64) {}
     pub(crate) fn renewal_failed() {}
     pub(crate) fn release_failed() {}
+    pub(crate) fn release_given_up() {}
 }
 
-pub(crate) use on::{acquire, lost, release_failed, released, renewal_failed, renewed};
+pub(crate) use on::{acquire, lost, release_failed, release_given_up, released, renewal_failed, renewed};

@@ -114,6 +114,14 @@ impl Watchdog {
         self.held().remove(&id);
     }
 
+    /// Sets whether lock `id` is renewed once only (`true`) or every ttl/3 until unwatched;
+    /// answers what it was, `None` if it is not watched.
+    pub(crate) fn set_once(&self, id: u64, once: bool) -> Option<bool> {
+        self.held()
+            .get_mut(&id)
+            .map(|watched| std::mem::replace(&mut watched.once, once))
+    }
+
     /// How many locks are being renewed.
     pub(crate) fn len(&self) -> usize {
         self.held().len()

@@ -870,3 +870,46 @@ async fn a_fair_waiter_keeps_its_place_while_its_subscription_hangs() {
     second.release().await.unwrap();
     proxy.silence_new(false);
 }
+
+/// A release the network swallows (a blackholed path: the request never reaches Redis, so the
+/// lock stays) is sent again in the background while the lease lasts: the key comes free soon
+/// after the path heals, not at the end of its 20 s lease. `run` still answers with the body's
+/// output, its release failing the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_release_is_sent_again_while_the_lease_lasts() {
+    let server = RedisServer::spawn();
+    let proxy = lock_tests::FaultProxy::start(server.port());
+    let client = connect(&proxy.url()).await;
+    let watcher = connect(&server.url()).await;
+    let lease = ttl(20_000);
+
+    let guard = client.acquire("retry:guard", &lease).await.unwrap();
+    proxy.blackhole();
+    let answer = guard.release().await;
+    assert!(is_unavailable(&answer), "{answer:?}");
+    assert!(
+        watcher.is_locked("retry:guard").await.unwrap(),
+        "the swallowed release freed nothing"
+    );
+    proxy.relay();
+    eventually(8 * SECOND, "the release sent again frees the key", || async {
+        !watcher.is_locked("retry:guard").await.unwrap()
+    })
+    .await;
+
+    let output = client
+        .run("retry:run", &lease, async {
+            proxy.blackhole();
+            7
+        })
+        .await;
+    assert!(matches!(output, Ok(7)), "the body's output stands: {output:?}");
+    assert!(watcher.is_locked("retry:run").await.unwrap());
+    proxy.relay();
+    eventually(
+        8 * SECOND,
+        "the run's release sent again frees the key",
+        || async { !watcher.is_locked("retry:run").await.unwrap() },
+    )
+    .await;
+}

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lock_runtime::{distributed_lock, LockClient, LockError, LockMode};
+use lock_runtime::{distributed_lock, LockClient, LockError, LockMode, LockOptions, OnLost};
 use lock_tests::{eventually, ttl, waiting, Dice, Target, SECOND};
 use tokio::time::Instant;
 
@@ -18,6 +18,10 @@ lock_tests::on_every_deployment!(
     duplicates_are_taken_once,
     nested_calls_on_a_subset_run_without_acquiring,
     one_key_freed_under_a_running_body_loses_the_set,
+    a_sets_body_is_told_when_any_key_is_lost,
+    a_set_never_answers_with_a_key_that_lapsed_while_it_waited,
+    a_set_nested_out_of_canonical_order_is_refused_at_once,
+    calls_nested_two_deep_in_a_set_never_wait_for_themselves,
     a_transfer_between_four_accounts_keeps_the_total,
     keys_sharing_a_hash_tag_are_one_set,
 );
@@ -295,6 +299,23 @@ async fn a_semaphore_set_holds_a_permit_of_each_key(t: Target) {
     let second = other.acquire_all(["set:p2", "set:p1"], &two).await.unwrap();
     let permits: BTreeSet<Option<u32>> = [first.permit(), second.permit()].into_iter().collect();
     assert_eq!(permits.len(), 2, "distinct permits of the first key: {permits:?}");
+    // Each key's permit, by key: distinct per key between the two holders.
+    for key in ["set:p1", "set:p2"] {
+        let each: BTreeSet<Option<u32>> = [first.permit_for(key), second.permit_for(key)]
+            .into_iter()
+            .collect();
+        assert!(
+            each.iter().all(Option::is_some) && each.len() == 2,
+            "{key}: {each:?}"
+        );
+    }
+    assert_eq!(first.permit_for("set:p1"), first.permit());
+    assert_eq!(first.permit_for("set:elsewhere"), None);
+    let inside = other_set_permits(&c, &two).await;
+    assert!(
+        inside.iter().all(Option::is_none),
+        "every permit is taken: {inside:?}"
+    );
     let third = c.acquire_all(["set:p1", "set:p2"], &two).await;
     assert!(matches!(third, Err(LockError::Busy { .. })), "{third:?}");
     // The refused set gave back the permit of "set:p1" it may have taken: one leaving lets it in.
@@ -302,6 +323,17 @@ async fn a_semaphore_set_holds_a_permit_of_each_key(t: Target) {
     let third = c.acquire_all(["set:p1", "set:p2"], &two).await.unwrap();
     assert!(third.release().await.unwrap());
     assert!(first.release().await.unwrap());
+}
+
+/// What `current().permit_for(key)` says inside a set of semaphores `c` takes (with `wait` 0:
+/// `[None, None]` when the set is refused).
+async fn other_set_permits(c: &LockClient, options: &LockOptions) -> [Option<u32>; 2] {
+    c.run_all(["set:p2", "set:p1"], options, async {
+        let info = lock_runtime::current().expect("inside");
+        [info.permit_for("set:p1"), info.permit_for("set:p2")]
+    })
+    .await
+    .unwrap_or([None, None])
 }
 
 /// A set of locks naming a key a semaphore holds is refused as a single lock is: with
@@ -375,6 +407,175 @@ async fn one_key_freed_under_a_running_body_loses_the_set(t: Target) {
         !c.is_locked("set:l1").await.unwrap(),
         "the set's other lock was given back"
     );
+}
+
+/// `current().is_lost()` and `current().lost()` inside a set's body say the set is lost when
+/// any key is, not only the first: the guide tells a continuing body to check it before each
+/// write.
+async fn a_sets_body_is_told_when_any_key_is_lost(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let options = ttl(3000).watchdog(true).on_lost(OnLost::Continue);
+    let (freed_tx, freed_rx) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn({
+        let c = c.clone();
+        async move {
+            c.run_all(["set:k1", "set:k2"], &options, async move {
+                let info = lock_runtime::current().expect("inside the set");
+                assert!(!info.is_lost());
+                freed_rx.await.expect("the second key is freed");
+                // Told within a renewal (1 s) or two, long before the first key's lease ends.
+                tokio::time::timeout(5 * SECOND, info.lost())
+                    .await
+                    .expect("current().lost() resolves when the second key is lost");
+                info.is_lost()
+            })
+            .await
+        }
+    });
+    eventually(5 * SECOND, "the set is held", || async {
+        other.is_locked("set:k2").await.unwrap()
+    })
+    .await;
+    assert!(other.force_release("set:k2").await.unwrap());
+    freed_tx.send(()).unwrap();
+    let seen = tokio::time::timeout(10 * SECOND, run)
+        .await
+        .expect("ends")
+        .unwrap();
+    assert!(matches!(seen, Ok(true)), "{seen:?}");
+}
+
+/// A set that waits for its later key keeps the keys it took: without the watchdog, with a
+/// lease shorter than the wait, the first key does not lapse to a third client meanwhile, and
+/// the set answers `Ok` only holding every key.
+async fn a_set_never_answers_with_a_key_that_lapsed_while_it_waited(t: Target) {
+    let (c, other, third) = (t.client(), t.other_client().await, t.other_client().await);
+    let lease = ttl(1000);
+    let blocker = other.acquire("set:w2", &ttl(10_000)).await.unwrap();
+    let set = tokio::spawn({
+        let c = c.clone();
+        async move {
+            c.acquire_all(["set:w1", "set:w2"], &lease.wait(Duration::from_secs(8)))
+                .await
+        }
+    });
+    eventually(5 * SECOND, "the set took its first key", || async {
+        third.is_locked("set:w1").await.unwrap()
+    })
+    .await;
+    let took_first = Instant::now();
+    let intruder = tokio::spawn({
+        let third = third.clone();
+        async move {
+            third
+                .acquire("set:w1", &ttl(10_000).wait(Duration::from_secs(20)))
+                .await
+        }
+    });
+    // Twice the lease passes while the set waits for "set:w2".
+    tokio::time::sleep_until(took_first + Duration::from_millis(2000)).await;
+    assert!(
+        !intruder.is_finished(),
+        "a third client took the set's first key while it waited: {:?}",
+        intruder.await
+    );
+    assert!(blocker.release().await.unwrap());
+    let both = tokio::time::timeout(10 * SECOND, set)
+        .await
+        .expect("answers")
+        .unwrap()
+        .unwrap();
+    assert!(!both.is_lost(), "the set answered with a lost key: {both:?}");
+    assert!(!intruder.is_finished(), "the first key is still the set's");
+    assert!(both.release().await.unwrap());
+    let intruder = tokio::time::timeout(10 * SECOND, intruder)
+        .await
+        .expect("gets it")
+        .unwrap();
+    intruder.unwrap().release().await.unwrap();
+}
+
+/// A set nested in a call that holds a later key of it than one it must take could wait in a
+/// cycle with another caller's set (which takes them in order): refused at once, naming both
+/// calls; held keys that all come first are fine (the rest are taken after them, in order).
+async fn a_set_nested_out_of_canonical_order_is_refused_at_once(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let options = ttl(10_000).wait(Duration::from_secs(4));
+    let (inside_tx, inside_rx) = tokio::sync::oneshot::channel::<()>();
+    let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let t1 = tokio::spawn({
+        let (c, options) = (c.clone(), options.clone());
+        async move {
+            c.run("set:o2", &options, async {
+                inside_tx.send(()).unwrap();
+                // The other caller's set is waiting for "set:o2" (it took "set:o1").
+                go_rx.await.unwrap();
+                c.run_all(["set:o1", "set:o2"], &options, async {}).await
+            })
+            .await
+        }
+    });
+    inside_rx.await.unwrap();
+    let t2 = tokio::spawn({
+        let (other, options) = (other.clone(), options.clone());
+        async move { other.run_all(["set:o2", "set:o1"], &options, async {}).await }
+    });
+    eventually(5 * SECOND, "the other set took its first key", || async {
+        c.is_locked("set:o1").await.unwrap()
+    })
+    .await;
+    go_tx.send(()).unwrap();
+    let nested = tokio::time::timeout(3 * SECOND, t1)
+        .await
+        .expect("refused at once, not after a wait")
+        .unwrap()
+        .unwrap();
+    match nested {
+        Err(LockError::InvalidOptions { reason }) => {
+            assert!(
+                reason.contains("`set:o1`") && reason.contains("`set:o2`"),
+                "{reason}"
+            );
+        }
+        other => panic!("a set nested out of order: {other:?}"),
+    }
+    assert!(
+        t2.await.unwrap().is_ok(),
+        "the other set gets both keys once the outer call ends"
+    );
+    // In order: the held key comes first, the rest is taken after it.
+    let ran = c
+        .run("set:o1", &options, async {
+            c.run_all(["set:o2", "set:o1"], &options, async {
+                lock_runtime::current().unwrap().keys().count()
+            })
+            .await
+        })
+        .await
+        .unwrap();
+    assert!(matches!(ran, Ok(2)), "{ran:?}");
+    assert!(!c.is_locked("set:o2").await.unwrap());
+}
+
+/// A call nested in a call that is itself nested in a set runs at once on the set's other
+/// keys: it takes its turn with the set's other nested calls, not with the call it is inside.
+async fn calls_nested_two_deep_in_a_set_never_wait_for_themselves(t: Target) {
+    let c = t.client();
+    let options = ttl(10_000);
+    let ran = tokio::time::timeout(
+        5 * SECOND,
+        c.run_all(["set:d1", "set:d2"], &options, async {
+            c.run("set:d1", &options, async {
+                let one = c.run("set:d2", &options, async { 1 }).await;
+                let both = c.run_all(["set:d2", "set:d1"], &options, async { 2 }).await;
+                (one, both)
+            })
+            .await
+        }),
+    )
+    .await
+    .expect("a nested call waited for the call it is inside");
+    assert!(matches!(ran, Ok(Ok((Ok(1), Ok(2))))), "{ran:?}");
 }
 
 /// Accounts in "storage" (an in-process map) read, awaited over and written back by transfers

@@ -22,7 +22,9 @@ lock_tests::on_every_deployment_with_permits!(
     the_watchdog_renews_each_permit,
     a_nested_call_uses_the_permit_it_holds,
     a_minimum_hold_keeps_the_permit,
+    a_minimum_hold_longer_than_the_lease_keeps_the_permit,
     the_attribute_takes_a_permit,
+    a_call_nested_in_a_permit_in_another_mode_is_refused_at_once,
 );
 
 /// Wake-ups by another client's release (not on MySQL, which has no notifications: its
@@ -406,6 +408,100 @@ async fn a_minimum_hold_keeps_the_permit(t: Target) {
     );
     after.release().await.unwrap();
     b.release().await.unwrap();
+}
+
+async fn a_minimum_hold_longer_than_the_lease_keeps_the_permit(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    // A lease of 1 s, released at once, kept for 3 s.
+    let options = permits(2, 1000).hold_at_least(Duration::from_millis(3000));
+    let asked_at = Instant::now();
+    let a = c.acquire("sem:long-hold", &options).await.unwrap();
+    let b = c.acquire("sem:long-hold", &options).await.unwrap();
+    assert!(a.release().await.unwrap());
+    assert!(b.release().await.unwrap());
+    // Past both leases (each guard's validity is over), the permits are still kept: the key's
+    // record lasts as long as the longest hold, not the lease the permits had left.
+    let past_the_leases = Duration::from_millis(1500);
+    tokio::time::sleep_until(asked_at + past_the_leases).await;
+    let refused = other.acquire("sem:long-hold", &permits(2, 10_000)).await;
+    assert!(
+        matches!(refused, Err(LockError::Busy { .. })) || asked_at.elapsed() >= Duration::from_millis(2900),
+        "a permit kept for its minimum hold was free at {:?}: {refused:?}",
+        asked_at.elapsed()
+    );
+    let after = other
+        .acquire("sem:long-hold", &permits(2, 10_000).wait(Duration::from_secs(6)))
+        .await
+        .unwrap();
+    assert!(
+        asked_at.elapsed() >= Duration::from_millis(2900),
+        "{:?}",
+        asked_at.elapsed()
+    );
+    after.release().await.unwrap();
+}
+
+#[distributed_lock(key = "sem:mixed", client = client)]
+async fn exclusive_inside(client: &LockClient) -> Result<(), LockError> {
+    Ok(())
+}
+
+/// A call nested in a permit that the permit cannot serve (an exclusive or shared call, a
+/// permit of another count) is `InvalidOptions` at once, naming both calls: it would otherwise
+/// run beside the other permit's holder. A lock likewise refuses a permit nested in it.
+async fn a_call_nested_in_a_permit_in_another_mode_is_refused_at_once(t: Target) {
+    let (c, other) = (t.client(), t.other_client().await);
+    let two = permits(2, 10_000);
+    let beside = other.acquire("sem:mixed", &two).await.unwrap();
+    let answers = c
+        .run("sem:mixed", &two, async {
+            let exclusive = c.run("sem:mixed", &ttl(10_000), async {}).await;
+            let shared = c
+                .run("sem:mixed", &ttl(10_000).mode(LockMode::Shared), async {})
+                .await;
+            let three = c.run("sem:mixed", &permits(3, 10_000), async {}).await;
+            let attribute = exclusive_inside(&c).await;
+            let same = c.run("sem:mixed", &two, async {}).await;
+            (exclusive, shared, three, attribute, same)
+        })
+        .await
+        .unwrap();
+    let (exclusive, shared, three, attribute, same) = answers;
+    for (what, answer) in [
+        ("exclusive", exclusive),
+        ("shared", shared),
+        ("attribute", attribute),
+    ] {
+        match answer {
+            Err(LockError::InvalidOptions { reason }) => {
+                assert!(reason.contains("permit of 2"), "{what}: {reason}");
+                assert!(reason.contains("sem:mixed"), "{what}: {reason}");
+            }
+            other => panic!("{what} inside a permit: {other:?}"),
+        }
+    }
+    match three {
+        Err(LockError::InvalidOptions { reason }) => {
+            assert!(
+                reason.contains("permit of 3") && reason.contains("permit of 2"),
+                "{reason}"
+            );
+        }
+        other => panic!("a permit of 3 inside a permit of 2: {other:?}"),
+    }
+    assert!(same.is_ok(), "the same count runs in the permit held: {same:?}");
+    beside.release().await.unwrap();
+    // A lock serves no permit nested in it.
+    let nested = c
+        .run("sem:mixed", &ttl(10_000), async {
+            c.run("sem:mixed", &two, async {}).await
+        })
+        .await
+        .unwrap();
+    assert!(
+        matches!(&nested, Err(LockError::InvalidOptions { reason }) if reason.contains("exclusive call")),
+        "{nested:?}"
+    );
 }
 
 #[distributed_lock(key = "sem:export:<tenant>", permits = 2, ttl_ms = 10000, wait_ms = 10000, client = client)]

@@ -75,6 +75,9 @@ if type(held) == 'table' and held.err and redis.pcall('HGET', KEYS[1], 'mode') =
     end
     if ARGV[2] ~= '0' then
       redis.call('HSET', KEYS[1], kept, string.format('%d', now + tonumber(ARGV[2])) .. rest)
+      -- The hash lasts as long as its latest lease: a hold longer than what was left of this
+      -- permit's lease lengthens it (never shortens another holder's).
+      redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT')
     end
   end
   local marked = not mark or redis.call('EXISTS', mark) == 1
