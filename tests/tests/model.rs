@@ -52,6 +52,11 @@
 //!
 //! Replay: `MODEL_SEED=0x… cargo test -p lock-tests --test model -- --nocapture` runs that one
 //! sequence (the seed printed for it); `MODEL_RUNS=n` changes the number of sequences.
+//!
+//! The second model (`mod composition`, at the end) checks every mode composed — exclusive,
+//! fair, shared, permits of 1 to 3, sets of overlapping keys — nested in any order, on every
+//! store: memory, one Redis, a Redis Cluster, PostgreSQL, MySQL, etcd and ZooKeeper. Its long
+//! run: `MODEL_SEQUENCES=5000 cargo test -p lock-tests --test model composition -- --nocapture`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -2008,4 +2013,1059 @@ async fn random_sequences_agree_with_the_model(t: Target) {
         failure.what,
         failure.trace.join("\n")
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Composition: every mode, nested in any order, on every store.
+
+/// The whole contract composed: seeded random sequences of calls in every mode — exclusive,
+/// fair, shared (read), permits of 1 to 3 (mismatched counts included) — on single keys and on
+/// sets of 2–3 overlapping keys, opened on call chains of two clients, each call either a new
+/// chain or nested in a chain's innermost call (every ordered pair of modes, sets inside singles
+/// and singles inside sets), with closes, cancellations (a chain's task aborted), operators'
+/// forced releases, looks at `current()` and probes of `is_locked`. Every answer is compared
+/// with a model of docs/attribute.md's nesting table and docs/waiting.md's rules:
+///
+/// - A nested call runs in what the chain holds only when that serves it (same mode or weaker,
+///   the same permit count); else `InvalidOptions`. A set nested in a chain holding part of it
+///   takes the rest only when every held key comes before every missing one in canonical order,
+///   else `InvalidOptions`. A call in a held lock that is lost answers `Lost`.
+/// - Keys the chain does not hold are acquired (no wait): free for an exclusive call when nobody
+///   holds them, for a shared call when no writer does, for a permit of n while fewer than n
+///   permits of n are taken; a key held as a semaphore of another count is `InvalidOptions`
+///   (a lock counts 1), a permit asked of a key held as a lock is refused (`Busy` or
+///   `InvalidOptions`: the store's choice); a set is refused when any key is.
+/// - `current()` inside a call names the keys of its frame in canonical order, is lost when any
+///   of them is (told within a renewal after a forced release: checked with a deadline), and
+///   names each key's permit where it is one.
+/// - `is_locked(key)` is whether the model has a holder; a forced release answers whether it
+///   had one; a cancelled chain's keys come free (its holders gone) within a deadline.
+///
+/// Every call renews (watchdog, 1.2 s lease) and lets its body go on when lost
+/// (`OnLost::Continue`), so that no lease ends by itself and a loss is told, not acted on.
+/// `COMPOSITION_SEED=0x…` replays one sequence; `MODEL_SEQUENCES=n` sets how many run per store.
+mod composition {
+    use std::collections::BTreeSet;
+    use std::future::Future;
+    use std::pin::Pin;
+
+    use tokio::sync::{mpsc, oneshot};
+
+    use super::*;
+
+    lock_tests::on_targets!(
+        memory => lock_tests::Target::memory(),
+        redis => lock_tests::Target::redis().await,
+        cluster => lock_tests::Target::cluster().await,
+        postgres => lock_tests::Target::postgres().await,
+        mysql => lock_tests::Target::mysql().await,
+        etcd => lock_tests::Target::etcd().await,
+        zookeeper => lock_tests::Target::zookeeper().await;
+        [compositions_agree_with_the_model]
+    );
+
+    /// Sequences per store in `cargo test`, and how many run at once.
+    const SEQUENCES: u64 = 150;
+    const AT_ONCE: usize = 10;
+    const CHAINS: usize = 4;
+    const KEY_COUNT: usize = 3;
+    /// The lease (renewed every 400 ms by the watchdog).
+    const LEASE: Duration = Duration::from_millis(1200);
+    /// How long a loss may take to be told, and a cancelled chain's keys to come free.
+    const TOLD: Duration = Duration::from_secs(4);
+    /// How long after a chain is cancelled its keys may still be refused: its calls' releases
+    /// are sent in the background, and a store that releases in several statements (a MySQL
+    /// permit: its row, then its header) may show no holder before the last one lands.
+    const SETTLE: Duration = Duration::from_secs(2);
+    /// How long any one answer may take before the run counts as hung.
+    const HUNG: Duration = Duration::from_secs(15);
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Mode {
+        Exclusive,
+        Fair,
+        Shared,
+        Permits(u32),
+    }
+
+    /// How a key is held, as the nesting rules see it.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Held {
+        Exclusive,
+        Shared,
+        Permit(u32),
+    }
+
+    impl Mode {
+        fn held(self) -> Held {
+            match self {
+                Mode::Shared => Held::Shared,
+                Mode::Permits(n) if n > 1 => Held::Permit(n),
+                _ => Held::Exclusive,
+            }
+        }
+
+        fn options(self) -> LockOptions {
+            let options = LockOptions::new(LEASE).watchdog(true).on_lost(OnLost::Continue);
+            match self {
+                Mode::Exclusive => options,
+                Mode::Fair => options.fair(true),
+                Mode::Shared => options.mode(LockMode::Shared),
+                Mode::Permits(n) => options.permits(n),
+            }
+        }
+    }
+
+    /// Whether a lock held as `held` serves a nested call in `mode` (the nesting table).
+    fn serves(held: Held, mode: Mode) -> bool {
+        match (held, mode.held()) {
+            (Held::Permit(n), Held::Permit(m)) => n == m,
+            (Held::Permit(_), _) | (_, Held::Permit(_)) => false,
+            (Held::Shared, Held::Exclusive) => false,
+            _ => true,
+        }
+    }
+
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    enum Op {
+        /// A call on `keys` (a set when `set`, else the one key) in `mode`: nested in `chain`'s
+        /// innermost call when it has one, else the first call of a new chain on `client`.
+        Open {
+            chain: usize,
+            client: usize,
+            keys: Vec<usize>,
+            set: bool,
+            /// `None`: the mode of the chain's innermost call (exclusive for a new chain), so
+            /// that nested calls the enclosing one serves are drawn as often as the others.
+            mode: Option<Mode>,
+        },
+        /// The innermost call of `chain` returns.
+        Close { chain: usize },
+        /// `chain`'s task is aborted: every call in it is cancelled.
+        Cancel { chain: usize },
+        /// `current()` inside `chain`'s innermost call.
+        Look { chain: usize },
+        /// An operator's forced release of a key.
+        Force { key: usize },
+        /// `is_locked(key)`.
+        Probe { key: usize },
+    }
+
+    /// What a store offers, found by asking it.
+    #[derive(Debug, Clone, Copy)]
+    struct Offers {
+        fair_and_shared: bool,
+    }
+
+    fn generate(seed: u64, offers: Offers) -> Vec<Op> {
+        let mut dice = Dice::new(mix(seed));
+        let steps = 18 + dice.below(16);
+        let modes: Vec<Mode> = if offers.fair_and_shared {
+            vec![
+                Mode::Exclusive,
+                Mode::Fair,
+                Mode::Shared,
+                Mode::Permits(1),
+                Mode::Permits(2),
+                Mode::Permits(3),
+            ]
+        } else {
+            vec![
+                Mode::Exclusive,
+                Mode::Permits(1),
+                Mode::Permits(2),
+                Mode::Permits(3),
+            ]
+        };
+        (0..steps)
+            .map(|_| {
+                let chain = dice.below(CHAINS as u64) as usize;
+                match dice.below(100) {
+                    0..=49 => {
+                        let set = dice.chance(45);
+                        let keys = if set {
+                            let mut keys: Vec<usize> = (0..KEY_COUNT).collect();
+                            // Two or three of the keys, in a random order (the call sorts them).
+                            let drop = dice.below(KEY_COUNT as u64 + 1) as usize;
+                            if drop < KEY_COUNT {
+                                keys.remove(drop);
+                            }
+                            if dice.chance(50) {
+                                keys.reverse();
+                            }
+                            keys
+                        } else {
+                            vec![dice.below(KEY_COUNT as u64) as usize]
+                        };
+                        Op::Open {
+                            chain,
+                            client: dice.below(2) as usize,
+                            keys,
+                            set,
+                            mode: (!dice.chance(40)).then(|| modes[dice.below(modes.len() as u64) as usize]),
+                        }
+                    }
+                    50..=69 => Op::Close { chain },
+                    70..=74 => Op::Cancel { chain },
+                    75..=84 => Op::Look { chain },
+                    85..=88 => Op::Force {
+                        key: dice.below(KEY_COUNT as u64) as usize,
+                    },
+                    _ => Op::Probe {
+                        key: dice.below(KEY_COUNT as u64) as usize,
+                    },
+                }
+            })
+            .collect()
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // The real calls: each chain is a task whose innermost body takes the chain's commands.
+
+    /// What a call answered when opened.
+    #[derive(Debug)]
+    enum Opened {
+        Entered,
+        Refused(LockError),
+    }
+
+    /// What `current()` said.
+    #[derive(Debug)]
+    struct Seen {
+        keys: Vec<String>,
+        lost: bool,
+        permits: Vec<Option<u32>>,
+    }
+
+    enum Command {
+        Open(Call, oneshot::Sender<Opened>),
+        Close(oneshot::Sender<Result<(), String>>),
+        Look(oneshot::Sender<Seen>),
+    }
+
+    #[derive(Debug, Clone)]
+    struct Call {
+        keys: Vec<String>,
+        set: bool,
+        mode: Mode,
+    }
+
+    type Closing = Option<oneshot::Sender<Result<(), String>>>;
+
+    /// A call's body: takes its chain's commands until told to close (answering that the
+    /// closing call returns), opening nested calls inside itself.
+    fn body<'a>(
+        client: &'a LockClient,
+        commands: &'a mut mpsc::UnboundedReceiver<Command>,
+    ) -> Pin<Box<dyn Future<Output = Closing> + Send + 'a>> {
+        Box::pin(async move {
+            loop {
+                match commands.recv().await? {
+                    Command::Close(done) => return Some(done),
+                    Command::Look(reply) => {
+                        let seen = match lock_runtime::current() {
+                            Some(info) => Seen {
+                                keys: info.keys().map(str::to_owned).collect(),
+                                lost: info.is_lost(),
+                                permits: info.keys().map(|k| info.permit_for(k)).collect(),
+                            },
+                            None => Seen {
+                                keys: Vec::new(),
+                                lost: false,
+                                permits: Vec::new(),
+                            },
+                        };
+                        let _ = reply.send(seen);
+                    }
+                    Command::Open(call, reply) => {
+                        if let Some(done) = open(client, commands, call, reply).await {
+                            let _ = done.send(Ok(()));
+                        }
+                    }
+                }
+            }
+        })
+    }
+
+    /// Runs `call` with a body that says it entered and then takes the chain's commands;
+    /// answers the close command of the call, once it has returned.
+    async fn open(
+        client: &LockClient,
+        commands: &mut mpsc::UnboundedReceiver<Command>,
+        call: Call,
+        reply: oneshot::Sender<Opened>,
+    ) -> Closing {
+        let options = call.mode.options();
+        let mut reply = Some(reply);
+        let entered = &mut reply;
+        let inner = async move {
+            if let Some(reply) = entered.take() {
+                let _ = reply.send(Opened::Entered);
+            }
+            body(client, commands).await
+        };
+        let answer = if call.set {
+            Box::pin(client.run_all(&call.keys, &options, inner)).await
+        } else {
+            Box::pin(client.run(&call.keys[0], &options, inner)).await
+        };
+        match answer {
+            Ok(closing) => closing,
+            Err(e) => {
+                if let Some(reply) = reply.take() {
+                    let _ = reply.send(Opened::Refused(e));
+                    None
+                } else {
+                    // Entered, then ended with an error: the body was dropped with the close's
+                    // answer, which then reports it (never, with `OnLost::Continue`).
+                    None
+                }
+            }
+        }
+    }
+
+    /// A chain's task: its first call, then nothing.
+    struct Chain {
+        commands: mpsc::UnboundedSender<Command>,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    fn start_chain(client: LockClient, call: Call, reply: oneshot::Sender<Opened>) -> Chain {
+        let (commands, mut receiver) = mpsc::unbounded_channel();
+        let task = tokio::spawn(async move {
+            if let Some(done) = open(&client, &mut receiver, call, reply).await {
+                let _ = done.send(Ok(()));
+            }
+        });
+        Chain { commands, task }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // The model.
+
+    /// One lock taken by a call: a key held in a mode by a chain.
+    #[derive(Debug, Clone)]
+    struct KeyState {
+        key: usize,
+        held: Held,
+        /// Given back (its call closed or was cancelled).
+        released: bool,
+        /// When it was freed by force: lost from then on (told within `TOLD`).
+        lost_at: Option<Instant>,
+    }
+
+    #[derive(Debug, Clone)]
+    struct CallModel {
+        /// The mode it was called in.
+        mode: Mode,
+        /// The states of its frame (`current()`), in canonical (key) order.
+        frame: Vec<usize>,
+        /// The states it took itself (released when it returns).
+        took: Vec<usize>,
+    }
+
+    #[derive(Debug, Default)]
+    struct Model {
+        states: Vec<KeyState>,
+        /// Each chain's calls, outermost first; `None` for a chain not running.
+        chains: Vec<Vec<CallModel>>,
+        /// Until when each key's releases by a cancelled chain may still be landing.
+        settling: Vec<Option<Instant>>,
+    }
+
+    /// A prediction of an open.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    enum Expect {
+        /// Runs, in a frame of these states (existing) and these new ones (key, held).
+        Enters {
+            held: Vec<usize>,
+            new: Vec<(usize, Held)>,
+        },
+        /// One of these errors ("busy", "invalid", "lost").
+        Fails(BTreeSet<&'static str>),
+        /// Lost or entering: a lost lock not yet told.
+        LostOrEnters { held: Vec<usize> },
+        /// Enters as `Enters` says, or fails with one of these: a key a cancelled chain's
+        /// release may not have reached yet.
+        EntersOrFails {
+            held: Vec<usize>,
+            new: Vec<(usize, Held)>,
+            fails: BTreeSet<&'static str>,
+        },
+    }
+
+    fn kind(e: &LockError) -> &'static str {
+        match e {
+            LockError::Busy { .. } => "busy",
+            LockError::InvalidOptions { .. } => "invalid",
+            LockError::Lost { .. } => "lost",
+            _ => "other",
+        }
+    }
+
+    impl Model {
+        fn new() -> Model {
+            Model {
+                states: Vec::new(),
+                chains: vec![Vec::new(); CHAINS],
+                settling: vec![None; KEY_COUNT],
+            }
+        }
+
+        fn live(&self, key: usize) -> impl Iterator<Item = &KeyState> {
+            self.states
+                .iter()
+                .filter(move |s| s.key == key && !s.released && s.lost_at.is_none())
+        }
+
+        /// Whether the state is lost: `Some(true)` surely told, `None` lost but maybe not told
+        /// yet, `Some(false)` not lost.
+        fn lost(&self, state: usize) -> Option<bool> {
+            match self.states[state].lost_at {
+                None => Some(false),
+                Some(at) if at.elapsed() > TOLD => Some(true),
+                Some(_) => None,
+            }
+        }
+
+        /// The state of `key` the chain holds (the innermost call's frame holding it).
+        fn held_by(&self, chain: usize, key: usize) -> Option<usize> {
+            self.chains[chain]
+                .iter()
+                .rev()
+                .flat_map(|call| call.frame.iter())
+                .copied()
+                .find(|&s| self.states[s].key == key)
+        }
+
+        fn predict(&self, chain: usize, keys: &[usize], set: bool, mode: Mode) -> Expect {
+            let keys: Vec<usize> = keys
+                .iter()
+                .copied()
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            let held: Vec<Option<usize>> = keys.iter().map(|&k| self.held_by(chain, k)).collect();
+            let fail = |what: &[&'static str]| Expect::Fails(what.iter().copied().collect());
+            if set {
+                let first_missing = held.iter().position(Option::is_none);
+                let last_held = held.iter().rposition(Option::is_some);
+                if let (Some(missing), Some(later)) = (first_missing, last_held) {
+                    if later > missing {
+                        return fail(&["invalid"]);
+                    }
+                }
+            }
+            let mut kept = Vec::new();
+            for state in held.iter().flatten() {
+                if !serves(self.states[*state].held, mode) {
+                    return fail(&["invalid"]);
+                }
+                kept.push(*state);
+            }
+            let missing: Vec<usize> = keys
+                .iter()
+                .zip(&held)
+                .filter(|(_, h)| h.is_none())
+                .map(|(k, _)| *k)
+                .collect();
+            if missing.is_empty() {
+                let lost: Vec<Option<bool>> = kept.iter().map(|&s| self.lost(s)).collect();
+                if lost.contains(&Some(true)) {
+                    return fail(&["lost"]);
+                }
+                if lost.contains(&None) {
+                    return Expect::LostOrEnters { held: kept };
+                }
+                return Expect::Enters {
+                    held: kept,
+                    new: Vec::new(),
+                };
+            }
+            let mut refusals = BTreeSet::new();
+            let mut settling = false;
+            for &key in &missing {
+                settling |= self.is_settling(key);
+                let holders: Vec<Held> = self.live(key).map(|s| s.held).collect();
+                let verdict: &[&'static str] = match (mode.held(), holders.first()) {
+                    (_, None) => &[],
+                    (Held::Exclusive | Held::Shared, Some(_))
+                        if holders.iter().any(|h| matches!(h, Held::Permit(_))) =>
+                    {
+                        &["invalid"]
+                    }
+                    (Held::Exclusive, Some(_)) => &["busy"],
+                    (Held::Shared, Some(_)) if holders.contains(&Held::Exclusive) => &["busy"],
+                    (Held::Shared, Some(_)) => &[],
+                    (Held::Permit(n), Some(Held::Permit(m))) if n != *m => &["invalid"],
+                    (Held::Permit(n), Some(Held::Permit(_))) if holders.len() as u32 >= n => &["busy"],
+                    (Held::Permit(_), Some(Held::Permit(_))) => &[],
+                    // Held as a lock (exclusive or shared): the store's choice.
+                    (Held::Permit(_), Some(_)) => &["busy", "invalid"],
+                };
+                refusals.extend(verdict.iter().copied());
+            }
+            if !refusals.is_empty() {
+                if settling {
+                    refusals.extend(["busy", "invalid"]);
+                }
+                return Expect::Fails(refusals);
+            }
+            let new = missing.iter().map(|&k| (k, mode.held())).collect();
+            match settling {
+                true => Expect::EntersOrFails {
+                    held: kept,
+                    new,
+                    fails: ["busy", "invalid"].into_iter().collect(),
+                },
+                false => Expect::Enters { held: kept, new },
+            }
+        }
+
+        fn is_settling(&self, key: usize) -> bool {
+            self.settling[key].is_some_and(|until| Instant::now() < until)
+        }
+
+        /// Records an entered call; answers its frame.
+        fn enter(&mut self, chain: usize, mode: Mode, held: Vec<usize>, new: Vec<(usize, Held)>) {
+            let mut took = Vec::new();
+            for (key, held) in new {
+                self.states.push(KeyState {
+                    key,
+                    held,
+                    released: false,
+                    lost_at: None,
+                });
+                took.push(self.states.len() - 1);
+            }
+            let mut frame: Vec<usize> = held.into_iter().chain(took.iter().copied()).collect();
+            frame.sort_by_key(|&s| self.states[s].key);
+            self.chains[chain].push(CallModel { mode, frame, took });
+        }
+
+        fn close(&mut self, chain: usize) {
+            if let Some(call) = self.chains[chain].pop() {
+                for state in call.took {
+                    self.states[state].released = true;
+                }
+            }
+        }
+
+        /// The keys a cancelled chain held, all given back.
+        fn cancel(&mut self, chain: usize) -> BTreeSet<usize> {
+            let mut keys = BTreeSet::new();
+            while let Some(call) = self.chains[chain].pop() {
+                for state in call.took {
+                    self.states[state].released = true;
+                    keys.insert(self.states[state].key);
+                }
+            }
+            for &key in &keys {
+                self.settling[key] = Some(Instant::now() + SETTLE);
+            }
+            keys
+        }
+
+        /// A forced release: whether anyone held the key.
+        fn force(&mut self, key: usize) -> bool {
+            let mut had = false;
+            for state in &mut self.states {
+                if state.key == key && !state.released && state.lost_at.is_none() {
+                    state.lost_at = Some(Instant::now());
+                    had = true;
+                }
+            }
+            had
+        }
+
+        /// How many holders the store should show for `key`.
+        fn holders(&self, key: usize) -> usize {
+            self.live(key).count()
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // A run.
+
+    struct Sequence {
+        clients: [LockClient; 2],
+        admin: LockClient,
+        prefix: String,
+        chains: Vec<Option<Chain>>,
+        model: Model,
+        trace: Vec<String>,
+        /// Answers by what they were: for the figures.
+        answers: std::collections::BTreeMap<String, usize>,
+    }
+
+    impl Drop for Sequence {
+        fn drop(&mut self) {
+            for chain in self.chains.iter().flatten() {
+                chain.task.abort();
+            }
+        }
+    }
+
+    async fn within<T>(what: &str, f: impl Future<Output = T>) -> Result<T, String> {
+        tokio::time::timeout(HUNG, f)
+            .await
+            .map_err(|_| format!("{what}: no answer within {HUNG:?} (hung)"))
+    }
+
+    impl Sequence {
+        fn key(&self, key: usize) -> String {
+            format!("{}c{key}", self.prefix)
+        }
+
+        async fn step(&mut self, op: &Op) -> Result<(), String> {
+            match op {
+                Op::Open {
+                    chain,
+                    client,
+                    keys,
+                    set,
+                    mode,
+                } => self.open(*chain, *client, keys, *set, *mode).await,
+                Op::Close { chain } => self.close(*chain).await,
+                Op::Cancel { chain } => self.cancel(*chain).await,
+                Op::Look { chain } => self.look(*chain, false).await,
+                Op::Force { key } => self.force(*key).await,
+                Op::Probe { key } => {
+                    let name = self.key(*key);
+                    let locked = within("is_locked", self.admin.is_locked(&name))
+                        .await?
+                        .map_err(|e| format!("is_locked({name}): {e}"))?;
+                    let expected = self.model.holders(*key) > 0;
+                    match locked == expected || self.model.is_settling(*key) {
+                        true => Ok(()),
+                        false => Err(format!("is_locked({name}) = {locked}, the model says {expected}")),
+                    }
+                }
+            }
+        }
+
+        async fn open(
+            &mut self,
+            chain: usize,
+            client: usize,
+            keys: &[usize],
+            set: bool,
+            mode: Option<Mode>,
+        ) -> Result<(), String> {
+            let mode = mode.unwrap_or_else(|| {
+                self.model.chains[chain]
+                    .last()
+                    .map_or(Mode::Exclusive, |call| call.mode)
+            });
+            self.trace.push(format!("    in mode {mode:?}"));
+            let expect = self.model.predict(chain, keys, set, mode);
+            let call = Call {
+                keys: keys.iter().map(|&k| self.key(k)).collect(),
+                set,
+                mode,
+            };
+            let (reply, answer) = oneshot::channel();
+            match &self.chains[chain] {
+                Some(running) => {
+                    if running.commands.send(Command::Open(call, reply)).is_err() {
+                        return Err("the chain's innermost body is gone".into());
+                    }
+                }
+                None => {
+                    let client = self.clients[client].clone();
+                    self.chains[chain] = Some(start_chain(client, call, reply));
+                }
+            }
+            let answer = within("open", answer)
+                .await?
+                .map_err(|_| "the call ended without answering".to_owned())?;
+            self.trace
+                .push(format!("    answered {answer:?}, the model expected {expect:?}"));
+            let nested = if self.model.chains[chain].is_empty() {
+                "first"
+            } else {
+                "nested"
+            };
+            let outcome = match &answer {
+                Opened::Entered => "entered",
+                Opened::Refused(e) => kind(e),
+            };
+            *self.answers.entry(format!("{nested} {outcome}")).or_default() += 1;
+            match (answer, expect) {
+                (Opened::Entered, Expect::Enters { held, new }) => {
+                    self.model.enter(chain, mode, held, new);
+                }
+                (Opened::Entered, Expect::LostOrEnters { held }) => {
+                    self.model.enter(chain, mode, held, Vec::new());
+                }
+                (Opened::Entered, Expect::EntersOrFails { held, new, .. }) => {
+                    self.model.enter(chain, mode, held, new);
+                }
+                (Opened::Refused(e), Expect::EntersOrFails { fails, .. }) if fails.contains(kind(&e)) => {}
+                (Opened::Refused(e), Expect::Fails(kinds)) if kinds.contains(kind(&e)) => {}
+                (Opened::Refused(e), Expect::LostOrEnters { .. }) if kind(&e) == "lost" => {}
+                (answer, expect) => {
+                    return Err(format!("open answered {answer:?}, the model expected {expect:?}"));
+                }
+            }
+            if self.model.chains[chain].is_empty() {
+                // A new chain that was refused has ended.
+                if let Some(done) = self.chains[chain].take() {
+                    let _ = within("the refused chain's end", done.task).await?;
+                }
+            }
+            Ok(())
+        }
+
+        async fn close(&mut self, chain: usize) -> Result<(), String> {
+            let Some(running) = &self.chains[chain] else {
+                return Ok(());
+            };
+            let (done, closed) = oneshot::channel();
+            if running.commands.send(Command::Close(done)).is_err() {
+                return Err("the chain's innermost body is gone".into());
+            }
+            let closed = within("close", closed)
+                .await?
+                .map_err(|_| "the closed call ended with an error after it entered".to_owned())?;
+            closed?;
+            self.model.close(chain);
+            if self.model.chains[chain].is_empty() {
+                if let Some(done) = self.chains[chain].take() {
+                    within("the chain's end", done.task)
+                        .await?
+                        .map_err(|e| format!("the chain's task: {e}"))?;
+                }
+            }
+            Ok(())
+        }
+
+        async fn cancel(&mut self, chain: usize) -> Result<(), String> {
+            let Some(running) = self.chains[chain].take() else {
+                return Ok(());
+            };
+            running.task.abort();
+            let _ = running.task.await;
+            let keys = self.model.cancel(chain);
+            for key in keys {
+                let name = self.key(key);
+                let expected = self.model.holders(key);
+                let deadline = Instant::now() + TOLD;
+                loop {
+                    let seen = self.holders_in_store(&name).await?;
+                    if seen == expected {
+                        break;
+                    }
+                    if Instant::now() > deadline {
+                        return Err(format!(
+                            "a cancelled chain's {name} still shows {seen} holders after {TOLD:?}, the model {expected}"
+                        ));
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+            Ok(())
+        }
+
+        async fn holders_in_store(&self, name: &str) -> Result<usize, String> {
+            let holder = within("holder", self.admin.holder(name))
+                .await?
+                .map_err(|e| format!("holder({name}): {e}"))?;
+            Ok(match holder {
+                None => 0,
+                Some(h) if h.is_released() => 0,
+                Some(h) if h.permits().is_some() => h.permits_taken(),
+                Some(h) if h.is_shared() => h.readers().len(),
+                Some(_) => 1,
+            })
+        }
+
+        /// `current()` in `chain`'s innermost call; with `until_told`, waits (to `TOLD`) for a
+        /// lost frame to say so.
+        async fn look(&mut self, chain: usize, until_told: bool) -> Result<(), String> {
+            let Some(call) = self.model.chains[chain].last().cloned() else {
+                return Ok(());
+            };
+            let Some(running) = &self.chains[chain] else {
+                return Err("the model has calls on a chain that is not running".into());
+            };
+            let names: Vec<String> = call
+                .frame
+                .iter()
+                .map(|&s| self.key(self.model.states[s].key))
+                .collect();
+            let deadline = Instant::now() + TOLD;
+            loop {
+                let (reply, seen) = oneshot::channel();
+                if running.commands.send(Command::Look(reply)).is_err() {
+                    return Err("the chain's innermost body is gone".into());
+                }
+                let seen = within("look", seen)
+                    .await?
+                    .map_err(|_| "no answer to a look".to_owned())?;
+                if seen.keys != names {
+                    return Err(format!("current() names {:?}, the model {names:?}", seen.keys));
+                }
+                for (&state, permit) in call.frame.iter().zip(&seen.permits) {
+                    let ok = match self.model.states[state].held {
+                        Held::Permit(n) => permit.is_some_and(|p| p < n),
+                        _ => permit.is_none(),
+                    };
+                    if !ok {
+                        return Err(format!(
+                            "current().permit_for({}) = {permit:?} for a lock held as {:?}",
+                            self.key(self.model.states[state].key),
+                            self.model.states[state].held
+                        ));
+                    }
+                }
+                let lost: Vec<Option<bool>> = call.frame.iter().map(|&s| self.model.lost(s)).collect();
+                let surely = lost.contains(&Some(true));
+                let maybe = lost.contains(&None);
+                match (seen.lost, surely, maybe) {
+                    (true, _, _) if surely || maybe => return Ok(()),
+                    (false, false, false) => return Ok(()),
+                    (false, false, true) if !until_told => return Ok(()),
+                    (false, _, _) if Instant::now() < deadline && until_told => {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    (seen, _, _) => {
+                        return Err(format!(
+                            "current().is_lost() = {seen} for {names:?}, the model says {}",
+                            if surely || maybe { "lost" } else { "held" }
+                        ));
+                    }
+                }
+            }
+        }
+
+        async fn force(&mut self, key: usize) -> Result<(), String> {
+            let name = self.key(key);
+            let freed = within("force_release", self.admin.force_release(&name))
+                .await?
+                .map_err(|e| format!("force_release({name}): {e}"))?;
+            let expected = self.model.force(key);
+            if freed != expected && !self.model.is_settling(key) {
+                return Err(format!(
+                    "force_release({name}) = {freed}, the model says {expected}"
+                ));
+            }
+            // Every chain whose innermost frame covers the key is told, within a renewal or two.
+            for chain in 0..CHAINS {
+                self.look(chain, true).await?;
+            }
+            Ok(())
+        }
+    }
+
+    /// Runs `ops` on fresh keys; `Err((step, what, trace))` on the first disagreement.
+    async fn execute(
+        clients: &[LockClient; 2],
+        admin: &LockClient,
+        prefix: String,
+        ops: &[Op],
+    ) -> Result<std::collections::BTreeMap<String, usize>, (usize, String, Vec<String>)> {
+        let mut run = Sequence {
+            clients: clients.clone(),
+            admin: admin.clone(),
+            prefix,
+            chains: (0..CHAINS).map(|_| None).collect(),
+            model: Model::new(),
+            trace: Vec::new(),
+            answers: std::collections::BTreeMap::new(),
+        };
+        let mut failed = None;
+        for (i, op) in ops.iter().enumerate() {
+            run.trace.push(format!("{i:>3}: {op:?}"));
+            if let Err(what) = run.step(op).await {
+                failed = Some((i, what));
+                break;
+            }
+        }
+        if failed.is_none() {
+            // Every chain closed, innermost first; then every key free.
+            for chain in 0..CHAINS {
+                while !run.model.chains[chain].is_empty() {
+                    if let Err(what) = run.close(chain).await {
+                        failed = Some((ops.len(), what));
+                        break;
+                    }
+                }
+            }
+        }
+        if failed.is_none() {
+            'keys: for key in 0..KEY_COUNT {
+                let name = run.key(key);
+                let deadline = Instant::now() + SETTLE + TOLD;
+                loop {
+                    match run.holders_in_store(&name).await {
+                        Ok(0) => break,
+                        Ok(n) if Instant::now() > deadline => {
+                            failed = Some((
+                                ops.len(),
+                                format!("{name} has {n} holders after every call closed"),
+                            ));
+                            break 'keys;
+                        }
+                        Ok(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+                        Err(what) => {
+                            failed = Some((ops.len(), what));
+                            break 'keys;
+                        }
+                    }
+                }
+            }
+        }
+        match failed {
+            None => Ok(std::mem::take(&mut run.answers)),
+            Some((step, what)) => {
+                let trace = std::mem::take(&mut run.trace);
+                let names: Vec<String> = (0..KEY_COUNT).map(|k| run.key(k)).collect();
+                drop(run);
+                // Whatever the failed run held goes (its tasks are aborted; forced releases).
+                for name in names {
+                    let _ = admin.force_release(&name).await;
+                }
+                Err((step, what, trace))
+            }
+        }
+    }
+
+    /// Whether the store offers fair and shared locks (MySQL does not yet): asked, on a key of
+    /// its own.
+    async fn offers(client: &LockClient) -> Offers {
+        let probe = client
+            .acquire("composition:probe", &LockOptions::new(LEASE).fair(true))
+            .await;
+        let fair_and_shared = match probe {
+            Ok(guard) => {
+                let _ = guard.release().await;
+                true
+            }
+            Err(LockError::InvalidOptions { .. }) => false,
+            Err(e) => panic!("probing the store: {e}"),
+        };
+        Offers { fair_and_shared }
+    }
+
+    fn seeds() -> Vec<u64> {
+        if let Some(seed) = env_u64("COMPOSITION_SEED") {
+            return vec![seed];
+        }
+        let runs = env_u64("MODEL_SEQUENCES").unwrap_or(SEQUENCES);
+        let clock = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        let base = clock ^ u64::from(std::process::id()).rotate_left(32);
+        (0..runs).map(|i| mix(base.wrapping_add(i))).collect()
+    }
+
+    /// Sequences that fail again, shrunk: chunks dropped, then single steps, while it fails.
+    async fn shrink(
+        clients: &[LockClient; 2],
+        admin: &LockClient,
+        seed: u64,
+        mut ops: Vec<Op>,
+        mut failure: (usize, String, Vec<String>),
+    ) -> (Vec<Op>, (usize, String, Vec<String>)) {
+        let started = Instant::now();
+        let mut attempt = 0u64;
+        let mut chunk = ops.len() / 2;
+        while chunk >= 1 && started.elapsed() < SHRINK_BUDGET {
+            let mut at = 0;
+            let mut smaller = false;
+            while at < ops.len() && started.elapsed() < SHRINK_BUDGET {
+                let mut candidate = ops.clone();
+                candidate.drain(at..(at + chunk).min(candidate.len()));
+                attempt += 1;
+                let prefix = format!("shrink{seed:x}.{attempt}:");
+                match execute(clients, admin, prefix, &candidate).await {
+                    Err(failed) => {
+                        ops = candidate;
+                        failure = failed;
+                        smaller = true;
+                    }
+                    Ok(_) => at += chunk,
+                }
+            }
+            if !smaller {
+                chunk /= 2;
+            }
+        }
+        (ops, failure)
+    }
+
+    async fn compositions_agree_with_the_model(t: Target) {
+        let clients = [t.client(), t.other_client().await];
+        let admin = t.other_client().await;
+        let offers = offers(&clients[0]).await;
+        let store = format!("{:?}", clients[0]);
+        let seeds = seeds();
+        let started = Instant::now();
+        let slots = Arc::new(Semaphore::new(AT_ONCE));
+        let mut runs = Vec::new();
+        for seed in &seeds {
+            let ops = generate(*seed, offers);
+            let (clients, admin, slots) = (clients.clone(), admin.clone(), Arc::clone(&slots));
+            let prefix = format!("{seed:x}:");
+            runs.push((
+                *seed,
+                ops.clone(),
+                tokio::spawn(async move {
+                    let _slot = slots.acquire_owned().await;
+                    execute(&clients, &admin, prefix, &ops).await
+                }),
+            ));
+        }
+        let mut drawn = std::collections::BTreeMap::<String, usize>::new();
+        let mut failed = None;
+        for (seed, ops, run) in runs {
+            for op in &ops {
+                let name = match op {
+                    Op::Open {
+                        set, mode, chain: _, ..
+                    } => {
+                        let mode = mode.map_or("as the enclosing call".to_owned(), |m| format!("{m:?}"));
+                        format!("open {} {mode}", if *set { "set" } else { "single" })
+                    }
+                    other => format!("{other:?}")
+                        .split_whitespace()
+                        .next()
+                        .unwrap_or("")
+                        .to_owned(),
+                };
+                *drawn.entry(name).or_default() += 1;
+            }
+            match run.await.expect("the sequence's task") {
+                Ok(answers) => {
+                    for (what, n) in answers {
+                        *drawn.entry(format!("answered: {what}")).or_default() += n;
+                    }
+                }
+                Err(failure) => {
+                    failed.get_or_insert((seed, ops, failure));
+                }
+            }
+        }
+        println!(
+            "composition model on {store}: {} sequences ({offers:?}) in {:.1?}",
+            seeds.len(),
+            started.elapsed()
+        );
+        for (what, n) in &drawn {
+            println!("  {n:>6} × {what}");
+        }
+        let Some((seed, ops, failure)) = failed else {
+            return;
+        };
+        let first = failure.1.clone();
+        let (ops, (step, what, trace)) = shrink(&clients, &admin, seed, ops, failure).await;
+        panic!(
+            "{store} disagrees with the composition model (seed {seed:#018x}; replay with \
+             COMPOSITION_SEED={seed:#x}).\nFirst disagreement: {first}\nShrunk to {} steps; at \
+             step {step}: {what}\nIts run:\n{}",
+            ops.len(),
+            trace.join("\n")
+        );
+    }
 }
