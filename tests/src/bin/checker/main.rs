@@ -8,7 +8,7 @@
 //! ```text
 //! cargo run --release -p lock-tests --bin checker -- --store redis --fault sigstop [--seconds 30]
 //!     [--wait-for-replicas N] [--restart-delay-ms MS] [--processes 3] [--tasks 3] [--keys 4]
-//!     [--permits N] [--json FILE]
+//!     [--permits N] [--sets] [--json FILE]
 //! cargo run --release -p lock-tests --bin checker -- --matrix [--seconds 60] [--parallel 2]
 //!     [--json FILE]
 //! ```
@@ -36,6 +36,13 @@
 //! none): each section takes a permit, and each permit's sections write to a resource of their
 //! own in the fenced store, so the checks below hold per permit (at most one holder of a
 //! permit at a time, hence at most N per key); a permit outside the count is an `other` error.
+//!
+//! `--sets` makes every section a transfer between two of 16 accounts (`--keys`) under one set
+//! lock on both (the attribute's `keys = [...]`, so `run_all`): it enters both accounts with
+//! each key's fencing token, reads both balances, holds, and writes both new balances in one
+//! fenced write that the store applies whole or not at all (`transfer.lua`). Besides the checks
+//! below, per account, every accepted transfer must have read the balance the one before it
+//! wrote (else it is a lost update), and the sum of every balance must still be 0.
 //!
 //! Each critical section holds its key's lock for a short time (5–50 ms) or, one in five, a
 //! long one (2–5 s, longer than a failover takes), and writes to the fenced store as it
@@ -117,6 +124,8 @@ struct Cell {
     keys: u64,
     /// More than 1: the sections take permits of a semaphore on each key.
     permits: u32,
+    /// Each section a transfer between two accounts under one set lock.
+    sets: bool,
 }
 
 impl Cell {
@@ -145,10 +154,16 @@ impl Cell {
         worker::Load {
             keys: self.keys,
             permits: self.permits,
+            sets: self.sets,
         }
     }
 
     fn store_label(&self) -> String {
+        if self.sets {
+            let mut plain = self.clone();
+            plain.sets = false;
+            return format!("{}, transfers under sets", plain.store_label());
+        }
         if self.permits > 1 {
             let mut plain = self.clone();
             plain.permits = 1;
@@ -186,6 +201,7 @@ impl Cell {
         ]
         .into_iter()
         .flat_map(|(flag, value)| [flag.to_owned(), value])
+        .chain(self.sets.then(|| "--sets".to_owned()))
         .collect()
     }
 }
@@ -209,12 +225,14 @@ fn options(args: &[String]) -> Fallible<Options> {
             tasks: 3,
             keys: 4,
             permits: 1,
+            sets: false,
         },
         json: None,
         matrix: false,
         parallel: 2,
     };
     let mut seconds = None;
+    let mut keys = None;
     let mut args = args.iter();
     while let Some(flag) = args.next() {
         let mut value = || args.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -229,7 +247,8 @@ fn options(args: &[String]) -> Fallible<Options> {
             "--seconds" => seconds = Some(number(value()?)?),
             "--processes" => c.processes = number(value()?)? as usize,
             "--tasks" => c.tasks = number(value()?)?,
-            "--keys" => c.keys = number(value()?)?,
+            "--keys" => keys = Some(number(value()?)?),
+            "--sets" => c.sets = true,
             "--permits" => {
                 c.permits = u32::try_from(number(value()?)?).map_err(|e| format!("--permits: {e}"))?
             }
@@ -241,6 +260,8 @@ fn options(args: &[String]) -> Fallible<Options> {
     }
     let c = &mut o.cell;
     c.seconds = seconds.unwrap_or(if o.matrix { 60 } else { 20 });
+    // Transfers between 16 accounts, unless told otherwise.
+    c.keys = keys.unwrap_or(if c.sets { 16 } else { 4 });
     if !o.matrix {
         if !c.fault.applies_to(c.store) {
             return Err(format!(
@@ -260,6 +281,12 @@ fn options(args: &[String]) -> Fallible<Options> {
         }
         if c.permits > 1 && c.store == Kind::Redlock {
             return Err("--permits: RedLock offers no semaphores".into());
+        }
+        if c.sets && (c.permits > 1 || c.keys < 2) {
+            return Err(
+                "--sets moves money between two accounts of at least 2 keys, with locks (no --permits)"
+                    .into(),
+            );
         }
     }
     Ok(o)
@@ -296,7 +323,7 @@ impl Report {
     /// What the library promises for this run held (see the exit status in the crate docs).
     fn held(&self) -> bool {
         let v = &self.verdict;
-        (!self.cell.fenced() || (v.stale_accepted == 0 && v.lost_updates == 0))
+        (!self.cell.fenced() || (v.stale_accepted == 0 && v.lost_updates == 0 && v.sum_drift == 0))
             && (!self.cell.promised() || v.is_clean())
             && self.tally.other == 0
     }
@@ -335,6 +362,8 @@ impl Report {
             "stale_accepted": v.stale_accepted,
             "fenced_refused": v.fenced_refused,
             "lost_updates": v.lost_updates,
+            "sets": c.sets,
+            "sum_drift": v.sum_drift,
             "recovery_ms_max": self.recovery_ms_max() as u64,
             "unrecovered": self.costs.iter().filter(|c| c.recovered_after.is_none()).count(),
             "faults": faults,
@@ -355,13 +384,17 @@ fn row(json: &serde_json::Value) -> Option<String> {
     let text = |name: &str| json.get(name).and_then(serde_json::Value::as_str);
     let number = |name: &str| json.get(name).and_then(serde_json::Value::as_u64);
     let faults = json.get("faults")?.as_array()?.len();
+    let lost = match number("sum_drift").unwrap_or(0) {
+        0 => number("lost_updates")?.to_string(),
+        drift => format!("{} (the sum moved by {drift})", number("lost_updates")?),
+    };
     let recovery = match (faults, number("unrecovered")?) {
         (0, _) => "–".to_owned(),
         (_, 0) => format!("{} ms", number("recovery_ms_max")?),
         (_, n) => format!("{n} not recovered in the run"),
     };
     Some(format!(
-        "| {} | {} | {faults} | {} | {} | {} | {} | {} | {} | {recovery} |",
+        "| {} | {} | {faults} | {} | {} | {} | {} | {} | {lost} | {recovery} |",
         text("store_label")?,
         text("fault_label")?,
         number("sections")?,
@@ -369,7 +402,6 @@ fn row(json: &serde_json::Value) -> Option<String> {
         number("late_bodies")?,
         number("stale_accepted")?,
         number("fenced_refused")?,
-        number("lost_updates")?,
     ))
 }
 
@@ -484,6 +516,7 @@ impl Workers {
             .args(["worker", &deployment.spec(w), store_url, id])
             .args([tasks.to_string(), load.keys.to_string(), millis.to_string()])
             .arg(load.permits.to_string())
+            .arg(if load.sets { "sets" } else { "locks" })
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .spawn()?)
@@ -647,7 +680,7 @@ fn cells(template: &Cell) -> Vec<Cell> {
         ..template.clone()
     };
     let ttl = worker::TTL.as_millis() as u64;
-    vec![
+    let plain = vec![
         cell(Kind::Memory, Fault::None, 0, 0),
         cell(Kind::Redis, Fault::None, 0, 0),
         cell(Kind::Redis, Fault::Sigstop, 0, 0),
@@ -672,7 +705,24 @@ fn cells(template: &Cell) -> Vec<Cell> {
         cell(Kind::Zookeeper, Fault::Failover, 0, 0),
         cell(Kind::Zookeeper, Fault::Sigstop, 0, 0),
         cell(Kind::Zookeeper, Fault::Partition, 0, 0),
+    ];
+    // Transfers under set locks, with a worker frozen or cut off, on each store that sets are
+    // built for (16 accounts, unless `--keys` says otherwise).
+    let sets = [
+        Kind::Redis,
+        Kind::Postgres,
+        Kind::Etcd,
+        Kind::Zookeeper,
+        Kind::Mysql,
     ]
+    .into_iter()
+    .flat_map(|store| [Fault::Sigstop, Fault::Partition].map(|fault| (store, fault)))
+    .map(|(store, fault)| Cell {
+        sets: true,
+        keys: if template.keys == 4 { 16 } else { template.keys },
+        ..cell(store, fault, 0, 0)
+    });
+    plain.into_iter().chain(sets).collect()
 }
 
 /// A matrix cell's table row, from its report, or that it failed to run.

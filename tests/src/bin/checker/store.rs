@@ -22,6 +22,7 @@ pub enum Op {
 pub struct Store {
     conn: redis::aio::MultiplexedConnection,
     script: Arc<redis::Script>,
+    transfer: Arc<redis::Script>,
 }
 
 impl Store {
@@ -32,7 +33,43 @@ impl Store {
         Ok(Store {
             conn,
             script: Arc::new(redis::Script::new(include_str!("store.lua"))),
+            transfer: Arc::new(redis::Script::new(include_str!("transfer.lua"))),
         })
+    }
+
+    /// Moves `amount` from account `from` to account `to` (each with the token its lock gave
+    /// and the balance the section read), both writes fenced and applied together or not at
+    /// all; whether the store accepted them.
+    pub async fn transfer(
+        &self,
+        (from, from_token, from_read): (u64, u64, i64),
+        (to, to_token, to_read): (u64, u64, i64),
+        section: &str,
+        amount: i64,
+    ) -> redis::RedisResult<bool> {
+        let mut conn = self.conn.clone();
+        let accepted: i64 = self
+            .transfer
+            .key(hash(from))
+            .key(log(from))
+            .key(hash(to))
+            .key(log(to))
+            .arg(from_token)
+            .arg(to_token)
+            .arg(section)
+            .arg(from_read)
+            .arg(to_read)
+            .arg(amount)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(accepted == 1)
+    }
+
+    /// An account's balance (the `--sets` load), as the last accepted transfer left it.
+    pub async fn balance(&self, key: u64) -> redis::RedisResult<i64> {
+        let mut conn = self.conn.clone();
+        let value: Option<i64> = conn.hget(hash(key), "value").await?;
+        Ok(value.unwrap_or(0))
     }
 
     /// A fenced write by section `section` of key `key`; whether the store accepted it.
@@ -89,8 +126,12 @@ impl Reader {
     /// A semaphore's permits are checked each on its own resource (no two holders of one permit
     /// at once, so at most `permits` per key, the worker refusing a permit outside the count),
     /// and a key has recovered once a section of any of its permits entered.
+    /// The `--sets` load's accounts are checked each on its own log, their lost updates by
+    /// the balances each accepted transfer read (the one before it must have left exactly
+    /// that), and the sum of every balance must still be 0.
     pub fn verdict(&mut self, load: Load, struck: &[u64]) -> Fallible<(Verdict, Vec<Option<u64>>)> {
         let mut verdict = Verdict::default();
+        let mut sum: i64 = 0;
         let mut recovered: Vec<Option<u64>> = vec![Some(0); struck.len()];
         for k in 0..load.keys {
             let mut lines: Vec<Vec<String>> = Vec::new();
@@ -104,9 +145,15 @@ impl Reader {
                     .iter()
                     .map(|line| Entry::parse(line).ok_or_else(|| format!("bad log entry {line:?}")))
                     .collect::<Result<Vec<_>, _>>()?;
-                let fields: HashMap<String, u64> = self.conn.hgetall(hash(resource))?;
+                let fields: HashMap<String, i64> = self.conn.hgetall(hash(resource))?;
                 let field = |name: &str| fields.get(name).copied().unwrap_or(0);
-                verdict.add(&check_log(&entries, field("value"), field("increments")));
+                let mut checked =
+                    check_log(&entries, field("value").max(0) as u64, field("increments") as u64);
+                if load.sets {
+                    checked.lost_updates = unchained(&entries);
+                    sum += field("value");
+                }
+                verdict.add(&checked);
                 entered.extend(
                     entries
                         .iter()
@@ -123,8 +170,26 @@ impl Reader {
                 };
             }
         }
+        verdict.sum_drift = sum.unsigned_abs();
         Ok((verdict, recovered))
     }
+}
+
+/// Accepted transfers of one account that did not read what the accepted one before it wrote
+/// (0 before the first): each is an update lost.
+fn unchained(entries: &[Entry<'_>]) -> u64 {
+    let mut balance = 0;
+    let mut lost = 0;
+    for e in entries.iter().filter(|e| e.accepted && e.op == "set") {
+        let (Some(from), Some(to)) = (e.from, e.to) else {
+            continue;
+        };
+        if from != balance {
+            lost += 1;
+        }
+        balance = to;
+    }
+    lost
 }
 
 /// One line of a key's log.
@@ -136,10 +201,13 @@ struct Entry<'a> {
     accepted: bool,
     /// The store's clock, ms since the epoch.
     ms: u64,
+    /// A transfer's balance read and written (the `--sets` load).
+    from: Option<i64>,
+    to: Option<i64>,
 }
 
 impl<'a> Entry<'a> {
-    /// `<token> <section> <op> <1|0> <ms>`.
+    /// `<token> <section> <op> <1|0> <ms>[ <from> <to>]`.
     fn parse(line: &'a str) -> Option<Entry<'a>> {
         let mut parts = line.split(' ');
         let token: u64 = parts.next()?.parse().ok()?;
@@ -151,12 +219,16 @@ impl<'a> Entry<'a> {
             _ => return None,
         };
         let ms = parts.next()?.parse().ok()?;
+        let from = parts.next().map(str::parse).transpose().ok()?;
+        let to = parts.next().map(str::parse).transpose().ok()?;
         Some(Entry {
             token,
             section,
             op,
             accepted,
             ms,
+            from,
+            to,
         })
     }
 }
@@ -175,8 +247,11 @@ pub struct Verdict {
     pub stale_accepted: u64,
     /// Writes the store refused for a token lower than one it had accepted.
     pub fenced_refused: u64,
-    /// Increments that did not survive: accepted `set`s minus the final counter.
+    /// Increments that did not survive: accepted `set`s minus the final counter (for the
+    /// `--sets` load: accepted transfers that read another balance than the last one written).
     pub lost_updates: u64,
+    /// How far the sum of every account's balance moved from 0 (the `--sets` load).
+    pub sum_drift: u64,
 }
 
 impl Verdict {
@@ -187,12 +262,17 @@ impl Verdict {
         self.stale_accepted += other.stale_accepted;
         self.fenced_refused += other.fenced_refused;
         self.lost_updates += other.lost_updates;
+        self.sum_drift += other.sum_drift;
     }
 
     /// Whether the run saw no overlap, no late body, no stale write accepted and no lost
     /// update.
     pub fn is_clean(&self) -> bool {
-        self.overlaps == 0 && self.late_bodies == 0 && self.stale_accepted == 0 && self.lost_updates == 0
+        self.overlaps == 0
+            && self.late_bodies == 0
+            && self.stale_accepted == 0
+            && self.lost_updates == 0
+            && self.sum_drift == 0
     }
 }
 
@@ -262,6 +342,20 @@ mod tests {
 
     fn entries(lines: &[&'static str]) -> Vec<Entry<'static>> {
         lines.iter().map(|l| Entry::parse(l).unwrap()).collect()
+    }
+
+    #[test]
+    fn transfers_that_read_what_the_last_one_wrote_lose_nothing() {
+        let log = entries(&[
+            "1 a enter 1 0",
+            "1 a set 1 0 0 -5",
+            "2 b enter 1 0",
+            "2 b set 1 0 -5 2",
+            "3 c set 0 0 -5 9",
+        ]);
+        assert_eq!(unchained(&log), 0, "a refused transfer is no update");
+        let lost = entries(&["1 a set 1 0 0 -5", "2 b set 1 0 0 3"]);
+        assert_eq!(unchained(&lost), 1, "b read the balance before a's transfer");
     }
 
     #[test]

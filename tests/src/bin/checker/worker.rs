@@ -95,6 +95,9 @@ pub const TTL: Duration = Duration::from_millis(3000);
 pub struct Load {
     pub keys: u64,
     pub permits: u32,
+    /// Each section a transfer between two of the keys' accounts under one set lock
+    /// (`run_all`, the attribute's `keys = [...]`) instead of a counter's increment.
+    pub sets: bool,
 }
 
 impl Load {
@@ -132,6 +135,53 @@ async fn critical(
         return Err(Failure::Permit(permit));
     }
     body(store, load.resource(k, permit), section, hold).await
+}
+
+/// One transfer: `amount` moves from account `from` to account `to` under a set lock on both.
+#[distributed_lock(keys = ["chk:<from>", "chk:<to>"], options = options, client = locks)]
+async fn transfer(
+    locks: &LockClient,
+    options: &LockOptions,
+    store: &Store,
+    (from, to): (u64, u64),
+    section: &str,
+    (hold, amount): (Duration, i64),
+) -> Result<bool, Failure> {
+    let info = lock_runtime::current();
+    let token = |k: u64| {
+        info.as_ref()
+            .and_then(|l| l.fencing_token_for(&format!("chk:{k}")))
+            .unwrap_or(0)
+    };
+    let (from_token, to_token) = (token(from), token(to));
+    let accounts = [(from, from_token), (to, to_token)];
+    for (k, token) in accounts {
+        if !store.write(k, token, section, Op::Enter).await? {
+            return Ok(false);
+        }
+    }
+    let (from_read, to_read) = (store.balance(from).await?, store.balance(to).await?);
+    let until = Instant::now() + hold;
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        tokio::time::sleep(left.min(POLL)).await;
+        for (k, token) in accounts {
+            if !store.write(k, token, section, Op::Poll).await? {
+                return Ok(false);
+            }
+        }
+    }
+    Ok(store
+        .transfer(
+            (from, from_token, from_read),
+            (to, to_token, to_read),
+            section,
+            amount,
+        )
+        .await?)
 }
 
 /// A critical section's body: enters, reads the counter, holds the lock for `hold` (writing
@@ -273,7 +323,15 @@ pub async fn run(
                 let hold = hold.min(deadline.saturating_duration_since(Instant::now()));
                 tally.attempts += 1;
                 let section = format!("{writer}.{}", tally.attempts);
-                match critical(&locks, &options, (&store, load), k, &section, hold).await {
+                let outcome = if load.sets {
+                    // Another account than `k`, and an amount, from the same draw.
+                    let other = (k + 1 + (dice >> 40) % (keys - 1)) % keys;
+                    let amount = 1 + ((dice >> 48) % 100) as i64;
+                    transfer(&locks, &options, &store, (k, other), &section, (hold, amount)).await
+                } else {
+                    critical(&locks, &options, (&store, load), k, &section, hold).await
+                };
+                match outcome {
                     Ok(true) => tally.completed += 1,
                     Ok(false) => tally.refused += 1,
                     Err(Failure::Lock(LockError::Busy { .. })) => tally.busy += 1,
@@ -306,20 +364,25 @@ pub async fn run(
     Ok(total)
 }
 
-/// `worker <spec> <store-url> <id> <tasks> <keys> <millis> <permits>`: a worker process.
-/// Prints its tally.
+/// `worker <spec> <store-url> <id> <tasks> <keys> <millis> <permits> <locks|sets>`: a worker
+/// process. Prints its tally.
 pub async fn main(args: &[String]) -> Fallible<()> {
-    let [spec, store_url, id, tasks, keys, millis, permits] = args else {
-        return Err("usage: checker worker <spec> <store-url> <id> <tasks> <keys> <millis> <permits>".into());
+    let [spec, store_url, id, tasks, keys, millis, permits, sections] = args else {
+        return Err(
+            "usage: checker worker <spec> <store-url> <id> <tasks> <keys> <millis> <permits> <locks|sets>"
+                .into(),
+        );
     };
     let deadline = Instant::now() + Duration::from_millis(millis.parse()?);
     let (tasks, keys): (u64, u64) = (tasks.parse()?, keys.parse()?);
-    if keys == 0 {
-        return Err("a worker needs at least one key".into());
+    let sets = sections == "sets";
+    if keys < 1 + u64::from(sets) {
+        return Err("a worker needs at least one key (two for transfers)".into());
     }
     let load = Load {
         keys,
         permits: permits.parse()?,
+        sets,
     };
     let locks = client(spec).await?;
     let fencing = Kind::parse(spec.split('|').next().unwrap_or_default())?.fences();
