@@ -2023,7 +2023,9 @@ async fn random_sequences_agree_with_the_model(t: Target) {
 /// sets of 2–3 overlapping keys, opened on call chains of two clients, each call either a new
 /// chain or nested in a chain's innermost call (every ordered pair of modes, sets inside singles
 /// and singles inside sets), with closes, cancellations (a chain's task aborted), operators'
-/// forced releases, looks at `current()` and probes of `is_locked`. Every answer is compared
+/// forced releases, looks at `current()` and probes of `is_locked`; beside the chains, bare
+/// `acquire`/`acquire_all` guards (other owners) that are extended, released or dropped, and
+/// time passing (a third of the lease). Every answer is compared
 /// with a model of docs/attribute.md's nesting table and docs/waiting.md's rules:
 ///
 /// - A nested call runs in what the chain holds only when that serves it (same mode or weaker,
@@ -2040,6 +2042,10 @@ async fn random_sequences_agree_with_the_model(t: Target) {
 ///   names each key's permit where it is one.
 /// - `is_locked(key)` is whether the model has a holder; a forced release answers whether it
 ///   had one; a cancelled chain's keys come free (its holders gone) within a deadline.
+/// - A guard names its keys and permits; `extend` is `Ok` while none of its keys was freed by
+///   force, `Lost` after; `release` is `Ok(true)` exactly while every key is still its own;
+///   `is_lost()` follows its keys (told within a deadline); a dropped guard's keys come free
+///   within a deadline.
 ///
 /// Every call renews (watchdog, 1.2 s lease) and lets its body go on when lost
 /// (`OnLost::Continue`), so that no lease ends by itself and a loss is told, not acted on.
@@ -2068,6 +2074,8 @@ mod composition {
     const SEQUENCES: u64 = 150;
     const AT_ONCE: usize = 10;
     const CHAINS: usize = 4;
+    /// Guard slots for bare acquires.
+    const GUARDS: usize = 2;
     const KEY_COUNT: usize = 3;
     /// The lease (renewed every 400 ms by the watchdog).
     const LEASE: Duration = Duration::from_millis(1200);
@@ -2149,6 +2157,23 @@ mod composition {
         Force { key: usize },
         /// `is_locked(key)`.
         Probe { key: usize },
+        /// A bare `acquire` (one key) or `acquire_all` (a set) into guard slot `slot`, from
+        /// outside any call: another owner than every chain.
+        Grab {
+            slot: usize,
+            client: usize,
+            keys: Vec<usize>,
+            set: bool,
+            mode: Mode,
+        },
+        /// `extend` of the guard in `slot`.
+        Extend { slot: usize },
+        /// `release` of the guard in `slot`.
+        Release { slot: usize },
+        /// The guard in `slot` dropped: released in the background.
+        Drop { slot: usize },
+        /// Time passes (400 ms, a third of the lease): the watchdog keeps every lock.
+        Nap,
     }
 
     /// What a store offers, found by asking it.
@@ -2180,23 +2205,41 @@ mod composition {
         (0..steps)
             .map(|_| {
                 let chain = dice.below(CHAINS as u64) as usize;
-                match dice.below(100) {
+                let slot = dice.below(GUARDS as u64) as usize;
+                let keys_of = |dice: &mut Dice, set: bool| {
+                    if set {
+                        let mut keys: Vec<usize> = (0..KEY_COUNT).collect();
+                        // Two or three of the keys, in a random order (the call sorts them).
+                        let drop = dice.below(KEY_COUNT as u64 + 1) as usize;
+                        if drop < KEY_COUNT {
+                            keys.remove(drop);
+                        }
+                        if dice.chance(50) {
+                            keys.reverse();
+                        }
+                        keys
+                    } else {
+                        vec![dice.below(KEY_COUNT as u64) as usize]
+                    }
+                };
+                match dice.below(120) {
+                    100..=107 => {
+                        let set = dice.chance(50);
+                        Op::Grab {
+                            slot,
+                            client: dice.below(2) as usize,
+                            keys: keys_of(&mut dice, set),
+                            set,
+                            mode: modes[dice.below(modes.len() as u64) as usize],
+                        }
+                    }
+                    108..=110 => Op::Extend { slot },
+                    111..=113 => Op::Release { slot },
+                    114..=116 => Op::Drop { slot },
+                    117..=119 => Op::Nap,
                     0..=49 => {
                         let set = dice.chance(45);
-                        let keys = if set {
-                            let mut keys: Vec<usize> = (0..KEY_COUNT).collect();
-                            // Two or three of the keys, in a random order (the call sorts them).
-                            let drop = dice.below(KEY_COUNT as u64 + 1) as usize;
-                            if drop < KEY_COUNT {
-                                keys.remove(drop);
-                            }
-                            if dice.chance(50) {
-                                keys.reverse();
-                            }
-                            keys
-                        } else {
-                            vec![dice.below(KEY_COUNT as u64) as usize]
-                        };
+                        let keys = keys_of(&mut dice, set);
                         Op::Open {
                             chain,
                             client: dice.below(2) as usize,
@@ -2371,6 +2414,8 @@ mod composition {
         chains: Vec<Vec<CallModel>>,
         /// Until when each key's releases by a cancelled chain may still be landing.
         settling: Vec<Option<Instant>>,
+        /// Each guard slot's states, in canonical order.
+        guards: Vec<Option<Vec<usize>>>,
     }
 
     /// A prediction of an open.
@@ -2409,6 +2454,7 @@ mod composition {
                 states: Vec::new(),
                 chains: vec![Vec::new(); CHAINS],
                 settling: vec![None; KEY_COUNT],
+                guards: vec![None; GUARDS],
             }
         }
 
@@ -2430,7 +2476,8 @@ mod composition {
 
         /// The state of `key` the chain holds (the innermost call's frame holding it).
         fn held_by(&self, chain: usize, key: usize) -> Option<usize> {
-            self.chains[chain]
+            self.chains
+                .get(chain)?
                 .iter()
                 .rev()
                 .flat_map(|call| call.frame.iter())
@@ -2522,6 +2569,11 @@ mod composition {
             }
         }
 
+        /// An acquire from outside every chain (a bare `acquire`/`acquire_all`).
+        fn predict_outside(&self, keys: &[usize], mode: Mode) -> Expect {
+            self.predict(CHAINS, keys, true, mode)
+        }
+
         fn is_settling(&self, key: usize) -> bool {
             self.settling[key].is_some_and(|until| Instant::now() < until)
         }
@@ -2566,6 +2618,48 @@ mod composition {
             keys
         }
 
+        /// A guard taken: its new states.
+        fn grab(&mut self, slot: usize, new: Vec<(usize, Held)>) {
+            let mut states = Vec::new();
+            for (key, held) in new {
+                self.states.push(KeyState {
+                    key,
+                    held,
+                    released: false,
+                    lost_at: None,
+                });
+                states.push(self.states.len() - 1);
+            }
+            self.guards[slot] = Some(states);
+        }
+
+        /// Whether a guard is lost: `Some(true)` surely, `None` maybe (not told yet).
+        fn guard_lost(&self, slot: usize) -> Option<bool> {
+            let lost: Vec<Option<bool>> = self.guards[slot]
+                .iter()
+                .flatten()
+                .map(|&s| self.lost(s))
+                .collect();
+            if lost.contains(&Some(true)) {
+                Some(true)
+            } else if lost.contains(&None) {
+                None
+            } else {
+                Some(false)
+            }
+        }
+
+        /// A guard given back (released, or dropped: then its keys settle).
+        fn let_go(&mut self, slot: usize, dropped: bool) {
+            for state in self.guards[slot].take().unwrap_or_default() {
+                self.states[state].released = true;
+                if dropped {
+                    let key = self.states[state].key;
+                    self.settling[key] = Some(Instant::now() + SETTLE);
+                }
+            }
+        }
+
         /// A forced release: whether anyone held the key.
         fn force(&mut self, key: usize) -> bool {
             let mut had = false;
@@ -2596,6 +2690,7 @@ mod composition {
         trace: Vec<String>,
         /// Answers by what they were: for the figures.
         answers: std::collections::BTreeMap<String, usize>,
+        guards: Vec<Option<LockGuard>>,
     }
 
     impl Drop for Sequence {
@@ -2630,6 +2725,25 @@ mod composition {
                 Op::Cancel { chain } => self.cancel(*chain).await,
                 Op::Look { chain } => self.look(*chain, false).await,
                 Op::Force { key } => self.force(*key).await,
+                Op::Grab {
+                    slot,
+                    client,
+                    keys,
+                    set,
+                    mode,
+                } => self.grab(*slot, *client, keys, *set, *mode).await,
+                Op::Extend { slot } => self.extend(*slot).await,
+                Op::Release { slot } => self.release(*slot).await,
+                Op::Drop { slot } => {
+                    if self.guards[*slot].take().is_some() {
+                        self.model.let_go(*slot, true);
+                    }
+                    Ok(())
+                }
+                Op::Nap => {
+                    tokio::time::sleep(LEASE / 3).await;
+                    Ok(())
+                }
                 Op::Probe { key } => {
                     let name = self.key(*key);
                     let locked = within("is_locked", self.admin.is_locked(&name))
@@ -2839,6 +2953,115 @@ mod composition {
             }
         }
 
+        async fn grab(
+            &mut self,
+            slot: usize,
+            client: usize,
+            keys: &[usize],
+            set: bool,
+            mode: Mode,
+        ) -> Result<(), String> {
+            if self.guards[slot].is_some() {
+                return Ok(());
+            }
+            // As a new chain's first call: the chain `CHAINS` never holds anything.
+            let expect = self.model.predict_outside(keys, mode);
+            let names: Vec<String> = keys.iter().map(|&k| self.key(k)).collect();
+            let options = mode.options();
+            let client = &self.clients[client];
+            let answer = if set {
+                within("acquire_all", client.acquire_all(&names, &options)).await?
+            } else {
+                within("acquire", client.acquire(&names[0], &options)).await?
+            };
+            self.trace
+                .push(format!("    answered {answer:?}, the model expected {expect:?}"));
+            let outcome = match &answer {
+                Ok(_) => "entered",
+                Err(e) => kind(e),
+            };
+            *self.answers.entry(format!("guard {outcome}")).or_default() += 1;
+            match (answer, expect) {
+                (Ok(guard), Expect::Enters { new, .. } | Expect::EntersOrFails { new, .. }) => {
+                    self.model.grab(slot, new);
+                    self.guards[slot] = Some(guard);
+                    self.look_guard(slot, false)
+                }
+                (Err(e), Expect::Fails(kinds) | Expect::EntersOrFails { fails: kinds, .. })
+                    if kinds.contains(kind(&e)) =>
+                {
+                    Ok(())
+                }
+                (answer, expect) => Err(format!(
+                    "acquire answered {answer:?}, the model expected {expect:?}"
+                )),
+            }
+        }
+
+        /// The guard's keys, permits and loss against the model; with `until_told`, a lost
+        /// guard may take until `TOLD` to say so (checked by the caller's loop).
+        fn look_guard(&self, slot: usize, until_told: bool) -> Result<(), String> {
+            let (Some(guard), Some(states)) = (&self.guards[slot], &self.model.guards[slot]) else {
+                return Ok(());
+            };
+            let names: Vec<String> = states
+                .iter()
+                .map(|&s| self.key(self.model.states[s].key))
+                .collect();
+            let keys: Vec<String> = guard.keys().map(str::to_owned).collect();
+            if keys != names {
+                return Err(format!("the guard holds {keys:?}, the model {names:?}"));
+            }
+            for (&state, name) in states.iter().zip(&names) {
+                let permit = guard.permit_for(name);
+                let ok = match self.model.states[state].held {
+                    Held::Permit(n) => permit.is_some_and(|p| p < n),
+                    _ => permit.is_none(),
+                };
+                if !ok {
+                    return Err(format!("the guard's permit_for({name}) = {permit:?}"));
+                }
+            }
+            match (guard.is_lost(), self.model.guard_lost(slot)) {
+                (true, Some(true) | None) | (false, Some(false)) => Ok(()),
+                (false, None) if !until_told => Ok(()),
+                (lost, model) => Err(format!("the guard's is_lost() = {lost}, the model {model:?}")),
+            }
+        }
+
+        async fn extend(&mut self, slot: usize) -> Result<(), String> {
+            let Some(guard) = &self.guards[slot] else {
+                return Ok(());
+            };
+            let answer = within("extend", guard.extend(LEASE)).await?;
+            self.trace.push(format!("    answered {answer:?}"));
+            match (answer, self.model.guard_lost(slot)) {
+                // Freed by force is lost in the store at once, told or not: the renewal finds
+                // it gone.
+                (Ok(()), Some(false)) | (Err(LockError::Lost { .. }), Some(true) | None) => Ok(()),
+                (answer, lost) => Err(format!(
+                    "extend answered {answer:?}, the model says lost {lost:?}"
+                )),
+            }
+        }
+
+        async fn release(&mut self, slot: usize) -> Result<(), String> {
+            let Some(guard) = self.guards[slot].take() else {
+                return Ok(());
+            };
+            // Ours exactly while no key of it was freed by force.
+            let lost = self.model.guard_lost(slot);
+            let answer = within("release", guard.release()).await?;
+            self.trace.push(format!("    answered {answer:?}"));
+            self.model.let_go(slot, false);
+            match (answer, lost) {
+                (Ok(true), Some(false)) | (Ok(false), Some(true) | None) => Ok(()),
+                (answer, lost) => Err(format!(
+                    "release answered {answer:?}, the model says lost {lost:?}"
+                )),
+            }
+        }
+
         async fn force(&mut self, key: usize) -> Result<(), String> {
             let name = self.key(key);
             let freed = within("force_release", self.admin.force_release(&name))
@@ -2850,9 +3073,17 @@ mod composition {
                     "force_release({name}) = {freed}, the model says {expected}"
                 ));
             }
-            // Every chain whose innermost frame covers the key is told, within a renewal or two.
+            // Every chain whose innermost frame covers the key is told, within a renewal or two,
+            // and every guard holding it.
             for chain in 0..CHAINS {
                 self.look(chain, true).await?;
+            }
+            for slot in 0..GUARDS {
+                let deadline = Instant::now() + TOLD;
+                while self.look_guard(slot, true).is_err() && Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                self.look_guard(slot, true)?;
             }
             Ok(())
         }
@@ -2873,6 +3104,7 @@ mod composition {
             model: Model::new(),
             trace: Vec::new(),
             answers: std::collections::BTreeMap::new(),
+            guards: (0..GUARDS).map(|_| None).collect(),
         };
         let mut failed = None;
         for (i, op) in ops.iter().enumerate() {
@@ -2880,6 +3112,14 @@ mod composition {
             if let Err(what) = run.step(op).await {
                 failed = Some((i, what));
                 break;
+            }
+        }
+        if failed.is_none() {
+            for slot in 0..GUARDS {
+                if let Err(what) = run.release(slot).await {
+                    failed = Some((ops.len(), what));
+                    break;
+                }
             }
         }
         if failed.is_none() {
