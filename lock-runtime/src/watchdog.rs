@@ -252,7 +252,7 @@ impl Watchdog {
                         gone.push(*id);
                     }
                     Renewal::Undecided => {
-                        tracing::warn!(key = %state.key(), "lock renewal undecided (its Cluster shard, or too many RedLock masters, did not answer); retrying while the lock is valid");
+                        tracing::warn!(key = %state.key(), "lock renewal undecided (the part of the store holding it: its Cluster shard, too many RedLock masters, its ZooKeeper session, did not answer); retrying while the lock is valid");
                         retry_soon(watched);
                     }
                     Renewal::NotReplicated { acked, wanted } => {

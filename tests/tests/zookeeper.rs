@@ -688,3 +688,60 @@ async fn creates_sent_after_their_acquires_gave_up_leave_no_node() {
         .await;
     }
 }
+
+/// Two ttl classes on one client are two sessions; with one session's server silent, its locks'
+/// renewals fail, and the other session's locks, renewed in the same batches, are not lost:
+/// a renewal fails per session, not for the whole batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_sessions_trouble_loses_no_lock_of_another_session() {
+    // The two sessions on two different servers (each picks one at random): tried again until
+    // they are.
+    let mut tries = 0;
+    let (cut, healthy, troubled, troubled_at) = loop {
+        tries += 1;
+        assert!(tries <= 20, "the two sessions never landed on two servers");
+        let cut = CutOff::new("/two-sessions").await;
+        let accepted = |cut: &CutOff| cut.proxies.iter().map(FaultProxy::accepted).collect::<Vec<_>>();
+        let before = accepted(&cut);
+        // 3 s and 3.001 s: classes 3 and 4, renewed every second, so in the same batches.
+        let healthy = cut
+            .client
+            .acquire(&format!("healthy{tries}"), &ttl(3000).watchdog(true))
+            .await
+            .unwrap();
+        let first = accepted(&cut);
+        let troubled = cut
+            .client
+            .acquire(&format!("troubled{tries}"), &ttl(3001).watchdog(true))
+            .await
+            .unwrap();
+        let second = accepted(&cut);
+        let newly = |from: &[usize], to: &[usize]| (0..3).filter(|&i| to[i] > from[i]).collect::<Vec<_>>();
+        let (a, b) = (newly(&before, &first), newly(&first, &second));
+        match (a.as_slice(), b.as_slice()) {
+            ([a], [b]) if a != b => break (cut, healthy, troubled, *b),
+            _ => {
+                drop((healthy, troubled));
+            }
+        }
+    };
+    // The troubled session's connection goes silent, and so does every new one (its
+    // reconnects): the healthy session's connection goes on.
+    cut.each(|p| p.silence_new(true));
+    cut.proxies[troubled_at].blackhole_existing();
+    // Three renewal cycles of the healthy lock while the other session cannot be reached.
+    let until = Instant::now() + Duration::from_secs(4);
+    while Instant::now() < until {
+        assert!(
+            !healthy.is_lost(),
+            "a lock on a healthy session was lost with the other session's renewals"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        troubled.is_lost(),
+        "the unreachable session's lock outlived its validity"
+    );
+    assert!(healthy.release().await.unwrap());
+    drop(troubled);
+}

@@ -838,24 +838,37 @@ impl ZkStore {
         }
         let checks = by_session.into_iter().map(|(id, places)| async move {
             let Some(session) = self.shared.session(id) else {
-                return Ok((None, places, Vec::new()));
+                return (None, places, Ok(Vec::new()));
             };
             let client = &session.client;
             let sync = client.sync(&places[0].1.path);
             let stats = join_all(places.iter().map(|(_, p)| client.check_stat(&p.path)));
-            let (synced, stats) = ask(self.ensemble(), async { tokio::join!(sync, stats) }).await?;
-            match synced {
-                Ok(()) | Err(ZkError::NoNode) => Ok((Some(session), places, stats)),
-                Err(e) => {
+            let checked = match ask(self.ensemble(), async { tokio::join!(sync, stats) }).await {
+                Ok((Ok(()) | Err(ZkError::NoNode), stats)) => Ok(stats),
+                Ok((Err(e), _)) => {
                     self.shared.failed(&session, &e);
                     Err(self.error(&e, &places[0].1.path))
                 }
-            }
+                Err(e) => Err(e),
+            };
+            (Some(session), places, checked)
         });
-        for checked in join_all(checks).await {
-            let (session, places, stats) = checked?;
+        // Each session on its own: one that cannot be reached leaves its locks undecided (the
+        // watchdog retries them while they are valid), and the others' are renewed.
+        let mut failed = None;
+        for (session, places, checked) in join_all(checks).await {
             let Some(session) = session else {
                 continue; // its session ended: every lock on it is gone
+            };
+            let stats = match checked {
+                Ok(stats) => stats,
+                Err(e) => {
+                    for (at, _) in &places {
+                        found[*at] = Renewal::Undecided;
+                    }
+                    failed.get_or_insert(e);
+                    continue;
+                }
             };
             for ((at, place), stat) in places.iter().zip(stats) {
                 let ttl = Duration::from_millis(locks[*at].2);
@@ -870,9 +883,20 @@ impl ZkStore {
                     Ok(_) => Renewal::Gone,
                     Err(e) => {
                         self.shared.failed(&session, &e);
-                        return Err(self.error(&e, &place.path));
+                        failed.get_or_insert(self.error(&e, &place.path));
+                        Renewal::Undecided
                     }
                 };
+            }
+        }
+        // Nothing renewed, and something failed: the whole answer is that failure.
+        if let Some(e) = failed {
+            if !found
+                .iter()
+                .any(|r| matches!(r, Renewal::Renewed | Renewal::RenewedFor(_) | Renewal::Gone))
+                || locks.len() == 1
+            {
+                return Err(e);
             }
         }
         for (at, (_, token, ttl_ms)) in locks.iter().enumerate() {
