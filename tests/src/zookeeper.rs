@@ -240,6 +240,44 @@ impl ZkEnsemble {
         self.start(i);
     }
 
+    /// The highest zxid any running server has applied (`srvr`'s `Zxid`): a client that saw a
+    /// zxid is refused by a server behind it, so after [`restart_empty`](Self::restart_empty)
+    /// a client of the old state reconnects (and is told its session expired) only once the
+    /// new state is past what it saw.
+    pub fn last_zxid(&self) -> u64 {
+        (0..self.servers.len())
+            .filter_map(|i| four_letters(self.servers[i].client_port, "srvr"))
+            .filter_map(|answer| {
+                answer
+                    .lines()
+                    .find_map(|line| line.strip_prefix("Zxid: 0x"))
+                    .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+            })
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Kills every server, deletes what they stored (every node and session), and starts them
+    /// again, waiting until each serves: an ensemble that lost its state, to which every
+    /// client's session is unknown (expired) when it reconnects.
+    pub fn restart_empty(&mut self) {
+        for i in 0..self.servers.len() {
+            self.kill(i);
+        }
+        for i in 0..self.servers.len() {
+            let data = self.server_dir(i).join("version-2");
+            if data.exists() {
+                std::fs::remove_dir_all(&data)
+                    .unwrap_or_else(|e| panic!("cannot delete {}: {e}", data.display()));
+            }
+        }
+        for i in 0..self.servers.len() {
+            self.start(i);
+        }
+        let all: Vec<usize> = (0..self.servers.len()).collect();
+        self.wait_ready(&all);
+    }
+
     /// Freezes server `i` (SIGSTOP).
     pub fn pause(&self, i: usize) {
         self.signal(i, "-STOP");
@@ -293,10 +331,17 @@ impl ZkEnsemble {
 }
 
 impl Drop for ZkEnsemble {
+    /// Every server thawed (a frozen one cannot die of SIGKILL before it runs again) and
+    /// killed; a server that already exited (one that failed to start, whose error the spawn
+    /// reports) is only reaped: a drop never panics over it.
     fn drop(&mut self) {
-        for i in 0..self.servers.len() {
-            self.resume(i);
-            self.kill(i);
+        for server in &mut self.servers {
+            if let Some(child) = &mut server.child {
+                if matches!(child.try_wait(), Ok(None)) {
+                    super::process::signal(child.id(), "-CONT");
+                }
+            }
+            super::process::kill(&mut server.child);
         }
     }
 }
