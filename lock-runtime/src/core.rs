@@ -55,6 +55,13 @@ impl Core {
                 store.unlisten(name);
             }
         });
+        let held: Arc<HeldLocks> = Arc::default();
+        let holders = Arc::downgrade(&held);
+        wakeups.on_lost(move |tokens| {
+            if let Some(held) = holders.upgrade() {
+                held.lost(tokens);
+            }
+        });
         Core {
             store,
             wakeups,
@@ -63,7 +70,7 @@ impl Core {
             owner,
             metrics_key_class,
             watchdog: Arc::default(),
-            held: Arc::default(),
+            held,
         }
     }
 

@@ -123,6 +123,25 @@ impl HeldLocks {
         id
     }
 
+    /// The store says the locks held under `tokens` are gone (their session ended): each is
+    /// lost at once (its `lost()` fires, an aborting body stops), not at its next renewal.
+    pub(crate) fn lost(&self, tokens: &[String]) {
+        for shard in &self.locks {
+            let states: Vec<Arc<LockState>> = shard
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .values()
+                .filter(|state| tokens.iter().any(|t| *t == state.token))
+                .cloned()
+                .collect();
+            for state in states {
+                if state.mark_lost() {
+                    tracing::warn!(key = %state.key(), "lock lost: the store ended the session it was held on");
+                }
+            }
+        }
+    }
+
     /// The lock is being released by its guard (or was given back by shutdown).
     pub(crate) fn forget(&self, id: u64) {
         self.shard(id).remove(&id);

@@ -118,6 +118,8 @@ pub(crate) struct HandedOver {
 
 /// Told the name of a lock nobody of this client waits for any more.
 type OnIdle = Box<dyn Fn(&str) + Send + Sync>;
+/// Told of held locks, by token, that the store says are gone.
+type OnLost = Box<dyn Fn(&[String]) + Send + Sync>;
 
 /// This client's waiters, by the name of the lock they wait for.
 #[derive(Default)]
@@ -127,6 +129,8 @@ pub(crate) struct Wakeups {
     waiters: AtomicUsize,
     /// Set once, by the client, to tell its store (which may stop listening).
     on_idle: OnceLock<OnIdle>,
+    /// Set once, by the client: told of locks the store says are gone.
+    on_lost: OnceLock<OnLost>,
 }
 
 impl std::fmt::Debug for Wakeups {
@@ -145,6 +149,11 @@ impl Wakeups {
     /// Who is told when nobody waits for a lock any more (set once; later calls are ignored).
     pub(crate) fn on_idle(&self, told: impl Fn(&str) + Send + Sync + 'static) {
         let _ = self.on_idle.set(Box::new(told));
+    }
+
+    /// Who is told of held locks (by token) the store says are gone (set once).
+    pub(crate) fn on_lost(&self, told: impl Fn(&[String]) + Send + Sync + 'static) {
+        let _ = self.on_lost.set(Box::new(told));
     }
 
     /// The way a store tells this registry what it hears (as listener 0).
@@ -345,6 +354,14 @@ impl Notices {
     /// the lock: wakes that waiter, if it is this client's.
     pub(crate) fn turn(&self, name: &str, token: &[u8], handed: Option<HandedOver>) {
         self.wakeups.turn(name, token, handed);
+    }
+
+    /// The locks this client holds under `tokens` are gone (the session they were held on
+    /// ended): each guard is told at once.
+    pub(crate) fn held_lost(&self, tokens: &[String]) {
+        if let Some(told) = self.wakeups.on_lost.get() {
+            told(tokens);
+        }
     }
 
     /// This listener no longer hears anything (its connection was lost): every lock it listened

@@ -745,3 +745,51 @@ async fn one_sessions_trouble_loses_no_lock_of_another_session() {
     assert!(healthy.release().await.unwrap());
     drop(troubled);
 }
+
+/// A session the servers ended (here the ensemble lost its state: restarted without its data,
+/// so every session is unknown to it, and written to until it is past what the client saw, so
+/// that the client may reconnect and be told) is told to every holder on it as soon as the
+/// client hears of it: a lock without the watchdog, with most of its 30 s ttl left, and one
+/// renewed every 10 s, are both lost within seconds, not at the end of the ttl or at the next
+/// renewal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holders_are_told_at_once_when_their_session_ends() {
+    let ensemble = blocking(ZkEnsemble::spawn).await;
+    let hosts = ensemble.hosts();
+    let c = client(&hosts, "/ended").await;
+    let plain = c.acquire("plain", &ttl(30_000)).await.unwrap();
+    let renewed = c.acquire("renewed", &ttl(30_000).watchdog(true)).await.unwrap();
+    let seen = ensemble.last_zxid();
+    let ensemble = blocking(move || {
+        let mut ensemble = ensemble;
+        ensemble.restart_empty();
+        ensemble
+    })
+    .await;
+    let zk = raw(&hosts).await;
+    let mut n = 0;
+    while ensemble.last_zxid() <= seen {
+        n += 1;
+        zk.create(
+            &format!("/pad{n}"),
+            b"",
+            &zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all()),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("padding the new state: {e}"));
+    }
+    let past = Instant::now();
+    for (key, guard) in [("plain", &plain), ("renewed", &renewed)] {
+        tokio::time::timeout(6 * SECOND, guard.lost())
+            .await
+            .unwrap_or_else(|_| panic!("{key}: not told within 6 s of the servers taking the client back"));
+    }
+    println!(
+        "both told {:?} after the servers could take the client back",
+        past.elapsed()
+    );
+    // The client takes the keys again on a new session.
+    let again = c.acquire("plain", &ttl(30_000)).await.unwrap();
+    assert!(again.release().await.unwrap());
+    drop(ensemble);
+}

@@ -27,7 +27,7 @@ use futures_util::future::join_all;
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
-use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, MultiReadResult};
+use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, MultiReadResult, SessionState};
 
 use super::{
     Ask, Attempt, Capabilities, DynStore, Flight, ForceReleased, Kind, Lock, LockView, Notices, Release,
@@ -208,6 +208,9 @@ struct Shared {
     changed: Notify,
     /// Each waiter's watch of the node ahead of its own, by token.
     watches: Mutex<HashMap<String, AbortHandle>>,
+    /// Each session's watch of its state, by session id: its end is told to every holder on
+    /// it at once ([`Shared::session_ended`]).
+    endings: Mutex<HashMap<i64, AbortHandle>>,
     notices: Notices,
 }
 
@@ -360,6 +363,62 @@ impl Shared {
         }
     }
 
+    /// Watches `session`'s state (once per session): when the servers end it (expired,
+    /// closed, or its credentials refused), [`session_ended`](Self::session_ended) is told.
+    fn watch_end(self: &Arc<Self>, session: &Session) {
+        let mut endings = locked(&self.endings);
+        if endings.contains_key(&session.id) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (id, mut states) = (session.id, session.client.state_watcher());
+        let shared = Arc::downgrade(self);
+        let task = runtime.spawn(async move {
+            let mut state = states.state();
+            while !matches!(
+                state,
+                SessionState::Expired | SessionState::Closed | SessionState::AuthFailed
+            ) {
+                state = states.changed().await;
+            }
+            if let Some(shared) = shared.upgrade() {
+                locked(&shared.endings).remove(&id);
+                shared.session_ended(id, state);
+            }
+        });
+        endings.insert(id, task.abort_handle());
+    }
+
+    /// Session `id` ended: every lock held on it is gone with its nodes, and each holder is
+    /// told at once (its guard lost, an aborting body stopped) instead of at its next renewal
+    /// or the end of its validity; every waiter on it looks again (its node went too).
+    fn session_ended(&self, id: i64, state: SessionState) {
+        let (mut held, mut waiting) = (Vec::new(), Vec::new());
+        for (token, place) in self.places().iter().filter(|(_, p)| p.session == id) {
+            match place.until {
+                Some(_) if !place.kept => held.push(token.clone()),
+                Some(_) => {}
+                None => waiting.push((place.name.clone(), token.clone())),
+            }
+        }
+        if held.is_empty() && waiting.is_empty() {
+            return;
+        }
+        tracing::warn!(
+            session = format_args!("{id:#x}"),
+            ?state,
+            locks = held.len(),
+            "a ZooKeeper session ended: every lock held on it is lost"
+        );
+        self.sessions.forget(id);
+        self.notices.held_lost(&held);
+        for (name, waiter) in waiting {
+            self.notices.turn(&name, waiter.as_bytes(), None);
+        }
+    }
+
     /// Deletes the nodes whose time is up (their holders' validity ended).
     async fn reap(&self) {
         let now = Instant::now();
@@ -450,6 +509,7 @@ impl ZkStore {
                 due: Mutex::new(BTreeSet::new()),
                 changed: Notify::new(),
                 watches: Mutex::new(HashMap::new()),
+                endings: Mutex::new(HashMap::new()),
                 notices,
             }),
             parent,
@@ -465,11 +525,13 @@ impl ZkStore {
         store_error(self.ensemble(), error, path)
     }
 
-    /// The session for `ttl_ms`, with the keeper running.
+    /// The session for `ttl_ms`, with the keeper running and the session's end watched.
     async fn session(&self, ttl_ms: u64) -> Result<Session, LockError> {
         let shared = Arc::clone(&self.shared);
         self.keeper.ensure(move || shared.keep());
-        self.shared.sessions.for_ttl(self.ensemble(), ttl_ms).await
+        let session = self.shared.sessions.for_ttl(self.ensemble(), ttl_ms).await?;
+        self.shared.watch_end(&session);
+        Ok(session)
     }
 
     /// The children of the lock's node, with `sync` behind a `sync` (so the server this session
@@ -1088,6 +1150,9 @@ impl Drop for ZkStore {
         self.keeper.stop();
         for (_, watch) in locked(&self.shared.watches).drain() {
             watch.abort();
+        }
+        for (_, ending) in locked(&self.shared.endings).drain() {
+            ending.abort();
         }
         drop(self.shared.sessions.take_all());
     }
