@@ -2049,7 +2049,8 @@ async fn random_sequences_agree_with_the_model(t: Target) {
 ///
 /// Every call renews (watchdog, 1.2 s lease) and lets its body go on when lost
 /// (`OnLost::Continue`), so that no lease ends by itself and a loss is told, not acted on.
-/// `COMPOSITION_SEED=0x…` replays one sequence; `MODEL_SEQUENCES=n` sets how many run per store.
+/// `COMPOSITION_SEED=0x…` replays one sequence, `COMPOSITION_BASE=0x…` a whole run (each run
+/// prints its base); `MODEL_SEQUENCES=n` sets how many run per store.
 mod composition {
     use std::collections::BTreeSet;
     use std::future::Future;
@@ -3188,16 +3189,21 @@ mod composition {
         Offers { fair_and_shared }
     }
 
-    fn seeds() -> Vec<u64> {
+    /// The run's seeds: `COMPOSITION_SEED` alone, or `MODEL_SEQUENCES` of them from a base
+    /// (`COMPOSITION_BASE`, else the clock), which the run prints so that it can be run again
+    /// whole.
+    fn seeds() -> (Vec<u64>, Option<u64>) {
         if let Some(seed) = env_u64("COMPOSITION_SEED") {
-            return vec![seed];
+            return (vec![seed], None);
         }
         let runs = env_u64("MODEL_SEQUENCES").unwrap_or(SEQUENCES);
-        let clock = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos() as u64);
-        let base = clock ^ u64::from(std::process::id()).rotate_left(32);
-        (0..runs).map(|i| mix(base.wrapping_add(i))).collect()
+        let base = env_u64("COMPOSITION_BASE").unwrap_or_else(|| {
+            let clock = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64);
+            clock ^ u64::from(std::process::id()).rotate_left(32)
+        });
+        ((0..runs).map(|i| mix(base.wrapping_add(i))).collect(), Some(base))
     }
 
     /// Sequences that fail again, shrunk: chunks dropped, then single steps, while it fails.
@@ -3240,7 +3246,7 @@ mod composition {
         let admin = t.other_client().await;
         let offers = offers(&clients[0]).await;
         let store = format!("{:?}", clients[0]);
-        let seeds = seeds();
+        let (seeds, base) = seeds();
         let started = Instant::now();
         let slots = Arc::new(Semaphore::new(AT_ONCE));
         let mut runs = Vec::new();
@@ -3287,8 +3293,9 @@ mod composition {
                 }
             }
         }
+        let again = base.map_or(String::new(), |base| format!(", COMPOSITION_BASE={base:#x}"));
         println!(
-            "composition model on {store}: {} sequences ({offers:?}) in {:.1?}",
+            "composition model on {store}: {} sequences ({offers:?}{again}) in {:.1?}",
             seeds.len(),
             started.elapsed()
         );
