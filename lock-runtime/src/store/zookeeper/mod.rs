@@ -951,13 +951,10 @@ impl ZkStore {
                 };
             }
         }
-        // Nothing renewed, and something failed: the whole answer is that failure.
+        // Nothing decided, because every session failed: the answer is that failure (an
+        // `extend` reports it as it is).
         if let Some(e) = failed {
-            if !found
-                .iter()
-                .any(|r| matches!(r, Renewal::Renewed | Renewal::RenewedFor(_) | Renewal::Gone))
-                || locks.len() == 1
-            {
+            if found.iter().all(|r| matches!(r, Renewal::Undecided)) {
                 return Err(e);
             }
         }
