@@ -2518,16 +2518,13 @@ mod composition {
                 .map(|(k, _)| *k)
                 .collect();
             if missing.is_empty() {
-                let lost: Vec<Option<bool>> = kept.iter().map(|&s| self.lost(s)).collect();
-                if lost.contains(&Some(true)) {
-                    return fail(&["lost"]);
-                }
-                if lost.contains(&None) {
-                    return Expect::LostOrEnters { held: kept };
-                }
-                return Expect::Enters {
-                    held: kept,
-                    new: Vec::new(),
+                return match self.any_lost(&kept) {
+                    Some(true) => fail(&["lost"]),
+                    None => Expect::LostOrEnters { held: kept },
+                    Some(false) => Expect::Enters {
+                        held: kept,
+                        new: Vec::new(),
+                    },
                 };
             }
             let mut refusals = BTreeSet::new();
@@ -2579,18 +2576,37 @@ mod composition {
             self.settling[key].is_some_and(|until| Instant::now() < until)
         }
 
-        /// Records an entered call; answers its frame.
-        fn enter(&mut self, chain: usize, mode: Mode, held: Vec<usize>, new: Vec<(usize, Held)>) {
-            let mut took = Vec::new();
-            for (key, held) in new {
-                self.states.push(KeyState {
-                    key,
-                    held,
-                    released: false,
-                    lost_at: None,
-                });
-                took.push(self.states.len() - 1);
+        /// New states for locks just taken; answers their indices.
+        fn take(&mut self, new: Vec<(usize, Held)>) -> Vec<usize> {
+            new.into_iter()
+                .map(|(key, held)| {
+                    self.states.push(KeyState {
+                        key,
+                        held,
+                        released: false,
+                        lost_at: None,
+                    });
+                    self.states.len() - 1
+                })
+                .collect()
+        }
+
+        /// Whether any of `states` is lost: `Some(true)` surely told, `None` lost but maybe not
+        /// told yet, `Some(false)` none lost.
+        fn any_lost(&self, states: &[usize]) -> Option<bool> {
+            let lost: Vec<Option<bool>> = states.iter().map(|&s| self.lost(s)).collect();
+            if lost.contains(&Some(true)) {
+                Some(true)
+            } else if lost.contains(&None) {
+                None
+            } else {
+                Some(false)
             }
+        }
+
+        /// Records an entered call.
+        fn enter(&mut self, chain: usize, mode: Mode, held: Vec<usize>, new: Vec<(usize, Held)>) {
+            let took = self.take(new);
             let mut frame: Vec<usize> = held.into_iter().chain(took.iter().copied()).collect();
             frame.sort_by_key(|&s| self.states[s].key);
             self.chains[chain].push(CallModel { mode, frame, took });
@@ -2621,33 +2637,12 @@ mod composition {
 
         /// A guard taken: its new states.
         fn grab(&mut self, slot: usize, new: Vec<(usize, Held)>) {
-            let mut states = Vec::new();
-            for (key, held) in new {
-                self.states.push(KeyState {
-                    key,
-                    held,
-                    released: false,
-                    lost_at: None,
-                });
-                states.push(self.states.len() - 1);
-            }
-            self.guards[slot] = Some(states);
+            self.guards[slot] = Some(self.take(new));
         }
 
-        /// Whether a guard is lost: `Some(true)` surely, `None` maybe (not told yet).
+        /// Whether a guard is lost (as [`any_lost`](Self::any_lost)).
         fn guard_lost(&self, slot: usize) -> Option<bool> {
-            let lost: Vec<Option<bool>> = self.guards[slot]
-                .iter()
-                .flatten()
-                .map(|&s| self.lost(s))
-                .collect();
-            if lost.contains(&Some(true)) {
-                Some(true)
-            } else if lost.contains(&None) {
-                None
-            } else {
-                Some(false)
-            }
+            self.any_lost(self.guards[slot].as_deref().unwrap_or_default())
         }
 
         /// A guard given back (released, or dropped: then its keys settle).
@@ -2934,9 +2929,8 @@ mod composition {
                         ));
                     }
                 }
-                let lost: Vec<Option<bool>> = call.frame.iter().map(|&s| self.model.lost(s)).collect();
-                let surely = lost.contains(&Some(true));
-                let maybe = lost.contains(&None);
+                let lost = self.model.any_lost(&call.frame);
+                let (surely, maybe) = (lost == Some(true), lost.is_none());
                 match (seen.lost, surely, maybe) {
                     (true, _, _) if surely || maybe => return Ok(()),
                     (false, false, false) => return Ok(()),
