@@ -155,24 +155,12 @@ async fn transfer(
     };
     let (from_token, to_token) = (token(from), token(to));
     let accounts = [(from, from_token), (to, to_token)];
-    for (k, token) in accounts {
-        if !store.write(k, token, section, Op::Enter).await? {
-            return Ok(false);
-        }
+    if !write_each(store, &accounts, section, Op::Enter).await? {
+        return Ok(false);
     }
     let (from_read, to_read) = (store.balance(from).await?, store.balance(to).await?);
-    let until = Instant::now() + hold;
-    loop {
-        let left = until.saturating_duration_since(Instant::now());
-        if left.is_zero() {
-            break;
-        }
-        tokio::time::sleep(left.min(POLL)).await;
-        for (k, token) in accounts {
-            if !store.write(k, token, section, Op::Poll).await? {
-                return Ok(false);
-            }
-        }
+    if !hold_writing(store, &accounts, section, hold).await? {
+        return Ok(false);
     }
     Ok(store
         .transfer(
@@ -195,18 +183,42 @@ async fn body(store: &Store, k: u64, section: &str, hold: Duration) -> Result<bo
         return Ok(false);
     }
     let value = store.value(k).await?;
+    if !hold_writing(store, &[(k, token)], section, hold).await? {
+        return Ok(false);
+    }
+    Ok(store.write(k, token, section, Op::Set(value + 1)).await?)
+}
+
+/// `op` written to each `(resource, token)` in turn; whether the store accepted every one (it
+/// stops at the first it refuses).
+async fn write_each(store: &Store, each: &[(u64, u64)], section: &str, op: Op) -> Result<bool, Failure> {
+    for &(k, token) in each {
+        if !store.write(k, token, section, op).await? {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Holds the lock for `hold`, writing a poll to each `(resource, token)` every [`POLL`];
+/// whether the store accepted every write.
+async fn hold_writing(
+    store: &Store,
+    each: &[(u64, u64)],
+    section: &str,
+    hold: Duration,
+) -> Result<bool, Failure> {
     let until = Instant::now() + hold;
     loop {
         let left = until.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            break;
+            return Ok(true);
         }
         tokio::time::sleep(left.min(POLL)).await;
-        if !store.write(k, token, section, Op::Poll).await? {
+        if !write_each(store, each, section, Op::Poll).await? {
             return Ok(false);
         }
     }
-    Ok(store.write(k, token, section, Op::Set(value + 1)).await?)
 }
 
 /// What a worker's critical sections came to.
