@@ -151,5 +151,18 @@ async fn a_client_records_what_its_locks_do() {
     .await;
     assert!(frozen.release().await.is_err());
     assert!(seen.counter("lock_release_failures_total", &[]) >= 1);
+    // Sent again in the background while the lease lasts, each try failing on the frozen
+    // server; given up when it ends (3 s at most after its last renewal).
+    assert_eq!(seen.counter("lock_releases_given_up_total", &[]), 0);
+    eventually(
+        8 * SECOND,
+        "the failed release is given up at the end of its lease",
+        || async { seen.counter("lock_releases_given_up_total", &[]) == 1 },
+    )
+    .await;
+    assert!(
+        seen.counter("lock_release_failures_total", &[]) >= 2,
+        "it was sent again"
+    );
     server.resume();
 }
