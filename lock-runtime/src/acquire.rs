@@ -121,18 +121,30 @@ impl Acquire<'_> {
                     // No release of another client will wake it: the first of this client's
                     // waiters polls on the backoff; the others wait for this client's releases
                     // (in arrival order), as everywhere.
-                    let nap = match polls && wakeup.is_head() {
-                        true => nap(pttl_ms, keeps_place).min(poll_nap(&mut refusals)),
-                        false => nap(pttl_ms, keeps_place),
+                    let nap = match (
+                        polls && wakeup.is_head(),
+                        queues && capabilities.watched && !semaphore,
+                    ) {
+                        (true, _) => nap(pttl_ms, keeps_place).min(poll_nap(&mut refusals)),
+                        // The store's watch wakes it: a nap is only a safety net.
+                        (_, true) => WATCHED_NAP.mul_f64(rand::random_range(0.85..=1.0)),
+                        _ => nap(pttl_ms, keeps_place),
                     };
                     now + nap.min(deadline.saturating_duration_since(now))
                 });
                 let listen_until = nap_end.filter(|_| keeps_place).unwrap_or(deadline);
-                let _ = tokio::time::timeout_at(listen_until, backend.listen(&lock)).await;
+                let listened = tokio::time::timeout_at(listen_until, backend.listen(&lock)).await;
+                if listened.is_err() && listen_until < deadline {
+                    telemetry::nap_ended(capabilities.name); // no release reached it
+                }
                 if let (true, Some(nap_end)) = (std::mem::take(&mut sleep_first), nap_end) {
                     tokio::select! {
                         () = wakeup.woken() => {}
-                        () = tokio::time::sleep_until(nap_end) => {}
+                        () = tokio::time::sleep_until(nap_end) => {
+                            if nap_end < deadline {
+                                telemetry::nap_ended(capabilities.name); // no wake-up came
+                            }
+                        }
                     }
                 }
             }
@@ -563,6 +575,12 @@ fn nap(pttl_ms: Option<u64>, fair: bool) -> Duration {
     let until_expiry = pttl_ms.map_or(longest, Duration::from_millis);
     until_expiry.min(longest).mul_f64(rand::random_range(0.85..=1.0))
 }
+
+/// How long a waiter queued in a store that wakes it reliably
+/// ([`watched`](crate::store::Capabilities::watched)) sleeps before it looks again unwoken: a
+/// safety net only, counted in `lock_wait_naps_total` when it ends a wait. (A semaphore's
+/// waiter there still naps as elsewhere: a freed permit does not always reach it.)
+const WATCHED_NAP: Duration = Duration::from_secs(30);
 
 /// The longest a fair waiter sleeps between attempts: well within [`FAIR_PLACE_KEPT`], so a
 /// live waiter never loses its place.

@@ -159,6 +159,7 @@ async fn options_a_store_does_not_offer_are_refused_before_any_request() {
         hand_over: false,
         queues: false,
         polls: false,
+        watched: false,
     });
     for options in [
         ttl().fencing(true),

@@ -183,6 +183,10 @@ mod on {
     pub(crate) fn release_given_up() {
         metrics::counter!("lock_releases_given_up_total").increment(1);
     }
+
+    pub(crate) fn nap_ended(store: &'static str) {
+        metrics::counter!("lock_wait_naps_total", "store" => store).increment(1);
+    }
 }
 
 #[cfg(not(feature = "metrics"))]
@@ -196,6 +200,9 @@ mod on {
     pub(crate) fn renewal_failed() {}
     pub(crate) fn release_failed() {}
     pub(crate) fn release_given_up() {}
+    pub(crate) fn nap_ended(_: &'static str) {}
 }
 
-pub(crate) use on::{acquire, lost, release_failed, release_given_up, released, renewal_failed, renewed};
+pub(crate) use on::{
+    acquire, lost, nap_ended, release_failed, release_given_up, released, renewal_failed, renewed,
+};

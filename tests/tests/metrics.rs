@@ -3,6 +3,7 @@
 //! optional key-class label (never the key itself).
 
 use std::sync::Mutex;
+use std::time::Duration;
 
 use lock_runtime::{LockError, LockMode};
 use lock_tests::{eventually, test_builder, ttl, RedisServer, SECOND};
@@ -165,4 +166,45 @@ async fn a_client_records_what_its_locks_do() {
         "it was sent again"
     );
     server.resume();
+
+    // Naps: a fair waiter on Redis asks again every 300 ms while the holder keeps the lock (no
+    // release names it), each nap counted; a waiter queued on ZooKeeper is woken by its watch
+    // when the holder lets go after longer than the 2 s waiters used to nap, with no nap.
+    let fair_holder = client.acquire("nap:1", &ttl(10_000)).await.unwrap();
+    let fair = ttl(10_000).fair(true).wait(10 * SECOND);
+    let fair_waiter = tokio::spawn({
+        let client = client.clone();
+        async move { client.acquire("nap:1", &fair).await.unwrap() }
+    });
+    eventually(5 * SECOND, "a fair waiter's nap ends", || async {
+        seen.counter("lock_wait_naps_total", &[("store", "redis")]) >= 1
+    })
+    .await;
+    fair_holder.release().await.unwrap();
+    fair_waiter.await.unwrap().release().await.unwrap();
+
+    let zk = lock_tests::ZkEnsemble::shared().hosts();
+    let zk_client = || {
+        lock_runtime::LockClient::builder()
+            .zookeeper(&zk)
+            .prefix("/metrics")
+            .build()
+    };
+    let (holding, waiting) = (zk_client().await.unwrap(), zk_client().await.unwrap());
+    let held = holding.acquire("nap", &ttl(10_000)).await.unwrap();
+    let waiter = tokio::spawn(async move {
+        waiting
+            .acquire("nap", &ttl(10_000).wait(10 * SECOND))
+            .await
+            .unwrap()
+    });
+    // The holder keeps it past the old nap (1.7 to 2 s) before letting go.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    held.release().await.unwrap();
+    waiter.await.unwrap().release().await.unwrap();
+    assert_eq!(
+        seen.counter("lock_wait_naps_total", &[("store", "zookeeper")]),
+        0,
+        "the waiter was woken by its watch, not by a nap"
+    );
 }

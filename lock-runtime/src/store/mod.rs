@@ -515,6 +515,10 @@ pub(crate) struct Capabilities {
     /// notifications): a waiter tries again on a short backoff ([`POLL_NAPS`](crate::acquire)),
     /// not only at the holder's expiry.
     pub(crate) polls: bool,
+    /// A queued waiter is woken by its store whatever happens ahead of it (ZooKeeper: the
+    /// node ahead deleted or changed, the session ended, or the watch failed all wake it): it
+    /// naps only as a safety net ([`WATCHED_NAP`](crate::acquire)), not every 2 s.
+    pub(crate) watched: bool,
 }
 
 impl Capabilities {
@@ -528,6 +532,7 @@ impl Capabilities {
         hand_over: true,
         queues: false,
         polls: false,
+        watched: false,
     };
 
     /// Refuses options this store does not offer, saying why.

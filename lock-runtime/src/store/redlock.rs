@@ -589,6 +589,7 @@ impl Store for RedlockStore {
             hand_over: false,
             queues: false,
             polls: false,
+            watched: false,
         }
     }
 

@@ -752,6 +752,7 @@ impl Store for MysqlStore {
             hand_over: false,
             queues: false,
             polls: true,
+            watched: false,
         }
     }
 

@@ -1162,6 +1162,8 @@ impl Store for ZkStore {
             // The next in line holds once the node ahead is deleted; it looks (a read).
             hand_over: false,
             queues: true,
+            // Every waiter's watch wakes it (see `watch`).
+            watched: true,
             ..Capabilities::ALL
         }
     }
