@@ -320,6 +320,18 @@ impl ZkEnsemble {
             .map_or(0, |cons| cons.lines().filter(|l| l.contains("sid=")).count())
     }
 
+    /// The timeout of each session server `i` serves now (`cons`'s `to=`).
+    pub fn session_timeouts(&self, i: usize) -> Vec<Duration> {
+        four_letters(self.servers[i].client_port, "cons").map_or_else(Vec::new, |cons| {
+            cons.lines()
+                .filter(|l| l.contains("sid="))
+                .filter_map(|l| l.split("to=").nth(1))
+                .filter_map(|to| to.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok())
+                .map(Duration::from_millis)
+                .collect()
+        })
+    }
+
     fn log(&self, i: usize) -> String {
         let dir = self.server_dir(i);
         let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap_or_default();

@@ -801,3 +801,162 @@ async fn holders_are_told_at_once_when_their_session_ends() {
     assert!(again.release().await.unwrap());
     drop(ensemble);
 }
+
+/// A client's runtime that a test can block, as a stopped process or a long pause would block
+/// it: a thread of its own driving a current-thread runtime.
+struct Stallable {
+    handle: tokio::runtime::Handle,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Stallable {
+    fn start() -> Stallable {
+        let (handle_tx, handle_rx) = std::sync::mpsc::channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime");
+            handle_tx
+                .send(runtime.handle().clone())
+                .expect("the test waits for it");
+            runtime.block_on(async {
+                let _ = stopped.await;
+            });
+        });
+        let handle = handle_rx.recv().expect("the runtime's thread started");
+        Stallable {
+            handle,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    /// Blocks the runtime for `freeze`, from the moment answered.
+    async fn stall(&self, freeze: Duration) -> Instant {
+        let (began, at) = tokio::sync::oneshot::channel();
+        self.handle.spawn(async move {
+            let _ = began.send(Instant::now());
+            std::thread::sleep(freeze);
+        });
+        at.await.expect("the stall began")
+    }
+}
+
+impl Drop for Stallable {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// A waiter connected to a follower only has its runtime blocked for about its session's
+/// timeout while the holder lets go, with another waiter queued behind it. The leader hears of
+/// the thawed waiter's session from the follower only at its next ping, and may expire it just
+/// after the follower told the waiter that it is first: the thawed waiter must not count the
+/// lock held past its node, and the next waiter never holds while it does. Swept over freezes
+/// from the session's timeout less 300 ms to 150 ms more (the leader expires sessions on its
+/// tick, after their timeout): 7 of them here; `ZK_STALL_SWEEP=<runs>` sweeps every 10 ms, that
+/// many times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_thawed_as_its_session_expires_never_holds_beside_the_next() {
+    let ensemble = blocking(ZkEnsemble::spawn).await;
+    let leader = ensemble.wait_for_leader();
+    let follower = (0..3).find(|&i| i != leader).expect("three servers");
+    let at_leader = vec![ensemble.host(leader)];
+    let holder = client(&at_leader, "/stall").await;
+    let next = client(&at_leader, "/stall").await;
+    let zk = raw(&at_leader).await;
+    let stallable = Stallable::start();
+    let at_follower = vec![ensemble.host(follower)];
+    let thawed = stallable
+        .handle
+        .spawn(async move { client(&at_follower, "/stall").await })
+        .await
+        .expect("the client connects");
+
+    let sweeps: u32 = std::env::var("ZK_STALL_SWEEP")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    // How much longer than the session's timeout each freeze is (in ms).
+    let offsets: Vec<i64> = match sweeps {
+        0 => vec![-300, -150, -50, 0, 50, 100, 150],
+        runs => (0..runs).flat_map(|_| (-30..=15).map(|s| s * 10)).collect(),
+    };
+    let (mut first_held, mut requeued) = (0, 0);
+    for (run, offset) in offsets.into_iter().enumerate() {
+        let key = format!("k{run}");
+        let path = format!("/stall/{key}");
+        let held = holder.acquire(&key, &ttl(30_000)).await.unwrap();
+        let (c1, k1) = (thawed.clone(), key.clone());
+        let first = stallable.handle.spawn(async move {
+            let guard = c1.acquire(&k1, &ttl(1000).wait(60 * SECOND)).await.ok()?;
+            let got = Instant::now();
+            while !guard.is_lost() {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            let lost = Instant::now();
+            drop(guard);
+            Some((got, lost))
+        });
+        eventually(10 * SECOND, "the thawed waiter queues", || async {
+            children(&zk, &path).await.len() == 2
+        })
+        .await;
+        let (c2, k2) = (next.clone(), key.clone());
+        let second = tokio::spawn(async move {
+            let guard = c2.acquire(&k2, &ttl(5000).wait(60 * SECOND)).await.unwrap();
+            let got = Instant::now();
+            assert!(guard.release().await.unwrap());
+            (got, Instant::now())
+        });
+        eventually(10 * SECOND, "the next waiter queues", || async {
+            children(&zk, &path).await.len() == 3
+        })
+        .await;
+        // The shortest session on the follower is the waiter's (a 1 s ttl).
+        let timeout = ensemble
+            .session_timeouts(follower)
+            .into_iter()
+            .min()
+            .expect("the waiter's session");
+        let freeze = match u64::try_from(offset) {
+            Ok(longer) => timeout + Duration::from_millis(longer),
+            Err(_) => timeout.saturating_sub(Duration::from_millis(offset.unsigned_abs())),
+        };
+        stallable.stall(freeze).await;
+        assert!(held.release().await.unwrap());
+        let first = first.await.expect("the thawed waiter's task");
+        let (got2, released2) = second.await.expect("the next waiter's task");
+        match first {
+            Some((got1, lost1)) => {
+                if got1 < got2 {
+                    first_held += 1;
+                } else {
+                    requeued += 1;
+                }
+                assert!(
+                    !(got1 < released2 && got2 < lost1),
+                    "freeze {freeze:?} (session {timeout:?}): the next waiter held from {:?} to {:?} \
+                     while the thawed one counted the lock held from {:?} to {:?} (from its thaw)",
+                    got2.saturating_duration_since(got1.min(got2)),
+                    released2.saturating_duration_since(got1.min(got2)),
+                    got1.saturating_duration_since(got1.min(got2)),
+                    lost1.saturating_duration_since(got1.min(got2)),
+                );
+            }
+            None => requeued += 1,
+        }
+    }
+    eprintln!(
+        "stall sweep: the thawed waiter held first {first_held} times, after the next {requeued} times"
+    );
+}
+

@@ -5,8 +5,10 @@
 //! The session is the lease: a node lives as long as the session that created it, one session
 //! per ttl class (see [`sessions`]), so a holder that dies or is cut off loses its lock when
 //! the server expires its session. A holder's validity is the ttl from its request's send, and
-//! never longer than its session is kept (the timeout the servers granted, less a margin for the
-//! leader hearing of the session a tick late); every renewal reads the node again behind a
+//! never longer than its session is kept (the timeout the servers granted, less a margin for
+//! what the leader may not have heard yet: see [`sessions`]), counted only from a send the
+//! leader must have heard of (after a stall of this client, a later one: see [`pulse`]); every
+//! renewal reads the node again behind a
 //! `sync`, through the server's leader, and fails (so validity runs out) while the ensemble
 //! cannot be reached. A lock taken for a ttl and not renewed is deleted by this client when its
 //! ttl ends (the reaper), as Redis expires a key; a minimum hold keeps the node until it ends.
@@ -40,9 +42,11 @@ use crate::{LockClientBuilder, LockError};
 mod admin;
 mod names;
 mod permits;
+mod pulse;
 mod requests;
 mod sessions;
 
+use pulse::Pulse;
 use requests::{ask, ends_session, store_error, Ensemble};
 use sessions::{Session, Sessions};
 
@@ -211,6 +215,8 @@ struct Shared {
     /// Each session's watch of its state, by session id: its end is told to every holder on
     /// it at once ([`Shared::session_ended`]).
     endings: Mutex<HashMap<i64, AbortHandle>>,
+    /// Whether this client ran without a stall lately (see [`pulse`]).
+    pulse: Pulse,
     notices: Notices,
 }
 
@@ -222,6 +228,8 @@ pub(crate) struct ZkStore {
     parent: String,
     /// Deletes nodes whose time is up, and closes idle sessions.
     keeper: Background,
+    /// Beats the pulse.
+    beating: Background,
 }
 
 fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -510,10 +518,12 @@ impl ZkStore {
                 changed: Notify::new(),
                 watches: Mutex::new(HashMap::new()),
                 endings: Mutex::new(HashMap::new()),
+                pulse: Pulse::default(),
                 notices,
             }),
             parent,
             keeper: Background::default(),
+            beating: Background::default(),
         }
     }
 
@@ -525,10 +535,35 @@ impl ZkStore {
         store_error(self.ensemble(), error, path)
     }
 
-    /// The session for `ttl_ms`, with the keeper running and the session's end watched.
-    async fn session(&self, ttl_ms: u64) -> Result<Session, LockError> {
+    /// The keeper and the pulse running (on this runtime, if theirs went).
+    fn run_tasks(&self) {
         let shared = Arc::clone(&self.shared);
         self.keeper.ensure(move || shared.keep());
+        let shared = Arc::clone(&self.shared);
+        self.beating
+            .ensure(move || async move { shared.pulse.run().await });
+    }
+
+    /// `sent` if a request sent then may count `session` fresh at the leader; else, after a
+    /// stall of this client, the time of a later send that may, once it has come (see
+    /// [`pulse`]).
+    async fn confirmed(&self, sent: Instant, session: &Session) -> Instant {
+        let mut sent = sent;
+        while let Err(at) = self.shared.pulse.fresh(sent, session.opened, session.confirm) {
+            tracing::debug!(
+                session = format_args!("{:#x}", session.id),
+                "this client stalled: its ZooKeeper session counts as fresh only after the leader heard of it"
+            );
+            tokio::time::sleep_until(at).await;
+            sent = Instant::now();
+        }
+        sent
+    }
+
+    /// The session for `ttl_ms`, with the keeper and the pulse running and the session's end
+    /// watched.
+    async fn session(&self, ttl_ms: u64) -> Result<Session, LockError> {
+        self.run_tasks();
         let session = self.shared.sessions.for_ttl(self.ensemble(), ttl_ms).await?;
         self.shared.watch_end(&session);
         Ok(session)
@@ -704,6 +739,7 @@ impl ZkStore {
         }
         let sent = Instant::now();
         let session = self.session(ask_.ttl_ms).await?;
+        let sent = self.confirmed(sent, &session).await;
         // The release of an attempt whose answer never came follows it on this session.
         flight.set(session.id as u64);
         let (path, czxid) = self.create(&session, lock, token, ask_.shared).await?;
@@ -876,6 +912,7 @@ impl ZkStore {
             self.shared.unwatch(token);
             return Box::pin(self.acquire(lock, token, ask_, flight)).await;
         };
+        let sent = self.confirmed(sent, &session).await;
         // Behind a `sync`: a server cut off from the leader still answers reads for a while,
         // from a state that may still show this client's node after its session ended.
         self.decide(lock, token, (ask_, flight), place, (sent, &session), true)
@@ -884,7 +921,10 @@ impl ZkStore {
 
     async fn renew_locks(&self, locks: &[Renewing<'_>]) -> Result<Vec<Renewal>, LockError> {
         let sent = Instant::now();
+        self.run_tasks();
         let mut found = vec![Renewal::Gone; locks.len()];
+        // When each lock's renewal was sent: its session's (later after a stall).
+        let mut sent_at = vec![sent; locks.len()];
         // By session: one `sync` each, then a read of each node, sent together.
         let mut by_session: HashMap<i64, Vec<(usize, Place)>> = HashMap::new();
         for (at, (_, token, _)) in locks.iter().enumerate() {
@@ -900,8 +940,9 @@ impl ZkStore {
         }
         let checks = by_session.into_iter().map(|(id, places)| async move {
             let Some(session) = self.shared.session(id) else {
-                return (None, places, Ok(Vec::new()));
+                return (None, places, sent, Ok(Vec::new()));
             };
+            let sent = self.confirmed(sent, &session).await;
             let client = &session.client;
             let sync = client.sync(&places[0].1.path);
             let stats = join_all(places.iter().map(|(_, p)| client.check_stat(&p.path)));
@@ -913,15 +954,18 @@ impl ZkStore {
                 }
                 Err(e) => Err(e),
             };
-            (Some(session), places, checked)
+            (Some(session), places, sent, checked)
         });
         // Each session on its own: one that cannot be reached leaves its locks undecided (the
         // watchdog retries them while they are valid), and the others' are renewed.
         let mut failed = None;
-        for (session, places, checked) in join_all(checks).await {
+        for (session, places, sent, checked) in join_all(checks).await {
             let Some(session) = session else {
                 continue; // its session ended: every lock on it is gone
             };
+            for (at, _) in &places {
+                sent_at[*at] = sent;
+            }
             let stats = match checked {
                 Ok(stats) => stats,
                 Err(e) => {
@@ -962,7 +1006,7 @@ impl ZkStore {
             let mut places = self.shared.places();
             match found[at] {
                 Renewal::Renewed | Renewal::RenewedFor(_) => {
-                    let until = sent + Duration::from_millis(*ttl_ms);
+                    let until = sent_at[at] + Duration::from_millis(*ttl_ms);
                     if let Some(place) = places.get_mut(*token) {
                         // Never shortened (as `PEXPIRE … GT` on Redis).
                         place.until = place.until.map(|was| was.max(until));
@@ -1145,6 +1189,7 @@ impl Drop for ZkStore {
     /// The client's tasks go with it, and its sessions are closed (their nodes with them).
     fn drop(&mut self) {
         self.keeper.stop();
+        self.beating.stop();
         for (_, watch) in locked(&self.shared.watches).drain() {
             watch.abort();
         }

@@ -83,6 +83,7 @@ impl ZkStore {
                 self.session(ask_.ttl_ms).await?
             }
         };
+        let sent = self.confirmed(sent, &session).await;
         // The release of an attempt whose answer never came follows it on this session.
         flight.set(session.id as u64);
         let uuid = names::uuid_of(token);

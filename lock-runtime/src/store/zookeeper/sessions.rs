@@ -1,16 +1,45 @@
 //! A client's ZooKeeper sessions: one per ttl class (a ttl rounded up to whole seconds), opened
 //! at its first use, so that the nodes of a holder that dies lapse with its session within
-//! about its ttl. The session timeout asked for is the class plus a margin ([`MARGIN`], at most
-//! the class itself): the leader learns that a session is alive from the server the client talks
-//! to, at that server's next ping (every tick), so it may count the session's timeout from a
-//! moment up to a tick before this client's request. The servers bound every session timeout (by
-//! default between 2 and 20 ticks: 4 s and 40 s with the default 2 s tick): what a lock on the
-//! session can count on is the timeout granted less that margin ([`Session::keeps`]), which
-//! is the whole class unless the servers granted less than was asked.
+//! about its ttl.
+//!
+//! What a lock on a session can count on is bounded by what the *leader* knows: it expires a
+//! session a timeout after it last heard of it, and a follower reports a session's activity only
+//! in its reply to the leader's next ping (every half tick). A lock granted by a request sent at
+//! `t` is valid until `t + keeps`, where `keeps` is the timeout granted less a margin:
+//!
+//! ```text
+//! margin  = conn / 2        the longest zookeeper-client stays silent (it pings 3/8 of its
+//!                           per-server connection timeout `conn` after its last send, checked
+//!                           every 1/8)
+//!         + SKIP            a stall of the client's runtime shorter than the pulse notices
+//!         + tick / 2        the follower's report, at the leader's next ping
+//!         + SLACK           the network and the servers' queues
+//! confirm = conn / 8 + tick / 2 + SLACK
+//! ```
+//!
+//! While the client runs, the leader heard of the session at most `margin` before any request
+//! (the client's previous send, reported within a half tick; by induction the session never
+//! lapses), so it lives at least until `t - margin + timeout = t + keeps`. After a stall (see
+//! [`super::pulse`]) that induction breaks: nothing was sent, and the first request after it may
+//! be answered by a follower while the leader expires the session. Interleaving, with a 4 s
+//! session on a follower: the client is stopped at 0 s; it thaws at 3.9 s, sends a `sync` and a
+//! read at 3.95 s, and the follower (synced) answers that its node is first; the leader expires
+//! the session at 4 s, before the follower's report of the request (due by 4.05 s); the next
+//! waiter enters at 4.1 s. Counted from 3.95 s, the thawed holder would believe its lock valid
+//! until 5.7 s. So after a stall a request counts only when sent `confirm` after it ended: by
+//! then the client's ping (or request) sent within `conn / 8` of the thaw was reported, which
+//! either refreshed the session at the leader (it lives a timeout from the report) or found it
+//! expired (the node is gone, and the `sync` + read sent after the report sees that). A
+//! reconnect revalidates the session at the leader itself, before any request goes.
+//!
+//! `tick` is probed once per client: a session asked for 2 s is granted at least the servers'
+//! minimum, which is 2 ticks by default, so half the timeout granted bounds the tick (exactly,
+//! with ZooKeeper's default tick of 2 s; at most 1 s below that). Servers configured with a
+//! `minSessionTimeout` below two ticks make this bound too low: do not.
 //!
 //! A session the server ended (expired, closed, or whose client's task went with its runtime)
-//! is replaced at its next use; the nodes on it went with it, which the holders find at their
-//! next renewal and the waiters when they look again.
+//! is replaced at its next use; the nodes on it went with it, and the holders are told (see
+//! `Shared::session_ended`).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -18,15 +47,18 @@ use std::time::Duration;
 use tokio::time::Instant;
 use zookeeper_client::{Client, SessionState};
 
+use super::pulse::SKIP;
 use super::requests::{connect_error, unavailable, Ensemble};
 use crate::LockError;
 
 /// A session unused this long, with no node on it, is closed.
 pub(super) const IDLE: Duration = Duration::from_secs(60);
 
-/// What a session's timeout is asked above its class, and what a lock counts below the timeout
-/// granted: ZooKeeper's default tick (at most half the timeout granted).
-pub(super) const MARGIN: Duration = Duration::from_secs(2);
+/// The network's and the servers' share of the margin (see the module doc).
+const SLACK: Duration = Duration::from_millis(100);
+
+/// The session timeout asked of the probe whose grant bounds the servers' tick.
+const PROBE_ASK: Duration = Duration::from_secs(2);
 
 /// One session.
 #[derive(Debug, Clone)]
@@ -37,6 +69,11 @@ pub(super) struct Session {
     /// How long after a request's send the servers keep the session (and its nodes) at least:
     /// the timeout they granted less the margin (see the module doc).
     pub(super) keeps: Duration,
+    /// How long after a stall a request must be sent to count the session fresh (`confirm` in
+    /// the module doc).
+    pub(super) confirm: Duration,
+    /// When it was opened (its handshake refreshed it at the leader).
+    pub(super) opened: Instant,
     /// When a lock last asked for it.
     used: Instant,
 }
@@ -56,16 +93,72 @@ pub(super) fn class_of(ttl_ms: u64) -> u64 {
     ttl_ms.div_ceil(1000).max(1)
 }
 
-/// The session timeout asked for a class: the class and a margin of at most the class.
-fn asked(class: u64) -> Duration {
-    let class = Duration::from_secs(class);
-    class + MARGIN.min(class)
+/// What the servers' and the client's timing gives a session: see the module doc.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Timing {
+    /// The servers' tick, at most.
+    tick: Duration,
+    /// The client's connection timeout per server.
+    conn: Duration,
 }
 
-/// What a session whose granted timeout is `granted` keeps a lock at least, from a request's
-/// send.
-fn keeps(granted: Duration) -> Duration {
-    granted - MARGIN.min(granted / 2)
+impl Timing {
+    fn margin(self) -> Duration {
+        self.conn / 2 + SKIP + self.tick / 2 + SLACK
+    }
+
+    fn confirm(self) -> Duration {
+        self.conn / 8 + self.tick / 2 + SLACK
+    }
+
+    /// The session timeout asked for a class: the class and the margin.
+    fn asked(self, class: u64) -> Duration {
+        Duration::from_secs(class) + self.margin()
+    }
+
+    /// The timing once the servers granted `granted`: zookeeper-client shortens its connection
+    /// timeout to 2/5 of the session's when the one asked is more than 3/5 of it.
+    fn granted(self, granted: Duration) -> Timing {
+        let conn = if self.conn > granted * 3 / 5 {
+            granted * 2 / 5
+        } else {
+            self.conn
+        };
+        Timing { conn, ..self }
+    }
+
+    /// What a session granted `granted` keeps a lock at least, from a request's send.
+    fn keeps(self, granted: Duration) -> Duration {
+        granted.saturating_sub(self.granted(granted).margin())
+    }
+}
+
+/// Each server's share of the connect timeout for its handshake (a frozen server tried first
+/// must not use it all): at least a second. The client also counts a connection silent that
+/// long as lost.
+fn per_server(ensemble: &Ensemble) -> Duration {
+    let servers = u32::try_from(ensemble.hosts.len().max(1)).unwrap_or(u32::MAX);
+    (ensemble.timeouts.connect / servers).max(Duration::from_secs(1))
+}
+
+/// A session of `asked` on `ensemble`, its handshake given `conn` per server.
+async fn open(ensemble: &Ensemble, asked: Duration, conn: Duration) -> Result<Client, LockError> {
+    tokio::time::timeout(
+        ensemble.timeouts.connect,
+        Client::connector()
+            .with_session_timeout(asked)
+            .with_connection_timeout(conn)
+            .with_fail_eagerly()
+            .connect(&ensemble.connect_string()),
+    )
+    .await
+    .map_err(|_| {
+        unavailable(
+            ensemble,
+            format!("no session within {:?}", ensemble.timeouts.connect),
+        )
+    })?
+    .map_err(|e| connect_error(ensemble, &e))
 }
 
 /// The sessions of one client, by class.
@@ -74,8 +167,8 @@ pub(super) struct Sessions {
     /// Never held across an await.
     by_class: std::sync::Mutex<HashMap<u64, Session>>,
     /// Held across a connect, so that two first uses of a class open one session (lookups of
-    /// the sessions that are open do not wait for it).
-    connecting: tokio::sync::Mutex<()>,
+    /// the sessions that are open do not wait for it); guards the servers' tick, once probed.
+    connecting: tokio::sync::Mutex<Option<Duration>>,
 }
 
 impl Sessions {
@@ -110,37 +203,31 @@ impl Sessions {
         if let Some(session) = self.alive(class) {
             return Ok(session);
         }
-        let _connecting = self.connecting.lock().await;
+        let mut tick = self.connecting.lock().await;
         if let Some(session) = self.alive(class) {
             return Ok(session);
         }
-        // Each server gets a share of the connect timeout for its handshake (a frozen server
-        // tried first must not use it all): at least a second, and at most the 2/5 of the
-        // session's timeout the client takes by default. The client also counts a connection
-        // silent that long as lost (it pings every 3/8 of it).
-        let servers = u32::try_from(ensemble.hosts.len().max(1)).unwrap_or(u32::MAX);
-        let per_server = (ensemble.timeouts.connect / servers)
-            .max(Duration::from_secs(1))
-            .min(asked(class) * 2 / 5);
-        let client = tokio::time::timeout(
-            ensemble.timeouts.connect,
-            Client::connector()
-                .with_session_timeout(asked(class))
-                .with_connection_timeout(per_server)
-                .with_fail_eagerly()
-                .connect(&ensemble.connect_string()),
-        )
-        .await
-        .map_err(|_| {
-            unavailable(
-                ensemble,
-                format!("no session within {:?}", ensemble.timeouts.connect),
-            )
-        })?
-        .map_err(|e| connect_error(ensemble, &e))?;
+        let conn = per_server(ensemble);
+        let tick = match *tick {
+            Some(tick) => tick,
+            None => {
+                // Closed when dropped: the servers' minimum session timeout is 2 ticks.
+                let probe = open(ensemble, PROBE_ASK, conn.min(PROBE_ASK * 2 / 5)).await?;
+                let bound = probe.session_timeout() / 2;
+                tracing::debug!(tick = ?bound, "ZooKeeper's tick is at most this");
+                *tick.insert(bound)
+            }
+        };
+        let timing = Timing { tick, conn };
+        let asked = timing.asked(class);
+        let opening = Instant::now();
+        let client = open(ensemble, asked, conn.min(asked * 2 / 5)).await?;
+        let granted = client.session_timeout();
         let session = Session {
             id: client.session_id().0,
-            keeps: keeps(client.session_timeout()),
+            keeps: timing.keeps(granted),
+            confirm: timing.granted(granted).confirm(),
+            opened: opening,
             client,
             used: Instant::now(),
         };
@@ -192,14 +279,39 @@ mod tests {
         assert_eq!(class_of(1001), 2);
         assert_eq!(class_of(30_000), 30);
         let s = Duration::from_secs;
-        assert_eq!(asked(1), s(2));
-        assert_eq!(asked(30), s(32));
-        for class in [1, 2, 3, 10, 30, 600] {
-            assert!(keeps(asked(class)) >= s(class), "{class}");
-            assert!(keeps(asked(class)) < asked(class), "{class}");
+        let ms = Duration::from_millis;
+        // ZooKeeper's default tick, one server, the default connect timeout.
+        let timing = Timing {
+            tick: s(2),
+            conn: s(5),
+        };
+        assert_eq!(timing.margin(), ms(2500 + 300 + 1000 + 100));
+        for (tick, conn) in [(s(2), s(5)), (ms(100), s(1)), (s(1), ms(1666)), (s(4), s(10))] {
+            let timing = Timing { tick, conn };
+            for class in [1, 2, 3, 10, 30, 600] {
+                let asked = timing.asked(class);
+                assert!(timing.keeps(asked) >= s(class), "{class} {timing:?}");
+                assert!(timing.keeps(asked) < asked, "{class} {timing:?}");
+                assert!(timing.granted(asked).confirm() < timing.granted(asked).margin());
+            }
         }
-        // Granted less than asked (the servers' maximum): what is left after the margin.
-        assert_eq!(keeps(s(40)), s(38));
-        assert_eq!(keeps(s(2)), s(1));
+        // Granted less than asked (the servers' maximum): what is left after the margin, with
+        // the client's connection timeout shortened to 2/5 of the session's.
+        assert_eq!(
+            Timing {
+                tick: s(2),
+                conn: s(5)
+            }
+            .keeps(s(40)),
+            s(40) - ms(2500 + 300 + 1000 + 100)
+        );
+        assert_eq!(
+            Timing {
+                tick: ms(100),
+                conn: s(5)
+            }
+            .keeps(s(2)),
+            s(2) - ms(400 + 300 + 50 + 100)
+        );
     }
 }
