@@ -960,3 +960,50 @@ async fn a_waiter_thawed_as_its_session_expires_never_holds_beside_the_next() {
     );
 }
 
+/// A create whose answer is lost on a long-lived session (applied by the server, its answer
+/// dropped, the connection then reset), the session going on through another server: the
+/// attempt fails, and the node it made is found (behind a `sync`, through the new server) and
+/// deleted, so no node of the attempt is left holding the key back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_create_whose_answer_was_lost_leaves_no_node_after_a_reconnect() {
+    let hosts = ZkEnsemble::shared().hosts();
+    let zk = raw(&hosts).await;
+    let cut = CutOff::new("/lost-create").await;
+    // The session of the 30 s class opens now, through the proxy whose count goes up; the
+    // lock's node is made (a container, left for a while after it empties).
+    let before: Vec<usize> = cut.proxies.iter().map(FaultProxy::accepted).collect();
+    let warm = cut.client.acquire("k", &ttl(30_000)).await.unwrap();
+    assert!(warm.release().await.unwrap());
+    let through = (0..3)
+        .find(|&i| cut.proxies[i].accepted() > before[i])
+        .expect("the session's connection");
+    // Applied, answer dropped: the attempt cannot tell whether its node exists; nothing gets
+    // through after it.
+    cut.each(FaultProxy::drop_answers);
+    let attempt = tokio::spawn({
+        let client = cut.client.clone();
+        async move { client.acquire("k", &ttl(30_000)).await }
+    });
+    eventually(5 * SECOND, "the create is applied", || async {
+        !children(&zk, "/lost-create/k").await.is_empty()
+    })
+    .await;
+    cut.each(FaultProxy::blackhole);
+    let lost = attempt.await.unwrap();
+    assert!(lost.is_err(), "{lost:?}");
+    assert_eq!(children(&zk, "/lost-create/k").await.len(), 1);
+    // The session goes on through another server.
+    cut.proxies[through].silence_new(true);
+    cut.each(|p| {
+        p.relay();
+        p.reset_all();
+    });
+    eventually(10 * SECOND, "the lost create's node is deleted", || async {
+        children(&zk, "/lost-create/k").await.is_empty()
+    })
+    .await;
+    let other = client(&hosts, "/lost-create").await;
+    let next = other.acquire("k", &ttl(5000)).await.unwrap();
+    assert!(next.release().await.unwrap());
+    drop(cut);
+}

@@ -699,17 +699,29 @@ impl ZkStore {
         ))
     }
 
-    /// The node under `lock` whose name starts with `mine` (what its create named, before the
-    /// sequence), if there is one.
+    /// The node under `lock` that a create named `mine` (before the sequence) made, if there is
+    /// one: read behind a `sync` (after a reconnect the server may not have applied a create
+    /// sent through another yet), named `mine` and ten digits exactly, and not a node of this
+    /// client's that is known already (a leftover of an earlier attempt of the token, waiting to
+    /// be deleted): the newest such.
     async fn find(&self, session: &Session, lock: &str, mine: &str) -> Result<Option<String>, LockError> {
-        match ask(self.ensemble(), session.client.list_children(lock)).await? {
-            Ok(children) => Ok(children
-                .into_iter()
-                .find(|c| c.starts_with(mine))
-                .map(|c| format!("{lock}/{c}"))),
-            Err(ZkError::NoNode) => Ok(None),
-            Err(e) => Err(self.error(&e, lock)),
-        }
+        let client = &session.client;
+        let (synced, children) = ask(self.ensemble(), async {
+            tokio::join!(client.sync(lock), client.list_children(lock))
+        })
+        .await?;
+        let children = match synced.and(children) {
+            Ok(children) => children,
+            Err(ZkError::NoNode) => return Ok(None),
+            Err(e) => return Err(self.error(&e, lock)),
+        };
+        let known: Vec<String> = self.shared.places().values().map(|p| p.path.clone()).collect();
+        Ok(children
+            .into_iter()
+            .filter(|c| names::made_by(c, mine))
+            .map(|c| format!("{lock}/{c}"))
+            .filter(|path| !known.contains(path))
+            .max())
     }
 
     async fn czxid_of(&self, session: &Session, path: &str) -> Result<i64, LockError> {
@@ -1168,7 +1180,13 @@ async fn delete_by_uuid(shared: &Shared, id: i64, lock: &str, uuid: &str) -> Res
     };
     let client = &session.client;
     let mine = names::protection(uuid);
-    let children = match ask(&shared.ensemble, client.list_children(lock)).await? {
+    // Behind a `sync`: after a reconnect the server may not have applied a create sent through
+    // another yet, and "not there" is taken as final.
+    let (synced, children) = ask(&shared.ensemble, async {
+        tokio::join!(client.sync(lock), client.list_children(lock))
+    })
+    .await?;
+    let children = match synced.and(children) {
         Ok(children) => children,
         Err(ZkError::NoNode) => return Ok(false),
         Err(e) => return Err(store_error(&shared.ensemble, &e, lock)),

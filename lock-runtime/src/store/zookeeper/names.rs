@@ -123,6 +123,13 @@ pub(super) fn node_prefix(lock: &str, uuid: &str, shared: bool) -> String {
     format!("{lock}/{PROTECTED}{uuid}-{kind}")
 }
 
+/// Whether `name` is what a create of `prefix` (a node's name before its sequence) made: the
+/// prefix and ZooKeeper's ten digits, nothing else.
+pub(super) fn made_by(name: &str, prefix: &str) -> bool {
+    name.strip_prefix(prefix)
+        .is_some_and(|seq| seq.len() == 10 && seq.bytes().all(|b| b.is_ascii_digit()))
+}
+
 /// What a semaphore's caller creates to claim `permit` of `count` (ZooKeeper appends the
 /// sequence): `<lock path>/_c_<uuid>-permit-<count>-<permit>-`.
 pub(super) fn claim_prefix(lock: &str, uuid: &str, count: u32, permit: u32) -> String {
@@ -422,6 +429,21 @@ mod tests {
         );
         assert_eq!(permits.ahead_of("_c_x-queue-0000000012"), None);
         assert_eq!(parse_claim("_c_f-permit-0004-02-0000000001"), None);
+    }
+
+    #[test]
+    fn a_create_finds_only_the_node_it_made() {
+        let prefix = "_c_8d3f-lock-";
+        assert!(made_by("_c_8d3f-lock-0000000007", prefix));
+        assert!(!made_by("_c_8d3f-lock-000000007", prefix), "nine digits");
+        assert!(!made_by("_c_8d3f-lock-__READ__0000000007", prefix));
+        let claim = "_c_8d3f-permit-0002-0001-";
+        assert!(made_by("_c_8d3f-permit-0002-0001-0000000012", claim));
+        assert!(!made_by("_c_8d3f-permit-0002-0001-0000000012-x", claim));
+        assert!(!made_by(
+            "_c_8d3f-permit-0002-0010-0000000012",
+            "_c_8d3f-permit-0002-0001"
+        ));
     }
 
     #[test]
