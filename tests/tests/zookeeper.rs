@@ -960,6 +960,39 @@ async fn a_waiter_thawed_as_its_session_expires_never_holds_beside_the_next() {
     );
 }
 
+/// A fenced writer whose session ends before its release (so its release leaves nothing on the
+/// lock's node) left its token there as it took the lock: the readers after it never get the
+/// token of the writer before it, lower than one it may have used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readers_after_a_writer_whose_session_ended_get_no_lower_token() {
+    let hosts = ZkEnsemble::shared().hosts();
+    let other = client(&hosts, "/reader-token").await;
+    let writer = ttl(1000).fencing(true);
+    let reader = ttl(5000).fencing(true).mode(LockMode::Shared);
+    // The writer before it leaves its token as it lets go.
+    let before = other.acquire("k", &writer).await.unwrap();
+    let older = before.fencing_token().unwrap();
+    assert!(before.release().await.unwrap());
+
+    let cut = CutOff::new("/reader-token").await;
+    let ended = cut.client.acquire("k", &writer).await.unwrap();
+    let used = ended.fencing_token().unwrap();
+    assert!(used > older);
+    // Cut off until its session ends: its node goes with it, without a release.
+    cut.each(FaultProxy::blackhole);
+    let read = other
+        .acquire("k", &reader.clone().wait(20 * SECOND))
+        .await
+        .unwrap();
+    let token = read.fencing_token().unwrap();
+    assert!(
+        token >= used,
+        "a reader got token {token}, below {used}, which the writer before it may have used"
+    );
+    assert!(read.release().await.unwrap());
+    drop(cut);
+}
+
 /// A create whose answer is lost on a long-lived session (applied by the server, its answer
 /// dropped, the connection then reset), the session going on through another server: the
 /// attempt fails, and the node it made is found (behind a `sync`, through the new server) and

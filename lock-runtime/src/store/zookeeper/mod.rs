@@ -821,7 +821,12 @@ impl ZkStore {
         let line = names::line(&looked.children);
         let mine = place.path.rsplit('/').next().unwrap_or_default();
         match names::standing(&line, mine) {
-            Some(None) => Ok(self.taken(token, place, ask_, (sent, session), looked.left_fence)),
+            Some(None) => {
+                if place.fenced && !place.shared && place.permit.is_none() {
+                    self.leave_fence(session, &place).await;
+                }
+                Ok(self.taken(token, place, ask_, (sent, session), looked.left_fence))
+            }
             Some(Some(ahead)) if ask_.join => {
                 let ahead = format!("{}/{}", lock.name(), ahead.name);
                 self.watch(lock, token, session, ahead);
@@ -848,6 +853,26 @@ impl ZkStore {
                 }
                 Ok(Attempt::HELD)
             }
+        }
+    }
+
+    /// A fenced writer that takes the lock leaves its token on the lock's node at once (its
+    /// release leaves it again): the readers after it take that token, and one whose session
+    /// ended before its release (so that it left nothing then) must not leave them an older
+    /// writer's, lower than a token it may have used. A write that fails is warned of: the
+    /// release writes it again.
+    async fn leave_fence(&self, session: &Session, place: &Place) {
+        let token = place.czxid.to_string();
+        let set = ask(
+            self.ensemble(),
+            session.client.set_data(&place.name, token.as_bytes(), None),
+        )
+        .await;
+        if let Err(e) = set
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()))
+        {
+            tracing::warn!(lock = %place.name, error = %e, "could not leave a fenced writer's token on the ZooKeeper lock node as it took the lock; its release leaves it");
         }
     }
 
