@@ -51,7 +51,7 @@ const SCHEMES: &[Scheme] = &[
         config: needs_feature,
     },
     Scheme {
-        schemes: &["zk", "zookeeper"],
+        schemes: &["zk", "zookeeper", "zks"],
         store: "ZooKeeper",
         feature: Some(("zookeeper", cfg!(feature = "zookeeper"))),
         #[cfg(feature = "zookeeper")]
@@ -71,7 +71,7 @@ fn needs_feature(_: &str) -> Result<Arc<dyn StoreConfig>, LockError> {
 impl LockClientBuilder {
     /// Where the locks live, by URL: its scheme picks the store, as for
     /// [`LockClient::connect`](crate::LockClient::connect) (`redis://`, `rediss://`, `postgres://`, `mysql://`, `etcd://host:port`,
-    /// `zk://host:port,host:port`).
+    /// `zk://host:port,host:port`, `zk://user:password@…`, `zks://…` over TLS).
     /// A scheme it does not know fails at `build()`, with the schemes it does.
     ///
     /// ```

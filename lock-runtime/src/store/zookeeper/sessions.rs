@@ -122,13 +122,13 @@ impl Sessions {
         let per_server = (ensemble.timeouts.connect / servers)
             .max(Duration::from_secs(1))
             .min(asked(class) * 2 / 5);
+        let connector = Client::connector()
+            .with_session_timeout(asked(class))
+            .with_connection_timeout(per_server)
+            .with_fail_eagerly();
         let client = tokio::time::timeout(
             ensemble.timeouts.connect,
-            Client::connector()
-                .with_session_timeout(asked(class))
-                .with_connection_timeout(per_server)
-                .with_fail_eagerly()
-                .connect(&ensemble.connect_string()),
+            ensemble.access.connect(connector, &ensemble.connect_string()),
         )
         .await
         .map_err(|_| {
