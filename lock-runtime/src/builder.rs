@@ -103,7 +103,10 @@ impl LockClientBuilder {
     /// Changes the store description given last, if it is a `C` (a store's own setting, such
     /// as etcd's user): `method` (`.etcd_user`) needs `store` (`.etcd([…])`) before it, and
     /// fails at `build()` without.
-    #[cfg_attr(not(any(feature = "etcd", feature = "postgres")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "etcd", feature = "postgres", feature = "zookeeper")),
+        allow(dead_code)
+    )]
     pub(crate) fn refine<C>(mut self, method: &str, store: &str, change: impl FnOnce(&mut C)) -> Self
     where
         C: StoreConfig + Clone + 'static,
@@ -152,7 +155,8 @@ impl LockClientBuilder {
 
     /// Trusts the CA certificate(s) in `pem` for a `rediss://` server (or `https://` etcd
     /// members), instead of the system's trust store: for servers whose certificate a private
-    /// CA signed.
+    /// CA signed. Given with [`zookeeper`](Self::zookeeper), it reaches the ensemble over TLS
+    /// (the `tls` feature; ZooKeeper over TLS needs it).
     pub fn tls_root_ca(mut self, pem: &[u8]) -> Self {
         self.tls.root_ca = Some(pem.to_vec());
         self
@@ -160,7 +164,7 @@ impl LockClientBuilder {
 
     /// Presents this client certificate (PEM chain and its PEM private key) to a `rediss://`
     /// server started with `--tls-auth-clients yes` (or to `https://` etcd members started
-    /// with `--client-cert-auth`).
+    /// with `--client-cert-auth`, or to ZooKeeper servers with `ssl.clientAuth=need`).
     pub fn tls_client_auth(mut self, cert_pem: &[u8], key_pem: &[u8]) -> Self {
         self.tls.client_auth = Some((cert_pem.to_vec(), key_pem.to_vec()));
         self

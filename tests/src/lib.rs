@@ -35,7 +35,7 @@ pub use postgres::{shared_postgres_url, PostgresServer};
 pub use proxy::FaultProxy;
 pub use sentinel::SentinelSetup;
 pub use tls::TestCerts;
-pub use zookeeper::{Curator, CuratorLock, ZkEnsemble};
+pub use zookeeper::{Curator, CuratorLock, ZkEnsemble, SECURE_PASSWORD, SECURE_USER};
 
 /// One second, the unit most test deadlines are written in.
 pub const SECOND: Duration = Duration::from_secs(1);

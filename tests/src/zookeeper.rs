@@ -5,6 +5,9 @@
 //! asks for less), so that a lock's session can follow a long ttl. A server can be killed, frozen (SIGSTOP) and started again,
 //! and the leader found. One ensemble serves every behaviour test of a test binary
 //! ([`ZkEnsemble::shared`], tests isolated by parent path); fault tests start their own.
+//! [`ZkEnsemble::shared_secure`] is a second one, started at its first use, whose servers also
+//! listen with TLS (certificates the kit generates at spawn) and serve only sessions that added
+//! digest credentials ([`SECURE_USER`], [`SECURE_PASSWORD`]).
 //!
 //! [`Curator`] runs Apache Curator's own recipes (Debian's `libcurator-recipes-java`) in a small
 //! Java program the kit compiles once, for the tests that check our layout against the real
@@ -16,19 +19,40 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::free_port;
+use super::{free_port, TestCerts};
 
 /// The jars a ZooKeeper server (and Curator) runs with, from Debian's packages.
 const DEBIAN_JARS: &str = "/usr/share/java";
+
+/// The digest user the servers of [`ZkEnsemble::shared_secure`] require of every session.
+pub const SECURE_USER: &str = "locker";
+
+/// [`SECURE_USER`]'s password.
+pub const SECURE_PASSWORD: &str = "s3cret:with/odd@chars";
 
 /// One server of an ensemble.
 #[derive(Debug)]
 struct Server {
     id: usize,
     client_port: u16,
+    /// Its TLS port (`secureClientPort`), on an ensemble made with TLS.
+    secure_port: Option<u16>,
     peer_port: u16,
     election_port: u16,
     child: Option<Child>,
+}
+
+/// What an ensemble's servers are started with beyond the defaults.
+#[derive(Debug, Clone, Default)]
+struct Setup {
+    /// The longest session timeout the servers grant, in ms.
+    max_session_ms: u64,
+    /// Each server also listens with TLS (Netty's connection factory), with these certificates
+    /// (the server's as its key store, the CA as its trust store), and requires a client
+    /// certificate signed by the CA (`ssl.clientAuth=need`).
+    tls: Option<TestCerts>,
+    /// Only sessions that added `digest` credentials are served (`enforce.auth.enabled`).
+    digest_only: bool,
 }
 
 /// A 3-server ZooKeeper ensemble.
@@ -36,8 +60,7 @@ struct Server {
 pub struct ZkEnsemble {
     servers: Vec<Server>,
     dir: tempfile::TempDir,
-    /// The longest session timeout the servers grant, in ms.
-    max_session_ms: u64,
+    setup: Setup,
 }
 
 impl ZkEnsemble {
@@ -49,10 +72,29 @@ impl ZkEnsemble {
     /// [`spawn`](Self::spawn), with servers that grant sessions of at most `max` (ZooKeeper's
     /// `maxSessionTimeout`): a lock's ttl above it outlasts its session.
     pub fn spawn_with_max_session(max: Duration) -> ZkEnsemble {
-        let max_session_ms = u64::try_from(max.as_millis()).unwrap_or(u64::MAX);
+        ZkEnsemble::spawn_setup(Setup {
+            max_session_ms: u64::try_from(max.as_millis()).unwrap_or(u64::MAX),
+            ..Setup::default()
+        })
+    }
+
+    /// [`spawn`](Self::spawn), with servers that also listen with TLS ([`tls_hosts`](Self::tls_hosts),
+    /// certificates signed by [`certs`](Self::certs)' CA, generated now; a client presents
+    /// `certs`' client certificate) and, with
+    /// `digest_only`, serve only sessions that added digest credentials (any user: ZooKeeper's
+    /// `digest` scheme checks none; the ACLs of the nodes do).
+    pub fn spawn_secure(digest_only: bool) -> ZkEnsemble {
+        ZkEnsemble::spawn_setup(Setup {
+            max_session_ms: 60_000,
+            tls: Some(TestCerts::generate()),
+            digest_only,
+        })
+    }
+
+    fn spawn_setup(setup: Setup) -> ZkEnsemble {
         let mut tries = 0;
         loop {
-            match ZkEnsemble::try_spawn(max_session_ms) {
+            match ZkEnsemble::try_spawn(setup.clone()) {
                 Ok(ensemble) => return ensemble,
                 Err(why) if tries < 3 && why.contains("Address already in use") => tries += 1,
                 Err(why) => panic!("{why}"),
@@ -60,7 +102,7 @@ impl ZkEnsemble {
         }
     }
 
-    fn try_spawn(max_session_ms: u64) -> Result<ZkEnsemble, String> {
+    fn try_spawn(setup: Setup) -> Result<ZkEnsemble, String> {
         let mut builder = tempfile::Builder::new();
         builder.prefix("lock-tests-zk");
         let dir = if Path::new("/dev/shm").is_dir() {
@@ -73,16 +115,13 @@ impl ZkEnsemble {
             .map(|id| Server {
                 id,
                 client_port: free_port(),
+                secure_port: setup.tls.as_ref().map(|_| free_port()),
                 peer_port: free_port(),
                 election_port: free_port(),
                 child: None,
             })
             .collect();
-        let mut ensemble = ZkEnsemble {
-            servers,
-            dir,
-            max_session_ms,
-        };
+        let mut ensemble = ZkEnsemble { servers, dir, setup };
         for i in 0..3 {
             ensemble.configure(i);
         }
@@ -97,17 +136,32 @@ impl ZkEnsemble {
     /// the test process exits). Tests that kill or freeze servers start their own.
     pub fn shared() -> &'static ZkEnsemble {
         static SHARED: std::sync::OnceLock<(ZkEnsemble, Child)> = std::sync::OnceLock::new();
-        let (ensemble, _reaper) = SHARED.get_or_init(|| {
-            let ensemble = ZkEnsemble::spawn();
-            let pids: Vec<u32> = ensemble
-                .servers
-                .iter()
-                .filter_map(|s| s.child.as_ref().map(Child::id))
-                .collect();
-            let reaper = super::reap_pids_at_exit(&pids, &[ensemble.dir.path()]);
-            (ensemble, reaper)
-        });
+        let (ensemble, _reaper) = SHARED.get_or_init(|| ZkEnsemble::spawn().reaped_at_exit());
         ensemble
+    }
+
+    /// An ensemble shared by the test binary's tests, started at the first call, whose servers
+    /// also listen with TLS ([`tls_hosts`](Self::tls_hosts), [`tls_url`](Self::tls_url); the
+    /// CA is [`certs`](Self::certs)' `ca_pem`, and a client presents its client certificate)
+    /// and serve only sessions that added digest
+    /// credentials (the tests use [`SECURE_USER`] and [`SECURE_PASSWORD`]). Killed when the
+    /// test process exits.
+    pub fn shared_secure() -> &'static ZkEnsemble {
+        static SHARED: std::sync::OnceLock<(ZkEnsemble, Child)> = std::sync::OnceLock::new();
+        let (ensemble, _reaper) = SHARED.get_or_init(|| ZkEnsemble::spawn_secure(true).reaped_at_exit());
+        ensemble
+    }
+
+    /// The ensemble, and a process that kills its servers when the test process exits (a
+    /// `static` is never dropped).
+    fn reaped_at_exit(self) -> (ZkEnsemble, Child) {
+        let pids: Vec<u32> = self
+            .servers
+            .iter()
+            .filter_map(|s| s.child.as_ref().map(Child::id))
+            .collect();
+        let reaper = super::reap_pids_at_exit(&pids, &[self.dir.path()]);
+        (self, reaper)
     }
 
     fn server_dir(&self, i: usize) -> PathBuf {
@@ -124,15 +178,39 @@ impl ZkEnsemble {
             .iter()
             .map(|s| format!("server.{}=127.0.0.1:{}:{}\n", s.id, s.peer_port, s.election_port))
             .collect();
-        let config = format!(
+        let mut config = format!(
             "tickTime=100\ninitLimit=100\nsyncLimit=20\nminSessionTimeout=200\n\
              maxSessionTimeout={max}\ndataDir={data}\nclientPort={port}\n\
              clientPortAddress=127.0.0.1\nadmin.enableServer=false\n\
              4lw.commands.whitelist=*\nforceSync=no\nstandaloneEnabled=false\n{members}",
             data = data.display(),
             port = self.servers[i].client_port,
-            max = self.max_session_ms,
+            max = self.setup.max_session_ms,
         );
+        if let (Some(certs), Some(secure_port)) = (&self.setup.tls, self.servers[i].secure_port) {
+            // ZooKeeper (3.5.7 and later) reads PEM stores: the key store is the server's key
+            // and certificate in one file, the trust store the CA.
+            let write = |name: &str, parts: &[&[u8]]| {
+                let path = data.join(name);
+                std::fs::write(&path, parts.concat())
+                    .unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
+                path
+            };
+            let key_store = write("server.pem", &[certs.server_key_pem(), certs.server_cert_pem()]);
+            let trust_store = write("ca.pem", &[certs.ca_pem()]);
+            config.push_str(&format!(
+                "secureClientPort={secure_port}\nsecureClientPortAddress=127.0.0.1\n\
+                 serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n\
+                 ssl.keyStore.location={key_store}\nssl.keyStore.type=PEM\n\
+                 ssl.trustStore.location={trust_store}\nssl.trustStore.type=PEM\n\
+                 ssl.clientAuth=need\n",
+                key_store = key_store.display(),
+                trust_store = trust_store.display(),
+            ));
+        }
+        if self.setup.digest_only {
+            config.push_str("enforce.auth.enabled=true\nenforce.auth.schemes=digest\n");
+        }
         std::fs::write(data.join("zoo.cfg"), config).unwrap_or_else(|e| panic!("cannot write zoo.cfg: {e}"));
         std::fs::write(
             data.join("log4j.properties"),
@@ -207,6 +285,31 @@ impl ZkEnsemble {
             .find_map(|line| line.strip_prefix("Mode: "))
             .map(|mode| mode.trim().to_owned())
             .filter(|mode| mode == "leader" || mode == "follower")
+    }
+
+    /// Every server's TLS `host:port`, for `.zookeeper([…])` with `.tls_root_ca(…)`. Panics if
+    /// the ensemble was not made with TLS.
+    pub fn tls_hosts(&self) -> Vec<String> {
+        self.servers
+            .iter()
+            .map(|s| match s.secure_port {
+                Some(port) => format!("127.0.0.1:{port}"),
+                None => panic!("this ensemble does not listen with TLS: use ZkEnsemble::shared_secure"),
+            })
+            .collect()
+    }
+
+    /// `zks://host:port,…` on the TLS ports, for `LockClient::builder().store(…)`.
+    pub fn tls_url(&self) -> String {
+        format!("zks://{}", self.tls_hosts().join(","))
+    }
+
+    /// The certificates of an ensemble made with TLS (its servers' signed by `ca_pem`).
+    /// Panics if the ensemble was not made with TLS.
+    pub fn certs(&self) -> &TestCerts {
+        self.setup.tls.as_ref().unwrap_or_else(|| {
+            panic!("this ensemble does not listen with TLS: use ZkEnsemble::shared_secure")
+        })
     }
 
     /// Every server's `host:port`, for `.zookeeper([…])`.
@@ -431,6 +534,16 @@ impl Curator {
     /// Starts Curator connected to `hosts` (`host:port,…`), compiling the program at the first
     /// call of the test process.
     pub fn start(hosts: &str) -> Curator {
+        Curator::start_as(hosts, None)
+    }
+
+    /// [`start`](Self::start), with digest credentials (`user:password`) added to Curator's
+    /// session (`CuratorFrameworkFactory.builder().authorization("digest", …)`).
+    pub fn start_with_auth(hosts: &str, credentials: &str) -> Curator {
+        Curator::start_as(hosts, Some(credentials))
+    }
+
+    fn start_as(hosts: &str, credentials: Option<&str>) -> Curator {
         let classes = curator_classes();
         let classpath = format!("{}:{DEBIAN_JARS}/*", classes.display());
         let mut child = Command::new(java())
@@ -444,6 +557,7 @@ impl Curator {
             .arg(classpath)
             .arg("CuratorLocks")
             .arg(hosts)
+            .args(credentials)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -507,6 +621,15 @@ impl Curator {
     pub fn release(&mut self, path: &str, kind: CuratorLock) {
         let answer = self.ask(&format!("release {path} {}", kind.word()));
         assert_eq!(answer, "ok released", "Curator release {path}");
+    }
+
+    /// Deletes the node at `path`: `Err` with Curator's error (a `NoAuthException`, say) when
+    /// it cannot.
+    pub fn delete(&mut self, path: &str) -> Result<(), String> {
+        match self.ask(&format!("delete {path}")).as_str() {
+            "ok deleted" => Ok(()),
+            other => Err(other.to_owned()),
+        }
     }
 
     /// The children of `path`, sorted by name (empty when it does not exist).

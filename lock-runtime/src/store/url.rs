@@ -51,7 +51,7 @@ const SCHEMES: &[Scheme] = &[
         config: needs_feature,
     },
     Scheme {
-        schemes: &["zk", "zookeeper"],
+        schemes: &["zk", "zookeeper", "zks"],
         store: "ZooKeeper",
         feature: Some(("zookeeper", cfg!(feature = "zookeeper"))),
         #[cfg(feature = "zookeeper")]
@@ -71,7 +71,7 @@ fn needs_feature(_: &str) -> Result<Arc<dyn StoreConfig>, LockError> {
 impl LockClientBuilder {
     /// Where the locks live, by URL: its scheme picks the store, as for
     /// [`LockClient::connect`](crate::LockClient::connect) (`redis://`, `rediss://`, `postgres://`, `mysql://`, `etcd://host:port`,
-    /// `zk://host:port,host:port`).
+    /// `zk://host:port,host:port`, `zk://user:password@…`, `zks://…` over TLS).
     /// A scheme it does not know fails at `build()`, with the schemes it does.
     ///
     /// ```
@@ -118,6 +118,31 @@ pub(crate) fn config_for_url(url: &str) -> Result<Arc<dyn StoreConfig>, LockErro
         "{shown}: unknown scheme `{scheme}://`{hint}; the schemes are {}",
         known()
     )))
+}
+
+/// `%XX` escapes decoded (a user or password in a URL: etcd's, ZooKeeper's).
+#[cfg_attr(not(any(feature = "etcd", feature = "zookeeper")), allow(dead_code))]
+pub(crate) fn percent_decoded(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut at = 0;
+    while at < bytes.len() {
+        let hex = bytes
+            .get(at + 1..at + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[at], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                at += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                at += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The schemes, as a message lists them.

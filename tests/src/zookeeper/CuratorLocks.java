@@ -2,10 +2,14 @@
 //   acquire <path> mutex|read|write <wait ms>   -> "ok acquired" | "ok busy"
 //   release <path> mutex|read|write             -> "ok released"
 //   children <path>                             -> "ok <name> <name> ..."
+//   delete <path>                               -> "ok deleted" | "error …" (NoAuth, say)
+// Arguments: the connect string, then optionally digest credentials (user:password) that the
+// client adds to its session, as a service does with .authorization("digest", …).
 // Each lock object is made once per (path, kind) and kept, as a service keeps its lock.
 
 import java.io.BufferedReader;
 import java.io.InputStreamReader;
+import java.nio.charset.StandardCharsets;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
@@ -20,8 +24,15 @@ import org.apache.curator.retry.ExponentialBackoffRetry;
 
 public class CuratorLocks {
     public static void main(String[] args) throws Exception {
-        CuratorFramework client = CuratorFrameworkFactory.newClient(args[0], 10000, 5000,
-                new ExponentialBackoffRetry(100, 3));
+        CuratorFrameworkFactory.Builder builder = CuratorFrameworkFactory.builder()
+                .connectString(args[0])
+                .sessionTimeoutMs(10000)
+                .connectionTimeoutMs(5000)
+                .retryPolicy(new ExponentialBackoffRetry(100, 3));
+        if (args.length > 1) {
+            builder = builder.authorization("digest", args[1].getBytes(StandardCharsets.UTF_8));
+        }
+        CuratorFramework client = builder.build();
         client.start();
         client.blockUntilConnected(30, TimeUnit.SECONDS);
         Map<String, InterProcessMutex> mutexes = new HashMap<>();
@@ -54,6 +65,11 @@ public class CuratorLocks {
                             }
                         }
                         System.out.println(out);
+                        break;
+                    }
+                    case "delete": {
+                        client.delete().forPath(words[1]);
+                        System.out.println("ok deleted");
                         break;
                     }
                     default:

@@ -38,6 +38,7 @@ use futures_util::future::join_all;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::url::percent_decoded;
 use super::{
     Ask, Attempt, Capabilities, DynStore, Flight, ForceReleased, Kind, Lock, LockView, Notices, Release,
     Released, Renewal, Renewing, SetAttempt, Settings, Store, StoreConfig,
@@ -88,30 +89,6 @@ impl std::fmt::Debug for EtcdConfig {
             .field("user", &self.user.as_ref().map(|(user, _)| user))
             .finish()
     }
-}
-
-/// `%XX` escapes decoded (a user or password in a URL).
-fn percent_decoded(text: &str) -> String {
-    let bytes = text.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut at = 0;
-    while at < bytes.len() {
-        let hex = bytes
-            .get(at + 1..at + 3)
-            .and_then(|h| std::str::from_utf8(h).ok())
-            .and_then(|h| u8::from_str_radix(h, 16).ok());
-        match (bytes[at], hex) {
-            (b'%', Some(byte)) => {
-                out.push(byte);
-                at += 3;
-            }
-            (byte, _) => {
-                out.push(byte);
-                at += 1;
-            }
-        }
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// An endpoint without its credentials, and the credentials (`user:password@`) it had.

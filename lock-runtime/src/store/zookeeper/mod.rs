@@ -29,7 +29,7 @@ use futures_util::future::join_all;
 use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
-use zookeeper_client::{Acls, Client, CreateMode, Error as ZkError, MultiReadResult, SessionState};
+use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiReadResult, SessionState};
 
 use super::{
     Ask, Attempt, Capabilities, DynStore, Flight, ForceReleased, Kind, Lock, LockView, Notices, Release,
@@ -46,8 +46,9 @@ mod pulse;
 mod requests;
 mod sessions;
 
+use super::url::percent_decoded;
 use pulse::Pulse;
-use requests::{ask, ends_session, store_error, Ensemble};
+use requests::{ask, ends_session, store_error, Access, Digest, Ensemble};
 use sessions::{Session, Sessions};
 
 /// How often the keeper looks at what is due, at least (deletions due sooner wake it).
@@ -56,13 +57,37 @@ const KEEPER_TICK: Duration = Duration::from_secs(1);
 /// The ttl class of the session `build()` opens to check the ensemble and this client's rights.
 const PROBE_TTL_MS: u64 = 10_000;
 
-/// A ZooKeeper ensemble's servers, as given.
-#[derive(Debug, Clone)]
+/// A ZooKeeper ensemble's servers, as given, and how to reach them.
+#[derive(Clone)]
 pub(crate) struct ZkConfig {
     hosts: Vec<String>,
+    /// The digest user and password (from a `zk://user:password@…` URL, or
+    /// [`zookeeper_auth`](LockClientBuilder::zookeeper_auth)); checked at `build()`.
+    digest: Option<(String, String)>,
+    /// `zks://`: TLS to every server (as is any TLS material given to the builder).
+    tls: bool,
+}
+
+impl std::fmt::Debug for ZkConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the password.
+        f.debug_struct("ZkConfig")
+            .field("hosts", &self.hosts)
+            .field("user", &self.digest.as_ref().map(|(user, _)| user))
+            .field("tls", &self.tls)
+            .finish()
+    }
 }
 
 impl ZkConfig {
+    fn new(hosts: Vec<String>) -> ZkConfig {
+        ZkConfig {
+            hosts,
+            digest: None,
+            tls: false,
+        }
+    }
+
     /// The servers checked (`host:port` each), and a chroot after the last, if any.
     fn checked(&self) -> Result<(Vec<String>, Option<String>), LockError> {
         if self.hosts.is_empty() {
@@ -82,6 +107,12 @@ impl ZkConfig {
                 Some(at) => (&host[..at], Some(&host[at..])),
                 None => (host, None),
             };
+            if server.contains('@') {
+                return Err(LockError::invalid_options(
+                    "a ZooKeeper server is host:port: give a digest user with \
+                     .zookeeper_auth(user, password) (or in a zk://user:password@host:port URL)",
+                ));
+            }
             if server.is_empty() || server.contains(char::is_whitespace) {
                 return Err(LockError::invalid_options(format!(
                     "{host:?}: a ZooKeeper server is host:port"
@@ -106,24 +137,82 @@ impl StoreConfig for ZkConfig {
         settings.no_replicas(
             "ZooKeeper: every write is committed by a majority of its servers before it answers",
         )?;
-        settings.no_tls_material("TLS material was given, but the ZooKeeper store speaks plain TCP")?;
         let (hosts, chroot) = self.checked()?;
         let parent = names::parent_path(&settings.prefix).map_err(LockError::invalid_options)?;
+        let digest = match &self.digest {
+            Some((user, password)) => Some(Digest::new(user.clone(), password.clone())?),
+            None => None,
+        };
+        let mut access = Access {
+            digest,
+            ..Access::default()
+        };
+        if self.tls || !settings.tls.is_empty() {
+            access = with_tls(access, &settings.tls)?;
+        }
         let ensemble = Ensemble {
             hosts,
             chroot,
             timeouts: settings.timeouts,
+            access,
         };
         Ok(Arc::new(ZkStore::new(ensemble, parent, settings.notices)))
     }
 }
 
-/// `zk://host:port,host:port[/chroot]` (`zookeeper://` too), for `LockClient::connect`.
+/// TLS to every server, trusting the builder's CA and presenting its client certificate, if
+/// any: refused without the CA (ZooKeeper's servers are signed by a private one, and the client
+/// has no system trust store to fall back on), and without the `tls` feature.
+#[cfg(feature = "tls")]
+fn with_tls(access: Access, material: &crate::store::TlsMaterial) -> Result<Access, LockError> {
+    let pem = |bytes: &[u8]| {
+        std::str::from_utf8(bytes)
+            .map(str::to_owned)
+            .map_err(|_| LockError::invalid_options("invalid TLS material: PEM is text"))
+    };
+    let invalid = |e: ZkError| LockError::invalid_options(format!("invalid TLS material: {e}"));
+    let Some(ca) = &material.root_ca else {
+        return Err(LockError::invalid_options(
+            "ZooKeeper over TLS needs the CA that signed the servers' certificates: give it \
+             with .tls_root_ca(…)",
+        ));
+    };
+    let mut options = zookeeper_client::TlsOptions::new()
+        .with_pem_ca(&pem(ca)?)
+        .map_err(invalid)?;
+    if let Some((cert, key)) = &material.client_auth {
+        options = options
+            .with_pem_identity(&pem(cert)?, &pem(key)?)
+            .map_err(invalid)?;
+    }
+    Ok(Access {
+        tls: Some(options),
+        ..access
+    })
+}
+
+#[cfg(not(feature = "tls"))]
+fn with_tls(_: Access, _: &crate::store::TlsMaterial) -> Result<Access, LockError> {
+    Err(LockError::invalid_options(
+        "ZooKeeper over TLS (a zks:// URL, or TLS material given to the builder) needs \
+         lock-runtime's `tls` feature",
+    ))
+}
+
+/// `zk://[user:password@]host:port,host:port[/chroot]` (`zookeeper://` too; `zks://` over
+/// TLS), for `LockClient::connect`; the user and password are percent-decoded.
 pub(crate) fn from_url(url: &str) -> Result<Arc<dyn StoreConfig>, LockError> {
-    let (_, rest) = url.split_once("://").unwrap_or(("zk", url));
-    let (servers, chroot) = match rest.find('/') {
+    let (scheme, rest) = url.split_once("://").unwrap_or(("zk", url));
+    let (authority, chroot) = match rest.find('/') {
         Some(at) => (&rest[..at], &rest[at..]),
         None => (rest, ""),
+    };
+    let (digest, servers) = match authority.rsplit_once('@') {
+        Some((userinfo, servers)) => {
+            let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
+            (Some((percent_decoded(user), percent_decoded(password))), servers)
+        }
+        None => (None, authority),
     };
     let mut hosts: Vec<String> = servers
         .split(',')
@@ -134,7 +223,11 @@ pub(crate) fn from_url(url: &str) -> Result<Arc<dyn StoreConfig>, LockError> {
     if let Some(last) = hosts.last_mut() {
         last.push_str(chroot.trim_end_matches('/'));
     }
-    Ok(Arc::new(ZkConfig { hosts }))
+    Ok(Arc::new(ZkConfig {
+        digest,
+        tls: scheme.eq_ignore_ascii_case("zks"),
+        ..ZkConfig::new(hosts)
+    }))
 }
 
 impl LockClientBuilder {
@@ -156,6 +249,11 @@ impl LockClientBuilder {
     /// client that dies loses its locks when its session expires, and a lock is never valid
     /// longer than its session is kept.
     ///
+    /// Digest credentials: [`zookeeper_auth`](Self::zookeeper_auth) (the nodes are then
+    /// created `creator_all`). TLS (the `tls` feature): the servers' TLS ports with
+    /// [`tls_root_ca`](Self::tls_root_ca) (required) and, for servers that ask for one,
+    /// [`tls_client_auth`](Self::tls_client_auth); `zks://host:port,…` is the URL form.
+    ///
     /// ```no_run
     /// # async fn demo() -> Result<(), lock_runtime::LockError> {
     /// let locks = lock_runtime::LockClient::builder()
@@ -169,9 +267,37 @@ impl LockClientBuilder {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        self.place(ZkConfig {
-            hosts: hosts.into_iter().map(|h| h.as_ref().to_owned()).collect(),
-        })
+        self.place(ZkConfig::new(
+            hosts.into_iter().map(|h| h.as_ref().to_owned()).collect(),
+        ))
+    }
+
+    /// Adds ZooKeeper `digest` credentials to every session of the ensemble given to
+    /// [`zookeeper`](Self::zookeeper) before this call (what `addauth digest user:password`
+    /// does, and Apache Curator's `.authorization("digest", "user:password".getBytes())`), and
+    /// creates every node (lock nodes and their parents) with the ACL `creator_all`: only
+    /// sessions with the same user and password may read, change or delete them, so a client
+    /// without them cannot release a lock it does not hold, while a Curator service with them
+    /// shares the locks. The same as `zk://user:password@host:port,…`. A user has no `:`
+    /// (checked at `build()`). Parents that already exist keep their ACL; without credentials,
+    /// nodes are open to anyone (Curator's default).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), lock_runtime::LockError> {
+    /// let locks = lock_runtime::LockClient::builder()
+    ///     .zookeeper(["10.0.0.1:2181", "10.0.0.2:2181", "10.0.0.3:2181"])
+    ///     .zookeeper_auth("billing", "s3cret")
+    ///     .build()
+    ///     .await?;
+    /// # let _ = locks; Ok(()) }
+    /// ```
+    pub fn zookeeper_auth(self, user: &str, password: &str) -> Self {
+        let digest = (user.to_owned(), password.to_owned());
+        self.refine(
+            ".zookeeper_auth",
+            ".zookeeper([…])",
+            move |config: &mut ZkConfig| config.digest = Some(digest),
+        )
     }
 }
 
@@ -235,11 +361,6 @@ pub(crate) struct ZkStore {
 fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // Every update is one step, so a poisoned map is still consistent.
     mutex.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// The ACL of every node this client creates: open, as Curator's default.
-fn anyone() -> Acls<'static> {
-    Acls::anyone_all()
 }
 
 /// Whether an error means the request may not have been applied, nor refused: the answer was
@@ -659,7 +780,7 @@ impl ZkStore {
         token: &str,
     ) -> Result<(String, i64), LockError> {
         let client = &session.client;
-        let options = CreateMode::EphemeralSequential.with_acls(anyone());
+        let options = CreateMode::EphemeralSequential.with_acls(self.ensemble().access.acls());
         for _ in 0..5 {
             let created = ask(self.ensemble(), client.create(prefix, token.as_bytes(), &options)).await?;
             match created {
@@ -673,7 +794,7 @@ impl ZkStore {
                     return Ok((path, czxid));
                 }
                 Err(ZkError::NoNode) => {
-                    let parents = CreateMode::Container.with_acls(anyone());
+                    let parents = CreateMode::Container.with_acls(self.ensemble().access.acls());
                     match ask(self.ensemble(), client.mkdir(lock.name(), &parents)).await? {
                         Ok(()) | Err(ZkError::NodeExists) => continue,
                         Err(e) => return Err(self.error(&e, lock.name())),
@@ -1317,22 +1438,110 @@ mod tests {
 
     #[test]
     fn servers_and_urls_are_checked() {
-        let config = ZkConfig {
-            hosts: vec!["a:2181".into(), "b:2181/app/".into()],
-        };
+        let config = ZkConfig::new(vec!["a:2181".into(), "b:2181/app/".into()]);
         let (hosts, chroot) = config.checked().unwrap();
         assert_eq!(hosts, ["a:2181", "b:2181"]);
         assert_eq!(chroot.as_deref(), Some("/app"));
-        let bad = ZkConfig {
-            hosts: vec!["zk://a:2181".into()],
-        };
+        let bad = ZkConfig::new(vec!["zk://a:2181".into()]);
         assert!(bad.checked().is_err());
-        assert!(ZkConfig { hosts: vec![] }.checked().is_err());
+        assert!(ZkConfig::new(vec![]).checked().is_err());
+        let with_user = ZkConfig::new(vec!["u:p@a:2181".into()]);
+        let Err(LockError::InvalidOptions { reason }) = with_user.checked() else {
+            panic!("a server with credentials taken");
+        };
+        assert!(
+            reason.contains(".zookeeper_auth") && !reason.contains("u:p"),
+            "{reason}"
+        );
         let url = from_url("zk://a:2181,b:2182/app").unwrap();
         let shown = format!("{url:?}");
         assert!(
             shown.contains("a:2181") && shown.contains("b:2182/app"),
             "{shown}"
         );
+    }
+
+    /// The ZooKeeper description behind a URL.
+    fn config_of(url: &str) -> ZkConfig {
+        let config = from_url(url).unwrap();
+        let any: &dyn std::any::Any = &*config;
+        any.downcast_ref::<ZkConfig>().unwrap().clone()
+    }
+
+    #[test]
+    fn urls_carry_a_digest_user_percent_decoded_and_never_show_its_password() {
+        let config = config_of("zk://locker:pa%3Ass%2Fw%40rd@a:2181,b:2182/app");
+        assert_eq!(
+            config.digest,
+            Some(("locker".to_owned(), "pa:ss/w@rd".to_owned()))
+        );
+        assert_eq!(config.hosts, ["a:2181", "b:2182/app"]);
+        assert!(!config.tls);
+        assert!(config_of("zks://a:2181").tls);
+        assert_eq!(config_of("zk://a:2181").digest, None);
+        let shown = format!("{config:?}");
+        assert!(shown.contains("locker") && !shown.contains("pa:ss"), "{shown}");
+        let builder = LockClientBuilder::default()
+            .zookeeper(["a:2181"])
+            .zookeeper_auth("locker", "hidden-password");
+        let shown = format!("{builder:?}");
+        assert!(
+            shown.contains("locker") && !shown.contains("hidden-password"),
+            "{shown}"
+        );
+        let digest = Digest::new("locker".into(), "hidden-password".into()).unwrap();
+        let shown = format!(
+            "{:?}",
+            Access {
+                digest: Some(digest),
+                ..Access::default()
+            }
+        );
+        assert!(
+            shown.contains("locker") && !shown.contains("hidden-password"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn digest_users_and_tls_requests_are_checked_at_build() {
+        let invalid = |builder: LockClientBuilder| match builder.build_lazy() {
+            Err(LockError::InvalidOptions { reason }) => reason,
+            other => panic!("{other:?}"),
+        };
+        let reason = invalid(
+            LockClientBuilder::default()
+                .zookeeper(["a:2181"])
+                .zookeeper_auth("a:b", "c"),
+        );
+        assert!(reason.contains("`:`"), "{reason}");
+        let reason = invalid(LockClientBuilder::default().zookeeper_auth("a", "b"));
+        assert!(reason.contains(".zookeeper([…])"), "{reason}");
+        assert!(LockClientBuilder::default()
+            .zookeeper(["a:2181"])
+            .zookeeper_auth("a", "b:c")
+            .build_lazy()
+            .is_ok());
+        let zks = LockClientBuilder::default().store("zks://a:2181");
+        let with_material = LockClientBuilder::default()
+            .zookeeper(["a:2181"])
+            .tls_client_auth(b"cert", b"key");
+        for builder in [zks, with_material] {
+            let reason = invalid(builder);
+            if cfg!(feature = "tls") {
+                assert!(reason.contains(".tls_root_ca"), "{reason}");
+            } else {
+                assert!(reason.contains("`tls` feature"), "{reason}");
+            }
+        }
+        let not_pem = LockClientBuilder::default()
+            .zookeeper(["a:2181"])
+            .tls_root_ca(b"not a certificate");
+        let reason = invalid(not_pem);
+        if cfg!(feature = "tls") {
+            assert!(reason.contains("invalid TLS material"), "{reason}");
+        } else {
+            assert!(reason.contains("`tls` feature"), "{reason}");
+        }
     }
 }

@@ -4,7 +4,7 @@
 
 use std::future::Future;
 
-use zookeeper_client::Error;
+use zookeeper_client::{Acls, Client, Connector, Error};
 
 use crate::store::Timeouts;
 use crate::LockError;
@@ -17,6 +17,99 @@ pub(super) struct Ensemble {
     /// A chroot after the hosts (`/app`), if one was given.
     pub(super) chroot: Option<String>,
     pub(super) timeouts: Timeouts,
+    /// How sessions reach the servers and who they are to them.
+    pub(super) access: Access,
+}
+
+/// A ZooKeeper `digest` user and password: what a session adds (`addauth digest user:password`,
+/// as Curator's `.authorization("digest", …)` does) and what the nodes it creates are then
+/// owned by (`digest:user:<hash of the password>`).
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct Digest {
+    user: String,
+    password: String,
+}
+
+impl std::fmt::Debug for Digest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the password.
+        f.debug_struct("Digest")
+            .field("user", &self.user)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Digest {
+    /// `user` and `password`, if ZooKeeper can tell them apart: the server splits
+    /// `user:password` at its first `:`, so a user may not hold one (a password may).
+    pub(crate) fn new(user: String, password: String) -> Result<Digest, LockError> {
+        if user.is_empty() || user.contains(':') {
+            return Err(LockError::invalid_options(format!(
+                "ZooKeeper digest user {user:?}: a user is not empty and has no `:`"
+            )));
+        }
+        Ok(Digest { user, password })
+    }
+
+    /// What `addauth digest` sends.
+    fn credentials(&self) -> Vec<u8> {
+        format!("{}:{}", self.user, self.password).into_bytes()
+    }
+}
+
+/// How sessions reach the servers (TLS or not) and who they are to them (a digest user or
+/// nobody).
+#[derive(Clone, Default)]
+pub(super) struct Access {
+    pub(super) digest: Option<Digest>,
+    /// TLS to every server, trusting this CA (and presenting a client certificate, if given).
+    #[cfg(feature = "tls")]
+    pub(super) tls: Option<zookeeper_client::TlsOptions>,
+}
+
+impl std::fmt::Debug for Access {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Access")
+            .field("digest", &self.digest)
+            .field("tls", &self.is_tls())
+            .finish()
+    }
+}
+
+impl Access {
+    /// Whether every server is reached over TLS.
+    pub(super) fn is_tls(&self) -> bool {
+        #[cfg(feature = "tls")]
+        return self.tls.is_some();
+        #[cfg(not(feature = "tls"))]
+        false
+    }
+
+    /// The ACL of every node a session creates: with a digest user, only sessions that added
+    /// the same user and password may do anything with it (`creator_all`: Curator's with the
+    /// same credentials too); without, anyone may (Curator's default).
+    pub(super) fn acls(&self) -> Acls<'static> {
+        match self.digest {
+            Some(_) => Acls::creator_all(),
+            None => Acls::anyone_all(),
+        }
+    }
+
+    /// A session on `hosts` (a connect string) made by `connector`, with this access.
+    pub(super) async fn connect(&self, connector: Connector, hosts: &str) -> Result<Client, Error> {
+        let connector = match &self.digest {
+            Some(digest) => connector.with_auth("digest", &digest.credentials()),
+            None => connector,
+        };
+        #[cfg(feature = "tls")]
+        if let Some(tls) = &self.tls {
+            // rustls needs a process-wide crypto provider; install ours unless the application
+            // already installed one (then `install_default` fails, and theirs is kept).
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            return connector.with_tls(tls.clone()).secure_connect(hosts).await;
+        }
+        connector.connect(hosts).await
+    }
 }
 
 impl Ensemble {
@@ -29,9 +122,12 @@ impl Ensemble {
         hosts
     }
 
-    /// The ensemble as messages name it.
+    /// The ensemble as messages name it (`… over TLS` when it is reached so).
     pub(super) fn shown(&self) -> String {
-        self.connect_string()
+        match self.access.is_tls() {
+            true => format!("{} over TLS", self.connect_string()),
+            false => self.connect_string(),
+        }
     }
 }
 
@@ -82,6 +178,11 @@ pub(super) fn store_error(ensemble: &Ensemble, error: &Error, path: &str) -> Loc
 /// Why no session could be opened.
 pub(super) fn connect_error(ensemble: &Ensemble, error: &Error) -> LockError {
     match error {
+        Error::NoHosts if ensemble.access.is_tls() => unavailable(
+            ensemble,
+            "no server answered (a server whose certificate the CA given to \
+             .tls_root_ca(…) did not sign, or a port that does not speak TLS, fails so too)",
+        ),
         Error::NoHosts => unavailable(ensemble, "no server answered"),
         other => store_error(ensemble, other, "/"),
     }

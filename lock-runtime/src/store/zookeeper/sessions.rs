@@ -145,11 +145,13 @@ fn per_server(ensemble: &Ensemble) -> Duration {
 async fn open(ensemble: &Ensemble, asked: Duration, conn: Duration) -> Result<Client, LockError> {
     tokio::time::timeout(
         ensemble.timeouts.connect,
-        Client::connector()
-            .with_session_timeout(asked)
-            .with_connection_timeout(conn)
-            .with_fail_eagerly()
-            .connect(&ensemble.connect_string()),
+        ensemble.access.connect(
+            Client::connector()
+                .with_session_timeout(asked)
+                .with_connection_timeout(conn)
+                .with_fail_eagerly(),
+            &ensemble.connect_string(),
+        ),
     )
     .await
     .map_err(|_| {
