@@ -1040,3 +1040,64 @@ async fn a_create_whose_answer_was_lost_leaves_no_node_after_a_reconnect() {
     assert!(next.release().await.unwrap());
     drop(cut);
 }
+
+/// Curator 5.5's downgrade of a write lock (CURATOR-621), laid out by hand (the kit's Curator
+/// is Debian's 5.4): the writer's node, and beside it a plain ephemeral read node named with
+/// the writer's sequence. While the write node stands, neither a writer nor a reader of ours
+/// gets in; once it goes, the downgraded read lock holds on: our readers hold beside it, our
+/// writer waits for it, and holds once it goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curators_downgraded_read_lock_holds_where_its_writer_stood() {
+    use zookeeper_client::{Acls, CreateMode};
+    let hosts = ZkEnsemble::shared().hosts();
+    let c = client(&hosts, "/downgrade").await;
+    let zk = raw(&hosts).await;
+    let open = |mode: CreateMode| mode.with_acls(Acls::anyone_all());
+    zk.mkdir("/downgrade/k", &open(CreateMode::Persistent))
+        .await
+        .unwrap();
+    let uuid = "8d3f0c3e-2d6f-4c4e-9a43-0123456789ab";
+    let (_, seq) = zk
+        .create(
+            &format!("/downgrade/k/_c_{uuid}-__WRIT__"),
+            b"",
+            &open(CreateMode::EphemeralSequential),
+        )
+        .await
+        .unwrap();
+    let write = format!("/downgrade/k/_c_{uuid}-__WRIT__{seq}");
+    let read = format!("/downgrade/k/_c_{uuid}-__READ__{seq}");
+    zk.create(&read, b"", &open(CreateMode::Ephemeral)).await.unwrap();
+    let shared = ttl(5000).mode(LockMode::Shared);
+    assert!(matches!(
+        c.acquire("k", &ttl(5000)).await,
+        Err(LockError::Busy { .. })
+    ));
+    assert!(matches!(
+        c.acquire("k", &shared).await,
+        Err(LockError::Busy { .. })
+    ));
+    // Downgraded: the write node goes; the read lock holds on.
+    zk.delete(&write, None).await.unwrap();
+    let reader = c.acquire("k", &shared).await.unwrap();
+    assert!(reader.release().await.unwrap());
+    assert!(matches!(
+        c.acquire("k", &ttl(5000)).await,
+        Err(LockError::Busy { .. })
+    ));
+    let writer = tokio::spawn({
+        let c = c.clone();
+        async move { c.acquire("k", &ttl(5000).wait(20 * SECOND)).await }
+    });
+    eventually(10 * SECOND, "our writer queues", || async {
+        children(&zk, "/downgrade/k").await.len() == 2
+    })
+    .await;
+    assert!(
+        !writer.is_finished(),
+        "our writer got in beside the downgraded reader"
+    );
+    zk.delete(&read, None).await.unwrap();
+    let writer = writer.await.unwrap().unwrap();
+    assert!(writer.release().await.unwrap());
+}

@@ -9,6 +9,13 @@
 //! `<seq>` is the 10 digits ZooKeeper appends to a sequential node: one counter per parent,
 //! shared by every kind, so sorting by it is the order of arrival. `_c_<uuid>-` is Curator's
 //! "protection": a caller finds its own node by its uuid when the answer to its create was lost.
+//!
+//! One node is not sequential: Curator 5.5 and later (CURATOR-621) downgrades a write lock by
+//! creating its holder's read node as a plain ephemeral node named with the write node's
+//! sequence, `_c_<uuid>-__READ__<the writer's seq>`, so that it stands where the writer stands
+//! (then the write node is deleted, and the read lock holds on). Two nodes then share a
+//! sequence: the writer sorts first, and the reader after it is a reader like any other (it
+//! holds, and excludes writers behind it, once the write node is gone).
 
 use std::fmt::Write;
 
@@ -275,7 +282,8 @@ pub(super) fn parse(name: &str) -> Option<Child> {
 /// The lock nodes among `names`, in line order (by sequence; other children are left out).
 pub(super) fn line(names: &[String]) -> Vec<Child> {
     let mut line: Vec<Child> = names.iter().filter_map(|n| parse(n)).collect();
-    line.sort_by_key(|c| c.seq);
+    // A downgraded reader shares its writer's sequence: the writer first (see the module doc).
+    line.sort_by_key(|c| (c.seq, c.shared));
     line
 }
 
@@ -429,6 +437,48 @@ mod tests {
         );
         assert_eq!(permits.ahead_of("_c_x-queue-0000000012"), None);
         assert_eq!(parse_claim("_c_f-permit-0004-02-0000000001"), None);
+    }
+
+    #[test]
+    fn a_downgraded_reader_stands_behind_its_writer_and_holds_once_it_goes() {
+        let uuid = "8d3f0c3e-2d6f-4c4e-9a43-0123456789ab";
+        let writer = format!("_c_{uuid}-__WRIT__0000000005");
+        let downgraded = format!("_c_{uuid}-__READ__0000000005");
+        let ours_writer = "_c_11111111-2222-3333-4444-555555555555-lock-0000000007".to_owned();
+        let ours_reader = "_c_11111111-2222-3333-4444-555555555555-__READ__0000000008".to_owned();
+        // Listed in either order, the writer sorts first and holds alone.
+        for names in [
+            vec![
+                downgraded.clone(),
+                writer.clone(),
+                ours_writer.clone(),
+                ours_reader.clone(),
+            ],
+            vec![
+                writer.clone(),
+                downgraded.clone(),
+                ours_writer.clone(),
+                ours_reader.clone(),
+            ],
+        ] {
+            let queue = line(&names);
+            assert_eq!(queue[0].name, writer);
+            assert_eq!(queue[1].name, downgraded);
+            assert_eq!(holders(&queue).len(), 1);
+            assert!(standing(&queue, &ours_writer).is_some_and(|ahead| ahead.is_some()));
+        }
+        // The write node gone: the downgraded reader holds; a writer behind waits for it, a
+        // reader behind it (no writer between) holds with it.
+        let names = vec![downgraded.clone(), ours_reader.clone()];
+        let queue = line(&names);
+        assert_eq!(holders(&queue).len(), 2);
+        assert_eq!(standing(&queue, &ours_reader), Some(None));
+        let names = vec![downgraded.clone(), ours_writer.clone()];
+        let queue = line(&names);
+        assert_eq!(
+            standing(&queue, &ours_writer).and_then(|ahead| ahead.map(|c| c.name.clone())),
+            Some(downgraded.clone())
+        );
     }
 
     #[test]
