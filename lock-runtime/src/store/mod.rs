@@ -34,6 +34,7 @@ pub(crate) use crate::view::LockView;
 pub(crate) use crate::wakeups::Notices;
 
 pub(crate) mod announcement;
+pub(crate) mod decode;
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd;
 pub(crate) mod memory;

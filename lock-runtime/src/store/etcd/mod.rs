@@ -38,7 +38,7 @@ use futures_util::future::join_all;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::url::percent_decoded;
+use super::decode::percent_decoded;
 use super::{
     Ask, Attempt, Capabilities, DynStore, Flight, ForceReleased, Kind, Lock, LockView, Notices, Release,
     Released, Renewal, Renewing, SetAttempt, Settings, Store, StoreConfig,

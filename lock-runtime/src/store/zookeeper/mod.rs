@@ -46,7 +46,7 @@ mod pulse;
 mod requests;
 mod sessions;
 
-use super::url::percent_decoded;
+use super::decode::percent_decoded;
 use pulse::Pulse;
 use requests::{ask, ends_session, store_error, Access, Digest, Ensemble};
 use sessions::{Session, Sessions};
