@@ -42,6 +42,11 @@ struct Line {
     /// before the head had its turn wake the next waiters, one each (of a lock, the head
     /// alone: one holder at a time).
     spread: bool,
+    /// Of a semaphore's line: releases heard while every waiter was already woken, whose
+    /// attempts may all have been sent before them, so that the permits those releases freed
+    /// may be seen by nobody. Each goes to the next waiter refused (which tries again at once)
+    /// or, when a waiter leaves, to the next not woken yet.
+    owed: usize,
 }
 
 impl Line {
@@ -52,6 +57,7 @@ impl Line {
             confirmed: 0,
             relisten: 0,
             spread: false,
+            owed: 0,
         }
     }
 
@@ -238,18 +244,22 @@ impl Wakeups {
         }
     }
 
-    /// A release of the lock named `name`: wakes the head of its queue.
+    /// A release of the lock named `name`: wakes the head of its queue (of a semaphore's line,
+    /// the first waiter not woken yet; with every waiter woken, the release is owed: see
+    /// [`Line::owed`]).
     pub(crate) fn released(&self, name: &str) {
         if self.waiters.load(Ordering::SeqCst) == 0 {
             return;
         }
-        if let Some(line) = self.lock().get(name) {
+        if let Some(line) = self.lock().get_mut(name) {
             let next = match line.spread {
-                true => line
-                    .queue
-                    .iter()
-                    .find(|w| !w.pending.load(Ordering::SeqCst))
-                    .or(line.queue.front()),
+                true => {
+                    let next = line.queue.iter().find(|w| !w.pending.load(Ordering::SeqCst));
+                    if next.is_none() && !line.queue.is_empty() {
+                        line.owed = (line.owed + 1).min(line.queue.len());
+                    }
+                    next
+                }
                 false => line.queue.front(),
             };
             if let Some(next) = next {
@@ -311,13 +321,18 @@ impl Wakeups {
                 told(name);
             }
         } else if entry.spread {
-            // A semaphore's: a wake-up it did not see goes to the next waiter not woken yet
-            // (the permit its release freed may still be free).
-            let next = entry.queue.iter().find(|w| !w.pending.load(Ordering::SeqCst));
-            if let (true, Some(next)) = (pending, next) {
+            // A semaphore's: a wake-up it did not see, then each release owed, goes to the next
+            // waiter not woken yet (the permits those releases freed may still be free).
+            let mut passed = usize::from(pending) + entry.owed;
+            for next in entry.queue.iter().filter(|w| !w.pending.load(Ordering::SeqCst)) {
+                if passed == 0 {
+                    break;
+                }
+                passed -= 1;
                 next.pending.store(true, Ordering::SeqCst);
                 next.wake.notify_one();
             }
+            entry.owed = entry.owed.min(passed);
         } else if was_head && !acquired {
             // It may have taken a wake-up meant for the lock's next holder with it: the next
             // waiter tries in its place.
@@ -460,10 +475,17 @@ impl Registration {
         self.waiter.seen.store(true, Ordering::SeqCst);
     }
 
-    /// Its attempt was refused: of a semaphore's line, the next release may wake it again.
+    /// Its attempt was refused: of a semaphore's line, the next release may wake it again, and
+    /// a release owed ([`Line::owed`]) wakes it at once.
     pub(crate) fn refused(&self) {
         self.waiter.seen.store(false, Ordering::SeqCst);
         self.waiter.pending.store(false, Ordering::SeqCst);
+        let mut lines = self.owner.lock();
+        if let Some(line) = lines.get_mut(&self.name).filter(|line| line.owed > 0) {
+            line.owed -= 1;
+            self.waiter.pending.store(true, Ordering::SeqCst);
+            self.waiter.wake.notify_one();
+        }
     }
 
     /// Whether a fair release handed this waiter the lock; asked once.
@@ -571,6 +593,38 @@ mod tests {
         assert!(is_woken(&b).await, "the next waiter tries in its place");
         assert!(!is_woken(&c).await);
         drop(c); // not the head: leaving wakes nobody
+        assert!(!is_woken(&b).await);
+    }
+
+    /// Of a semaphore's line, a release heard while every waiter is already woken is owed, not
+    /// given to the head again (whose second wake-up left with it when its attempt took a
+    /// permit): the next waiter refused tries again at once, and when a waiter leaves, the next
+    /// one not woken yet is woken for it.
+    #[tokio::test]
+    async fn a_release_heard_while_every_waiter_is_woken_is_not_lost() {
+        let wakeups = Wakeups::new();
+        let a = wakeups.register("s", None);
+        let b = wakeups.register("s", None);
+        wakeups.spread("s");
+        wakeups.released("s");
+        wakeups.released("s");
+        assert!(is_woken(&a).await && is_woken(&b).await);
+        wakeups.released("s"); // both are trying already
+        a.acquired(); // a's attempt took a permit
+        b.refused(); // b's lost a race for the other
+        assert!(is_woken(&b).await, "the third release's permit waits for b");
+        assert!(!is_woken(&b).await, "once");
+
+        let c = wakeups.register("s", None);
+        wakeups.released("s"); // c is woken
+        assert!(is_woken(&c).await);
+        wakeups.released("s"); // b and c are trying: owed
+        let d = wakeups.register("s", None);
+        c.acquired(); // c leaves with a permit: the owed release goes to d
+        assert!(
+            is_woken(&d).await,
+            "a waiter that left passed the owed release on"
+        );
         assert!(!is_woken(&b).await);
     }
 
