@@ -418,6 +418,21 @@ fn other_free_port(taken: u16) -> u16 {
     }
 }
 
+/// `n` free ports, no two alike: each held open until all are picked (picked one at a time,
+/// the kernel may hand out a port it has just handed out).
+pub fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<TcpListener> = (0..n)
+        .map(|_| TcpListener::bind("127.0.0.1:0").unwrap_or_else(|e| panic!("cannot find a free port: {e}")))
+        .collect();
+    held.iter()
+        .map(|l| {
+            l.local_addr()
+                .map(|a| a.port())
+                .unwrap_or_else(|e| panic!("cannot read a port: {e}"))
+        })
+        .collect()
+}
+
 /// A loopback port nothing listens on (at the time of the call).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::{free_port, TestCerts};
+use super::{free_port, free_ports, TestCerts};
 
 /// The jars a ZooKeeper server (and Curator) runs with, from Debian's packages.
 const DEBIAN_JARS: &str = "/usr/share/java";
@@ -111,13 +111,17 @@ impl ZkEnsemble {
             builder.tempdir()
         }
         .unwrap_or_else(|e| panic!("cannot make a temp dir: {e}"));
+        // Twelve ports no two alike (a server whose client port is also its election port is
+        // an invalid config to ZooKeeper; ports picked one at a time may repeat).
+        let mut ports = free_ports(12).into_iter();
+        let mut port = || ports.next().unwrap_or_else(free_port);
         let servers = (1..=3)
             .map(|id| Server {
                 id,
-                client_port: free_port(),
-                secure_port: setup.tls.as_ref().map(|_| free_port()),
-                peer_port: free_port(),
-                election_port: free_port(),
+                client_port: port(),
+                secure_port: setup.tls.as_ref().map(|_| port()),
+                peer_port: port(),
+                election_port: port(),
                 child: None,
             })
             .collect();
