@@ -245,9 +245,11 @@ impl LockClientBuilder {
     /// holder is the oldest node (or the readers before the first node that excludes); a waiter watches only the node just ahead of its own, so
     /// waiters are served in order, one wake-up per release. The fencing token is the lock
     /// node's `czxid`. A client's session is its lease (one per ttl rounded up to whole
-    /// seconds, asking that timeout and a margin of up to 2 s, within what the servers allow): a
+    /// seconds, asking that timeout and a margin for what the leader may not have heard yet,
+    /// within what the servers allow; the guide's deployments page gives the formula): a
     /// client that dies loses its locks when its session expires, and a lock is never valid
-    /// longer than its session is kept.
+    /// longer than its session is kept, nor counted from a request sent just after a stall of
+    /// the client.
     ///
     /// Digest credentials: [`zookeeper_auth`](Self::zookeeper_auth) (the nodes are then
     /// created `creator_all`). TLS (the `tls` feature): the servers' TLS ports with
