@@ -232,6 +232,22 @@ async fn locks_are_taken_and_released_over_tls() {
     assert!(!c.is_locked("k").await.unwrap());
 }
 
+/// `builder`'s `build()`, which must fail, within `connect_timeout` (and a second of slack):
+/// what it failed with.
+async fn fails_within(builder: LockClientBuilder, connect_timeout: Duration) -> LockError {
+    let started = Instant::now();
+    let built = builder.connect_timeout(connect_timeout).build().await;
+    assert!(
+        started.elapsed() < connect_timeout + SECOND,
+        "{:?}",
+        started.elapsed()
+    );
+    match built {
+        Err(e) => e,
+        Ok(_) => panic!("built"),
+    }
+}
+
 /// A CA that did not sign the servers' certificates fails `build()` within the connect timeout,
 /// saying TLS; so do a client without the client certificate the servers require and one that
 /// speaks plain TCP to the TLS ports; one without the credentials the servers require is
@@ -242,69 +258,33 @@ async fn a_wrong_ca_plain_tcp_or_no_credentials_fail_at_once() {
     let hosts = ensemble.tls_hosts();
     let certs = ensemble.certs();
     let connect_timeout = Duration::from_secs(3);
-    let started = Instant::now();
     let wrong = builder(&hosts, "/tls-wrong")
         .tls_root_ca(certs.wrong_ca_pem())
         .tls_client_auth(certs.client_cert_pem(), certs.client_key_pem())
-        .zookeeper_auth(SECURE_USER, SECURE_PASSWORD)
-        .connect_timeout(connect_timeout)
-        .build()
-        .await;
-    let Err(LockError::Unavailable { source }) = wrong else {
-        panic!("{wrong:?}");
+        .zookeeper_auth(SECURE_USER, SECURE_PASSWORD);
+    let LockError::Unavailable { source } = fails_within(wrong, connect_timeout).await else {
+        panic!("not Unavailable");
     };
-    assert!(
-        started.elapsed() < connect_timeout + SECOND,
-        "{:?}",
-        started.elapsed()
-    );
     let said = source.to_string();
     assert!(said.contains("TLS") && said.contains(&hosts[0]), "{said}");
 
-    let started = Instant::now();
     let no_client_cert = builder(&hosts, "/tls-wrong")
         .tls_root_ca(certs.ca_pem())
-        .zookeeper_auth(SECURE_USER, SECURE_PASSWORD)
-        .connect_timeout(connect_timeout)
-        .build()
-        .await;
-    let Err(LockError::Unavailable { source }) = no_client_cert else {
-        panic!("{no_client_cert:?}");
+        .zookeeper_auth(SECURE_USER, SECURE_PASSWORD);
+    let LockError::Unavailable { source } = fails_within(no_client_cert, connect_timeout).await else {
+        panic!("not Unavailable");
     };
     assert!(source.to_string().contains("TLS"), "{source}");
-    assert!(
-        started.elapsed() < connect_timeout + SECOND,
-        "{:?}",
-        started.elapsed()
-    );
 
-    let started = Instant::now();
-    let plain = builder(&hosts, "/tls-wrong")
-        .zookeeper_auth(SECURE_USER, SECURE_PASSWORD)
-        .connect_timeout(connect_timeout)
-        .build()
-        .await;
-    assert!(matches!(plain, Err(LockError::Unavailable { .. })), "{plain:?}");
-    assert!(
-        started.elapsed() < connect_timeout + SECOND,
-        "{:?}",
-        started.elapsed()
-    );
+    let plain = builder(&hosts, "/tls-wrong").zookeeper_auth(SECURE_USER, SECURE_PASSWORD);
+    let plain = fails_within(plain, connect_timeout).await;
+    assert!(matches!(plain, LockError::Unavailable { .. }), "{plain:?}");
 
-    let started = Instant::now();
     let anonymous = builder(&hosts, "/tls-wrong")
         .tls_root_ca(certs.ca_pem())
-        .tls_client_auth(certs.client_cert_pem(), certs.client_key_pem())
-        .connect_timeout(connect_timeout)
-        .build()
-        .await;
-    let Err(LockError::Refused { reason, source }) = anonymous else {
-        panic!("{anonymous:?}");
+        .tls_client_auth(certs.client_cert_pem(), certs.client_key_pem());
+    let LockError::Refused { reason, source } = fails_within(anonymous, connect_timeout).await else {
+        panic!("not Refused");
     };
     assert!(reason.contains("authentication"), "{reason}: {source}");
-    assert!(
-        started.elapsed() < connect_timeout + SECOND,
-        "{:?}",
-        started.elapsed()
-    );
 }
