@@ -96,6 +96,14 @@ impl TlsMaterial {
     }
 }
 
+/// rustls needs a process-wide crypto provider before a TLS connection: ours (`ring`) is
+/// installed unless the application installed one (then `install_default` fails, and theirs is
+/// kept).
+#[cfg(feature = "tls")]
+pub(crate) fn install_crypto_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// Every write acknowledged by this many replicas within this long
 /// ([`LockClientBuilder::wait_for_replicas`](crate::LockClientBuilder::wait_for_replicas)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -97,9 +97,7 @@ pub(crate) fn certificates(tls: &TlsMaterial) -> redis::TlsCertificates {
 
 #[cfg(feature = "tls")]
 fn tls_client(info: redis::ConnectionInfo, tls: &TlsMaterial) -> Result<redis::Client, LockError> {
-    // rustls needs a process-wide crypto provider; install ours unless the application already
-    // installed one (then `install_default` fails, and theirs is kept).
-    let _ = rustls::crypto::ring::default_provider().install_default();
+    crate::store::install_crypto_provider();
     if tls.is_empty() {
         return redis::Client::open(info)
             .map_err(|e| LockError::invalid_options(format!("invalid Redis URL: {e}")));

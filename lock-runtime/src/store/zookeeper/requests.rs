@@ -103,9 +103,7 @@ impl Access {
         };
         #[cfg(feature = "tls")]
         if let Some(tls) = &self.tls {
-            // rustls needs a process-wide crypto provider; install ours unless the application
-            // already installed one (then `install_default` fails, and theirs is kept).
-            let _ = rustls::crypto::ring::default_provider().install_default();
+            crate::store::install_crypto_provider();
             return connector.with_tls(tls.clone()).secure_connect(hosts).await;
         }
         connector.connect(hosts).await
