@@ -373,6 +373,7 @@ impl Notices {
 
     /// The locks this client holds under `tokens` are gone (the session they were held on
     /// ended): each guard is told at once.
+    #[cfg_attr(not(feature = "zookeeper"), allow(dead_code))] // told by the ZooKeeper store
     pub(crate) fn held_lost(&self, tokens: &[String]) {
         if let Some(told) = self.wakeups.on_lost.get() {
             told(tokens);
