@@ -828,16 +828,7 @@ impl ZkStore {
     /// client's that is known already (a leftover of an earlier attempt of the token, waiting to
     /// be deleted): the newest such.
     async fn find(&self, session: &Session, lock: &str, mine: &str) -> Result<Option<String>, LockError> {
-        let client = &session.client;
-        let (synced, children) = ask(self.ensemble(), async {
-            tokio::join!(client.sync(lock), client.list_children(lock))
-        })
-        .await?;
-        let children = match synced.and(children) {
-            Ok(children) => children,
-            Err(ZkError::NoNode) => return Ok(None),
-            Err(e) => return Err(self.error(&e, lock)),
-        };
+        let children = synced_children(&self.shared.ensemble, session, lock).await?;
         let known: Vec<String> = self.shared.places().values().map(|p| p.path.clone()).collect();
         Ok(children
             .into_iter()
@@ -1320,6 +1311,25 @@ impl ZkStore {
     }
 }
 
+/// The children of `lock` (none if it does not exist), read behind a `sync` in one round trip:
+/// after a reconnect the server may not have applied yet a create sent through another.
+async fn synced_children(
+    ensemble: &Ensemble,
+    session: &Session,
+    lock: &str,
+) -> Result<Vec<String>, LockError> {
+    let client = &session.client;
+    let (synced, children) = ask(ensemble, async {
+        tokio::join!(client.sync(lock), client.list_children(lock))
+    })
+    .await?;
+    match synced.and(children) {
+        Ok(children) => Ok(children),
+        Err(ZkError::NoNode) => Ok(Vec::new()),
+        Err(e) => Err(store_error(ensemble, &e, lock)),
+    }
+}
+
 /// Deletes the nodes of `uuid` under `lock` through the session `id` (see
 /// [`ZkStore::delete_unknown`]): whether one was there. A session that ended took them with it.
 async fn delete_by_uuid(shared: &Shared, id: i64, lock: &str, uuid: &str) -> Result<bool, LockError> {
@@ -1328,17 +1338,8 @@ async fn delete_by_uuid(shared: &Shared, id: i64, lock: &str, uuid: &str) -> Res
     };
     let client = &session.client;
     let mine = names::protection(uuid);
-    // Behind a `sync`: after a reconnect the server may not have applied a create sent through
-    // another yet, and "not there" is taken as final.
-    let (synced, children) = ask(&shared.ensemble, async {
-        tokio::join!(client.sync(lock), client.list_children(lock))
-    })
-    .await?;
-    let children = match synced.and(children) {
-        Ok(children) => children,
-        Err(ZkError::NoNode) => return Ok(false),
-        Err(e) => return Err(store_error(&shared.ensemble, &e, lock)),
-    };
+    // "Not there" is taken as final: read behind a `sync`.
+    let children = synced_children(&shared.ensemble, &session, lock).await?;
     let mut deleted = false;
     for child in children.iter().filter(|c| c.starts_with(&mine)) {
         let path = format!("{lock}/{child}");
