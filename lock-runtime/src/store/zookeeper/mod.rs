@@ -316,8 +316,9 @@ struct Place {
     czxid: i64,
     /// The session it lives on.
     session: i64,
-    /// A fenced exclusive holder: its release leaves its token on the lock's node.
-    fenced: bool,
+    /// A fenced exclusive caller whose token is not on the lock's node yet: taking the lock
+    /// leaves it there (see [`ZkStore::leave_fence`]), else its release does.
+    leaves_fence: bool,
     /// Held: this client deletes it then unless renewed (its ttl from the last request that
     /// took or renewed it, or its minimum hold). `None`: a waiter's node.
     until: Option<Instant>,
@@ -462,7 +463,7 @@ impl Shared {
             return Ok(false);
         };
         let client = &session.client;
-        let deleted = if place.fenced && !place.shared && place.permit.is_none() {
+        let deleted = if place.leaves_fence {
             let mut writer = client.new_multi_writer();
             let token = place.czxid.to_string();
             let added = writer
@@ -875,7 +876,7 @@ impl ZkStore {
             shared: ask_.shared,
             czxid,
             session: session.id,
-            fenced: ask_.fencing,
+            leaves_fence: ask_.fencing && !ask_.shared,
             until: None,
             kept: false,
             permit: None,
@@ -936,9 +937,11 @@ impl ZkStore {
         let mine = place.path.rsplit('/').next().unwrap_or_default();
         match names::standing(&line, mine) {
             Some(None) => {
-                if place.fenced && !place.shared && place.permit.is_none() {
-                    self.leave_fence(session, &place).await;
-                }
+                let left = place.leaves_fence && self.leave_fence(session, &place).await;
+                let place = Place {
+                    leaves_fence: place.leaves_fence && !left,
+                    ..place
+                };
                 Ok(self.taken(token, place, ask_, (sent, session), looked.left_fence))
             }
             Some(Some(ahead)) if ask_.join => {
@@ -970,24 +973,25 @@ impl ZkStore {
         }
     }
 
-    /// A fenced writer that takes the lock leaves its token on the lock's node at once (its
-    /// release leaves it again): the readers after it take that token, and one whose session
-    /// ended before its release (so that it left nothing then) must not leave them an older
-    /// writer's, lower than a token it may have used. A write that fails is warned of: the
-    /// release writes it again.
-    async fn leave_fence(&self, session: &Session, place: &Place) {
+    /// A fenced writer that takes the lock leaves its token on the lock's node at once: the
+    /// readers after it take that token, and one whose session ends before its release must not
+    /// leave them an older writer's, lower than a token it may have used. Whether it was left;
+    /// a write that fails is warned of, and the release leaves the token instead (as it did
+    /// before the take wrote it).
+    async fn leave_fence(&self, session: &Session, place: &Place) -> bool {
         let token = place.czxid.to_string();
         let set = ask(
             self.ensemble(),
             session.client.set_data(&place.name, token.as_bytes(), None),
         )
         .await;
-        if let Err(e) = set
-            .map_err(|e| e.to_string())
-            .and_then(|r| r.map_err(|e| e.to_string()))
-        {
-            tracing::warn!(lock = %place.name, error = %e, "could not leave a fenced writer's token on the ZooKeeper lock node as it took the lock; its release leaves it");
-        }
+        let error = match set {
+            Ok(Ok(_)) => return true,
+            Ok(Err(e)) => e.to_string(),
+            Err(e) => e.to_string(),
+        };
+        tracing::warn!(lock = %place.name, %error, "could not leave a fenced writer's token on the ZooKeeper lock node as it took the lock; its release leaves it");
+        false
     }
 
     /// The node is the lock's now: recorded as held until its ttl from `sent`; valid no longer

@@ -114,11 +114,8 @@ impl ZkStore {
                 Ok(looked) => looked.children,
                 Err(e) => {
                     if let Some((path, czxid, permit)) = claim {
-                        self.give_up(
-                            token,
-                            self.claim_place(lock, ask_, &session, (path, czxid, permit)),
-                        )
-                        .await;
+                        self.give_up(token, self.claim_place(lock, &session, (path, czxid, permit)))
+                            .await;
                     }
                     return Err(e);
                 }
@@ -131,13 +128,12 @@ impl ZkStore {
             };
             if let Some(held) = held_as {
                 if let Some(claim) = claim {
-                    self.give_up(token, self.claim_place(lock, ask_, &session, claim))
-                        .await;
+                    self.give_up(token, self.claim_place(lock, &session, claim)).await;
                 }
                 return Err(permits_differ(lock.key(), held, count));
             }
             if let Some((path, czxid, permit)) = claim {
-                let place = self.claim_place(lock, ask_, &session, (path, czxid, permit));
+                let place = self.claim_place(lock, &session, (path, czxid, permit));
                 if permits.holds(place.path.rsplit('/').next().unwrap_or_default()) {
                     if let Some(queued) = queued.take() {
                         // Out of the queue: the next waiter wakes.
@@ -195,7 +191,7 @@ impl ZkStore {
                         czxid,
                         session: session.id,
                         // A queue node leaves no fencing token when it goes (a lock's writer does).
-                        fenced: false,
+                        leaves_fence: false,
                         until: None,
                         kept: false,
                         permit: None,
@@ -222,7 +218,6 @@ impl ZkStore {
     fn claim_place(
         &self,
         lock: &Lock,
-        ask_: &Ask,
         session: &Session,
         (path, czxid, permit): (String, i64, u32),
     ) -> Place {
@@ -232,7 +227,8 @@ impl ZkStore {
             shared: false,
             czxid,
             session: session.id,
-            fenced: ask_.fencing,
+            // A claim's token is its own czxid: nothing is left on the lock's node.
+            leaves_fence: false,
             until: None,
             kept: false,
             permit: Some(permit),
