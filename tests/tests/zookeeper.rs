@@ -899,9 +899,8 @@ async fn a_waiter_thawed_as_its_session_expires_never_holds_beside_the_next() {
         let first = stallable.handle.spawn(async move {
             let guard = c1.acquire(&k1, &ttl(1000).wait(60 * SECOND)).await.ok()?;
             let got = Instant::now();
-            while !guard.is_lost() {
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
+            // Until its validity ends (no watchdog) or its session's end is told.
+            guard.lost().await;
             let lost = Instant::now();
             drop(guard);
             Some((got, lost))
