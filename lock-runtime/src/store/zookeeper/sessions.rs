@@ -299,21 +299,11 @@ mod tests {
         }
         // Granted less than asked (the servers' maximum): what is left after the margin, with
         // the client's connection timeout shortened to 2/5 of the session's.
+        let timing = |tick, conn| Timing { tick, conn };
         assert_eq!(
-            Timing {
-                tick: s(2),
-                conn: s(5)
-            }
-            .keeps(s(40)),
+            timing(s(2), s(5)).keeps(s(40)),
             s(40) - ms(2500 + 300 + 1000 + 100)
         );
-        assert_eq!(
-            Timing {
-                tick: ms(100),
-                conn: s(5)
-            }
-            .keeps(s(2)),
-            s(2) - ms(400 + 300 + 50 + 100)
-        );
+        assert_eq!(timing(ms(100), s(5)).keeps(s(2)), s(2) - ms(400 + 300 + 50 + 100));
     }
 }
