@@ -5,7 +5,7 @@
 //! let key = format!(<template>, <placeholders>);   // before the body owns the arguments
 //! let client = Some(ClientRef::lock_client(&(<client expr>)));   // or None: the default client
 //! let options = LockOptions::new(..)...;   // or IntoLockOptions::into_lock_options(<options expr>)
-//! match __private::run(client, key, options, async move { <body> }).await {
+//! match __private::run("<module path>::<fn>", client, key, options, async move { <body> }).await {
 //!     Ok(out) => out,                       // the body's own return value, whatever it was
 //!     Err(e) => __private::lock_failed(e),  // Err(E::from(LockError))
 //! }
@@ -21,6 +21,7 @@
 
 use proc_macro2::{Ident, Span, TokenStream, TokenTree};
 use quote::{quote, quote_spanned, ToTokens};
+use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 use syn::visit::Visit;
 use syn::{GenericArgument, ItemFn, PathArguments, ReturnType, Type};
@@ -193,6 +194,10 @@ fn expand(mut config: Config, mut item: ItemFn) -> syn::Result<TokenStream> {
         }
     };
 
+    // The fn's path, named in the refusals of its key and options.
+    let name = item.sig.ident.unraw().to_string();
+    let call = quote!(::core::concat!(::core::module_path!(), "::", #name));
+
     // The body's statements, not its block: pasted with its braces as the tail of another block,
     // a one-line body would trip `unused_braces` in the user's crate.
     let stmts = &target.stmts;
@@ -200,7 +205,7 @@ fn expand(mut config: Config, mut item: ItemFn) -> syn::Result<TokenStream> {
         let #key = #key_expr;
         let #client = #client_expr;
         let #options = #options_expr;
-        match #private::#run(#client, #key, #options, async move { #anchor #(#stmts)* }).await {
+        match #private::#run(#call, #client, #key, #options, async move { #anchor #(#stmts)* }).await {
             ::core::result::Result::Ok(#out) => #out,
             ::core::result::Result::Err(#err) => #failed,
         }

@@ -114,7 +114,7 @@ impl LockClient {
         self.refused(key, options, self.core.offered(options))
     }
 
-    /// `checked`, counted in the metrics if it is a refusal.
+    /// `checked`, counted in the metrics if it is a refusal, which names the key.
     fn refused<T>(
         &self,
         key: &str,
@@ -126,7 +126,7 @@ impl LockClient {
             let labels = Labels::new(shared, key, self.core.metrics_key_class);
             telemetry::acquire(&labels, telemetry::failure(e), Duration::ZERO, Duration::ZERO);
         }
-        checked
+        checked.map_err(|e| e.on_key(key))
     }
 
     /// The wait loop ([`Acquire`]) for a checked key.
@@ -227,9 +227,9 @@ impl LockClient {
         };
         if !serves {
             let nested = match (options.is_semaphore(), asked) {
-                (true, _) => format!("a call for a permit of {} on `{key}`", options.get_permits()),
-                (false, LockMode::Shared) => format!("a shared (read) call on `{key}`"),
-                (false, _) => format!("an exclusive call on `{key}`"),
+                (true, _) => format!("a call for a permit of {} on {key:?}", options.get_permits()),
+                (false, LockMode::Shared) => format!("a shared (read) call on {key:?}"),
+                (false, _) => format!("an exclusive call on {key:?}"),
             };
             let (outer, why) = match state.kind {
                 Kind::Permit => (
@@ -253,7 +253,7 @@ impl LockClient {
         }
         if options.is_fencing() && state.fence.is_none() {
             return Err(LockError::invalid_options(format!(
-                "a nested call on `{key}` asks for a fencing token, but the enclosing call \
+                "a nested call on {key:?} asks for a fencing token, but the enclosing call \
                  holds the lock without one: ask for `fencing` on the outermost call"
             )));
         }

@@ -80,9 +80,10 @@ pub enum LockError {
     /// The key is empty, longer than [`MAX_KEY_LEN`](crate::MAX_KEY_LEN) bytes, or holds a NUL byte
     /// (no store can hold one everywhere; every other character, a newline or only spaces
     /// included, is a key as written, byte for byte).
-    #[error("invalid lock key `{key}`: {reason}")]
+    #[error("invalid lock key {key:?}: {reason}")]
     InvalidKey {
-        /// The offending key (cut to 64 bytes when long).
+        /// The offending key (cut to 64 bytes when long). The message shows it escaped, as `Debug`
+        /// does (`"a\0b"`), so that the character it is about can be seen in a log.
         key: String,
         /// What is wrong with it.
         reason: &'static str,
@@ -108,6 +109,49 @@ impl LockError {
             reason: reason.into(),
         }
     }
+
+    /// Names `key` (escaped, as `Debug` writes it) in an `InvalidOptions` whose reason does not
+    /// already: a refusal says where it happened.
+    pub(crate) fn on_key(self, key: &str) -> Self {
+        match self {
+            LockError::InvalidOptions { reason } if !reason.contains(&format!("{key:?}")) => {
+                LockError::InvalidOptions {
+                    reason: format!("{reason} for key {key:?}"),
+                }
+            }
+            other => other,
+        }
+    }
+
+    /// Names the guarded fn (`call`, its path as the attribute wrote it) in an `InvalidOptions`
+    /// or `InvalidKey`: the attribute's refusals say which call was refused.
+    pub(crate) fn in_call(self, call: &'static str) -> Self {
+        match self {
+            LockError::InvalidOptions { reason } => LockError::InvalidOptions {
+                reason: format!("{reason} in fn {call}"),
+            },
+            LockError::InvalidKey { key, reason } => LockError::InvalidKey {
+                key,
+                reason: called(reason, call),
+            },
+            other => other,
+        }
+    }
+}
+
+/// `reason` and ` in fn <call>`, made once per pair and kept for the program's life: an
+/// `InvalidKey`'s reason is a `&'static str`, and there are only as many pairs as guarded fns
+/// times the few reasons a key is refused for.
+fn called(reason: &'static str, call: &'static str) -> &'static str {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static MADE: OnceLock<Mutex<HashMap<(&'static str, &'static str), &'static str>>> = OnceLock::new();
+    let mut made = MADE
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    made.entry((reason, call))
+        .or_insert_with(|| Box::leak(format!("{reason} in fn {call}").into_boxed_str()))
 }
 
 /// The source of [`LockError::Unavailable`] when the store did not answer in time.

@@ -122,8 +122,9 @@ where
 }
 
 /// Runs a body guarded by a set of keys (`keys = [...]`): the `client = …` one, or else the
-/// default client.
+/// default client. `call` is the guarded fn's path, named in the refusals of its key and options.
 pub async fn run_all<F: Future>(
+    call: &'static str,
     client: Option<LockClient>,
     keys: Vec<String>,
     options: LockOptions,
@@ -134,11 +135,16 @@ pub async fn run_all<F: Future>(
         Some(client) => client,
         None => crate::default_client().ok_or(LockError::NotConfigured)?,
     };
-    client.run_all(&keys, &options, body).await
+    client
+        .run_all(&keys, &options, body)
+        .await
+        .map_err(|e| e.in_call(call))
 }
 
-/// Runs a guarded body: the `client = …` one, or else the default client.
+/// Runs a guarded body: the `client = …` one, or else the default client. `call` is the
+/// guarded fn's path, named in the refusals of its key and options.
 pub async fn run<F: Future>(
+    call: &'static str,
     client: Option<LockClient>,
     key: String,
     options: LockOptions,
@@ -149,5 +155,8 @@ pub async fn run<F: Future>(
         Some(client) => client,
         None => crate::default_client().ok_or(LockError::NotConfigured)?,
     };
-    client.run(&key, &options, body).await
+    client
+        .run(&key, &options, body)
+        .await
+        .map_err(|e| e.in_call(call))
 }

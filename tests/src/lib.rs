@@ -433,6 +433,18 @@ pub fn free_ports(n: usize) -> Vec<u16> {
         .collect()
 }
 
+/// Asserts that an error's message, `said`, is word for word a line of docs/troubleshooting.md:
+/// the test's server listens on `port` where the page writes `documented`.
+pub fn as_troubleshooting_says(said: &str, port: u16, documented: u16) {
+    let page = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/troubleshooting.md");
+    let page = std::fs::read_to_string(&page).unwrap_or_else(|e| panic!("{}: {e}", page.display()));
+    let line = said.replace(&format!(":{port}"), &format!(":{documented}"));
+    assert!(
+        page.lines().any(|l| l == line),
+        "docs/troubleshooting.md has no line\n{line}\n(the error said, with the port written {documented})"
+    );
+}
+
 /// A loopback port nothing listens on (at the time of the call).
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_runtime::{distributed_lock, LockClient, LockError};
+use lock_runtime::{distributed_lock, LockClient, LockError, LockOptions};
 use lock_tests::{eventually, Target, SECOND};
 use tokio::sync::Notify;
 
@@ -264,3 +264,43 @@ lock_tests::on_both_backends!(
     fencing_tokens_increase_and_show_in_current,
     nested_guarded_calls_are_reentrant,
 );
+
+#[distributed_lock(key = "report:<name>", client = locks)]
+async fn report(locks: &LockClient, name: &str) -> Result<(), LockError> {
+    let _ = name;
+    Ok(())
+}
+
+#[distributed_lock(key = "report:<name>", options = LockOptions::new(Duration::ZERO), client = locks)]
+async fn zero_ttl_report(locks: &LockClient, name: &str) -> Result<(), LockError> {
+    let _ = name;
+    Ok(())
+}
+
+/// A refused key or refused options name the key (escaped, so a NUL byte shows in a log) and,
+/// from the attribute, the fn; `acquire` names the key.
+#[tokio::test]
+async fn refusals_name_the_key_and_the_call() {
+    let locks = LockClient::in_memory();
+    let bad_key = report(&locks, "a\0b").await.unwrap_err();
+    assert_eq!(
+        bad_key.to_string(),
+        format!(
+            r#"invalid lock key "report:a\0b": the key contains a NUL byte (\0), which not every store can hold in fn {}::report"#,
+            module_path!()
+        )
+    );
+    let bad_options = zero_ttl_report(&locks, "q3").await.unwrap_err();
+    assert_eq!(
+        bad_options.to_string(),
+        format!(
+            r#"invalid lock options: ttl must be greater than zero for key "report:q3" in fn {}::zero_ttl_report"#,
+            module_path!()
+        )
+    );
+    let direct = locks.acquire("job\n1", &LockOptions::new(Duration::ZERO)).await;
+    let Err(LockError::InvalidOptions { reason }) = direct else {
+        panic!("{direct:?}")
+    };
+    assert_eq!(reason, r#"ttl must be greater than zero for key "job\n1""#);
+}

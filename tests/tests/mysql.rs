@@ -227,7 +227,7 @@ async fn a_paused_or_stopped_server_is_unavailable_without_a_hang() {
     drop(server);
 }
 
-/// A wrong password, a missing database and a user without the rights locking needs are
+/// A wrong password, an unknown user, a missing database and a user without the rights locking needs are
 /// `Refused`, naming what to fix; a client that may not create the table works once it exists.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn misconfigured_clients_are_refused_with_what_to_fix() {
@@ -252,6 +252,28 @@ async fn misconfigured_clients_are_refused_with_what_to_fix() {
     };
     assert!(reason.contains("wrong user or password"), "{reason}");
     assert!(!source.to_string().contains("nope"), "{source}");
+    // A user the server does not know; and one that may only log in through the server's
+    // socket (error 1698, not 1045: the trial met it on Debian's MariaDB).
+    let nobody = builder(&format!("mysql://nobody@127.0.0.1:{port}/test"))
+        .build()
+        .await;
+    assert!(
+        matches!(&nobody, Err(LockError::Refused { reason, .. }) if reason.contains("wrong user or password")),
+        "{nobody:?}"
+    );
+    let said = nobody.err().map(|e| e.to_string()).unwrap_or_default();
+    lock_tests::as_troubleshooting_says(&said, port, 3306);
+    server.sql("CREATE USER 'by_socket'@'127.0.0.1' IDENTIFIED VIA unix_socket;");
+    let by_socket = builder(&format!("mysql://by_socket@127.0.0.1:{port}/test"))
+        .build()
+        .await;
+    let Err(LockError::Refused { reason, source }) = &by_socket else {
+        panic!("{by_socket:?}")
+    };
+    assert!(
+        reason.contains("wrong user or password") && source.to_string().contains("1698"),
+        "{reason}: {source}"
+    );
     let url = format!("mysql://locker:secret@127.0.0.1:{port}/test");
     let denied = builder(&url).build().await;
     assert!(

@@ -618,6 +618,19 @@ async fn sessions_shorter_than_the_ttl_bound_the_holders_validity() {
     );
     assert!(next.release().await.unwrap());
     drop(cut);
+
+    // Without the watchdog, a body longer than the 2 s granted is stopped before the servers
+    // could expire the session, though its ttl is 10 s.
+    let started = Instant::now();
+    let body = other
+        .run("long", &ttl(10_000), tokio::time::sleep(6 * SECOND))
+        .await;
+    assert!(matches!(body, Err(LockError::Lost { .. })), "{body:?}");
+    assert!(
+        started.elapsed() < 2 * SECOND,
+        "stopped {:?} after the acquire was sent, on a 2 s session",
+        started.elapsed()
+    );
 }
 
 /// Acquires made while the client is disconnected (their creates queued by the client, sent
@@ -1099,4 +1112,69 @@ async fn curators_downgraded_read_lock_holds_where_its_writer_stood() {
     zk.delete(&read, None).await.unwrap();
     let writer = writer.await.unwrap().unwrap();
     assert!(writer.release().await.unwrap());
+}
+
+/// Every wrong address says, server by server, what it found there, with the port tried: a
+/// refused port, a host that does not resolve, a server that is not ZooKeeper, a listener that
+/// never answers. The first case is the line docs/troubleshooting.md shows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_unreachable_server_is_named_with_its_cause() {
+    let port = lock_tests::free_port();
+    let refused = builder(&[format!("127.0.0.1:{port}")], "/unreachable")
+        .build()
+        .await;
+    let Err(LockError::Unavailable { source }) = &refused else {
+        panic!("{refused:?}")
+    };
+    lock_tests::as_troubleshooting_says(&format!("lock backend unavailable: {source}"), port, 2182);
+
+    let greeter = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let greets = greeter.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = greeter.accept().await {
+            let _ = tokio::io::AsyncWriteExt::write_all(&mut s, b"\x4a\x00\x00\x00\x0a5.5.5-10.11.6-MariaDB")
+                .await;
+        }
+    });
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let quiet = silent.local_addr().unwrap().to_string();
+    let hosts = ["no-such-host.invalid".to_owned(), greets.clone(), quiet.clone()];
+    let started = Instant::now();
+    let failed = builder(&hosts, "/unreachable").build().await;
+    let Err(LockError::Unavailable { source }) = &failed else {
+        panic!("{failed:?}")
+    };
+    let said = source.to_string();
+    for (server, cause) in [
+        ("no-such-host.invalid:2181", "cannot be resolved"),
+        (greets.as_str(), "is not ZooKeeper: it speaks first"),
+        (quiet.as_str(), "accepts connections but answered nothing"),
+    ] {
+        assert!(said.contains(&format!("{server} {cause}")), "{server}: {said}");
+    }
+    // The connect timeout (2 s) and the look at each server (at most 1.4 s, all at once).
+    assert!(started.elapsed() < 4 * SECOND, "{:?}", started.elapsed());
+    drop(silent);
+}
+
+/// A chroot that does not exist is a configuration error (`Refused`) naming it, not a store to
+/// retry; docs/troubleshooting.md shows the line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_chroot_is_refused_naming_it() {
+    let hosts = ZkEnsemble::shared().hosts();
+    let first = &hosts[0];
+    let port: u16 = first.rsplit(':').next().and_then(|p| p.parse().ok()).unwrap();
+    let missing = builder(&[format!("{first}/no-such-chroot")], "/locks")
+        .build()
+        .await;
+    let Err(LockError::Refused { reason, source }) = &missing else {
+        panic!("{missing:?}")
+    };
+    assert!(reason.contains("chroot"), "{reason}");
+    assert!(
+        source.to_string().contains("/no-such-chroot does not exist"),
+        "{source}"
+    );
+    let said = missing.err().map(|e| e.to_string()).unwrap_or_default();
+    lock_tests::as_troubleshooting_says(&said, port, 2181);
 }

@@ -724,12 +724,23 @@ fn number(e: &sqlx::Error) -> Option<u16> {
 /// Why the database refuses this client, when only a configuration change can fix it.
 fn refusal(e: &sqlx::Error) -> Option<&'static str> {
     match number(e)? {
-        // ER_ACCESS_DENIED_ERROR
-        1045 => Some("wrong user or password: fix the credentials in the MySQL URL"),
+        // ER_ACCESS_DENIED_ERROR, ER_ACCESS_DENIED_NO_PASSWORD_ERROR (a user without a password
+        // that the server does not know, or that needs one), ER_PASSWORD_ANONYMOUS_USER
+        1045 | 1698 | 1131 => Some("wrong user or password: fix the credentials in the MySQL URL"),
+        // ER_NOT_SUPPORTED_AUTH_MODE
+        1251 => Some(
+            "the MySQL user's authentication plugin is one the client does not speak: give the \
+             user mysql_native_password or caching_sha2_password",
+        ),
+        // ER_MUST_CHANGE_PASSWORD, ER_MUST_CHANGE_PASSWORD_LOGIN
+        1820 | 1862 => Some("the MySQL user's password has expired: set a new one"),
+        // ER_ACCOUNT_HAS_BEEN_LOCKED (MySQL 8, MariaDB)
+        3118 | 4151 => Some("the MySQL user's account is locked: unlock it (ALTER USER … ACCOUNT UNLOCK)"),
         // ER_BAD_DB_ERROR
         1049 => Some("the database in the MySQL URL does not exist"),
-        // ER_DBACCESS_DENIED_ERROR, ER_TABLEACCESS_DENIED_ERROR, ER_COLUMNACCESS_DENIED_ERROR
-        1044 | 1142 | 1143 => Some(
+        // ER_DBACCESS_DENIED_ERROR, ER_TABLEACCESS_DENIED_ERROR, ER_COLUMNACCESS_DENIED_ERROR,
+        // ER_SPECIFIC_ACCESS_DENIED_ERROR
+        1044 | 1142 | 1143 | 1227 => Some(
             "the MySQL user lacks a right locking needs (see the guide, docs/deployments.md, \"MySQL\": \
              CREATE on the database for the first client, then SELECT, INSERT, UPDATE and DELETE \
              on lock_runtime_locks)",
@@ -739,7 +750,7 @@ fn refusal(e: &sqlx::Error) -> Option<&'static str> {
 }
 
 /// Why fair mode and read-write locks are refused.
-const NOT_YET: &str = "not built for MySQL yet: use PostgreSQL, etcd or Redis for them";
+const NOT_YET: &str = "not built for MySQL yet: use PostgreSQL, etcd, ZooKeeper or Redis for them";
 
 impl Store for MysqlStore {
     fn capabilities(&self) -> Capabilities {

@@ -40,6 +40,7 @@ use crate::view::RELEASED;
 use crate::{LockClientBuilder, LockError};
 
 mod admin;
+mod diagnose;
 mod names;
 mod permits;
 mod pulse;
@@ -126,9 +127,22 @@ impl ZkConfig {
                 }
                 chroot = Some(root.trim_end_matches('/').to_owned());
             }
-            hosts.push(server.to_owned());
+            hosts.push(with_port(server));
         }
         Ok((hosts, chroot))
+    }
+}
+
+/// `server` with ZooKeeper's port, 2181, when it names none (as zookeeper-client reads it), so
+/// that messages name the port tried.
+fn with_port(server: &str) -> String {
+    let has_port = match server.strip_prefix('[') {
+        Some(v6) => v6.contains("]:"),
+        None => server.contains(':'),
+    };
+    match has_port {
+        true => server.to_owned(),
+        false => format!("{server}:2181"),
     }
 }
 
@@ -800,6 +814,11 @@ impl ZkStore {
                     let parents = CreateMode::Container.with_acls(self.ensemble().access.acls());
                     match ask(self.ensemble(), client.mkdir(lock.name(), &parents)).await? {
                         Ok(()) | Err(ZkError::NodeExists) => continue,
+                        // An ancestor went meanwhile (an empty container), or the chroot is not there.
+                        Err(ZkError::NoNode) => {
+                            self.chroot_exists(session).await?;
+                            continue;
+                        }
                         Err(e) => return Err(self.error(&e, lock.name())),
                     }
                 }
@@ -821,6 +840,28 @@ impl ZkStore {
             self.ensemble(),
             format!("{} kept disappearing while a node was created in it", lock.name()),
         ))
+    }
+
+    /// `Refused` when the address names a chroot that does not exist: ZooKeeper makes no node
+    /// under it, and only the operator can create it.
+    async fn chroot_exists(&self, session: &Session) -> Result<(), LockError> {
+        let Some(chroot) = &self.ensemble().chroot else {
+            return Ok(());
+        };
+        // The client's `/` is the chroot.
+        match ask(self.ensemble(), session.client.check_stat("/")).await? {
+            Ok(Some(_)) => Ok(()),
+            Ok(None) => Err(LockError::Refused {
+                reason: "the chroot in the ZooKeeper address does not exist: create it (zkCli.sh \
+                         create <chroot>), or leave it out of the address",
+                source: requests::ZooKeeperError::new(
+                    self.ensemble(),
+                    format!("the chroot {chroot} does not exist"),
+                )
+                .into(),
+            }),
+            Err(e) => Err(self.error(&e, "/")),
+        }
     }
 
     /// The node under `lock` that a create named `mine` (before the sequence) made, if there is
@@ -1449,6 +1490,14 @@ mod tests {
         let (hosts, chroot) = config.checked().unwrap();
         assert_eq!(hosts, ["a:2181", "b:2181"]);
         assert_eq!(chroot.as_deref(), Some("/app"));
+        let portless = ZkConfig::new(vec![
+            "a".into(),
+            "[::1]".into(),
+            "[::1]:2182".into(),
+            "b:2183/app".into(),
+        ]);
+        let (hosts, _) = portless.checked().unwrap();
+        assert_eq!(hosts, ["a:2181", "[::1]:2181", "[::1]:2182", "b:2183"]);
         let bad = ZkConfig::new(vec!["zk://a:2181".into()]);
         assert!(bad.checked().is_err());
         assert!(ZkConfig::new(vec![]).checked().is_err());

@@ -33,7 +33,8 @@ const PERMIT: &str = "-permit-";
 const QUEUE: &str = "-queue-";
 
 /// The parent path of every lock, from the client's prefix: `lock:` (the library's default
-/// prefix, meant for Redis) is `/locks`; any other prefix must be an absolute path.
+/// prefix, meant for Redis) is `/locks`; any other prefix must be an absolute path outside
+/// ZooKeeper's own `/zookeeper` tree (its quotas and configuration live there).
 pub(super) fn parent_path(prefix: &str) -> Result<String, String> {
     if prefix == crate::DEFAULT_PREFIX {
         return Ok("/locks".to_owned());
@@ -47,6 +48,13 @@ pub(super) fn parent_path(prefix: &str) -> Result<String, String> {
         return Err(format!(
             "on ZooKeeper the prefix is the parent path of every lock, an absolute path other \
              than / without empty, . or .. parts (e.g. /locks/billing); got {prefix:?}"
+        ));
+    }
+    if trimmed.split('/').nth(1) == Some("zookeeper") {
+        return Err(format!(
+            "on ZooKeeper the prefix may not be in /zookeeper, the tree the servers keep for \
+             themselves (quotas, configuration): choose another parent path (e.g. /locks); got \
+             {prefix:?}"
         ));
     }
     Ok(trimmed.to_owned())
@@ -353,7 +361,18 @@ mod tests {
     fn the_prefix_is_an_absolute_parent_path() {
         assert_eq!(parent_path("lock:").unwrap(), "/locks");
         assert_eq!(parent_path("/locks/billing/").unwrap(), "/locks/billing");
-        for bad in ["billing:", "/", "//x", "/a//b", "/a/../b", ""] {
+        assert_eq!(parent_path("/zookeepers").unwrap(), "/zookeepers");
+        assert_eq!(parent_path("/app/zookeeper").unwrap(), "/app/zookeeper");
+        for bad in [
+            "billing:",
+            "/",
+            "//x",
+            "/a//b",
+            "/a/../b",
+            "",
+            "/zookeeper",
+            "/zookeeper/x/",
+        ] {
             assert!(parent_path(bad).is_err(), "{bad}");
         }
         assert_eq!(lock_path("/locks", "order:42"), "/locks/order:42");

@@ -138,6 +138,16 @@ pub(crate) struct ZooKeeperError {
     what: String,
 }
 
+impl ZooKeeperError {
+    /// `what` went wrong with `ensemble`.
+    pub(super) fn new(ensemble: &Ensemble, what: impl Into<String>) -> ZooKeeperError {
+        ZooKeeperError {
+            ensemble: ensemble.shown(),
+            what: what.into(),
+        }
+    }
+}
+
 /// A failure of `ensemble`, said in one line.
 pub(super) fn unavailable(ensemble: &Ensemble, what: impl Into<String>) -> LockError {
     LockError::unavailable(ZooKeeperError {
@@ -173,17 +183,10 @@ pub(super) fn store_error(ensemble: &Ensemble, error: &Error, path: &str) -> Loc
     }
 }
 
-/// Why no session could be opened.
+/// Why no session could be opened, when a server said why (a server that did not is named with
+/// what it did instead: see `diagnose`).
 pub(super) fn connect_error(ensemble: &Ensemble, error: &Error) -> LockError {
-    match error {
-        Error::NoHosts if ensemble.access.is_tls() => unavailable(
-            ensemble,
-            "no server answered (a server whose certificate the CA given to \
-             .tls_root_ca(…) did not sign, or a port that does not speak TLS, fails so too)",
-        ),
-        Error::NoHosts => unavailable(ensemble, "no server answered"),
-        other => store_error(ensemble, other, "/"),
-    }
+    store_error(ensemble, error, "/")
 }
 
 /// Whether the session is gone for good (expired, closed, refused): the next use opens another.

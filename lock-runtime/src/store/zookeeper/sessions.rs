@@ -47,6 +47,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use zookeeper_client::{Client, SessionState};
 
+use super::diagnose;
 use super::pulse::SKIP;
 use super::requests::{connect_error, unavailable, Ensemble};
 use crate::LockError;
@@ -141,9 +142,10 @@ fn per_server(ensemble: &Ensemble) -> Duration {
     (ensemble.timeouts.connect / servers).max(Duration::from_secs(1))
 }
 
-/// A session of `asked` on `ensemble`, its handshake given `conn` per server.
+/// A session of `asked` on `ensemble`, its handshake given `conn` per server. When no server
+/// grants one, the error names each server with what it did ([`diagnose`]).
 async fn open(ensemble: &Ensemble, asked: Duration, conn: Duration) -> Result<Client, LockError> {
-    tokio::time::timeout(
+    let opened = tokio::time::timeout(
         ensemble.timeouts.connect,
         ensemble.access.connect(
             Client::connector()
@@ -153,14 +155,15 @@ async fn open(ensemble: &Ensemble, asked: Duration, conn: Duration) -> Result<Cl
             &ensemble.connect_string(),
         ),
     )
-    .await
-    .map_err(|_| {
-        unavailable(
-            ensemble,
-            format!("no session within {:?}", ensemble.timeouts.connect),
-        )
-    })?
-    .map_err(|e| connect_error(ensemble, &e))
+    .await;
+    let what = match opened {
+        Ok(Ok(client)) => return Ok(client),
+        Ok(Err(zookeeper_client::Error::NoHosts)) => "no server granted a session".to_owned(),
+        Ok(Err(e)) => return Err(connect_error(ensemble, &e)),
+        Err(_) => format!("no session within {:?}", ensemble.timeouts.connect),
+    };
+    let found = diagnose::servers(&ensemble.hosts, ensemble.access.is_tls()).await;
+    Err(unavailable(ensemble, format!("{what}: {found}")))
 }
 
 /// The sessions of one client, by class.
@@ -171,6 +174,8 @@ pub(super) struct Sessions {
     /// Held across a connect, so that two first uses of a class open one session (lookups of
     /// the sessions that are open do not wait for it); guards the servers' tick, once probed.
     connecting: tokio::sync::Mutex<Option<Duration>>,
+    /// The classes whose short grant was warned about (once each).
+    warned: std::sync::Mutex<std::collections::HashSet<u64>>,
 }
 
 impl Sessions {
@@ -233,8 +238,35 @@ impl Sessions {
             client,
             used: Instant::now(),
         };
+        if session.keeps < Duration::from_secs(class) {
+            self.short_grant(class, asked, granted, session.keeps);
+        }
         self.all().insert(class, session.clone());
         Ok(session)
+    }
+
+    /// Says once per class that the servers granted less than its locks' ttl: their validity
+    /// is what the session keeps, renewed within it by the watchdog, and without it the holder is
+    /// stopped then (`Lost`), before the servers could expire the session.
+    fn short_grant(&self, class: u64, asked: Duration, granted: Duration, keeps: Duration) {
+        let first = self
+            .warned
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(class);
+        if first {
+            tracing::warn!(
+                ttl = ?Duration::from_secs(class),
+                ?asked,
+                ?granted,
+                validity = ?keeps,
+                "ZooKeeper granted locks of a ttl up to {class}s a session of {granted:?} (asked \
+                 {asked:?}; the servers' maxSessionTimeout is lower): such a lock is valid for \
+                 {keeps:?} at a time; the watchdog renews it within that, and without the \
+                 watchdog its holder is stopped (Lost) then; raise maxSessionTimeout, or use the \
+                 watchdog"
+            );
+        }
     }
 
     /// Forgets the session `id` (the server ended it): the next use opens another.
