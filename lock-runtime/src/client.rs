@@ -136,13 +136,15 @@ impl LockClient {
         lock: Lock,
         options: &'a LockOptions,
     ) -> impl Future<Output = Result<LockGuard, LockError>> + Send + 'a {
-        Acquire {
+        let acquire = Acquire {
             core: &self.core,
             key,
             lock,
             options,
         }
-        .run()
+        .run();
+        // A store's refusal (a semaphore asked with another count, say) names the key too.
+        async move { acquire.await.map_err(|e| e.on_key(key)) }
     }
 
     /// Runs `body` while holding the lock on `key`: acquires (waiting up to `options.wait`),

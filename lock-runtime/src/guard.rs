@@ -221,7 +221,7 @@ impl LockGuard {
     /// replicas acknowledged is [`LockError::NotReplicated`], and the lock keeps the validity it
     /// had. The watchdog, if any, goes on renewing with the original ttl.
     pub async fn extend(&self, ttl: Duration) -> Result<(), LockError> {
-        self.extend_one(ttl).await?;
+        self.extend_one(ttl).await.map_err(|e| e.on_key(self.key()))?;
         // A multi-key set: each of its other locks in turn.
         for more in &self.more {
             Box::pin(more.extend_one(ttl)).await?;

@@ -226,6 +226,14 @@ impl Watchdog {
             let retry_soon = |watched: &mut Watched| watched.due = Instant::now() + retry(watched.lease);
             match &answer {
                 Ok(renewed) => match renewed.get(i).copied().unwrap_or(Renewal::Undecided) {
+                    // Renewed once only to reach its ttl, from a store that keeps it for less
+                    // than that (a ZooKeeper session shorter than the ttl): a lock without the
+                    // watchdog ends where the store's grant ended (docs/deployments.md), so its
+                    // validity does not move.
+                    Renewal::RenewedFor(kept) if watched.once && kept < state.ttl => {
+                        tracing::debug!(key = %state.key(), "lock kept by its store for less than its ttl; without the watchdog it ends then");
+                        gone.push(*id);
+                    }
                     renewal @ (Renewal::Renewed | Renewal::RenewedFor(_)) => {
                         // The store may keep it for less than the lease asked (see `RenewedFor`).
                         let lease = match renewal {

@@ -20,6 +20,7 @@ pub mod bench;
 mod cluster;
 mod etcd;
 pub mod hand_written;
+mod logs;
 pub mod mariadb;
 pub mod postgres;
 pub mod process;
@@ -30,6 +31,7 @@ mod zookeeper;
 
 pub use cluster::{RedisCluster, SlotMigration};
 pub use etcd::EtcdCluster;
+pub use logs::Logs;
 pub use mariadb::{shared_mysql_url, MariadbServer};
 pub use postgres::{shared_postgres_url, PostgresServer};
 pub use proxy::FaultProxy;

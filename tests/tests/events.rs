@@ -2,59 +2,8 @@
 //! release failed (warn). Runs on a current-thread runtime, so every task the lock spawns runs
 //! under the test's capturing subscriber.
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
-
 use lock_runtime::LockError;
-use lock_tests::{connect, eventually, ttl, RedisServer, SECOND};
-
-/// Everything the subscriber writes.
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Logs {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Logs {
-    /// Captures every event at `level` or above on this thread until the guard drops.
-    fn capture(level: tracing::Level) -> (Logs, tracing::subscriber::DefaultGuard) {
-        let logs = Logs::default();
-        let subscriber = tracing_subscriber::fmt()
-            .with_max_level(level)
-            .with_ansi(false)
-            .without_time()
-            .with_writer({
-                let logs = logs.clone();
-                move || logs.clone()
-            })
-            .finish();
-        (logs, tracing::subscriber::set_default(subscriber))
-    }
-
-    /// Whether a line at `level` contains `message`.
-    fn has(&self, level: &str, message: &str) -> bool {
-        self.has_all(&[level, message])
-    }
-
-    /// Whether one line contains every one of `parts`.
-    fn has_all(&self, parts: &[&str]) -> bool {
-        self.text()
-            .lines()
-            .any(|line| parts.iter().all(|part| line.contains(part)))
-    }
-
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
+use lock_tests::{connect, eventually, ttl, Logs, RedisServer, SECOND};
 
 #[tokio::test]
 async fn lock_events_are_traced_at_their_levels() {
@@ -130,7 +79,7 @@ async fn denied_pub_sub_is_said_once_per_client() {
     let out = client.acquire("quiet", &ttl(1000).wait(SECOND)).await; // subscribing is denied too
     out.unwrap().release().await.unwrap();
     drop(holder);
-    let text = String::from_utf8_lossy(&logs.0.lock().unwrap()).into_owned();
+    let text = logs.text();
     assert_eq!(
         text.matches("denies this client pub/sub").count(),
         1,
