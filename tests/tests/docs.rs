@@ -244,3 +244,315 @@ fn every_test_the_promises_name_exists() {
         missing.join("\n")
     );
 }
+
+/// The lines of `text`'s section under the heading `heading` (written as on the page, `## Next`),
+/// up to the next heading of the same or a higher level; prose only.
+fn section<'a>(text: &'a str, heading: &str) -> Vec<&'a str> {
+    let level = heading.chars().take_while(|c| *c == '#').count();
+    let mut lines = prose(text)
+        .into_iter()
+        .skip_while(|line| line.trim_end() != heading);
+    let mut found = Vec::new();
+    if lines.next().is_none() {
+        return found;
+    }
+    for line in lines {
+        let hashes = line.chars().take_while(|c| *c == '#').count();
+        if hashes > 0 && hashes <= level && line[hashes..].starts_with(' ') {
+            break;
+        }
+        found.push(line);
+    }
+    found
+}
+
+/// Whether `text` holds `word` with no letter, digit, `+` or `_` right before or after it (so
+/// `unix://` is not found in `redis+unix://`, nor `Redis` in `Redisson`).
+fn names(text: &str, word: &str) -> bool {
+    let inside = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '+' || c == '_');
+    text.match_indices(word).any(|(at, _)| {
+        !inside(text[..at].chars().next_back()) && !inside(text[at + word.len()..].chars().next())
+    })
+}
+
+/// The Markdown list item (a line starting `- ` and its indented continuation lines) among
+/// `lines` that links to `target`, joined into one line.
+fn list_item(lines: &[&str], target: &str) -> Option<String> {
+    let mut items: Vec<String> = Vec::new();
+    for line in lines {
+        if let Some(item) = line.strip_prefix("- ") {
+            items.push(item.to_owned());
+        } else if line.starts_with("  ") && !line.trim().is_empty() {
+            if let Some(last) = items.last_mut() {
+                last.push(' ');
+                last.push_str(line.trim());
+            }
+        }
+    }
+    items
+        .into_iter()
+        .find(|item| item.contains(&format!("]({target}")))
+}
+
+/// Every scheme of `lock-runtime/src/store/url.rs`'s `SCHEMES` table: the quoted names of each
+/// `schemes: &[…]` array, read from the source.
+fn url_schemes() -> Vec<String> {
+    let source = read(Path::new("lock-runtime/src/store/url.rs"));
+    let mut schemes = Vec::new();
+    for (at, found) in source.match_indices("schemes: &[") {
+        let rest = &source[at + found.len()..];
+        let end = rest
+            .find(']')
+            .unwrap_or_else(|| panic!("url.rs: a `schemes: &[` without `]`"));
+        schemes.extend(
+            rest[..end]
+                .split(',')
+                .map(|s| s.trim().trim_matches('"'))
+                .filter(|s| !s.is_empty())
+                .map(str::to_owned),
+        );
+    }
+    schemes
+}
+
+/// lock-runtime's cargo features (the keys of its `[features]` table but `default`), and the
+/// ones `default` turns on.
+fn cargo_features() -> (Vec<String>, Vec<String>) {
+    let manifest = read(Path::new("lock-runtime/Cargo.toml"));
+    let mut features = Vec::new();
+    let mut defaults = Vec::new();
+    let table = manifest
+        .lines()
+        .skip_while(|line| line.trim() != "[features]")
+        .skip(1)
+        .take_while(|line| !line.starts_with('['));
+    for line in table {
+        let line = line.trim();
+        if line.starts_with('#') {
+            continue;
+        }
+        let Some((name, value)) = line.split_once('=') else {
+            continue;
+        };
+        let name = name.trim();
+        if name == "default" {
+            defaults = value
+                .trim()
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .split(',')
+                .map(|f| f.trim().trim_matches('"').to_owned())
+                .filter(|f| !f.is_empty())
+                .collect();
+        } else {
+            features.push(name.to_owned());
+        }
+    }
+    (features, defaults)
+}
+
+/// The names of examples/Cargo.toml's `[[example]]` targets.
+fn example_names() -> Vec<String> {
+    let manifest = read(Path::new("examples/Cargo.toml"));
+    let mut names = Vec::new();
+    let mut in_example = false;
+    for line in manifest.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_example = line == "[[example]]";
+        } else if in_example {
+            if let Some(name) = line.strip_prefix("name = ") {
+                names.push(name.trim_matches('"').to_owned());
+            }
+        }
+    }
+    names
+}
+
+/// The stores, as the guide names them.
+const STORES: [&str; 9] = [
+    "Redis",
+    "Sentinel",
+    "Cluster",
+    "RedLock",
+    "etcd",
+    "ZooKeeper",
+    "PostgreSQL",
+    "MySQL",
+    "memory",
+];
+
+/// Every URL scheme `LockClient::connect` takes (each entry of the `schemes: &[…]` arrays of
+/// url.rs's `SCHEMES` table) is written `<scheme>://` in the prose of docs/choosing-a-store.md's
+/// "Moving between stores", so a store or a spelling added to the table without the page fails
+/// here.
+#[test]
+fn choosing_a_store_names_every_url_scheme() {
+    let schemes = url_schemes();
+    assert!(
+        schemes.len() >= 10 && schemes.iter().any(|s| s == "zk"),
+        "url.rs's schemes read as {schemes:?}: is the table still parsed right?"
+    );
+    let page = section(
+        &read(Path::new("docs/choosing-a-store.md")),
+        "## Moving between stores",
+    )
+    .join("\n");
+    let missing: Vec<String> = schemes
+        .iter()
+        .map(|s| format!("{s}://"))
+        .filter(|s| !names(&page, s))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/choosing-a-store.md's \"Moving between stores\" does not name these schemes of url.rs: {}",
+        missing.join(", ")
+    );
+}
+
+/// Every cargo feature of lock-runtime that is not on by default is named in backticks in
+/// docs/getting-started.md's paragraph on features (the one saying what "the default features
+/// give"), and every feature, default or not, has a row of docs/operating.md's "Cargo features"
+/// table.
+#[test]
+fn every_cargo_feature_is_named_where_the_guide_lists_them() {
+    let (features, defaults) = cargo_features();
+    assert!(
+        features.len() >= 10 && !defaults.is_empty(),
+        "lock-runtime's features read as {features:?}, default {defaults:?}: is the table still parsed right?"
+    );
+    let mut missing = Vec::new();
+
+    let start = read(Path::new("docs/getting-started.md"));
+    let paragraph = prose(&start)
+        .join("\n")
+        .split("\n\n")
+        .find(|p| p.contains("default features give"))
+        .map(str::to_owned)
+        .expect("docs/getting-started.md has a paragraph saying what \"the default features give\"");
+    for feature in features.iter().filter(|f| !defaults.contains(f)) {
+        if !paragraph.contains(&format!("`{feature}`")) {
+            missing.push(format!(
+                "docs/getting-started.md's features paragraph: `{feature}`"
+            ));
+        }
+    }
+
+    let operating = read(Path::new("docs/operating.md"));
+    let table = section(&operating, "## Cargo features");
+    for feature in &features {
+        let row = format!("| `{feature}` |");
+        if !table.iter().any(|line| line.starts_with(&row)) {
+            missing.push(format!(
+                "docs/operating.md's Cargo features table: no row `{row}`"
+            ));
+        }
+    }
+    assert!(missing.is_empty(), "features not named:\n{}", missing.join("\n"));
+}
+
+/// Every `[[example]]` of examples/Cargo.toml is named in the `examples/` row of README.md's
+/// layout table and of docs/README.md's "Where the code is", and every store's folder or file
+/// under lock-runtime/src/store/ (but the seam's own files) in their `lock-runtime/` rows.
+#[test]
+fn the_layout_tables_name_every_example_and_store() {
+    let examples = example_names();
+    assert!(
+        examples.len() >= 4 && examples.iter().any(|e| e == "payment_dedup"),
+        "examples/Cargo.toml's examples read as {examples:?}: is it still parsed right?"
+    );
+    let store_dir = root().join("lock-runtime/src/store");
+    let seam = ["mod.rs", "url.rs", "decode.rs", "announcement.rs"];
+    let mut stores: Vec<String> = std::fs::read_dir(&store_dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", store_dir.display()))
+        .filter_map(Result::ok)
+        .map(|entry| {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if entry.path().is_dir() {
+                format!("{name}/")
+            } else {
+                name
+            }
+        })
+        .filter(|name| !seam.contains(&name.as_str()))
+        .collect();
+    stores.sort();
+
+    let mut missing = Vec::new();
+    for page in ["README.md", "docs/README.md"] {
+        let text = read(Path::new(page));
+        let row = |path: &str| {
+            prose(&text)
+                .into_iter()
+                .find(|line| line.starts_with(&format!("| `{path}` |")))
+                .map(str::to_owned)
+                .unwrap_or_else(|| panic!("{page} has no layout row for `{path}`"))
+        };
+        let examples_row = row("examples/");
+        for example in &examples {
+            if !examples_row.contains(&format!("`{example}`")) {
+                missing.push(format!("{page}, row `examples/`: `{example}`"));
+            }
+        }
+        let runtime_row = row("lock-runtime/");
+        for store in &stores {
+            if !names(&runtime_row, &format!("`{store}`")) {
+                missing.push(format!("{page}, row `lock-runtime/`: `{store}`"));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "not in the layout tables:\n{}",
+        missing.join("\n")
+    );
+}
+
+/// Where the guide points a reader at the stores, it names every one of them: the "Choosing a
+/// store" entries of README.md's guide list, of docs/README.md's table and of
+/// docs/getting-started.md's "Next", and docs/README.md's "Deployments" entry (every store but
+/// memory, which has no deployment).
+#[test]
+fn the_guide_names_every_store_where_it_lists_them() {
+    let readme = read(Path::new("README.md"));
+    let guide = read(Path::new("docs/README.md"));
+    let start = read(Path::new("docs/getting-started.md"));
+    let row = |target: &str| {
+        prose(&guide)
+            .into_iter()
+            .find(|line| line.starts_with('|') && line.contains(&format!("]({target})")))
+            .map(str::to_owned)
+            .unwrap_or_else(|| panic!("docs/README.md has no row linking {target}"))
+    };
+    let places = [
+        (
+            "README.md, The guide: Choosing a store",
+            list_item(&section(&readme, "## The guide"), "docs/choosing-a-store.md")
+                .expect("README.md's guide list links docs/choosing-a-store.md"),
+            &STORES[..],
+        ),
+        (
+            "docs/getting-started.md, Next: Choosing a store",
+            list_item(&section(&start, "## Next"), "choosing-a-store.md")
+                .expect("docs/getting-started.md's Next links choosing-a-store.md"),
+            &STORES[..],
+        ),
+        (
+            "docs/README.md, Choosing a store",
+            row("choosing-a-store.md"),
+            &STORES[..],
+        ),
+        (
+            "docs/README.md, Deployments",
+            row("deployments.md"),
+            &STORES[..STORES.len() - 1],
+        ),
+    ];
+    let mut missing = Vec::new();
+    for (place, text, stores) in places {
+        let absent: Vec<&str> = stores.iter().copied().filter(|s| !names(&text, s)).collect();
+        if !absent.is_empty() {
+            missing.push(format!("{place}: {}", absent.join(", ")));
+        }
+    }
+    assert!(missing.is_empty(), "stores not named:\n{}", missing.join("\n"));
+}
