@@ -248,15 +248,17 @@ impl LockClientBuilder {
         let place = match self.places.as_slice() {
             [] => {
                 return Err(LockError::invalid_options(
-                    "no store given to the builder: say where the locks live (.url(…), .cluster(…), \
-                     .sentinel(…), .redis_client(…), .redlock(…), .postgres(…) or .etcd(…))",
+                    "no store given to the builder: say where the locks live (.store(…), .url(…), \
+                     .cluster(…), .sentinel(…), .redis_client(…), .redlock(…), .postgres(…), \
+                     .mysql(…), .etcd(…) or .zookeeper(…))",
                 ))
             }
             [place] => place,
             _ => {
                 return Err(LockError::invalid_options(
-                    "give the builder one store (.url(…), .cluster(…), .sentinel(…), \
-                     .redis_client(…), .redlock(…), .postgres(…) or .etcd(…)), not several",
+                    "give the builder one store (.store(…), .url(…), .cluster(…), .sentinel(…), \
+                     .redis_client(…), .redlock(…), .postgres(…), .mysql(…), .etcd(…) or \
+                     .zookeeper(…)), not several",
                 ))
             }
         };
@@ -315,6 +317,29 @@ fn check_prefix(prefix: &str) -> Result<(), LockError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The builder's "no store" message names every way of giving one (each store's builder
+    /// method, defined in its folder).
+    #[tokio::test]
+    async fn without_a_store_every_store_is_named() {
+        let Err(LockError::InvalidOptions { reason }) = LockClient::builder().build().await else {
+            panic!("a builder without a store built a client");
+        };
+        for method in [
+            ".store(",
+            ".url(",
+            ".cluster(",
+            ".sentinel(",
+            ".redis_client(",
+            ".redlock(",
+            ".postgres(",
+            ".mysql(",
+            ".etcd(",
+            ".zookeeper(",
+        ] {
+            assert!(reason.contains(method), "{method}: {reason}");
+        }
+    }
 
     #[test]
     fn builder_debug_hides_credentials() {
