@@ -642,7 +642,7 @@ async fn a_lock_without_the_watchdog_ends_within_a_shorter_session() {
     assert!(again.is_ok(), "{again:?}");
     drop(capturing);
     let warned = logs.text();
-    let said = "ZooKeeper granted locks of a ttl up to 30s a session of 10s";
+    let said = "ZooKeeper granted a session of 10s to locks of a ttl up to 30s";
     assert_eq!(warned.matches(said).count(), 1, "{warned}");
 }
 

@@ -750,7 +750,7 @@ fn refusal(e: &sqlx::Error) -> Option<&'static str> {
 }
 
 /// Why fair mode and read-write locks are refused.
-const NOT_YET: &str = "not built for MySQL yet: use PostgreSQL, etcd, ZooKeeper or Redis for them";
+const NOT_YET: &str = "not built for MySQL yet: PostgreSQL, etcd, ZooKeeper and Redis offer it";
 
 impl Store for MysqlStore {
     fn capabilities(&self) -> Capabilities {

@@ -852,11 +852,11 @@ impl ZkStore {
         match ask(self.ensemble(), session.client.check_stat("/")).await? {
             Ok(Some(_)) => Ok(()),
             Ok(None) => Err(LockError::Refused {
-                reason: "the chroot in the ZooKeeper address does not exist: create it (zkCli.sh \
-                         create <chroot>), or leave it out of the address",
+                reason: "the chroot in the ZooKeeper address does not exist: create it, or leave \
+                         it out of the address",
                 source: requests::ZooKeeperError::new(
                     self.ensemble(),
-                    format!("the chroot {chroot} does not exist"),
+                    format!("the chroot {chroot} does not exist (zkCli.sh create {chroot} makes it)"),
                 )
                 .into(),
             }),

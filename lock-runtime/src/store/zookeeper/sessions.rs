@@ -260,11 +260,11 @@ impl Sessions {
                 ?asked,
                 ?granted,
                 validity = ?keeps,
-                "ZooKeeper granted locks of a ttl up to {class}s a session of {granted:?} (asked \
-                 {asked:?}; the servers' maxSessionTimeout is lower): such a lock is valid for \
-                 {keeps:?} at a time; the watchdog renews it within that, and without the \
-                 watchdog its holder is stopped (Lost) then; raise maxSessionTimeout, or use the \
-                 watchdog"
+                "ZooKeeper granted a session of {granted:?} to locks of a ttl up to {class}s \
+                 (asked {asked:?}; the servers' maxSessionTimeout is lower): such a lock is \
+                 valid for {keeps:?} at a time; the watchdog renews it within that, and without \
+                 the watchdog its holder is stopped (Lost) then; raise maxSessionTimeout, or use \
+                 the watchdog"
             );
         }
     }
