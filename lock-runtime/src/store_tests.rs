@@ -21,11 +21,21 @@ struct Counting {
     inner: MemoryStore,
     offers: Capabilities,
     requests: AtomicUsize,
+    /// When set, the answer of the next refused attempt is held back until this is notified
+    /// (the request reached the store; its answer is slow to come back).
+    hold_refusal: std::sync::Mutex<Option<Arc<tokio::sync::Notify>>>,
 }
 
 impl Counting {
     fn count(&self) {
         self.requests.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn holds_a_refusal(&self) -> bool {
+        self.hold_refusal
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
     }
 }
 
@@ -46,7 +56,14 @@ impl Store for Counting {
         flight: &Flight,
     ) -> Result<Attempt, LockError> {
         self.count();
-        Store::attempt(&self.inner, lock, token, ask, flight).await
+        let answer = Store::attempt(&self.inner, lock, token, ask, flight).await;
+        if matches!(answer, Ok(Attempt::Held { .. })) {
+            let gate = self.hold_refusal.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(gate) = gate {
+                gate.notified().await;
+            }
+        }
+        answer
     }
 
     async fn renew(&self, locks: &[Renewing<'_>]) -> Result<Vec<Renewal>, LockError> {
@@ -86,6 +103,7 @@ fn client(offers: Capabilities) -> (LockClient, Arc<Counting>) {
         inner: MemoryStore::new("lock:", wakeups.notices()),
         offers,
         requests: AtomicUsize::new(0),
+        hold_refusal: std::sync::Mutex::new(None),
     });
     let core = Core::new(
         (store.clone(), wakeups, Timeouts::default()),
@@ -193,4 +211,57 @@ async fn options_a_store_does_not_offer_are_refused_before_any_request() {
         .unwrap();
     assert_eq!(inner, (1, 2));
     assert_eq!(store.requests.load(Ordering::Relaxed), 4);
+}
+
+/// Issue 55: a fair semaphore's line order and this client's local order of its waiters differ
+/// (the answer to the first waiter's first attempt came back after the second had registered).
+/// A release admits the waiter first in line, and wakes it: it does not wake the local first
+/// waiter, which is refused, and leave the permit idle until the admitted one's nap ends.
+#[tokio::test(start_paused = true)]
+async fn a_fair_semaphores_release_wakes_the_waiter_it_admits() {
+    let (locks, store) = client(Capabilities {
+        name: "held back",
+        ..Capabilities::ALL
+    });
+    let two = ttl().permits(2).fair(true);
+    let held = locks.acquire("s", &two).await.unwrap();
+    let other = locks.acquire("s", &two).await.unwrap();
+    let waits = two.clone().wait(Duration::from_secs(30));
+    let gate = Arc::new(tokio::sync::Notify::new());
+    *store.hold_refusal.lock().unwrap() = Some(Arc::clone(&gate));
+    let waiter = |locks: LockClient, waits: LockOptions| {
+        tokio::spawn(async move {
+            let guard = locks.acquire("s", &waits).await.unwrap();
+            (tokio::time::Instant::now(), guard)
+        })
+    };
+    // First in line: its refusal is held back on the way.
+    let first = waiter(locks.clone(), waits.clone());
+    while store.holds_a_refusal() {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // Second in line, first to wait here.
+    let second = waiter(locks.clone(), waits.clone());
+    while locks.waiting("s").unwrap() < 1 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    gate.notify_one();
+    while locks.waiting("s").unwrap() < 2 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let released = tokio::time::Instant::now();
+    assert!(held.release().await.unwrap());
+    let (entered, guard) = first.await.unwrap();
+    assert!(
+        entered - released < Duration::from_millis(50),
+        "the waiter first in line took the permit {:?} after its release",
+        entered - released
+    );
+    assert!(
+        !second.is_finished(),
+        "the second in line barged ahead of the first"
+    );
+    assert!(other.release().await.unwrap());
+    let (_, last) = second.await.unwrap();
+    drop((guard.release().await, last.release().await));
 }

@@ -580,14 +580,30 @@ impl MemoryStore {
             }
             held.released = true;
             held.expires_at = now + Duration::from_millis(hold_ms);
-        } else {
-            permits.holders.remove(token);
-            if permits.holders.is_empty() {
-                store.semaphores.remove(lock);
-            }
+            // The client wakes its next waiter: one per permit given back.
+            return Some(Released::Freed);
         }
-        // The client wakes its next waiter: one per permit given back.
-        Some(Released::Freed)
+        permits.holders.remove(token);
+        let free = permits.permits as usize - permits.holders.len().min(permits.permits as usize);
+        if permits.holders.is_empty() {
+            store.semaphores.remove(lock);
+        }
+        // A fair semaphore's release names the waiter it admits (as release.lua's): with `free`
+        // permits free, the waiters at ranks below `free` may take one, and those ahead of the
+        // last were told by the releases before.
+        let admitted = store.queues.get_mut(&permits_line(lock)).and_then(|queue| {
+            queue.purge(now);
+            queue.order.values().nth(free.checked_sub(1)?).cloned()
+        });
+        drop(store);
+        match admitted {
+            Some(waiter) => {
+                self.notices.turn(lock, waiter.as_bytes(), None);
+                Some(Released::Quiet)
+            }
+            // The client wakes its next waiter: one per permit given back.
+            None => Some(Released::Freed),
+        }
     }
 
     pub(crate) fn release(&self, lock: &str, token: &str, hold_ms: u64, fair: bool) -> Released {

@@ -632,7 +632,8 @@ impl PostgresStore {
             0 => Released::NotOurs,
             // Other readers still share the lock: nobody can enter because this one left.
             2 => Released::Quiet,
-            // A fair release names the next waiter.
+            // A fair release names the next waiter; a fair semaphore's, the waiter it admits.
+            3 => Released::Quiet,
             _ if kind == Kind::Fair => Released::Quiet,
             // This client's own next waiter need not hear it from the database (its listener
             // skips the announcement): the client wakes it.

@@ -595,8 +595,10 @@ $$;
 -- Gives the lock back if it still holds `tok`: deletes it, or with `hold_ms > 0` keeps it
 -- (marked released) for that long; a share leaves, and the last to leave frees the lock. A fair
 -- release hands the lock to the head of the line (with a fencing token when the key has one)
--- and names it; another release announces itself (`said`) if a waiter marked the lock.
--- Answers 0: not ours, 1: released, 2: a share left and other readers remain.
+-- and names it; a fair semaphore's release that frees a permit names the waiter it admits;
+-- another release announces itself (`said`) if a waiter marked the lock. Answers 0: not ours,
+-- 1: released, 2: a share left and other readers remain, 3: a permit given back and the waiter
+-- it admits named (a client of an earlier build reads 3 as 1).
 CREATE OR REPLACE FUNCTION lock_runtime_v1_release(
     k text, chan text, tok text, hold_ms bigint, fair boolean, said text)
 RETURNS integer
@@ -609,6 +611,7 @@ DECLARE
     live_claims jsonb;
     head lock_runtime_line;
     f bigint;
+    admitted text;
 BEGIN
     SELECT * INTO r FROM lock_runtime_locks WHERE key = k FOR UPDATE;
     IF NOT FOUND THEN
@@ -653,6 +656,19 @@ BEGIN
                 permits = CASE WHEN readers IS NULL THEN NULL ELSE permits END,
                 marked = marked AND readers IS NOT NULL
             WHERE key = k;
+        IF hold_ms = 0 THEN
+            -- A fair semaphore's line: with `free` permits free, the waiters at ranks below
+            -- `free` may take one (lock_runtime_v1_permit), and those ahead of the last were
+            -- named by the releases before: the release names that last one.
+            DELETE FROM lock_runtime_line WHERE key = k || '#permits' AND kept_until <= at_ms;
+            SELECT l.token INTO admitted FROM lock_runtime_line l WHERE l.key = k || '#permits'
+                ORDER BY l.arrival
+                OFFSET greatest(r.permits - (SELECT count(*) FROM jsonb_each(readers)) - 1, 0) LIMIT 1;
+            IF admitted IS NOT NULL AND r.permits > (SELECT count(*) FROM jsonb_each(readers)) THEN
+                PERFORM lock_runtime_v1_tell(chan, 'w:' || admitted);
+                RETURN 3;
+            END IF;
+        END IF;
         IF r.marked THEN
             PERFORM lock_runtime_v1_tell(chan, said);
         END IF;

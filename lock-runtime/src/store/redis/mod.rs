@@ -460,8 +460,10 @@ impl RedisStore {
             ReleaseAnswer::NotOurs => Released::NotOurs,
             // Other readers still share the lock: nobody can enter because this one left.
             ReleaseAnswer::ShareLeft => Released::Quiet,
-            // A fair release named the next waiter, wherever it is.
+            // A fair release named the next waiter, wherever it is (as a fair semaphore's
+            // release names the waiter it admits).
             _ if kind == Kind::Fair => Released::Quiet,
+            ReleaseAnswer::Named => Released::Quiet,
             ReleaseAnswer::Ours | ReleaseAnswer::Unannounced | ReleaseAnswer::Undecided => Released::Freed,
         })
     }
@@ -516,6 +518,7 @@ impl RedisStore {
             // Only a fair release reads the line (and may take the next holder's fencing
             // token); it always announces, naming the next in line.
             fair: kind == Kind::Fair,
+            permit: kind == Kind::Permit,
             marks,
             sharded,
         };

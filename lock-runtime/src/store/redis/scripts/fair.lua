@@ -63,7 +63,7 @@ local kept = 0
 if ARGV[5] == '1' then
   local place = tonumber(ARGV[4])
   kept = now + place
-  redis.call('ZADD', line, 'NX', tonumber(time[1]) * 1000000 + tonumber(time[2]), token)
+  join_line(line, token, time)
   redis.call('ZADD', places, kept, token)
   -- The line lives while someone asks (each within its place's life): once its last waiter died,
   -- it goes a second after that waiter's place lapsed.

@@ -1,5 +1,5 @@
--- Shared by acquire.lua, fair.lua and release.lua (prepended to each): fencing tokens, and the
--- check of a helper key's type.
+-- Shared by acquire.lua, fair.lua, permit.lua, set.lua and release.lua (prepended to each):
+-- fencing tokens, the check of a helper key's type, and a waiter's place in a fair line.
 
 -- Whether `counter` (a fencing counter's value as GET read it; nil when it does not exist) is one
 -- this library can take a token from: a non-negative integer that Lua's numbers hold exactly
@@ -38,4 +38,14 @@ local function next_fence(key, counter, keep_ms)
   local fence = redis.call('INCRBY', key, step)
   redis.call('PEXPIRE', key, math.max(3600000, tonumber(keep_ms) or 0) + 1000)
   return fence
+end
+
+-- Puts `token` at the end of fair line `line` (unless it is in it), at the server's clock
+-- `time` (TIME's answer) in microseconds, or just above the last waiter's score when that is
+-- later (two arrivals in one microsecond, a clock gone back): scores never tie, so the line's
+-- order is its order of arrival, not the tokens'.
+local function join_line(line, token, time)
+  local last = redis.call('ZRANGE', line, -1, -1, 'WITHSCORES')[2]
+  local score = math.max(tonumber(time[1]) * 1000000 + tonumber(time[2]), (tonumber(last) or 0) + 1)
+  redis.call('ZADD', line, 'NX', string.format('%d', score), token)
 end

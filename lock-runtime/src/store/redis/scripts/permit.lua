@@ -105,7 +105,7 @@ end
 if not free or ahead >= n - live then
   if line and ARGV[8] == '1' then
     local place = tonumber(ARGV[7])
-    redis.call('ZADD', line, 'NX', tonumber(time[1]) * 1000000 + tonumber(time[2]), token)
+    join_line(line, token, time)
     redis.call('ZADD', places, now + place, token)
     -- The line lives while someone asks (each within its place's life).
     redis.call('PEXPIRE', line, place + 1000)

@@ -1,10 +1,12 @@
 -- Give a lock back if it is still ours, and announce it to the waiters.
 -- KEYS[1] lock key; for a fair lock only, KEYS[2] fair queue, KEYS[3] fair places (see
--- fair.lua) and KEYS[4] the fencing counter; then the lock's waiting mark, when given (not on
--- a Redis Cluster): KEYS[5] for a fair lock, else KEYS[2]. ARGV[1] our token, ARGV[2] ms the lock must still be held (minimum hold), 0 to delete
+-- fair.lua) and KEYS[4] the fencing counter; for a semaphore's permit, KEYS[2] its line and
+-- KEYS[3] its places (permit.lua); then the lock's waiting mark, when given (not on a Redis
+-- Cluster): KEYS[5] for a fair lock, KEYS[4] for a permit, else KEYS[2]. ARGV[1] our token, ARGV[2] ms the lock must still be held (minimum hold), 0 to delete
 -- now, ARGV[3] the announcement ('c:' and the releasing client's id: that client wakes its own
 -- next waiter itself), ARGV[4] the lock's wake-up channel (an argument, not a key: see
--- acquire.lua), ARGV[5] '1' = a fair lock: announce whose turn it is instead, ARGV[6] '1' = a
+-- acquire.lua), ARGV[5] '1' = a fair lock: announce whose turn it is instead ('2' = a permit,
+-- whose fair line, if it has one, is named: see below), ARGV[6] '1' = a
 -- Redis Cluster: announce with sharded pub/sub (SPUBLISH, on the lock's shard).
 -- A fair release hands the lock to the next waiter in line: it sets the lock to that waiter's
 -- token, until the waiter's place would have lapsed (so a waiter that died meanwhile holds the
@@ -34,13 +36,13 @@
 -- hand the lock on.
 -- Every check comes before the first write: a fair line of another type fails the release with
 -- the lock left as it is (it expires at its ttl).
-if ARGV[5] == '1' and not (kind_ok(KEYS[2], 'zset') and kind_ok(KEYS[3], 'zset')) then
+if (ARGV[5] == '1' or ARGV[5] == '2') and not (kind_ok(KEYS[2], 'zset') and kind_ok(KEYS[3], 'zset')) then
   return redis.error_reply('WRONGTYPE the fair line of ' .. KEYS[1] .. ' is not a sorted set')
 end
 local freed = false
 -- Whether it was kept for its minimum hold instead.
 local kept_for_hold = false
-local mark = KEYS[ARGV[5] == '1' and 5 or 2]
+local mark = KEYS[(ARGV[5] == '1' and 5) or (ARGV[5] == '2' and 4) or 2]
 -- Deletes the lock (and its waiting mark): whether the mark was there (always true without one).
 local function delete()
   if not mark then
@@ -81,9 +83,38 @@ if type(held) == 'table' and held.err and redis.pcall('HGET', KEYS[1], 'mode') =
     end
   end
   local marked = not mark or redis.call('EXISTS', mark) == 1
+  local fields = redis.call('HGETALL', KEYS[1])
+  -- A fair semaphore's release names the waiter it admits, and returns 4: with `free` permits
+  -- free, the waiters at ranks below `free` may take one (permit.lua), and those ahead of the
+  -- last were named by the releases before. Its places that lapsed go first.
+  local admitted
+  if ARGV[5] == '2' and ARGV[2] == '0' and redis.call('EXISTS', KEYS[2]) == 1 then
+    local n, live = 0, 0
+    for i = 1, #fields, 2 do
+      if fields[i] == 'permits' then
+        n = tonumber(fields[i + 1]) or 0
+      elseif fields[i] ~= 'mode' and (tonumber(string.match(fields[i + 1], '^(%d+)')) or 0) > now then
+        live = live + 1
+      end
+    end
+    for _, waiter in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)) do
+      redis.call('ZREM', KEYS[2], waiter)
+      redis.call('ZREM', KEYS[3], waiter)
+    end
+    if n > live then
+      admitted = redis.call('ZRANGE', KEYS[2], n - live - 1, n - live - 1)[1]
+    end
+  end
   -- Only 'mode' and 'permits' left (HGETALL: the commands the rights check grants).
-  if #redis.call('HGETALL', KEYS[1]) <= 4 then
+  if #fields <= 4 then
     delete()
+  end
+  if admitted then
+    local named = redis.pcall(ARGV[6] == '1' and 'SPUBLISH' or 'PUBLISH', ARGV[4], 'w:' .. admitted)
+    if type(named) == 'table' and named.err then
+      return 2
+    end
+    return 4
   end
   if not marked then
     -- Nobody waits for it.

@@ -51,19 +51,24 @@ pub(crate) struct Release<'a> {
     pub(crate) announcement: &'a str,
     /// Hand the lock to the next in line, and name it.
     pub(crate) fair: bool,
+    /// A semaphore's permit: a fair semaphore's release names the waiter it admits.
+    pub(crate) permit: bool,
     pub(crate) marks: bool,
     pub(crate) sharded: bool,
 }
 
 impl Release<'_> {
-    /// `KEYS`: the lock; for a fair lock its line, places and counter; then its waiting mark
-    /// when the deployment marks. `ARGV`: token, hold, announcement, channel, and (only when
-    /// one is on) fair and sharded.
+    /// `KEYS`: the lock; for a fair lock its line, places and counter; for a permit, its
+    /// semaphore's line and places; then its waiting mark when the deployment marks. `ARGV`:
+    /// token, hold, announcement, channel, and (only when one is on) fair (`1`, or `2` for a
+    /// permit) and sharded.
     pub(crate) fn call(&self) -> Call {
         let lock = self.lock;
         let mut named = vec![Cow::Borrowed(lock)];
         if self.fair {
             named.extend([keys::queue(lock), keys::kept(lock), keys::fence(lock)].map(Cow::Owned));
+        } else if self.permit {
+            named.extend([keys::permits_queue(lock), keys::permits_kept(lock)].map(Cow::Owned));
         }
         if self.marks {
             named.push(Cow::Owned(keys::waiting(lock)));
@@ -73,8 +78,12 @@ impl Release<'_> {
             .arg(self.hold_ms)
             .arg(self.announcement)
             .arg(keys::channel(lock));
-        if self.fair || self.sharded {
-            call.arg(if self.fair { "1" } else { "0" });
+        if self.fair || self.permit || self.sharded {
+            call.arg(match (self.fair, self.permit) {
+                (true, _) => "1",
+                (false, true) => "2",
+                (false, false) => "0",
+            });
         }
         if self.sharded {
             call.arg("1");
@@ -99,6 +108,9 @@ pub(crate) enum ReleaseAnswer {
     /// `unlock.lua` cannot decide (another type at the key, our token marked released):
     /// `release.lua` must.
     Undecided,
+    /// A fair semaphore's permit given back, and the waiter it admits named on the channel
+    /// (this client's own waiters are woken by that, not by the client).
+    Named,
 }
 
 impl ReleaseAnswer {
@@ -107,6 +119,7 @@ impl ReleaseAnswer {
             1 => ReleaseAnswer::Ours,
             2 => ReleaseAnswer::Unannounced,
             3 => ReleaseAnswer::ShareLeft,
+            4 => ReleaseAnswer::Named,
             -1 => ReleaseAnswer::Undecided,
             _ => ReleaseAnswer::NotOurs,
         }
