@@ -556,3 +556,29 @@ fn the_guide_names_every_store_where_it_lists_them() {
     }
     assert!(missing.is_empty(), "stores not named:\n{}", missing.join("\n"));
 }
+
+/// Getting started's `src/main.rs` installs a tracing subscriber before anything else, and its
+/// Cargo.toml brings the crate: the warnings the guide promises (a lock lost with `on_lost =
+/// "continue"`, a ZooKeeper fenced release without WRITE, etcd's version check) reach the log of
+/// an app built from the page.
+#[test]
+fn getting_started_installs_a_tracing_subscriber() {
+    let page = read(Path::new("docs/getting-started.md"));
+    let main = page
+        .split("async fn main() -> Result<(), Box<dyn std::error::Error>> {")
+        .nth(1)
+        .unwrap_or_else(|| panic!("getting-started has no main of the handler"));
+    let first = main
+        .lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or_default();
+    assert!(
+        first.starts_with("tracing_subscriber::fmt::init();"),
+        "main's first line: {first}"
+    );
+    assert!(
+        page.contains("\ntracing-subscriber = \"0.3\"\n"),
+        "the page's Cargo.toml lacks tracing-subscriber"
+    );
+}
