@@ -221,66 +221,48 @@ impl LockGuard {
     /// replicas acknowledged is [`LockError::NotReplicated`], and the lock keeps the validity it
     /// had. The watchdog, if any, goes on renewing with the original ttl.
     pub async fn extend(&self, ttl: Duration) -> Result<(), LockError> {
-        self.extend_one(ttl).await.map_err(|e| e.on_key(self.key()))?;
-        // A multi-key set: each of its other locks in turn.
-        for more in &self.more {
-            Box::pin(more.extend_one(ttl)).await?;
-        }
-        Ok(())
+        self.extend_all(ttl).await.map_err(|e| e.on_key(self.key()))
     }
 
-    async fn extend_one(&self, ttl: Duration) -> Result<(), LockError> {
+    /// [`extend`](Self::extend) of every lock it holds, in one request to the store (a
+    /// multi-key set's locks in one batch, as the watchdog renews them).
+    async fn extend_all(&self, ttl: Duration) -> Result<(), LockError> {
         if ttl < MIN_TTL || ttl > crate::options::MAX_DURATION {
             return Err(LockError::invalid_options(format!(
                 "extend ttl {ttl:?} is outside {MIN_TTL:?}..={:?}",
                 crate::options::MAX_DURATION
             )));
         }
-        if self.state.is_lost() {
-            return Err(self.lost_error());
+        let states = self.states();
+        if let Some(lost) = states.iter().find(|s| s.is_lost()) {
+            return Err(lost_error(lost));
         }
         let sent = Instant::now();
-        let Some(ttl) = self.state.renewal(ttl, sent) else {
-            return Err(self.lost_error()); // its maximum hold is reached
-        };
+        let mut leases = Vec::with_capacity(states.len());
+        for state in &states {
+            // None: its maximum hold is reached.
+            leases.push(state.renewal(ttl, sent).ok_or_else(|| lost_error(state))?);
+        }
+        let locks: Vec<_> = states
+            .iter()
+            .zip(&leases)
+            .map(|(s, lease)| (&s.lock, s.token.as_str(), ceil_millis(*lease)))
+            .collect();
         let renewed = self
             .core
             .store
-            .renew_one(&self.state.lock, &self.state.token, ceil_millis(ttl))
+            .renew(&locks)
             .await
             .inspect_err(|_| telemetry::renewal_failed())?;
-        match renewed {
-            Renewal::Renewed | Renewal::RenewedFor(_) => {
-                let lease = match renewed {
-                    Renewal::RenewedFor(kept) => ttl.min(kept),
-                    _ => ttl,
-                };
-                // Answered after the lock's validity ran out: it stays lost.
-                if !self.state.renewed(sent, lease) {
-                    return Err(self.lost_error());
-                }
-                telemetry::renewed(1);
-                Ok(())
-            }
-            Renewal::Gone => {
-                if self.state.mark_lost() {
-                    tracing::warn!(key = %self.state.key(), "lock lost: found gone or taken on extend");
-                }
-                Err(self.lost_error())
-            }
-            Renewal::Undecided => {
-                telemetry::renewal_failed();
-                Err(LockError::unavailable(Undecided))
-            }
-            Renewal::NotReplicated { acked, wanted } => {
-                telemetry::renewal_failed();
-                Err(LockError::NotReplicated {
-                    key: self.state.key().to_owned(),
-                    acked,
-                    wanted,
-                })
+        // Each lock's answer moves its own validity; the first failure is the call's.
+        let mut failed = None;
+        for (i, (state, lease)) in states.iter().zip(leases).enumerate() {
+            let answer = renewed.get(i).copied().unwrap_or(Renewal::Undecided);
+            if let (Err(e), None) = (extended(state, sent, lease, answer), &failed) {
+                failed = Some(e);
             }
         }
+        failed.map_or(Ok(()), Err)
     }
 
     /// Releases the lock: `Ok(true)` if it was still ours (it is deleted, or with a minimum
@@ -291,20 +273,21 @@ impl LockGuard {
     /// task), the guard's `Drop` sends the release again in the background: it is token-checked,
     /// so a second one is harmless, and the lock is never left held.
     pub async fn release(mut self) -> Result<bool, LockError> {
+        // A multi-key set: its locks in reverse canonical order, this (the first) last, each
+        // whatever the others answered (one that failed is released again in the background by
+        // its guard's drop). A waiter for the set, which takes the keys in canonical order,
+        // waits on the first: released last, it finds the later ones free already, instead of
+        // being woken once per key.
         let more = std::mem::take(&mut self.more);
-        self.unwatch();
-        let mut released = release_held(&self.core, &self.state).await;
-        self.released = true;
-        // A multi-key set: every other lock, each whatever the others answered (one that
-        // failed is released again in the background by its guard's drop).
-        for guard in more {
+        let mut released = Ok(true);
+        for guard in more.into_iter().rev() {
             let other = Box::pin(guard.release()).await;
-            released = match (released, other) {
-                (Ok(a), Ok(b)) => Ok(a && b),
-                (Err(e), _) | (_, Err(e)) => Err(e),
-            };
+            released = both(released, other);
         }
-        released
+        self.unwatch();
+        let first = release_held(&self.core, &self.state).await;
+        self.released = true;
+        both(released, first)
     }
 
     fn unwatch(&mut self) {
@@ -313,10 +296,47 @@ impl LockGuard {
         }
         self.core.held.forget(self.held);
     }
+}
 
-    fn lost_error(&self) -> LockError {
-        LockError::Lost {
-            key: self.state.key().to_owned(),
+fn lost_error(state: &LockState) -> LockError {
+    LockError::Lost {
+        key: state.key().to_owned(),
+    }
+}
+
+/// What an extend's answer for one lock of the guard (`state`, asked for `lease` in a request
+/// sent at `sent`) does to it.
+fn extended(state: &LockState, sent: Instant, lease: Duration, renewed: Renewal) -> Result<(), LockError> {
+    match renewed {
+        Renewal::Renewed | Renewal::RenewedFor(_) => {
+            let lease = match renewed {
+                Renewal::RenewedFor(kept) => lease.min(kept),
+                _ => lease,
+            };
+            // Answered after the lock's validity ran out: it stays lost.
+            if !state.renewed(sent, lease) {
+                return Err(lost_error(state));
+            }
+            telemetry::renewed(1);
+            Ok(())
+        }
+        Renewal::Gone => {
+            if state.mark_lost() {
+                tracing::warn!(key = %state.key(), "lock lost: found gone or taken on extend");
+            }
+            Err(lost_error(state))
+        }
+        Renewal::Undecided => {
+            telemetry::renewal_failed();
+            Err(LockError::unavailable(Undecided))
+        }
+        Renewal::NotReplicated { acked, wanted } => {
+            telemetry::renewal_failed();
+            Err(LockError::NotReplicated {
+                key: state.key().to_owned(),
+                acked,
+                wanted,
+            })
         }
     }
 }
@@ -332,8 +352,20 @@ pub(crate) enum Kept {
     WasNot,
 }
 
+/// Two releases' answers as one: ours if both were, the first error otherwise.
+fn both(a: Result<bool, LockError>, b: Result<bool, LockError>) -> Result<bool, LockError> {
+    match (a, b) {
+        (Ok(a), Ok(b)) => Ok(a && b),
+        (Err(e), _) | (_, Err(e)) => Err(e),
+    }
+}
+
 impl Drop for LockGuard {
     fn drop(&mut self) {
+        // A set's other locks first, the last one first (see `release`).
+        while let Some(more) = self.more.pop() {
+            drop(more);
+        }
         if self.released {
             return;
         }

@@ -24,6 +24,10 @@ struct Counting {
     /// When set, the answer of the next refused attempt is held back until this is notified
     /// (the request reached the store; its answer is slow to come back).
     hold_refusal: std::sync::Mutex<Option<Arc<tokio::sync::Notify>>>,
+    /// Attempts refused.
+    refusals: AtomicUsize,
+    /// How long each release takes to reach the store (a round trip).
+    release_takes: std::sync::Mutex<Duration>,
 }
 
 impl Counting {
@@ -58,6 +62,7 @@ impl Store for Counting {
         self.count();
         let answer = Store::attempt(&self.inner, lock, token, ask, flight).await;
         if matches!(answer, Ok(Attempt::Held { .. })) {
+            self.refusals.fetch_add(1, Ordering::Relaxed);
             let gate = self.hold_refusal.lock().unwrap_or_else(|e| e.into_inner()).take();
             if let Some(gate) = gate {
                 gate.notified().await;
@@ -73,6 +78,10 @@ impl Store for Counting {
 
     async fn release(&self, lock: &Lock, token: &str, release: Release<'_>) -> Result<Released, LockError> {
         self.count();
+        let takes = *self.release_takes.lock().unwrap_or_else(|e| e.into_inner());
+        if !takes.is_zero() {
+            tokio::time::sleep(takes).await;
+        }
         Store::release(&self.inner, lock, token, release).await
     }
 
@@ -104,6 +113,8 @@ fn client(offers: Capabilities) -> (LockClient, Arc<Counting>) {
         offers,
         requests: AtomicUsize::new(0),
         hold_refusal: std::sync::Mutex::new(None),
+        refusals: AtomicUsize::new(0),
+        release_takes: std::sync::Mutex::new(Duration::ZERO),
     });
     let core = Core::new(
         (store.clone(), wakeups, Timeouts::default()),
@@ -264,4 +275,35 @@ async fn a_fair_semaphores_release_wakes_the_waiter_it_admits() {
     assert!(other.release().await.unwrap());
     let (_, last) = second.await.unwrap();
     drop((guard.release().await, last.release().await));
+}
+
+/// Issue 55: a set is given back in reverse canonical order, so a waiter for the same set
+/// (which takes the keys in canonical order, and so waits on the first) is woken once, when
+/// the last release frees the first key, and finds the others free: not woken on the first
+/// key to be refused on each later one still held, once per key.
+#[tokio::test(start_paused = true)]
+async fn a_set_given_back_wakes_a_waiter_for_it_once() {
+    let (locks, store) = client(Capabilities {
+        name: "slow releases",
+        ..Capabilities::ALL
+    });
+    let keys = ["a", "b", "c", "d"];
+    let held = locks.acquire_all(keys, &ttl()).await.unwrap();
+    let waiting = {
+        let locks = locks.clone();
+        tokio::spawn(async move { locks.acquire_all(keys, &ttl().wait(Duration::from_secs(30))).await })
+    };
+    while locks.waiting("a").unwrap() < 1 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    *store.release_takes.lock().unwrap() = Duration::from_millis(5);
+    let refused = store.refusals.load(Ordering::Relaxed);
+    assert!(held.release().await.unwrap());
+    let set = waiting.await.unwrap().unwrap();
+    assert_eq!(
+        store.refusals.load(Ordering::Relaxed) - refused,
+        0,
+        "the waiter was refused on keys still held after it was woken"
+    );
+    assert!(set.release().await.unwrap());
 }

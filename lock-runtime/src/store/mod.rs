@@ -782,16 +782,3 @@ impl<S: Store> DynStore for S {
         Store::unlisten(self, name);
     }
 }
-
-impl dyn DynStore {
-    /// [`renew`](DynStore::renew) of one lock.
-    pub(crate) async fn renew_one(
-        &self,
-        lock: &Lock,
-        token: &str,
-        ttl_ms: u64,
-    ) -> Result<Renewal, LockError> {
-        let renewed = self.renew(&[(lock, token, ttl_ms)]).await?;
-        Ok(renewed.first().copied().unwrap_or(Renewal::Undecided))
-    }
-}
