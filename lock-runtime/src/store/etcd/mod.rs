@@ -62,6 +62,10 @@ use sessions::{seconds, Session, Sessions};
 /// The most operations etcd takes in one transaction (its default `--max-txn-ops`).
 const MAX_TXN_OPS: usize = 128;
 
+/// How often the keeper looks at what is due, at least (deletions due sooner, and sessions
+/// granted, wake it).
+const KEEPER_TICK: Duration = Duration::from_secs(1);
+
 /// How long the last fenced writer's token is kept after its release, for the readers after
 /// it (a reader after that gets the revision of its own place, which is above every earlier
 /// writer's token and below every later one).
@@ -436,11 +440,12 @@ impl Shared {
         Some(place)
     }
 
-    /// Deletes `token`'s place at `until` unless it is renewed by then.
+    /// Deletes `token`'s place at `until` unless it is renewed by then. The keeper looks at
+    /// least every [`KEEPER_TICK`], so it is told only of what is due sooner (an acquire costs
+    /// no wake-up of its task, as on ZooKeeper).
     fn delete_at(&self, token: &str, until: Instant) {
-        let sooner = self.due().first().is_none_or(|(first, _)| until < *first);
         self.due().insert((until, token.to_owned()));
-        if sooner {
+        if until < Instant::now() + KEEPER_TICK {
             self.changed.notify_one();
         }
     }
@@ -576,16 +581,15 @@ impl Shared {
                 .into_iter()
                 .flatten()
                 .min();
+            let now = Instant::now();
             match next {
-                Some(at) if at <= Instant::now() => {}
-                Some(at) => {
+                Some(at) if at <= now => {}
+                next => {
+                    let at = next.map_or(now + KEEPER_TICK, |at| at.min(now + KEEPER_TICK));
                     tokio::select! {
                         () = tokio::time::sleep_until(at) => {}
-                        () = self.changed.notified() => continue,
+                        () = self.changed.notified() => {}
                     }
-                }
-                None => {
-                    self.changed.notified().await;
                     continue;
                 }
             }
