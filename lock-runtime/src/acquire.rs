@@ -121,10 +121,7 @@ impl Acquire<'_> {
                     // No release of another client will wake it: the first of this client's
                     // waiters polls on the backoff; the others wait for this client's releases
                     // (in arrival order), as everywhere.
-                    let nap = match (
-                        polls && wakeup.is_head(),
-                        queues && capabilities.watched && !semaphore,
-                    ) {
+                    let nap = match (polls && wakeup.is_head(), queues && capabilities.watched) {
                         (true, _) => nap(pttl_ms, keeps_place).min(poll_nap(&mut refusals)),
                         // The store's watch wakes it: a nap is only a safety net.
                         (_, true) => WATCHED_NAP.mul_f64(rand::random_range(0.85..=1.0)),
@@ -578,8 +575,9 @@ fn nap(pttl_ms: Option<u64>, fair: bool) -> Duration {
 
 /// How long a waiter queued in a store that wakes it reliably
 /// ([`watched`](crate::store::Capabilities::watched)) sleeps before it looks again unwoken: a
-/// safety net only, counted in `lock_wait_naps_total` when it ends a wait. (A semaphore's
-/// waiter there still naps as elsewhere: a freed permit does not always reach it.)
+/// safety net only, counted in `lock_wait_naps_total` when it ends a wait (a semaphore's waiter
+/// too: the oldest one watches every claim that holds, and one that lost its races for a free
+/// permit looks again at once).
 const WATCHED_NAP: Duration = Duration::from_secs(30);
 
 /// The longest a fair waiter sleeps between attempts: well within [`FAIR_PLACE_KEPT`], so a

@@ -291,7 +291,11 @@ async fn a_set_given_back_wakes_a_waiter_for_it_once() {
     let held = locks.acquire_all(keys, &ttl()).await.unwrap();
     let waiting = {
         let locks = locks.clone();
-        tokio::spawn(async move { locks.acquire_all(keys, &ttl().wait(Duration::from_secs(30))).await })
+        tokio::spawn(async move {
+            locks
+                .acquire_all(keys, &ttl().wait(Duration::from_secs(30)))
+                .await
+        })
     };
     while locks.waiting("a").unwrap() < 1 {
         tokio::time::sleep(Duration::from_millis(1)).await;

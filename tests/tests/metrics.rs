@@ -192,19 +192,34 @@ async fn a_client_records_what_its_locks_do() {
     };
     let (holding, waiting) = (zk_client().await.unwrap(), zk_client().await.unwrap());
     let held = holding.acquire("nap", &ttl(10_000)).await.unwrap();
-    let waiter = tokio::spawn(async move {
-        waiting
-            .acquire("nap", &ttl(10_000).wait(10 * SECOND))
-            .await
-            .unwrap()
+    // And a semaphore's: both its permits held.
+    let two = ttl(10_000).permits(2);
+    let permits = [
+        holding.acquire("nap-sem", &two).await.unwrap(),
+        holding.acquire("nap-sem", &two).await.unwrap(),
+    ];
+    let waiter = tokio::spawn({
+        let waiting = waiting.clone();
+        async move {
+            waiting
+                .acquire("nap", &ttl(10_000).wait(10 * SECOND))
+                .await
+                .unwrap()
+        }
     });
-    // The holder keeps it past the old nap (1.7 to 2 s) before letting go.
+    let permit_waiter =
+        tokio::spawn(async move { waiting.acquire("nap-sem", &two.wait(10 * SECOND)).await.unwrap() });
+    // The holder keeps them past the old nap (1.7 to 2 s) before letting go.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     held.release().await.unwrap();
+    let [first, second] = permits;
+    first.release().await.unwrap();
     waiter.await.unwrap().release().await.unwrap();
+    permit_waiter.await.unwrap().release().await.unwrap();
+    second.release().await.unwrap();
     assert_eq!(
         seen.counter("lock_wait_naps_total", &[("store", "zookeeper")]),
         0,
-        "the waiter was woken by its watch, not by a nap"
+        "a waiter was woken by a nap, not by its watch"
     );
 }

@@ -19,7 +19,7 @@
 //! recipes do not see these nodes (nor its `InterProcessSemaphoreV2` ours: it keeps leases
 //! under a node of its own).
 
-use futures_util::future::select_all;
+use futures_util::future::{join_all, select_all};
 use tokio::time::Instant;
 
 use super::names::{self, Permits};
@@ -171,6 +171,14 @@ impl ZkStore {
                     self.watch(lock, token, &session, ahead.clone());
                     return Ok(WAITING);
                 }
+                Next::ForAClaim if permits.free(count).is_some() => {
+                    // It lost every race for a free permit (newcomers claimed it first): it
+                    // looks again at once rather than wait for a holder whose release would
+                    // leave that permit idle meanwhile. Each race lost is another caller's
+                    // permit taken, so this ends.
+                    self.shared.notices.turn(lock.name(), token.as_bytes(), None);
+                    return Ok(WAITING);
+                }
                 Next::ForAClaim => {
                     let holding = permits
                         .holding
@@ -253,26 +261,29 @@ impl ZkStore {
         let (name, waiter) = (lock.name().to_owned(), token.to_owned());
         let within = self.ensemble().timeouts.response;
         let task = tokio::spawn(async move {
+            // Every watch asked at once: the requests go out together on the session's
+            // connection, one round trip for all of them.
+            let asked = join_all(holding.iter().map(|path| client.check_and_watch_stat(path)));
             let mut watchers = Vec::with_capacity(holding.len());
-            for path in &holding {
-                match tokio::time::timeout(within, client.check_and_watch_stat(path)).await {
-                    Ok(Ok((Some(_), watcher))) => watchers.push(Box::pin(watcher.changed())),
-                    Ok(Ok((None, _))) => {
-                        // Gone already: a permit may be free.
-                        watchers.clear();
-                        break;
-                    }
-                    Ok(Err(e)) => {
-                        tracing::debug!(error = %e, "cannot watch a semaphore's claims");
-                        watchers.clear();
-                        break;
-                    }
-                    Err(_) => {
-                        tracing::debug!("no answer to the watch of a semaphore's claims");
-                        watchers.clear();
-                        break;
+            match tokio::time::timeout(within, asked).await {
+                Ok(answers) => {
+                    for answer in answers {
+                        match answer {
+                            Ok((Some(_), watcher)) => watchers.push(Box::pin(watcher.changed())),
+                            // Gone already: a permit may be free.
+                            Ok((None, _)) => {
+                                watchers.clear();
+                                break;
+                            }
+                            Err(e) => {
+                                tracing::debug!(error = %e, "cannot watch a semaphore's claims");
+                                watchers.clear();
+                                break;
+                            }
+                        }
                     }
                 }
+                Err(_) => tracing::debug!("no answer to the watch of a semaphore's claims"),
             }
             if !watchers.is_empty() {
                 let _ = select_all(watchers).await;
