@@ -37,7 +37,7 @@ use etcd_client::{
     Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse,
 };
 use lock_runtime::{LockClient, LockOptions};
-use lock_tests::bench::{handoffs, median, ms, quantile};
+use lock_tests::bench::{handoffs, median, ms, quantile, Naps};
 use lock_tests::{EtcdCluster, RedisServer};
 use serde_json::json;
 use tokio::time::Instant;
@@ -151,14 +151,24 @@ impl Bench {
 /// Hand-offs on etcd, timed, with what the members served for them.
 struct Counted {
     latency: Vec<Duration>,
+    /// Waits a nap ended rather than a wake-up.
+    naps: u64,
     per_handoff: BTreeMap<String, f64>,
 }
 
 impl Counted {
-    async fn run(cluster: &EtcdCluster, clients: &[LockClient], count: usize, fair: bool) -> Counted {
+    async fn run(
+        cluster: &EtcdCluster,
+        clients: &[LockClient],
+        naps: &Naps,
+        count: usize,
+        fair: bool,
+    ) -> Counted {
         let key = if fair { "fair" } else { "plain" };
         let before = cluster.served();
+        naps.take();
         let latency = handoffs(clients, key, count, fair).await;
+        let napped = naps.take();
         let after = cluster.served();
         let per_handoff = after
             .iter()
@@ -170,7 +180,11 @@ impl Counted {
             })
             .filter(|(_, n)| *n >= 0.005)
             .collect();
-        Counted { latency, per_handoff }
+        Counted {
+            latency,
+            naps: napped,
+            per_handoff,
+        }
     }
 
     fn report(&mut self, name: &str) -> serde_json::Value {
@@ -186,20 +200,23 @@ impl Counted {
             .sum();
         let watch_sent = self.per_handoff.get("Watch sent").copied().unwrap_or(0.0);
         println!(
-            "{name:<24} {:>8.3}ms {:>8.3}ms  {requests:.2} requests and {watch_sent:.2} watch responses per hand-off:",
+            "{name:<24} {:>8.3}ms {:>8.3}ms  {} waits ended by a nap; {requests:.2} requests and {watch_sent:.2} watch responses per hand-off:",
             ms(p50),
             ms(p99),
+            self.naps,
         );
         for (method, per) in &self.per_handoff {
             println!("    {per:>5.2} × {method}");
         }
-        json!({"median_ms": ms(p50), "p99_ms": ms(p99), "requests_per_handoff": requests,
+        json!({"median_ms": ms(p50), "p99_ms": ms(p99), "waits_ended_by_a_nap": self.naps,
+            "requests_per_handoff": requests,
             "watch_responses_per_handoff": watch_sent, "by_method": self.per_handoff})
     }
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    let naps = Naps::install();
     let scale = lock_tests::bench::scale();
     let cluster = EtcdCluster::spawn();
     let redis = RedisServer::spawn();
@@ -297,16 +314,18 @@ async fn main() {
         clients.push(LockClient::builder().etcd(&endpoints).build().await.unwrap());
     }
     handoffs(&clients, "warm", WAITERS * 4, false).await;
-    let mut plain = Counted::run(&cluster, &clients, count, false).await;
+    let mut plain = Counted::run(&cluster, &clients, &naps, count, false).await;
     handoffs(&clients, "warm-fair", WAITERS * 4, true).await;
-    let mut fair = Counted::run(&cluster, &clients, count, true).await;
+    let mut fair = Counted::run(&cluster, &clients, &naps, count, true).await;
     drop(clients);
     let mut redis_clients = Vec::new();
     for _ in 0..WAITERS {
         redis_clients.push(LockClient::connect(&redis.url()).await.unwrap());
     }
     handoffs(&redis_clients, "warm", WAITERS * 4, false).await;
+    naps.take();
     let mut redis_handoff = handoffs(&redis_clients, "handoff", count, false).await;
+    let redis_naps = naps.take();
 
     println!("a 3-member etcd cluster and redis-server on loopback, {per_round} pairs per contender in each of {ROUNDS} rounds");
     println!(
@@ -345,7 +364,12 @@ async fn main() {
     let plain = plain.report("etcd (watch)");
     let fair = fair.report("etcd, fair");
     keeping.abort();
-    println!("{:<24} {:>8.3}ms {:>8.3}ms", "Redis (pub/sub)", ms(r50), ms(r99));
+    println!(
+        "{:<24} {:>8.3}ms {:>8.3}ms  {redis_naps} waits ended by a nap",
+        "Redis (pub/sub)",
+        ms(r50),
+        ms(r99)
+    );
     let handoff_p99 = plain["p99_ms"].as_f64().unwrap_or(f64::NAN);
     println!(
         "etcd hand-off p99 / one transaction's median round trip: {:.2}",
@@ -362,7 +386,7 @@ async fn main() {
             "handoff": {
                 "etcd": plain,
                 "etcd_fair": fair,
-                "redis": {"median_ms": ms(r50), "p99_ms": ms(r99)},
+                "redis": {"median_ms": ms(r50), "p99_ms": ms(r99), "waits_ended_by_a_nap": redis_naps},
             },
         })
     );

@@ -2,13 +2,15 @@
 //! - the PING round trip (the scale everything else is measured against);
 //! - an uncontended acquire + release through `LockClient`, against the hand-written minimum
 //!   (one `SET NX PX` and one `EVALSHA` compare-and-delete on a plain connection);
-//! - the hand-off: from the holder starting its release to the waiting client holding the lock.
+//! - the hand-off: from the holder starting its release to the waiting client holding the lock,
+//!   and how many of those waits ended by a nap rather than by the release's wake-up.
 //!
 //! `cargo bench -p lock-tests --bench handoff` (add `-- N` for N samples, default 1000).
 
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockOptions};
+use lock_tests::bench::Naps;
 use lock_tests::RedisServer;
 
 fn summary(name: &str, mut samples: Vec<Duration>) {
@@ -25,6 +27,7 @@ fn summary(name: &str, mut samples: Vec<Duration>) {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    let naps = Naps::install();
     let n: usize = std::env::args()
         .skip(1)
         .find_map(|a| a.parse().ok())
@@ -89,6 +92,7 @@ async fn main() {
 
     let mut handoff = Vec::with_capacity(n);
     let waiting = options.clone().wait(Duration::from_secs(10));
+    naps.take();
     for _ in 0..n {
         let guard = holder.acquire("handoff", &options).await.unwrap();
         let next = tokio::spawn({
@@ -115,4 +119,5 @@ async fn main() {
     summary("hand-written SET NX PX + EVALSHA release", minimum);
     summary("LockClient acquire + release (uncontended)", ours);
     summary("hand-off: release start -> waiter holds", handoff);
+    println!("hand-off waits that ended by a nap: {}", naps.take());
 }

@@ -4,14 +4,15 @@
 //!    acquires and releases in a fixed order (what a careful hand-written transfer does):
 //!    pairs per second;
 //! 2. two tasks taking the same two keys in opposite orders with a wait (`run_all`), as two
-//!    opposite transfers do: sets per second and the wait's p50/p99.
+//!    opposite transfers do: sets per second, the wait's p50/p99, and the waits that ended by a
+//!    nap rather than a wake-up.
 //!
 //! `cargo bench -p lock-tests --bench multi_key` (`BENCH_SCALE=0.1` for a smoke run).
 
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockOptions};
-use lock_tests::bench::{ms, quantile, scale};
+use lock_tests::bench::{ms, quantile, scale, Naps};
 use lock_tests::{EtcdCluster, MariadbServer, PostgresServer, RedisServer};
 use serde_json::json;
 use tokio::time::Instant;
@@ -81,10 +82,11 @@ async fn opposite(clients: &[LockClient; 2], n: usize) -> (f64, Vec<Duration>) {
 }
 
 /// The rounds on one store (`n` pairs per round), printed and as JSON.
-async fn measure(store: &str, clients: &[LockClient; 2], n: usize) -> serde_json::Value {
+async fn measure(store: &str, clients: &[LockClient; 2], naps: &Naps, n: usize) -> serde_json::Value {
     set_pairs(&clients[0], n / 10).await; // warm connections, sessions and script caches
     single_pairs(&clients[0], n / 10).await;
     let (mut sets, mut singles, mut opposed, mut waits) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut napped = 0;
     for round in 0..ROUNDS {
         if round % 2 == 0 {
             sets.push(set_pairs(&clients[0], n).await);
@@ -93,7 +95,9 @@ async fn measure(store: &str, clients: &[LockClient; 2], n: usize) -> serde_json
             singles.push(single_pairs(&clients[0], n).await);
             sets.push(set_pairs(&clients[0], n).await);
         }
+        naps.take();
         let (rate, w) = opposite(clients, n / 4).await;
+        napped += naps.take();
         opposed.push(rate);
         waits.extend(w);
     }
@@ -114,13 +118,14 @@ async fn measure(store: &str, clients: &[LockClient; 2], n: usize) -> serde_json
         n / 4
     );
     println!(
-        "  sets/s {:>8.0}   wait p50 {:.2} ms   p99 {:.2} ms",
+        "  sets/s {:>8.0}   wait p50 {:.2} ms   p99 {:.2} ms   {napped} waits ended by a nap",
         median(&opposed),
         ms(p50),
         ms(p99)
     );
     json!({"store": store, "set_pairs_per_s": median(&sets), "single_pairs_per_s": median(&singles),
-           "opposite_sets_per_s": median(&opposed), "opposite_wait_p50_ms": ms(p50), "opposite_wait_p99_ms": ms(p99)})
+           "opposite_sets_per_s": median(&opposed), "opposite_wait_p50_ms": ms(p50), "opposite_wait_p99_ms": ms(p99),
+           "opposite_waits_ended_by_a_nap": napped})
 }
 
 /// Two clients of one store, made by `connect`.
@@ -137,31 +142,32 @@ where
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    let naps = Naps::install();
     let n = ((2000.0 * scale()) as usize).max(50);
     let mut figures = Vec::new();
     {
         let server = RedisServer::spawn();
         let url = server.url();
         let clients = two(|| LockClient::connect(&url)).await;
-        figures.push(measure("redis", &clients, n).await);
+        figures.push(measure("redis", &clients, &naps, n).await);
     }
     {
         let server = PostgresServer::spawn();
         let url = server.url();
         let clients = two(|| LockClient::builder().postgres(&url).build()).await;
-        figures.push(measure("postgres", &clients, n / 2).await);
+        figures.push(measure("postgres", &clients, &naps, n / 2).await);
     }
     {
         let server = MariadbServer::spawn();
         let url = server.url();
         let clients = two(|| LockClient::builder().mysql(&url).build()).await;
-        figures.push(measure("mysql", &clients, n / 2).await);
+        figures.push(measure("mysql", &clients, &naps, n / 2).await);
     }
     {
         let cluster = EtcdCluster::spawn();
         let endpoints = cluster.endpoints();
         let clients = two(|| LockClient::builder().etcd(&endpoints).build()).await;
-        figures.push(measure("etcd", &clients, n / 4).await);
+        figures.push(measure("etcd", &clients, &naps, n / 4).await);
     }
     println!("{}", serde_json::Value::Array(figures));
 }

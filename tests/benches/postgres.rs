@@ -28,14 +28,14 @@
 //! start to the next holder's lock, median and p99, on PostgreSQL and on Redis; on PostgreSQL
 //! also the statements the server ran per hand-off (`pg_stat_statements`, in a database of
 //! their own; every request is one statement), by statement: the release, the woken waiters'
-//! attempts. Output: the tables, then one JSON line with the same numbers.
+//! attempts; and on every store the waits that ended by a nap rather than a wake-up. Output: the tables, then one JSON line with the same numbers.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockOptions};
-use lock_tests::bench::{handoffs, median, ms, quantile};
+use lock_tests::bench::{handoffs, median, ms, quantile, Naps};
 use lock_tests::{PostgresServer, RedisServer};
 use serde_json::json;
 use sqlx::postgres::{PgPool, PgPoolOptions};
@@ -139,18 +139,28 @@ impl Bench {
 /// (pg_stat_statements, reset first, in the hand-off database).
 struct Counted {
     latency: Vec<Duration>,
+    /// Waits a nap ended rather than a wake-up.
+    naps: u64,
     per_handoff: f64,
     by_statement: Vec<(String, f64)>,
 }
 
 impl Counted {
-    async fn run(clients: &[LockClient], statements: &PgPool, count: usize, fair: bool) -> Counted {
+    async fn run(
+        clients: &[LockClient],
+        statements: &PgPool,
+        naps: &Naps,
+        count: usize,
+        fair: bool,
+    ) -> Counted {
         sqlx::query("SELECT pg_stat_statements_reset()")
             .execute(statements)
             .await
             .unwrap();
         let key = if fair { "fair" } else { "plain" };
+        naps.take();
         let latency = handoffs(clients, key, count, fair).await;
+        let napped = naps.take();
         let ran: Vec<(String, i64)> = sqlx::query_as(
             "SELECT query, calls FROM pg_stat_statements \
              WHERE dbid = (SELECT oid FROM pg_database WHERE datname = 'handoff') \
@@ -166,6 +176,7 @@ impl Counted {
             .collect();
         Counted {
             latency,
+            naps: napped,
             per_handoff,
             by_statement,
         }
@@ -177,15 +188,17 @@ impl Counted {
             quantile(&mut self.latency, 0.99),
         );
         println!(
-            "{name:<28} {:>8.3}ms {:>8.3}ms  {:.1} statements per hand-off:",
+            "{name:<28} {:>8.3}ms {:>8.3}ms  {} waits ended by a nap; {:.1} statements per hand-off:",
             ms(p50),
             ms(p99),
+            self.naps,
             self.per_handoff
         );
         for (statement, per) in &self.by_statement {
             println!("    {per:>5.2} × {statement}");
         }
-        json!({"median_ms": ms(p50), "p99_ms": ms(p99), "statements_per_handoff": self.per_handoff,
+        json!({"median_ms": ms(p50), "p99_ms": ms(p99), "waits_ended_by_a_nap": self.naps,
+            "statements_per_handoff": self.per_handoff,
             "by_statement": self.by_statement.iter()
                 .map(|(s, n)| json!({"statement": s, "per_handoff": n})).collect::<Vec<_>>()})
     }
@@ -215,6 +228,7 @@ fn statement_name(query: &str) -> String {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    let naps = Naps::install();
     let scale = lock_tests::bench::scale();
     let pg = PostgresServer::spawn_with(&["shared_preload_libraries=pg_stat_statements"]);
     let redis = RedisServer::spawn();
@@ -317,16 +331,18 @@ async fn main() {
     let clients = pg_clients(WAITERS).await;
     let statements = handoff_pool(&handoff_url).await;
     handoffs(&clients, "warm", WAITERS * 4, false).await;
-    let mut plain = Counted::run(&clients, &statements, count, false).await;
+    let mut plain = Counted::run(&clients, &statements, &naps, count, false).await;
     handoffs(&clients, "warm-fair", WAITERS * 4, true).await;
-    let mut fair = Counted::run(&clients, &statements, count, true).await;
+    let mut fair = Counted::run(&clients, &statements, &naps, count, true).await;
     drop(clients);
     let mut redis_clients = Vec::new();
     for _ in 0..WAITERS {
         redis_clients.push(LockClient::connect(&redis.url()).await.unwrap());
     }
     handoffs(&redis_clients, "warm", WAITERS * 4, false).await;
+    naps.take();
     let mut redis_handoff = handoffs(&redis_clients, "handoff", count, false).await;
+    let redis_naps = naps.take();
 
     println!(
         "PostgreSQL {} and redis-server on loopback, {} pairs per contender in each of {ROUNDS} rounds",
@@ -363,7 +379,12 @@ async fn main() {
     println!("\nhand-off, {WAITERS} clients on one key, {count} hand-offs");
     let plain = plain.report("PostgreSQL (NOTIFY)");
     let fair = fair.report("PostgreSQL, fair");
-    println!("{:<28} {:>8.3}ms {:>8.3}ms", "Redis (pub/sub)", ms(r50), ms(r99));
+    println!(
+        "{:<28} {:>8.3}ms {:>8.3}ms  {redis_naps} waits ended by a nap",
+        "Redis (pub/sub)",
+        ms(r50),
+        ms(r99)
+    );
     println!(
         "{}",
         json!({
@@ -374,7 +395,7 @@ async fn main() {
             "handoff": {
                 "postgres": plain,
                 "postgres_fair": fair,
-                "redis": {"median_ms": ms(r50), "p99_ms": ms(r99)},
+                "redis": {"median_ms": ms(r50), "p99_ms": ms(r99), "waits_ended_by_a_nap": redis_naps},
             },
         })
     );

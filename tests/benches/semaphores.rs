@@ -21,10 +21,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockOptions};
-use lock_tests::bench::{ms, quantile, scale};
+use lock_tests::bench::{ms, quantile, scale, Naps};
 use lock_tests::{EtcdCluster, MariadbServer, RedisServer, ZkEnsemble};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use metrics_util::MetricKind;
 use serde_json::json;
 use tokio::time::Instant;
 
@@ -131,26 +129,9 @@ async fn round(contender: &Contender, key: &str, length: Duration) -> (f64, Vec<
     (waits.len() as f64 / started.elapsed().as_secs_f64(), waits)
 }
 
-/// Waits that ended by a nap rather than by a wake-up, on any store, since the last snapshot (a
-/// snapshot resets the recorder's counters).
-fn naps(snapshotter: &Snapshotter) -> u64 {
-    snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(key, ..)| key.kind() == MetricKind::Counter && key.key().name() == "lock_wait_naps_total")
-        .map(|(.., value)| match value {
-            DebugValue::Counter(n) => n,
-            _ => 0,
-        })
-        .sum()
-}
-
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    recorder.install().expect("the only recorder of this bench");
+    let naps = Naps::install();
     let length = Duration::from_secs_f64((3.0 * scale()).max(0.3));
     let server = RedisServer::spawn();
     let ours = LockClient::connect(&server.url()).await.expect("redis");
@@ -203,9 +184,9 @@ async fn main() {
         for i in 0..contenders.len() {
             let i = (i + r) % contenders.len();
             let key = format!("bench:sem:{r}:{i}:{}", std::process::id());
-            naps(&snapshotter);
+            naps.take();
             let (rate, w) = round(&contenders[i].1, &key, length).await;
-            napped[i] += naps(&snapshotter);
+            napped[i] += naps.take();
             rates[i].push(rate);
             waits[i].extend(w);
         }

@@ -31,10 +31,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockOptions};
-use lock_tests::bench::{handoffs, many_task_rounds, median, ms, one_task_rounds, pair_rows, quantile};
+use lock_tests::bench::{handoffs, many_task_rounds, median, ms, one_task_rounds, pair_rows, quantile, Naps};
 use lock_tests::ZkEnsemble;
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
-use metrics_util::MetricKind;
 use serde_json::json;
 use zookeeper_client::{Acls, Client, CreateMode, LockPrefix};
 
@@ -102,33 +100,9 @@ impl Bench {
     }
 }
 
-/// Waits that ended by a nap rather than by a wake-up, on ZooKeeper, since the last snapshot (a
-/// snapshot resets the recorder's counters).
-fn naps(snapshotter: &Snapshotter) -> u64 {
-    snapshotter
-        .snapshot()
-        .into_vec()
-        .into_iter()
-        .filter(|(key, ..)| {
-            key.kind() == MetricKind::Counter
-                && key.key().name() == "lock_wait_naps_total"
-                && key
-                    .key()
-                    .labels()
-                    .any(|l| l.key() == "store" && l.value() == "zookeeper")
-        })
-        .map(|(.., value)| match value {
-            DebugValue::Counter(n) => n,
-            _ => 0,
-        })
-        .sum()
-}
-
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    recorder.install().unwrap();
+    let naps = Naps::install();
     let scale = lock_tests::bench::scale();
     let ensemble = tokio::task::spawn_blocking(ZkEnsemble::spawn).await.unwrap();
     let hosts = ensemble.hosts();
@@ -191,9 +165,9 @@ async fn main() {
         );
     }
     handoffs(&clients, "warm", WAITERS * 4, false).await;
-    naps(&snapshotter);
+    naps.take();
     let mut handoff = handoffs(&clients, "handoff", count, false).await;
-    let handoff_naps = naps(&snapshotter);
+    let handoff_naps = naps.take();
 
     println!(
         "ZooKeeper 3-server ensemble on loopback, {per_round} pairs per contender in each of {ROUNDS} rounds"

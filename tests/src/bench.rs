@@ -8,7 +8,42 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockOptions};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use metrics_util::MetricKind;
 use tokio::time::Instant;
+
+/// Waits that ended by a nap rather than by a wake-up, on every store (the library's
+/// `lock_wait_naps_total`), read through a debugging recorder the bench installs once: the
+/// column every hand-off table shows (0 is the goal: each release wakes the waiter it admits).
+pub struct Naps(Snapshotter);
+
+impl Naps {
+    /// Installs the recorder; once per bench process (it is the process's only one).
+    pub fn install() -> Naps {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        recorder
+            .install()
+            .unwrap_or_else(|e| panic!("the bench's recorder: {e}"));
+        Naps(snapshotter)
+    }
+
+    /// The waits a nap ended since the last call (a snapshot resets the recorder's counters).
+    pub fn take(&self) -> u64 {
+        self.0
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter(|(key, ..)| {
+                key.kind() == MetricKind::Counter && key.key().name() == "lock_wait_naps_total"
+            })
+            .map(|(.., value)| match value {
+                DebugValue::Counter(n) => n,
+                _ => 0,
+            })
+            .sum()
+    }
+}
 
 /// `$BENCH_SCALE` (default 1): how much of a full run to do (`0.1` for a smoke run).
 pub fn scale() -> f64 {
