@@ -28,7 +28,8 @@
 //! start to the next holder's lock, median and p99, on PostgreSQL and on Redis; on PostgreSQL
 //! also the statements the server ran per hand-off (`pg_stat_statements`, in a database of
 //! their own; every request is one statement), by statement: the release, the woken waiters'
-//! attempts; and on every store the waits that ended by a nap rather than a wake-up. Output: the tables, then one JSON line with the same numbers.
+//! attempts; and on every store the waits that ended by a nap rather than a wake-up. Output:
+//! the tables, then one JSON line with the same numbers.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
