@@ -678,7 +678,7 @@ async fn make_schema(pool: &PgPool, schema: &str) -> Result<(), sqlx::Error> {
     let made = make_schema_in(&mut tx, schema).await?;
     tx.commit().await?;
     if made {
-        tracing::info!("made lock-runtime's tables and functions in the database");
+        tracing::info!(schema, "made lock-runtime's tables and functions (lock_runtime_locks, lock_runtime_line, lock_runtime_v1_*) in the database");
     }
     Ok(())
 }
