@@ -28,7 +28,9 @@
 //! start to the next holder's lock, median and p99, on PostgreSQL and on Redis; on PostgreSQL
 //! also the statements the server ran per hand-off (`pg_stat_statements`, in a database of
 //! their own; every request is one statement), by statement: the release, the woken waiters'
-//! attempts; and on every store the waits that ended by a nap rather than a wake-up. Output:
+//! attempts; and on every store the waits that ended by a nap rather than a wake-up. (4) A
+//! semaphore's attempt with 4 and with 1,024 permits held (refused, and a take and release with
+//! one free): medians, and their ratio. Output:
 //! the tables, then one JSON line with the same numbers.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -345,6 +347,11 @@ async fn main() {
     let mut redis_handoff = handoffs(&redis_clients, "handoff", count, false).await;
     let redis_naps = naps.take();
 
+    eprintln!("semaphores: an attempt with 4 and with 1,024 permits held");
+    let samples = ((200.0 * scale) as usize).max(20);
+    let small = permit_cost(&bench.postgres, 4, samples).await;
+    let large = permit_cost(&bench.postgres, 1024, samples).await;
+
     println!(
         "PostgreSQL {} and redis-server on loopback, {} pairs per contender in each of {ROUNDS} rounds",
         pg_version(&pool).await,
@@ -386,10 +393,23 @@ async fn main() {
         ms(r50),
         ms(r99)
     );
+    println!("\nsemaphore, one attempt (median of {samples})   refused, all held   take + release, one free");
+    for (n, (refused, take)) in [(4, small), (1024, large)] {
+        println!("{n:>5} permits {:>36.3}ms {:>24.3}ms", ms(refused), ms(take));
+    }
+    println!(
+        "1,024 / 4: {:.2} (refused), {:.2} (take + release)",
+        ms(large.0) / ms(small.0),
+        ms(large.1) / ms(small.1)
+    );
     println!(
         "{}",
         json!({
             "bench": "postgres",
+            "semaphore_attempt": {
+                "refused_ms": {"4": ms(small.0), "1024": ms(large.0)},
+                "take_release_ms": {"4": ms(small.1), "1024": ms(large.1)},
+            },
             "pairs": rows,
             "ratio_one_task": one_ratio,
             "ratio_64_tasks": wide_ratio,
@@ -400,6 +420,38 @@ async fn main() {
             },
         })
     );
+}
+
+/// What one attempt at a semaphore costs with every one of its `n` permits held (refused: the
+/// attempt reads every holder), and one take and release with all but one held: medians.
+async fn permit_cost(client: &LockClient, n: u32, samples: usize) -> (Duration, Duration) {
+    let key = format!("permits-{n}");
+    let options = LockOptions::new(Duration::from_secs(120)).permits(n);
+    let mut held = Vec::with_capacity(n as usize);
+    for _ in 0..n - 1 {
+        held.push(client.acquire(&key, &options).await.unwrap());
+    }
+    let mut take = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let started = Instant::now();
+        let guard = client.acquire(&key, &options).await.unwrap();
+        guard.release().await.unwrap();
+        take.push(started.elapsed());
+    }
+    held.push(client.acquire(&key, &options).await.unwrap());
+    let mut refused = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        let started = Instant::now();
+        assert!(
+            client.acquire(&key, &options).await.is_err(),
+            "every permit is held"
+        );
+        refused.push(started.elapsed());
+    }
+    for guard in held {
+        guard.release().await.unwrap();
+    }
+    (quantile(&mut refused, 0.5), quantile(&mut take, 0.5))
 }
 
 async fn pg_version(pool: &PgPool) -> String {

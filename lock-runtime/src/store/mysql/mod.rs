@@ -650,7 +650,10 @@ async fn make_schema(pool: &MySqlPool) -> Result<(), sqlx::Error> {
         Err(e) => return Err(e),
     }
     sqlx::raw_sql(SCHEMA).execute(pool).await?;
-    tracing::info!(table = "lock_runtime_locks", "made lock-runtime's table in the database");
+    tracing::info!(
+        table = "lock_runtime_locks",
+        "made lock-runtime's table in the database"
+    );
     Ok(())
 }
 

@@ -28,12 +28,13 @@ const HELD: &str = "SELECT l.key, \
         (SELECT count(*) FROM lock_runtime_line AS q WHERE q.key = l.key AND q.kept_until > n), \
         (SELECT count(*) FROM jsonb_each(l.claims) AS c WHERE c.value::bigint > n), \
         l.permits, \
-        coalesce((SELECT array_agg(e.key ORDER BY e.key) FROM jsonb_each(l.held) AS e \
-            WHERE (e.value ->> 0)::bigint > n), '{}'), \
-        coalesce((SELECT array_agg((e.value ->> 0)::bigint - n ORDER BY e.key) FROM jsonb_each(l.held) AS e \
-            WHERE (e.value ->> 0)::bigint > n), '{}'), \
-        coalesce((SELECT array_agg((e.value ->> 1)::bigint ORDER BY e.key) FROM jsonb_each(l.held) AS e \
-            WHERE (e.value ->> 0)::bigint > n), '{}') \
+        coalesce((SELECT array_agg(CASE WHEN p.released THEN p.token || ':released' ELSE p.token END \
+            ORDER BY p.token) FROM lock_runtime_permits AS p \
+            WHERE p.key = l.key AND p.expires_ms > n AND l.permits IS NOT NULL), '{}'), \
+        coalesce((SELECT array_agg(p.expires_ms - n ORDER BY p.token) FROM lock_runtime_permits AS p \
+            WHERE p.key = l.key AND p.expires_ms > n AND l.permits IS NOT NULL), '{}'), \
+        coalesce((SELECT array_agg(p.permit::bigint ORDER BY p.token) FROM lock_runtime_permits AS p \
+            WHERE p.key = l.key AND p.expires_ms > n AND l.permits IS NOT NULL), '{}') \
      FROM lock_runtime_locks AS l, lock_runtime_v1_now() AS n \
      WHERE starts_with(l.key, $1) AND l.key ~ $2 \
      ORDER BY l.key";
@@ -53,7 +54,8 @@ const FREE_SHARED: &str = "WITH freed AS ( \
             permits = NULL, held = NULL \
         FROM lock_runtime_v1_now() AS n \
         WHERE key = $1 AND shares_until > n \
-        RETURNING key) \
+        RETURNING key), \
+     holders AS (DELETE FROM lock_runtime_permits WHERE key IN (SELECT key FROM freed)) \
      SELECT count(*) FROM (SELECT lock_runtime_v1_tell($1, $2) FROM freed) AS told";
 
 type Row = (

@@ -849,7 +849,8 @@ impl Store for PostgresStore {
     async fn connect(&self) -> Result<(), LockError> {
         // The schema, and every right locking needs: a fencing token (the sequence), then on a
         // probe row a lock, a fair waiter's place behind it (the line and its sequence), the
-        // place given up, the lock released. A role without one of them is
+        // place given up, the lock released, and a semaphore's permit taken and given back (its
+        // holder's row). A role without one of them is
         // refused here, naming it, not at its first fenced or fair acquire.
         let holder = format!("{}:rights-check", self.announcement);
         let waiter = format!("{}:rights-check-waiter", self.announcement);
@@ -868,7 +869,13 @@ impl Store for PostgresStore {
         }
         .await;
         self.release_lock(&probe, &holder, 0, Kind::Plain).await?;
-        checked
+        checked?;
+        // A semaphore's permit: its holder's row.
+        let permits = Lock::new("rights-check-permits", Store::name(self, "rights-check-permits"));
+        let two = Ask { permits: 2, ..ask };
+        self.acquire(&permits, &holder, &two).await?;
+        self.release_lock(&permits, &holder, 0, Kind::Permit).await?;
+        Ok(())
     }
 
     async fn attempt(&self, lock: &Lock, token: &str, ask: &Ask, _: &Flight) -> Result<Attempt, LockError> {

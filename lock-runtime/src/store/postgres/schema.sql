@@ -29,11 +29,10 @@ CREATE TABLE IF NOT EXISTS lock_runtime_locks (
     marked boolean NOT NULL DEFAULT false
 );
 
--- Semaphores (schema version 1, second part): the count of a key held by permits, and its
--- holders: value -> [ms its lease ends, permit, fencing token or 0]; a permit kept for its
--- minimum hold is under '<value>:released'. shares_until is then the last holder's end (so the
--- plain acquire and the sweep treat the row as held, as they do readers'). Added to a table made
--- by an earlier build.
+-- Semaphores (schema version 1, second part): the count of a key held by permits; its holders
+-- are rows of lock_runtime_permits (below), and shares_until the latest end among them (so the
+-- plain acquire and the sweep treat the row as held, as they do readers'). `held` is no longer
+-- written (an earlier build kept the holders there). Added to a table made by an earlier build.
 -- Only where missing: ALTER TABLE locks the table against every statement until the making
 -- commits, even when IF NOT EXISTS then changes nothing.
 DO $$
@@ -70,6 +69,22 @@ BEGIN
         CREATE INDEX lock_runtime_line_by_end ON lock_runtime_line (key, kept_until);
     END IF;
 END $$;
+
+-- A semaphore's holders, a row each (the key's row in lock_runtime_locks is their header: the
+-- count, and in shares_until the latest end among them): an attempt reads the key's holders
+-- once, and a renewal or release touches its own row, whatever the count. A permit kept for its
+-- minimum hold is `released` until it ends. Rows count only while their end is ahead of the
+-- clock and the header names permits: a lapsed one is deleted by the next attempt at the key.
+CREATE TABLE IF NOT EXISTS lock_runtime_permits (
+    key text NOT NULL,
+    token text NOT NULL,
+    permit integer NOT NULL,
+    expires_ms bigint NOT NULL,
+    -- Its fencing token (0: none).
+    fence bigint NOT NULL,
+    released boolean NOT NULL DEFAULT false,
+    PRIMARY KEY (key, token)
+);
 
 -- Fenced writes (lock_runtime::postgres::check_fence): per resource, the highest token a write
 -- carried.
@@ -169,18 +184,6 @@ BEGIN
 END
 $$;
 
--- The entries of a semaphore's holders that are still live at `at_ms` (NULL when none).
-CREATE OR REPLACE FUNCTION lock_runtime_v1_live_held(m jsonb, at_ms bigint) RETURNS jsonb
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT jsonb_object_agg(e.key, e.value) FROM jsonb_each(m) AS e WHERE (e.value ->> 0)::bigint > at_ms
-$$;
-
--- The latest end among a semaphore's holders (0 when none).
-CREATE OR REPLACE FUNCTION lock_runtime_v1_last_held(m jsonb) RETURNS bigint
-LANGUAGE sql IMMUTABLE AS $$
-    SELECT coalesce(max((e.value ->> 0)::bigint), 0) FROM jsonb_each(m) AS e
-$$;
-
 -- One attempt at any free permit of a semaphore of `n` permits: the lowest one no live holder
 -- has. Answers taken (with the permit, and the fencing token when asked: the key's next, so
 -- tokens rise per key and per permit), or the ms until the first holder's lease ends (NULL: a
@@ -202,8 +205,7 @@ DECLARE
     q text := k || '#permits';
     at_ms bigint;
     r lock_runtime_locks;
-    live jsonb;
-    mine jsonb;
+    mine lock_runtime_permits;
     free integer;
     taken integer;
     arrived bigint;
@@ -214,24 +216,29 @@ BEGIN
     r := lock_runtime_v1_row(k);
     at_ms := lock_runtime_v1_now();
     PERFORM lock_runtime_v1_count(r, n, at_ms);
-    live := CASE WHEN r.permits IS NOT NULL THEN lock_runtime_v1_live_held(r.held, at_ms) END;
-    mine := live -> tok;
-    IF mine IS NOT NULL THEN
+    -- The holders that lapsed go (all of them when the row holds no permits now).
+    IF r.permits IS NOT NULL AND r.shares_until > at_ms THEN
+        DELETE FROM lock_runtime_permits WHERE key = k AND expires_ms <= at_ms;
+    ELSE
+        DELETE FROM lock_runtime_permits WHERE key = k;
+    END IF;
+    SELECT * INTO mine FROM lock_runtime_permits WHERE key = k AND token = tok AND NOT released;
+    IF FOUND THEN
         -- Ours already (a request sent again): its lease counts from this attempt.
-        live := jsonb_set(live, ARRAY[tok], jsonb_build_array(
-            greatest((mine ->> 0)::bigint, at_ms + ttl), mine -> 1, mine -> 2));
-        UPDATE lock_runtime_locks SET held = live, shares_until = lock_runtime_v1_last_held(live)
-            WHERE key = k;
+        UPDATE lock_runtime_permits SET expires_ms = greatest(expires_ms, at_ms + ttl)
+            WHERE key = k AND token = tok;
+        UPDATE lock_runtime_locks SET shares_until = greatest(shares_until, at_ms + ttl) WHERE key = k;
         got := true;
-        got_permit := (mine ->> 1)::integer;
-        got_fence := (mine ->> 2)::bigint;
+        got_permit := mine.permit;
+        got_fence := mine.fence;
         RETURN;
     END IF;
+    SELECT count(*) INTO taken FROM lock_runtime_permits WHERE key = k;
     -- The lowest permit no live holder has: one pass over the holders (an anti-join the
     -- planner hashes), not one per permit.
-    SELECT min(p) INTO free FROM generate_series(0, n - 1) AS p
-        LEFT JOIN (SELECT (e.value ->> 1)::integer AS q FROM jsonb_each(live) AS e) AS u ON u.q = p
-        WHERE u.q IS NULL;
+    SELECT min(g.p) INTO free FROM generate_series(0, n - 1) AS g(p)
+        LEFT JOIN lock_runtime_permits AS h ON h.key = k AND h.permit = g.p
+        WHERE h.permit IS NULL;
     IF fair THEN
         -- The row is locked: the line of its key changes under it only.
         DELETE FROM lock_runtime_line WHERE key = q AND kept_until <= at_ms;
@@ -239,14 +246,13 @@ BEGIN
         SELECT count(*) INTO ahead FROM lock_runtime_line
             WHERE key = q AND (arrived IS NULL OR arrival < arrived);
     END IF;
-    SELECT count(*) INTO taken FROM jsonb_each(live) AS e;
     IF free IS NULL OR ahead >= n - taken THEN
         IF fair AND joining THEN
             INSERT INTO lock_runtime_line AS l (key, token, arrival, kept_until, stamp)
             VALUES (q, tok, nextval('lock_runtime_arrivals'), at_ms + place_ms, 0)
             ON CONFLICT (key, token) DO UPDATE SET kept_until = EXCLUDED.kept_until;
         END IF;
-        left_ms := (SELECT min((e.value ->> 0)::bigint) FROM jsonb_each(live) AS e) - at_ms;
+        left_ms := (SELECT min(expires_ms) FROM lock_runtime_permits WHERE key = k) - at_ms;
         IF waiting AND NOT r.marked THEN
             UPDATE lock_runtime_locks SET marked = true WHERE key = k;
         END IF;
@@ -258,10 +264,16 @@ BEGIN
     IF fencing THEN
         f := lock_runtime_v1_fence(r.fence);
     END IF;
-    live := coalesce(live, '{}'::jsonb) || jsonb_build_object(tok, jsonb_build_array(at_ms + ttl, free, coalesce(f, 0)));
+    INSERT INTO lock_runtime_permits (key, token, permit, expires_ms, fence)
+        VALUES (k, tok, free, at_ms + ttl, coalesce(f, 0))
+        ON CONFLICT (key, token) DO UPDATE
+            SET permit = EXCLUDED.permit, expires_ms = EXCLUDED.expires_ms, fence = EXCLUDED.fence,
+                released = false;
     -- A lapsed writer's or readers' values go: their late renewal or release must not find them.
     UPDATE lock_runtime_locks
-        SET permits = n, held = live, shares_until = lock_runtime_v1_last_held(live),
+        SET permits = n, held = NULL,
+            shares_until = CASE WHEN r.permits IS NOT NULL THEN greatest(r.shares_until, at_ms + ttl)
+                                ELSE at_ms + ttl END,
             fence = coalesce(f, r.fence), token = NULL, shares = NULL
         WHERE key = k;
     got := true;
@@ -577,16 +589,19 @@ BEGIN
                     shares_until = greatest(l.shares_until, at_ms + ttls[i])
                 WHERE l.key = ks[i] AND (l.shares ->> toks[i])::bigint > at_ms;
             IF NOT FOUND THEN
-                -- A semaphore's permit.
-                UPDATE lock_runtime_locks l
-                    SET held = jsonb_set(l.held, ARRAY[toks[i]], jsonb_build_array(
-                            greatest((l.held -> toks[i] ->> 0)::bigint, at_ms + ttls[i]),
-                            l.held -> toks[i] -> 1, l.held -> toks[i] -> 2)),
-                        shares_until = greatest(l.shares_until, at_ms + ttls[i])
-                    WHERE l.key = ks[i] AND l.permits IS NOT NULL
-                        AND (l.held -> toks[i] ->> 0)::bigint > at_ms;
-            END IF;
-            IF FOUND THEN
+                -- A semaphore's permit: its own row, and the header's latest end when it
+                -- goes past it.
+                UPDATE lock_runtime_permits p
+                    SET expires_ms = greatest(p.expires_ms, at_ms + ttls[i])
+                    FROM lock_runtime_locks l
+                    WHERE p.key = ks[i] AND p.token = toks[i] AND NOT p.released
+                        AND p.expires_ms > at_ms AND l.key = ks[i] AND l.permits IS NOT NULL;
+                IF FOUND THEN
+                    done := done || i;
+                    UPDATE lock_runtime_locks SET shares_until = at_ms + ttls[i]
+                        WHERE key = ks[i] AND shares_until < at_ms + ttls[i];
+                END IF;
+            ELSE
                 done := done || i;
             END IF;
         END IF;
@@ -615,6 +630,9 @@ DECLARE
     head lock_runtime_line;
     f bigint;
     admitted text;
+    p lock_runtime_permits;
+    holders bigint;
+    last_end bigint;
 BEGIN
     SELECT * INTO r FROM lock_runtime_locks WHERE key = k FOR UPDATE;
     IF NOT FOUND THEN
@@ -635,39 +653,44 @@ BEGIN
             RETURN 1;
         END IF;
     ELSIF r.permits IS NOT NULL THEN
-        -- A semaphore's permit: it goes (kept under '<tok>:released' for a minimum hold), and
+        -- A semaphore's permit: its row goes (kept, marked released, for a minimum hold), and
         -- the release is announced while a waiter's mark stands (each one wakes a waiter).
-        readers := lock_runtime_v1_live_held(r.held, at_ms);
-        IF readers ? tok THEN
-            IF hold_ms > 0 THEN
-                readers := readers || jsonb_build_object(kept_tok, jsonb_build_array(
-                    at_ms + hold_ms, readers -> tok -> 1, readers -> tok -> 2));
-            END IF;
-            readers := readers - tok;
-        ELSIF readers ? kept_tok THEN
-            -- Released before, and kept for its minimum hold: that release stands.
-            IF hold_ms > 0 THEN
-                RETURN 1;
-            END IF;
-            readers := readers - kept_tok;
-        ELSE
+        SELECT * INTO p FROM lock_runtime_permits
+            WHERE key = k AND token = tok AND expires_ms > at_ms;
+        IF NOT FOUND THEN
             RETURN 0;
+        ELSIF p.released AND hold_ms > 0 THEN
+            -- Released before, and kept for its minimum hold: that release stands.
+            RETURN 1;
+        ELSIF hold_ms > 0 THEN
+            UPDATE lock_runtime_permits SET released = true, expires_ms = at_ms + hold_ms
+                WHERE key = k AND token = tok;
+        ELSE
+            DELETE FROM lock_runtime_permits WHERE key = k AND token = tok;
         END IF;
-        readers := NULLIF(readers, '{}'::jsonb);
-        UPDATE lock_runtime_locks
-            SET held = readers, shares_until = lock_runtime_v1_last_held(readers),
-                permits = CASE WHEN readers IS NULL THEN NULL ELSE permits END,
-                marked = marked AND readers IS NOT NULL
-            WHERE key = k;
-        IF hold_ms = 0 THEN
+        SELECT count(*), max(expires_ms) INTO holders, last_end FROM lock_runtime_permits
+            WHERE key = k AND expires_ms > at_ms;
+        IF holders = 0 THEN
+            DELETE FROM lock_runtime_permits WHERE key = k;
+        END IF;
+        IF holders = 0 AND r.fence IS NULL AND lock_runtime_v1_live(r.claims, at_ms) IS NULL THEN
+            -- Nothing left to keep: no row stays behind (as a lock's release).
+            DELETE FROM lock_runtime_locks WHERE key = k;
+        ELSE
+            UPDATE lock_runtime_locks
+                SET held = NULL, shares_until = coalesce(last_end, 0),
+                    permits = CASE WHEN holders = 0 THEN NULL ELSE permits END,
+                    marked = marked AND holders > 0
+                WHERE key = k;
+        END IF;
+        IF hold_ms = 0 AND r.permits > holders THEN
             -- A fair semaphore's line: with `free` permits free, the waiters at ranks below
             -- `free` may take one (lock_runtime_v1_permit), and those ahead of the last were
             -- named by the releases before: the release names that last one.
             DELETE FROM lock_runtime_line WHERE key = k || '#permits' AND kept_until <= at_ms;
             SELECT l.token INTO admitted FROM lock_runtime_line l WHERE l.key = k || '#permits'
-                ORDER BY l.arrival
-                OFFSET greatest(r.permits - (SELECT count(*) FROM jsonb_each(readers)) - 1, 0) LIMIT 1;
-            IF admitted IS NOT NULL AND r.permits > (SELECT count(*) FROM jsonb_each(readers)) THEN
+                ORDER BY l.arrival OFFSET r.permits - holders - 1 LIMIT 1;
+            IF admitted IS NOT NULL THEN
                 PERFORM lock_runtime_v1_tell(chan, 'w:' || admitted);
                 RETURN 3;
             END IF;
@@ -759,6 +782,7 @@ BEGIN
         SET token = NULL, expires_ms = at_ms, shares = NULL, shares_until = 0, marked = false,
             permits = NULL, held = NULL
         WHERE key = k;
+    DELETE FROM lock_runtime_permits WHERE key = k;
     PERFORM lock_runtime_v1_tell(chan, said);
     RETURN true;
 END
@@ -781,6 +805,9 @@ BEGIN
     GET DIAGNOSTICS gone = ROW_COUNT;
     DELETE FROM lock_runtime_line WHERE (key, token) IN (
         SELECT key, token FROM lock_runtime_line WHERE kept_until + 2000 < at_ms
+        LIMIT n FOR UPDATE SKIP LOCKED);
+    DELETE FROM lock_runtime_permits WHERE (key, token) IN (
+        SELECT key, token FROM lock_runtime_permits WHERE expires_ms + 2000 < at_ms
         LIMIT n FOR UPDATE SKIP LOCKED);
     RETURN gone;
 END
