@@ -229,6 +229,10 @@ pub(crate) async fn give_back(
             Ok(true)
         }
         Released::Quiet => Ok(true),
+        Released::Named(waiter) => {
+            core.wakeups.admitted(lock.name(), &waiter);
+            Ok(true)
+        }
     }
 }
 

@@ -297,6 +297,14 @@ impl Wakeups {
         }
     }
 
+    /// A release of this client named the waiter it admits: wakes it, if it is one of ours
+    /// (the store's announcement of it, heard later, finds it gone or awake).
+    pub(crate) fn admitted(&self, name: &str, token: &str) {
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            self.turn(name, token.as_bytes(), None);
+        }
+    }
+
     /// How many locks have local waiters.
     pub(crate) fn len(&self) -> usize {
         self.lock().len()

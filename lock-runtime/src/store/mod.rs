@@ -441,7 +441,7 @@ pub(crate) struct Release<'a> {
 }
 
 /// What a release did.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Released {
     /// It had expired or been taken: nothing was done.
     NotOurs,
@@ -450,6 +450,10 @@ pub(crate) enum Released {
     /// Given back, with nothing for this client's waiters to do: other readers still share it,
     /// or the store named the next waiter itself (a fair hand-over).
     Quiet,
+    /// Given back, and the store named the waiter it admits (by its token; a fair semaphore's
+    /// release): this client wakes it at once if it is one of its own, without waiting for the
+    /// store's announcement, which every other client hears.
+    Named(String),
 }
 
 /// The route one attempt took to the store, for the release of an attempt whose answer never

@@ -117,7 +117,7 @@ const COUNT_HELD: &str = "SELECT permits FROM lock_runtime_locks \
 const TAKE_SET: &str =
     "SELECT fences, refused, left_ms, held_permits FROM lock_runtime_v1_take_set($1, $2, $3, $4, $5)";
 const RENEW: &str = "SELECT lock_runtime_v1_renew($1, $2, $3)";
-const RELEASE: &str = "SELECT lock_runtime_v1_release($1, $2, $3, $4, $5, $6)";
+const RELEASE: &str = "SELECT answer, admitted FROM lock_runtime_v1_give_back($1, $2, $3, $4, $5, $6)";
 const LEAVE: &str = "SELECT lock_runtime_v1_leave($1, $2, $3, $4)";
 const SWEEP: &str = "SELECT lock_runtime_v1_sweep($1)";
 /// A fencing token nobody uses: the probe of the right to take them.
@@ -620,7 +620,7 @@ impl PostgresStore {
                 return Ok(Released::Freed);
             }
         }
-        let released: i32 = ask!(self, |conn| sqlx::query_scalar(RELEASE)
+        let (released, admitted): (i32, Option<String>) = ask!(self, |conn| sqlx::query_as(RELEASE)
             .bind(lock.name())
             .bind(lock.name())
             .bind(token)
@@ -632,8 +632,10 @@ impl PostgresStore {
             0 => Released::NotOurs,
             // Other readers still share the lock: nobody can enter because this one left.
             2 => Released::Quiet,
-            // A fair release names the next waiter; a fair semaphore's, the waiter it admits.
-            3 => Released::Quiet,
+            // A fair semaphore's release names the waiter it admits: this client wakes it at
+            // once if it is its own (the NOTIFY reaches the others).
+            3 => admitted.map_or(Released::Quiet, Released::Named),
+            // A fair release names the next waiter.
             _ if kind == Kind::Fair => Released::Quiet,
             // This client's own next waiter need not hear it from the database (its listener
             // skips the announcement): the client wakes it.

@@ -616,10 +616,10 @@ $$;
 -- and names it; a fair semaphore's release that frees a permit names the waiter it admits;
 -- another release announces itself (`said`) if a waiter marked the lock. Answers 0: not ours,
 -- 1: released, 2: a share left and other readers remain, 3: a permit given back and the waiter
--- it admits named (a client of an earlier build reads 3 as 1).
-CREATE OR REPLACE FUNCTION lock_runtime_v1_release(
-    k text, chan text, tok text, hold_ms bigint, fair boolean, said text)
-RETURNS integer
+-- it admits named, in `admitted` (the releasing client wakes it at once if it is its own).
+CREATE OR REPLACE FUNCTION lock_runtime_v1_give_back(
+    k text, chan text, tok text, hold_ms bigint, fair boolean, said text,
+    OUT answer integer, OUT admitted text)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     at_ms bigint := lock_runtime_v1_now();
@@ -629,14 +629,14 @@ DECLARE
     live_claims jsonb;
     head lock_runtime_line;
     f bigint;
-    admitted text;
     p lock_runtime_permits;
     holders bigint;
     last_end bigint;
 BEGIN
     SELECT * INTO r FROM lock_runtime_locks WHERE key = k FOR UPDATE;
     IF NOT FOUND THEN
-        RETURN 0;
+        answer := 0;
+        RETURN;
     END IF;
     -- Read after the row is locked: the lease is judged by the time the release runs.
     at_ms := lock_runtime_v1_now();
@@ -650,7 +650,8 @@ BEGIN
                     PERFORM lock_runtime_v1_tell(chan, said);
                 END IF;
             END IF;
-            RETURN 1;
+            answer := 1;
+            RETURN;
         END IF;
     ELSIF r.permits IS NOT NULL THEN
         -- A semaphore's permit: its row goes (kept, marked released, for a minimum hold), and
@@ -658,10 +659,12 @@ BEGIN
         SELECT * INTO p FROM lock_runtime_permits
             WHERE key = k AND token = tok AND expires_ms > at_ms;
         IF NOT FOUND THEN
-            RETURN 0;
+            answer := 0;
+            RETURN;
         ELSIF p.released AND hold_ms > 0 THEN
             -- Released before, and kept for its minimum hold: that release stands.
-            RETURN 1;
+            answer := 1;
+            RETURN;
         ELSIF hold_ms > 0 THEN
             UPDATE lock_runtime_permits SET released = true, expires_ms = at_ms + hold_ms
                 WHERE key = k AND token = tok;
@@ -692,23 +695,27 @@ BEGIN
                 ORDER BY l.arrival OFFSET r.permits - holders - 1 LIMIT 1;
             IF admitted IS NOT NULL THEN
                 PERFORM lock_runtime_v1_tell(chan, 'w:' || admitted);
-                RETURN 3;
+                answer := 3;
+                RETURN;
             END IF;
         END IF;
         IF r.marked THEN
             PERFORM lock_runtime_v1_tell(chan, said);
         END IF;
-        RETURN 1;
+        answer := 1;
+        RETURN;
     ELSE
         readers := lock_runtime_v1_live(r.shares, at_ms);
         IF readers IS NULL OR NOT readers ? tok THEN
-            RETURN 0;
+            answer := 0;
+            RETURN;
         END IF;
         readers := readers - tok;
         IF readers <> '{}'::jsonb THEN
             UPDATE lock_runtime_locks SET shares = readers, shares_until = lock_runtime_v1_last(readers)
                 WHERE key = k;
-            RETURN 2;
+            answer := 2;
+            RETURN;
         END IF;
     END IF;
     -- Free now.
@@ -727,7 +734,8 @@ BEGIN
                 WHERE key = k;
             PERFORM lock_runtime_v1_tell(chan,
                 'g:' || coalesce(f, 0) || ':' || head.stamp || ':' || head.token);
-            RETURN 1;
+            answer := 1;
+            RETURN;
         END IF;
     END IF;
     live_claims := lock_runtime_v1_live(r.claims, at_ms);
@@ -742,8 +750,17 @@ BEGIN
     IF r.marked OR fair THEN
         PERFORM lock_runtime_v1_tell(chan, said);
     END IF;
-    RETURN 1;
+    answer := 1;
+    RETURN;
 END
+$$;
+
+-- lock_runtime_v1_give_back's answer alone: what clients of an earlier build call.
+CREATE OR REPLACE FUNCTION lock_runtime_v1_release(
+    k text, chan text, tok text, hold_ms bigint, fair boolean, said text)
+RETURNS integer
+LANGUAGE sql VOLATILE AS $$
+    SELECT answer FROM lock_runtime_v1_give_back(k, chan, tok, hold_ms, fair, said)
 $$;
 
 -- A waiter that stops waiting: gives up its place in line and its claim as a waiting writer;
