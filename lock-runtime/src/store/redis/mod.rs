@@ -456,14 +456,16 @@ impl RedisStore {
         kind: Kind,
         after: Option<&Flight>,
     ) -> Result<Released, LockError> {
-        Ok(match self.give_back(lock, token, hold_ms, kind, after).await? {
+        let (answer, admitted) = self.give_back(lock, token, hold_ms, kind, after).await?;
+        Ok(match answer {
             ReleaseAnswer::NotOurs => Released::NotOurs,
             // Other readers still share the lock: nobody can enter because this one left.
             ReleaseAnswer::ShareLeft => Released::Quiet,
-            // A fair release named the next waiter, wherever it is (as a fair semaphore's
-            // release names the waiter it admits).
+            // A fair release named the next waiter, wherever it is.
             _ if kind == Kind::Fair => Released::Quiet,
-            ReleaseAnswer::Named => Released::Quiet,
+            // A fair semaphore's names the waiter it admits: this client wakes it at once if it
+            // is its own (the announcement reaches the others).
+            ReleaseAnswer::Named => admitted.map_or(Released::Quiet, Released::Named),
             ReleaseAnswer::Ours | ReleaseAnswer::Unannounced | ReleaseAnswer::Undecided => Released::Freed,
         })
     }
@@ -471,7 +473,8 @@ impl RedisStore {
     /// Gives the lock back: the common release (`unlock.lua`) first for a plain lock not kept
     /// for a minimum hold, and the full one (`release.lua`) for everything else and whatever
     /// the common one cannot decide ([`Kind::Shared`] is only a hint: a read share given to the
-    /// common release is handed on). Never [`ReleaseAnswer::Undecided`].
+    /// common release is handed on). Never [`ReleaseAnswer::Undecided`]. With
+    /// [`ReleaseAnswer::Named`], the token of the waiter named.
     async fn give_back(
         &self,
         lock: &str,
@@ -479,7 +482,7 @@ impl RedisStore {
         hold_ms: u64,
         kind: Kind,
         after: Option<&Flight>,
-    ) -> Result<ReleaseAnswer, LockError> {
+    ) -> Result<(ReleaseAnswer, Option<String>), LockError> {
         let (announcement, marks, sharded) = (
             self.subscriber.announcement.as_str(),
             self.deployment.marks(),
@@ -505,9 +508,9 @@ impl RedisStore {
                 ReleaseAnswer::Undecided => {}
                 ReleaseAnswer::Unannounced => {
                     self.subscriber.pubsub_denied();
-                    return Ok(ReleaseAnswer::Unannounced);
+                    return Ok((ReleaseAnswer::Unannounced, None));
                 }
-                released => return Ok(released),
+                released => return Ok((released, None)),
             }
         }
         let release = &ReleaseCall {
@@ -522,16 +525,16 @@ impl RedisStore {
             marks,
             sharded,
         };
-        let released: i64 = connection
+        let released: redis::Value = connection
             .request_after(after, within, |mut conn| async move {
                 release.call().invoke(&mut conn).await
             })
             .await?;
-        let released = ReleaseAnswer::from_answer(released);
+        let (released, admitted) = ReleaseAnswer::read(&released);
         if released == ReleaseAnswer::Unannounced {
             self.subscriber.pubsub_denied();
         }
-        Ok(released)
+        Ok((released, admitted))
     }
 
     /// Subscribes the channel of lock `name` unless it is already (the caller bounds the wait).

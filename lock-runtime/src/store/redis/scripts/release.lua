@@ -84,7 +84,8 @@ if type(held) == 'table' and held.err and redis.pcall('HGET', KEYS[1], 'mode') =
   end
   local marked = not mark or redis.call('EXISTS', mark) == 1
   local fields = redis.call('HGETALL', KEYS[1])
-  -- A fair semaphore's release names the waiter it admits, and returns 4: with `free` permits
+  -- A fair semaphore's release names the waiter it admits, and returns {4, its token} (the
+  -- releasing client wakes it at once if it is its own): with `free` permits
   -- free, the waiters at ranks below `free` may take one (permit.lua), and those ahead of the
   -- last were named by the releases before. Its places that lapsed go first.
   local admitted
@@ -114,7 +115,7 @@ if type(held) == 'table' and held.err and redis.pcall('HGET', KEYS[1], 'mode') =
     if type(named) == 'table' and named.err then
       return 2
     end
-    return 4
+    return {4, admitted}
   end
   if not marked then
     -- Nobody waits for it.

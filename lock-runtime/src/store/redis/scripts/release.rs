@@ -109,11 +109,27 @@ pub(crate) enum ReleaseAnswer {
     /// `release.lua` must.
     Undecided,
     /// A fair semaphore's permit given back, and the waiter it admits named on the channel
-    /// (this client's own waiters are woken by that, not by the client).
+    /// (its token comes with the answer: see [`ReleaseAnswer::read`]).
     Named,
 }
 
 impl ReleaseAnswer {
+    /// What `release.lua` answered: a number, or `{4, token}` naming the waiter a fair
+    /// semaphore's release admits.
+    pub(crate) fn read(answer: &redis::Value) -> (ReleaseAnswer, Option<String>) {
+        match answer {
+            redis::Value::Int(n) => (ReleaseAnswer::from_answer(*n), None),
+            redis::Value::Array(items) => match items.as_slice() {
+                [redis::Value::Int(n), redis::Value::BulkString(token)] => (
+                    ReleaseAnswer::from_answer(*n),
+                    String::from_utf8(token.clone()).ok(),
+                ),
+                _ => (ReleaseAnswer::Undecided, None),
+            },
+            _ => (ReleaseAnswer::Undecided, None),
+        }
+    }
+
     pub(crate) fn from_answer(answer: i64) -> ReleaseAnswer {
         match answer {
             1 => ReleaseAnswer::Ours,
