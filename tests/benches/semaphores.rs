@@ -14,8 +14,10 @@
 //! Per contender of ours, also the waits that ended by a nap rather than by a wake-up (the
 //! library's `lock_wait_naps_total`, read through a debugging recorder, over its rounds).
 //!
-//! `cargo bench -p lock-tests --bench semaphores` (`BENCH_SCALE=0.1` for a smoke run;
-//! `BENCH_FAIR=1` for fair semaphores, without MySQL, which offers no fair mode).
+//! Ours on each store twice, not fair and fair (not MySQL, which offers no fair mode), in the
+//! same rounds, and the ratios fair / not fair of each store's rate and p99.
+//!
+//! `cargo bench -p lock-tests --bench semaphores` (`BENCH_SCALE=0.1` for a smoke run).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,14 +45,10 @@ if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[3]) then
 end
 return 0";
 
-/// Whether ours are fair semaphores (`BENCH_FAIR=1`).
-fn fair() -> bool {
-    std::env::var("BENCH_FAIR").is_ok_and(|v| v == "1")
-}
-
 #[derive(Clone)]
 enum Contender {
-    Ours(LockClient),
+    /// Ours, fair or not.
+    Ours(LockClient, bool),
     Minimum(redis::aio::MultiplexedConnection, Arc<redis::Script>),
 }
 
@@ -60,11 +58,11 @@ impl Contender {
     async fn turn(&self, key: &str, task: usize, n: u64) -> Duration {
         let asked = Instant::now();
         match self {
-            Contender::Ours(client) => {
+            Contender::Ours(client, fair) => {
                 let options = LockOptions::new(Duration::from_secs(10))
                     .permits(PERMITS)
                     .wait(Duration::from_secs(60))
-                    .fair(fair());
+                    .fair(*fair);
                 let guard = client
                     .acquire(key, &options)
                     .await
@@ -134,20 +132,26 @@ async fn main() {
     let naps = Naps::install();
     let length = Duration::from_secs_f64((3.0 * scale()).max(0.3));
     let server = RedisServer::spawn();
-    let ours = LockClient::connect(&server.url()).await.expect("redis");
+    let redis_client = LockClient::connect(&server.url()).await.expect("redis");
     let conn = redis::Client::open(server.url().as_str())
         .expect("url")
         .get_multiplexed_async_connection()
         .await
         .expect("redis");
     let minimum = Contender::Minimum(conn, Arc::new(redis::Script::new(MINIMUM_TAKE)));
-    let mut contenders = vec![
-        ("ours, Redis (one script, woken)", Contender::Ours(ours)),
-        ("minimum, Redis (zset, 1 ms poll)", minimum),
-    ];
-    contenders.push(("ours, in memory", Contender::Ours(LockClient::in_memory())));
+    // Ours on each store twice, not fair and fair (MySQL offers no fair mode), each pair
+    // measured in the same rounds.
+    let mut contenders: Vec<(String, Contender)> = Vec::new();
+    let mut ours = |name: &str, client: LockClient, fair: bool| {
+        contenders.push((format!("ours, {name}"), Contender::Ours(client.clone(), false)));
+        if fair {
+            contenders.push((format!("ours, {name}, fair"), Contender::Ours(client, true)));
+        }
+    };
+    ours("Redis (one script, woken)", redis_client, true);
+    ours("in memory", LockClient::in_memory(), true);
     match LockClient::connect("postgres://postgres@127.0.0.1:5432/test").await {
-        Ok(pg) => contenders.push(("ours, PostgreSQL (one statement)", Contender::Ours(pg))),
+        Ok(pg) => ours("PostgreSQL (one statement)", pg, true),
         Err(e) => println!("PostgreSQL left out: {e}"),
     }
     // Servers of the kit, kept until the rounds are done.
@@ -157,26 +161,22 @@ async fn main() {
         .build()
         .await
         .expect("mariadbd");
-    if !fair() {
-        contenders.push(("ours, MySQL (MariaDB)", Contender::Ours(mysql)));
-    }
+    ours("MySQL (MariaDB)", mysql, false);
     let etcd_cluster = EtcdCluster::spawn();
     let etcd = LockClient::builder()
         .etcd(etcd_cluster.endpoints())
         .build()
         .await
         .expect("etcd");
-    contenders.push(("ours, etcd (queued in the store)", Contender::Ours(etcd)));
+    ours("etcd (queued in the store)", etcd, true);
     let ensemble = ZkEnsemble::spawn();
     let zookeeper = LockClient::builder()
         .zookeeper(ensemble.hosts())
         .build()
         .await
         .expect("zookeeper");
-    contenders.push((
-        "ours, ZooKeeper (queued in the store)",
-        Contender::Ours(zookeeper),
-    ));
+    ours("ZooKeeper (queued in the store)", zookeeper, true);
+    contenders.insert(1, ("minimum, Redis (zset, 1 ms poll)".to_owned(), minimum));
     let mut rates = vec![Vec::new(); contenders.len()];
     let mut waits = vec![Vec::new(); contenders.len()];
     let mut napped = vec![0; contenders.len()];
@@ -191,21 +191,20 @@ async fn main() {
             waits[i].extend(w);
         }
     }
-    let mode = if fair() { "fair" } else { "not fair" };
-    println!(
-        "\n{TASKS} tasks, one key, {PERMITS} permits ({mode}), hold {HOLD:?}, {ROUNDS} rounds of {length:?}"
-    );
+    println!("\n{TASKS} tasks, one key, {PERMITS} permits, hold {HOLD:?}, {ROUNDS} rounds of {length:?}");
     println!(
         "{:<36} {:>14} {:>12} {:>12} {:>22}",
         "contender", "handed over/s", "wait p50", "wait p99", "waits ended by a nap"
     );
     let mut rows = Vec::new();
+    let mut figures = Vec::new();
     for (i, (name, contender)) in contenders.iter().enumerate() {
         rates[i].sort_by(f64::total_cmp);
         let rate = rates[i][rates[i].len() / 2];
         let (p50, p99) = (quantile(&mut waits[i], 0.5), quantile(&mut waits[i], 0.99));
+        figures.push((name.clone(), rate, p99));
         // The minimum is not the library: it polls, and records nothing.
-        let naps = matches!(contender, Contender::Ours(_)).then_some(napped[i]);
+        let naps = matches!(contender, Contender::Ours(..)).then_some(napped[i]);
         let shown = naps.map_or_else(|| "—".to_owned(), |n| n.to_string());
         println!(
             "{name:<36} {rate:>14.0} {:>10.2}ms {:>10.2}ms {shown:>22}",
@@ -214,6 +213,22 @@ async fn main() {
         );
         rows.push(json!({"contender": name, "handed_over_per_s": rate, "wait_p50_ms": ms(p50), "wait_p99_ms": ms(p99), "waits_ended_by_a_nap": naps}));
     }
-    println!("{}", json!({ "semaphores": rows }));
+    // Fair against not fair, store by store, from the same rounds.
+    println!(
+        "\n{:<36} {:>22} {:>22}",
+        "fair / not fair", "handed over/s", "wait p99"
+    );
+    let mut ratios = Vec::new();
+    for (name, rate, p99) in &figures {
+        let Some(plain) = name.strip_suffix(", fair") else {
+            continue;
+        };
+        if let Some((_, plain_rate, plain_p99)) = figures.iter().find(|(n, ..)| n == plain) {
+            let (by_rate, by_p99) = (rate / plain_rate, ms(*p99) / ms(*plain_p99));
+            println!("{plain:<36} {by_rate:>22.2} {by_p99:>22.2}");
+            ratios.push(json!({"contender": plain, "fair_rate_ratio": by_rate, "fair_p99_ratio": by_p99}));
+        }
+    }
+    println!("{}", json!({ "semaphores": rows, "fair_over_not_fair": ratios }));
     drop((mariadb, etcd_cluster, ensemble));
 }
