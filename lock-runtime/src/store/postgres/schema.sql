@@ -85,6 +85,13 @@ CREATE TABLE IF NOT EXISTS lock_runtime_permits (
     released boolean NOT NULL DEFAULT false,
     PRIMARY KEY (key, token)
 );
+-- The holders of a key by their end: the lapsed ones found without a scan of the others.
+DO $$
+BEGIN
+    IF to_regclass('lock_runtime_permits_by_end') IS NULL THEN
+        CREATE INDEX lock_runtime_permits_by_end ON lock_runtime_permits (key, expires_ms);
+    END IF;
+END $$;
 
 -- Fenced writes (lock_runtime::postgres::check_fence): per resource, the highest token a write
 -- carried.
@@ -208,6 +215,7 @@ DECLARE
     mine lock_runtime_permits;
     free integer;
     taken integer;
+    first_end bigint;
     arrived bigint;
     f bigint;
 BEGIN
@@ -233,12 +241,14 @@ BEGIN
         got_fence := mine.fence;
         RETURN;
     END IF;
-    SELECT count(*) INTO taken FROM lock_runtime_permits WHERE key = k;
-    -- The lowest permit no live holder has: one pass over the holders (an anti-join the
-    -- planner hashes), not one per permit.
-    SELECT min(g.p) INTO free FROM generate_series(0, n - 1) AS g(p)
-        LEFT JOIN lock_runtime_permits AS h ON h.key = k AND h.permit = g.p
-        WHERE h.permit IS NULL;
+    SELECT count(*), min(expires_ms) INTO taken, first_end FROM lock_runtime_permits WHERE key = k;
+    IF taken < n THEN
+        -- The lowest permit no live holder has: one pass over the holders (an anti-join the
+        -- planner hashes), not one per permit; none to look for when every one is taken.
+        SELECT min(g.p) INTO free FROM generate_series(0, n - 1) AS g(p)
+            LEFT JOIN lock_runtime_permits AS h ON h.key = k AND h.permit = g.p
+            WHERE h.permit IS NULL;
+    END IF;
     IF fair THEN
         -- The row is locked: the line of its key changes under it only.
         DELETE FROM lock_runtime_line WHERE key = q AND kept_until <= at_ms;
@@ -252,7 +262,7 @@ BEGIN
             VALUES (q, tok, nextval('lock_runtime_arrivals'), at_ms + place_ms, 0)
             ON CONFLICT (key, token) DO UPDATE SET kept_until = EXCLUDED.kept_until;
         END IF;
-        left_ms := (SELECT min(expires_ms) FROM lock_runtime_permits WHERE key = k) - at_ms;
+        left_ms := first_end - at_ms;
         IF waiting AND NOT r.marked THEN
             UPDATE lock_runtime_locks SET marked = true WHERE key = k;
         END IF;
