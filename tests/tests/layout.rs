@@ -150,9 +150,11 @@ fn lockctl_is_a_command_line_over_the_library() {
                 "redis::",
                 "sqlx::",
                 "etcd_client::",
+                "zookeeper_client::",
                 "use redis",
                 "use sqlx",
                 "use etcd_client",
+                "use zookeeper_client",
             ]
             .iter()
             .any(|c| line.contains(c));
