@@ -136,9 +136,11 @@ async fn panic_and_cancellation_release(t: Target) {
     .await;
 }
 
-#[distributed_lock(key = "dog", ttl_ms = 150, watchdog, client = locks)]
+// A ttl short enough for the body to outlive it four times, long enough that a renewal is not
+// lost to a scheduling pause of the full suite's load (150 ms was, once in CI).
+#[distributed_lock(key = "dog", ttl_ms = 400, watchdog, client = locks)]
 async fn outlives_its_ttl(locks: &LockClient) -> Result<bool, LockError> {
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    tokio::time::sleep(Duration::from_millis(1600)).await;
     locks.is_locked("dog").await
 }
 
