@@ -907,10 +907,20 @@ macro_rules! on_both_backends {
     };
 }
 
-/// [`on_every_deployment!`] but RedLock and MySQL: for fair mode and read-write locks, which
-/// need one counter and one line (MySQL has no line yet).
+/// [`on_every_deployment!`] but RedLock: for fair mode and read-write locks, which need one
+/// counter and one line.
 #[macro_export]
 macro_rules! on_every_deployment_with_one_counter {
+    ($($name:ident),* $(,)?) => {
+        $crate::on_every_deployment_with_one_counter_and_notices!($($name),*);
+        $crate::on_targets!(mysql => $crate::Target::mysql().await; [$($name),*]);
+    };
+}
+
+/// [`on_every_deployment_with_one_counter!`] but MySQL: for a fair or read-write release that
+/// wakes another client's waiter at once (MySQL has no notifications).
+#[macro_export]
+macro_rules! on_every_deployment_with_one_counter_and_notices {
     ($($name:ident),* $(,)?) => {
         $crate::on_targets!(
             redis => $crate::Target::redis().await,
@@ -961,7 +971,7 @@ macro_rules! on_every_deployment_with_permits_and_notices {
 #[macro_export]
 macro_rules! on_every_deployment_with_notices {
     ($($name:ident),* $(,)?) => {
-        $crate::on_every_deployment_with_one_counter!($($name),*);
+        $crate::on_every_deployment_with_one_counter_and_notices!($($name),*);
         $crate::on_targets!(redlock => $crate::Target::redlock().await; [$($name),*]);
     };
 }
@@ -972,7 +982,6 @@ macro_rules! on_every_deployment_with_notices {
 macro_rules! on_every_deployment_with_fencing {
     ($($name:ident),* $(,)?) => {
         $crate::on_every_deployment_with_one_counter!($($name),*);
-        $crate::on_targets!(mysql => $crate::Target::mysql().await; [$($name),*]);
     };
 }
 
@@ -1015,12 +1024,16 @@ impl Drop for MysqlRows {
             runtime.block_on(async {
                 use sqlx::Connection;
                 let mut conn = sqlx::MySqlConnection::connect(&url).await.ok()?;
-                sqlx::query("DELETE FROM lock_runtime_locks WHERE LEFT(name, ?) = ?")
-                    .bind(prefix.len() as u64)
-                    .bind(prefix.as_bytes())
-                    .execute(&mut conn)
-                    .await
-                    .ok()
+                let mut done = None;
+                for table in ["lock_runtime_locks", "lock_runtime_line", "lock_runtime_shares"] {
+                    done = sqlx::query(&format!("DELETE FROM {table} WHERE LEFT(name, ?) = ?"))
+                        .bind(prefix.len() as u64)
+                        .bind(prefix.as_bytes())
+                        .execute(&mut conn)
+                        .await
+                        .ok();
+                }
+                done
             })
         })
         .join();

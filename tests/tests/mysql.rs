@@ -1,5 +1,6 @@
 //! The MySQL store: what only it does (keys compared byte for byte whatever the database's
-//! collations, waiters of another client retrying without notifications, modes it refuses), and
+//! collations, waiters of another client retrying without notifications, a table of an earlier
+//! build gaining the lines and shares), and
 //! faults on servers the kit starts itself (one `mariadbd` per test): a restart while locks are
 //! held, a paused and a stopped server, and the refusals a misconfigured client gets. The
 //! behaviour suite runs on MySQL too (`behaviour.rs`, `coordination.rs`, `admin.rs`: the
@@ -57,19 +58,46 @@ async fn keys_are_compared_byte_for_byte() {
     }
 }
 
-/// Fair mode and read-write locks are refused before any request, saying why.
+/// A database whose lock table an earlier build made (before fair mode and read-write locks)
+/// gains the line and shares tables at the first client's connect, and serves every mode, its
+/// locks kept.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fair_and_shared_locks_are_refused_with_the_reason() {
-    let t = Target::mysql().await;
-    let c = t.client();
-    for options in [ttl(1000).fair(true), ttl(1000).mode(LockMode::Shared)] {
-        let refused = c.acquire("modes", &options).await;
-        assert!(
-            matches!(&refused, Err(LockError::InvalidOptions { reason }) if reason.contains("MySQL")),
-            "{refused:?}"
-        );
+async fn a_table_of_an_earlier_build_gains_fair_and_shared_locks() {
+    let server = blocking(MariadbServer::spawn).await;
+    server.sql(
+        "CREATE TABLE lock_runtime_locks (name VARBINARY(1300) NOT NULL PRIMARY KEY, \
+         token VARBINARY(2048) NULL, expires_ms BIGINT NOT NULL, fence BIGINT NULL) ENGINE = InnoDB",
+    );
+    let c = client(&server).await;
+    let tables = server.sql(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = 'test' \
+         AND table_name LIKE 'lock\\_runtime\\_%' ORDER BY table_name",
+    );
+    assert_eq!(
+        tables.split_whitespace().collect::<Vec<_>>(),
+        ["lock_runtime_line", "lock_runtime_locks", "lock_runtime_shares"],
+        "{tables}"
+    );
+    let fair = c
+        .acquire("upgraded", &ttl(10_000).fair(true).fencing(true))
+        .await
+        .unwrap();
+    assert!(fair.fencing_token().is_some());
+    assert!(fair.release().await.unwrap());
+    let readers = [
+        c.acquire("upgraded", &ttl(10_000).mode(LockMode::Shared))
+            .await
+            .unwrap(),
+        c.acquire("upgraded", &ttl(10_000).mode(LockMode::Shared))
+            .await
+            .unwrap(),
+    ];
+    let shares = server.sql("SELECT COUNT(*) FROM lock_runtime_shares");
+    assert_eq!(shares.trim(), "2", "a row per share");
+    for guard in readers {
+        assert!(guard.release().await.unwrap());
     }
-    assert!(!c.is_locked("modes").await.unwrap());
+    assert!(!c.is_locked("upgraded").await.unwrap());
 }
 
 /// Waiters of the client that releases are woken by the release, one at a time, in arrival
@@ -282,7 +310,11 @@ async fn misconfigured_clients_are_refused_with_what_to_fix() {
     );
     // Made by a client that may; then the rights the guide names are enough.
     client(&server).await;
-    server.sql("GRANT SELECT, INSERT, UPDATE, DELETE ON test.lock_runtime_locks TO 'locker'@'127.0.0.1';");
+    server.sql(
+        "GRANT SELECT, INSERT, UPDATE, DELETE ON test.lock_runtime_locks TO 'locker'@'127.0.0.1'; \
+         GRANT SELECT, INSERT, UPDATE, DELETE ON test.lock_runtime_line TO 'locker'@'127.0.0.1'; \
+         GRANT SELECT, INSERT, UPDATE, DELETE ON test.lock_runtime_shares TO 'locker'@'127.0.0.1';",
+    );
     let granted = builder(&url).build().await.unwrap();
     let guard = granted
         .acquire("granted", &ttl(1000).fencing(true))

@@ -25,6 +25,7 @@ lock_tests::on_every_deployment_with_permits!(
     a_minimum_hold_longer_than_the_lease_keeps_the_permit,
     the_attribute_takes_a_permit,
     a_call_nested_in_a_permit_in_another_mode_is_refused_at_once,
+    fair_waiters_get_permits_in_the_order_they_came,
 );
 
 /// Wake-ups by another client's release (not on MySQL, which has no notifications: its
@@ -35,7 +36,6 @@ mod notified {
     lock_tests::on_every_deployment_with_permits_and_notices!(
         a_release_wakes_a_waiter_of_another_client,
         releases_at_once_wake_one_waiter_each,
-        fair_waiters_get_permits_in_the_order_they_came,
     );
 }
 
@@ -261,10 +261,6 @@ async fn another_count_for_a_held_key_is_invalid_options_naming_both(t: Target) 
         ),
     ] {
         match other.acquire("sem:count", &asked).await {
-            // A store without read-write locks or fair mode (MySQL) refuses them for that.
-            Err(LockError::InvalidOptions { reason })
-                if reason.contains("offers no read-write locks")
-                    || reason.contains("offers no fair mode") => {}
             Err(LockError::InvalidOptions { reason }) => {
                 assert!(reason.contains("3 permits") && reason.contains(named), "{reason}");
             }

@@ -11,6 +11,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::permits::{count_of, parse_permit_row, permit_row};
+use super::shares::{READERS, READERS_OF, SHARES};
 use super::MysqlStore;
 use crate::store::sql::{ask, unsigned};
 use crate::store::{ForceReleased, Lock};
@@ -53,6 +54,24 @@ const PERMIT_ROWS: &str = concat!(
 );
 
 type Row = (Vec<u8>, Option<Vec<u8>>, i64, Option<i64>);
+/// A share as [`READERS`] reads it.
+type ShareRow = (Vec<u8>, Vec<u8>, i64);
+
+/// The readers of each key among `shares`, by lock name.
+fn readers_of(shares: Vec<ShareRow>) -> HashMap<String, Vec<Reader>> {
+    let mut readers: HashMap<String, Vec<Reader>> = HashMap::new();
+    for (name, token, left) in shares {
+        let Ok(name) = String::from_utf8(name) else {
+            continue;
+        };
+        let value = String::from_utf8_lossy(&token);
+        readers
+            .entry(name)
+            .or_default()
+            .push(Reader::of(&value, Duration::from_millis(unsigned(left))));
+    }
+    readers
+}
 
 /// The permits held, by the lock name they belong to, among `rows` (the others are left).
 fn permit_holders(rows: &[Row]) -> HashMap<String, Vec<Reader>> {
@@ -73,18 +92,28 @@ fn permit_holders(rows: &[Row]) -> HashMap<String, Vec<Reader>> {
 }
 
 impl MysqlStore {
-    /// A lock's row as operators see it; a semaphore's header shows `permits`, its permits held.
+    /// A lock's row as operators see it; a semaphore's header shows `permits`, its permits
+    /// held; a readers' header, its readers.
     fn view(
         &self,
         row: Row,
         read_at: Instant,
         permits: &mut HashMap<String, Vec<Reader>>,
+        readers: &mut HashMap<String, Vec<Reader>>,
     ) -> Option<LockView> {
         let (name, token, left, fence) = row;
         let name = String::from_utf8(name).ok()?;
         let key = crate::store::user_key(&self.prefix, &name)?.to_owned();
         let count = token.as_deref().and_then(count_of);
         let (holding, remaining) = match (token, count) {
+            (Some(token), _) if token == SHARES => {
+                let readers = readers.remove(&name).unwrap_or_default();
+                let remaining = readers.iter().map(|r| r.remaining).max();
+                match readers.is_empty() {
+                    true => (Holding::Free, None),
+                    false => (Holding::shared(readers), remaining),
+                }
+            }
             (Some(_), Some(count)) => {
                 let holders = permits.remove(&name).unwrap_or_default();
                 let remaining = holders.iter().map(|h| h.remaining).max();
@@ -115,11 +144,16 @@ impl MysqlStore {
             .bind(prefix.len() as u64)
             .bind(prefix)
             .fetch_all(conn))?;
+        let shares: Vec<ShareRow> = ask!(self, |conn| sqlx::query_as(READERS)
+            .bind(prefix.len() as u64)
+            .bind(prefix)
+            .fetch_all(conn))?;
         let read_at = Instant::now();
         let mut permits = permit_holders(&rows);
+        let mut readers = readers_of(shares);
         Ok(rows
             .into_iter()
-            .filter_map(|row| self.view(row, read_at, &mut permits))
+            .filter_map(|row| self.view(row, read_at, &mut permits, &mut readers))
             .filter(|view| view.is_held() && glob_matches(pattern, &view.key))
             .collect())
     }
@@ -144,9 +178,16 @@ impl MysqlStore {
                 .fetch_all(conn))?;
             permits = permit_holders(&rows);
         }
+        let mut readers = HashMap::new();
+        if row.as_ref().and_then(|r| r.1.as_deref()) == Some(SHARES) {
+            let shares: Vec<ShareRow> = ask!(self, |conn| sqlx::query_as(READERS_OF)
+                .bind(lock.name().as_bytes())
+                .fetch_all(conn))?;
+            readers = readers_of(shares);
+        }
         let read_at = Instant::now();
         Ok(row
-            .and_then(|row| self.view(row, read_at, &mut permits))
+            .and_then(|row| self.view(row, read_at, &mut permits, &mut readers))
             .unwrap_or_else(|| LockView::free(lock.key(), lock.name())))
     }
 
@@ -168,6 +209,23 @@ impl MysqlStore {
             }
             if freed {
                 self.shorten_header(lock).await?;
+                self.notices.released(lock.name());
+                return Ok(ForceReleased::Freed);
+            }
+            let now = self.read_one(lock).await?;
+            return Ok(if now.is_held() {
+                ForceReleased::Changed
+            } else {
+                ForceReleased::Gone
+            });
+        }
+        if let Holding::Shared { readers } = &seen.holding {
+            // Each share seen, if it is still held.
+            let mut freed = false;
+            for reader in readers {
+                freed |= self.release_share(lock, &reader.value).await? != crate::store::Released::NotOurs;
+            }
+            if freed {
                 self.notices.released(lock.name());
                 return Ok(ForceReleased::Freed);
             }

@@ -36,37 +36,38 @@ use crate::LockError;
 const TRIES: usize = 4;
 
 /// The claim of a permit with its header (binds: header name, marker, ttl; permit name, token,
-/// ttl, fencing; fencing). A header row may be taken (as the header) when it has no live holder
-/// or holds this count's marker: its lease is then the longer of the two, and its fencing floor
-/// is raised (`LAST_INSERT_ID` is set to it). A permit row is taken as a lock's row is by
-/// [`TAKE`](super::TAKE), a fenced one taking the header's new floor (`LAST_INSERT_ID()` read
-/// back in the same statement: the header's row comes first). Any other row fails the
-/// statement. Taken, `LAST_INSERT_ID` is the permit's fencing token (the floor, or the token a
-/// request sent again kept).
+/// ttl). A header row may be taken (as the header) when it has no live holder or holds this
+/// count's marker: its lease is then the longer of the two, and its fencing floor is raised
+/// (`LAST_INSERT_ID` is set to it: the statement's answer, a fenced permit's token). A permit
+/// row is taken as a lock's row is by [`TAKE`](super::TAKE); its fencing column stays empty
+/// (the key's tokens live in the header: a permit's token is not read back from its row, so no
+/// statement reads `LAST_INSERT_ID()` where it also sets it, which the manual leaves
+/// undefined). Any other row fails the statement.
 const CLAIM: &str = concat!(
-    "INSERT INTO lock_runtime_locks (name, token, expires_ms, fence) VALUES (?, ?, ",
-    now_ms!(),
-    " + ?, LAST_INSERT_ID(",
-    now_us!(),
-    ")), (?, ?, ",
-    now_ms!(),
-    " + ?, IF(?, LAST_INSERT_ID(), NULL)) ON DUPLICATE KEY UPDATE \
-     fence = IF(LEFT(VALUES(token), 1) = X'00', \
+    insert_rows!(concat!(
+        "SELECT ? AS n, ? AS t, ",
+        now_ms!(),
+        " + ? AS e, LAST_INSERT_ID(",
+        now_us!(),
+        ") AS f UNION ALL SELECT ?, ?, ",
+        now_ms!(),
+        " + ?, NULL"
+    )),
+    "fence = IF(LEFT(new.t, 1) = X'00', \
        IF(token IS NULL OR expires_ms <= ",
     now_ms!(),
-    " OR token = VALUES(token), LAST_INSERT_ID(GREATEST(",
+    " OR token = new.t, LAST_INSERT_ID(GREATEST(",
     now_us!(),
     ", COALESCE(fence, 0) + 1)), expires_ms + 18446744073709551615), \
        IF(",
     takeable!(),
-    ", IF(?, IF(token = VALUES(token) AND fence IS NOT NULL, LAST_INSERT_ID(fence), LAST_INSERT_ID()), fence), \
-         expires_ms + 18446744073709551615)), \
-     token = IF(LEFT(VALUES(token), 1) = X'00', VALUES(token), IF(",
+    ", fence, expires_ms + 18446744073709551615)), \
+     token = IF(LEFT(new.t, 1) = X'00', new.t, IF(",
     takeable!(),
-    ", VALUES(token), token)), \
-     expires_ms = IF(LEFT(VALUES(token), 1) = X'00', GREATEST(expires_ms, VALUES(expires_ms)), IF(",
+    ", new.t, token)), \
+     expires_ms = IF(LEFT(new.t, 1) = X'00', GREATEST(expires_ms, new.e), IF(",
     takeable!(),
-    ", VALUES(expires_ms), expires_ms))"
+    ", new.e, expires_ms))"
 );
 
 /// Keeps only a key's own permit rows among those in its range (`<lock>#p`…`<lock>#q` holds the
@@ -136,16 +137,15 @@ const KEEP: &str = permit_and_header!(
     header_raised!()
 );
 
-/// A header's token and floor, and when the last live permit's lease ends (binds: header name,
-/// the permits' range, header name).
+/// A header's token and floor, when the last live permit's lease ends and how many are live
+/// (binds: header name, the permits' range, header name).
 const LAST: &str = concat!(
     "SELECT (SELECT token FROM lock_runtime_locks WHERE name = ?), \
        (SELECT fence FROM lock_runtime_locks WHERE name = ?), \
-       (SELECT MAX(expires_ms) FROM lock_runtime_locks WHERE name >= ? AND name < ?",
+       MAX(expires_ms), COUNT(*) FROM lock_runtime_locks WHERE name >= ? AND name < ?",
     own_permits!(),
     " AND token IS NOT NULL AND expires_ms > ",
-    now_ms!(),
-    ")"
+    now_ms!()
 );
 
 /// Shortens a header's lease to when its last permit's ends, if nothing raised it since it was
@@ -208,6 +208,8 @@ pub(super) struct Held {
     pub(super) row: Lock,
     pub(super) header: String,
     pub(super) marker: Vec<u8>,
+    /// Taken by a fair caller: its release names the waiter it admits.
+    pub(super) fair: bool,
 }
 
 /// This client's permits, by token (a release and a renewal name the lock and the token only).
@@ -224,6 +226,10 @@ impl Permits {
         self.map().get(token).cloned()
     }
 
+    pub(super) fn hold(&self, token: &str, held: Held) {
+        self.map().insert(token.to_owned(), held);
+    }
+
     pub(super) fn forget(&self, token: &str) -> Option<Held> {
         self.map().remove(token)
     }
@@ -232,6 +238,84 @@ impl Permits {
     fn holds(&self, row: &str) -> bool {
         self.map().values().any(|held| held.row.name() == row)
     }
+}
+
+/// A semaphore's rows as [`ROWS`] reads them: name, live token, ms left.
+pub(super) type PermitRow = (Vec<u8>, Option<Vec<u8>>, i64);
+
+/// Reads the header and permit rows of the lock named `name`.
+pub(super) async fn rows_of_permits(
+    conn: &mut sqlx::MySqlConnection,
+    name: &str,
+) -> Result<Vec<PermitRow>, sqlx::Error> {
+    let (start, end) = permit_rows(name);
+    sqlx::query_as(ROWS)
+        .bind(name.as_bytes())
+        .bind(start.as_slice())
+        .bind(end.as_slice())
+        .bind(name.as_bytes())
+        .fetch_all(conn)
+        .await
+}
+
+/// The permits of `count` taken among `rows` of the lock named `name`, and the ms until the
+/// first of their leases ends; or the count the key is held with when it is another (a lock's
+/// holder or readers count 1).
+pub(super) fn taken_permits(
+    rows: &[PermitRow],
+    name: &str,
+    count: u32,
+) -> Result<(Vec<u32>, Option<u64>), u32> {
+    let mut taken = Vec::new();
+    let mut first_end: Option<i64> = None;
+    for (row, live, left) in rows {
+        let Some(live) = live else { continue };
+        if row.as_slice() == name.as_bytes() {
+            match count_of(live) {
+                Some(held) if held != count => return Err(held),
+                Some(_) => {}
+                // A lock's holder, or readers.
+                None => return Err(1),
+            }
+            continue;
+        }
+        let parsed = std::str::from_utf8(row)
+            .ok()
+            .and_then(parse_permit_row)
+            .filter(|(of, _, _)| *of == name);
+        match parsed {
+            Some((_, held, _)) if held != count => return Err(held),
+            Some((_, _, permit)) => {
+                taken.push(permit);
+                first_end = Some(first_end.map_or(*left, |f| f.min(*left)));
+            }
+            None => {}
+        }
+    }
+    Ok((taken, first_end.map(unsigned)))
+}
+
+/// Claims permit `permit` of `lock` with its header in one statement ([`CLAIM`]): its fencing
+/// token (or the header's floor) when taken; fails with ER_DATA_OUT_OF_RANGE when a row may not
+/// be taken.
+pub(super) async fn claim(
+    conn: &mut sqlx::MySqlConnection,
+    lock: &Lock,
+    token: &str,
+    ask: &Ask,
+    permit: u32,
+) -> Result<u64, sqlx::Error> {
+    let row = permit_row(lock.name(), ask.permits, permit);
+    let done = sqlx::query(CLAIM)
+        .bind(lock.name().as_bytes())
+        .bind(marker(ask.permits))
+        .bind(millis(ask.ttl_ms))
+        .bind(row.as_bytes())
+        .bind(token.as_bytes())
+        .bind(millis(ask.ttl_ms))
+        .execute(conn)
+        .await?;
+    Ok(done.last_insert_id())
 }
 
 impl MysqlStore {
@@ -243,6 +327,9 @@ impl MysqlStore {
         ask: &Ask,
     ) -> Result<Attempt, LockError> {
         self.sweep_now_and_then();
+        if ask.fair {
+            return self.fair_permit_attempt(lock, token, ask).await;
+        }
         let count = ask.permits;
         let marker = marker(count);
         // The lowest permit this client does not hold of the key: free, when no other client
@@ -251,76 +338,32 @@ impl MysqlStore {
             .find(|p| !self.permits.holds(&permit_row(lock.name(), count, *p)))
             .unwrap_or(0);
         for _ in 0..TRIES {
-            let row = permit_row(lock.name(), count, permit);
-            let claimed = ask!(self, |conn| {
-                let query = sqlx::query(CLAIM)
-                    .bind(lock.name().as_bytes())
-                    .bind(marker.as_slice())
-                    .bind(millis(ask.ttl_ms))
-                    .bind(row.as_bytes())
-                    .bind(token.as_bytes())
-                    .bind(millis(ask.ttl_ms))
-                    .bind(ask.fencing)
-                    .bind(ask.fencing);
-                async {
-                    match query.execute(conn).await {
-                        Ok(done) => Ok(Some(done.last_insert_id())),
-                        Err(e) if super::set_refused(&e) => Ok(None),
-                        Err(e) => Err(e),
-                    }
+            let claimed = ask!(self, |conn| async {
+                match claim(conn, lock, token, ask, permit).await {
+                    Ok(fence) => Ok(Some(fence)),
+                    Err(e) if super::set_refused(&e) => Ok(None),
+                    Err(e) => Err(e),
                 }
             })?;
             if let Some(answer) = claimed {
                 let held = Held {
-                    row: Lock::new(lock.key(), row),
+                    row: Lock::new(lock.key(), permit_row(lock.name(), count, permit)),
                     header: lock.name().to_owned(),
                     marker: marker.clone(),
+                    fair: false,
                 };
-                self.permits.map().insert(token.to_owned(), held);
+                self.permits.hold(token, held);
                 return Ok(Attempt::permit(ask.fencing.then_some(answer), permit));
             }
             // Refused: why (one more statement).
-            let (start, end) = permit_rows(lock.name());
-            type Row = (Vec<u8>, Option<Vec<u8>>, i64);
-            let rows: Vec<Row> = ask!(self, |conn| sqlx::query_as(ROWS)
-                .bind(lock.name().as_bytes())
-                .bind(start.as_slice())
-                .bind(end.as_slice())
-                .bind(lock.name().as_bytes())
-                .fetch_all(conn))?;
-            let mut taken = Vec::new();
-            let mut first_end: Option<i64> = None;
-            for (name, live, left) in &rows {
-                let Some(live) = live else { continue };
-                if name.as_slice() == lock.name().as_bytes() {
-                    match count_of(live) {
-                        Some(held) if held != count => return Err(permits_differ(lock.key(), held, count)),
-                        Some(_) => {}
-                        // A lock's holder.
-                        None => return Err(permits_differ(lock.key(), 1, count)),
-                    }
-                    continue;
-                }
-                let parsed = std::str::from_utf8(name)
-                    .ok()
-                    .and_then(parse_permit_row)
-                    .filter(|(of, _, _)| *of == lock.name());
-                match parsed {
-                    Some((_, held, _)) if held != count => {
-                        return Err(permits_differ(lock.key(), held, count))
-                    }
-                    Some((_, _, taken_permit)) => {
-                        taken.push(taken_permit);
-                        first_end = Some(first_end.map_or(*left, |f| f.min(*left)));
-                    }
-                    None => {}
-                }
-            }
+            let rows: Vec<PermitRow> = ask!(self, |conn| rows_of_permits(conn, lock.name()))?;
+            let (taken, first_end) = taken_permits(&rows, lock.name(), count)
+                .map_err(|held| permits_differ(lock.key(), held, count))?;
             match (0..count).find(|p| !taken.contains(p)) {
                 Some(free) => permit = free,
                 None => {
                     return Ok(Attempt::Held {
-                        pttl_ms: first_end.map(unsigned),
+                        pttl_ms: first_end,
                         behind: false,
                         claimed: false,
                         kept: None,
@@ -384,7 +427,12 @@ impl MysqlStore {
             }
             let released = self.release_lock(&held.row, token, hold_ms).await?;
             if released == Released::Freed {
-                self.shorten_header(lock).await?;
+                let live = self.shorten_header(lock).await?;
+                if held.fair {
+                    let count = count_of(&held.marker).unwrap_or(1);
+                    let free = count.saturating_sub(live);
+                    return self.admitted(&super::line::permits_line(lock.name()), free).await;
+                }
             }
             return Ok(released);
         }
@@ -408,19 +456,20 @@ impl MysqlStore {
 
     /// Shortens the header of `lock` to its last live permit's lease, or frees it when none is
     /// left, unless a claim or renewal raised its floor since it was read (a floor only rises,
-    /// so a value read once names one moment of the header).
-    pub(super) async fn shorten_header(&self, lock: &Lock) -> Result<(), LockError> {
+    /// so a value read once names one moment of the header): how many permits were live.
+    pub(super) async fn shorten_header(&self, lock: &Lock) -> Result<u32, LockError> {
         let (start, end) = permit_rows(lock.name());
-        type Read = (Option<Vec<u8>>, Option<i64>, Option<i64>);
-        let (marker, floor, last): Read = ask!(self, |conn| sqlx::query_as(LAST)
+        type Read = (Option<Vec<u8>>, Option<i64>, Option<i64>, i64);
+        let (marker, floor, last, live): Read = ask!(self, |conn| sqlx::query_as(LAST)
             .bind(lock.name().as_bytes())
             .bind(lock.name().as_bytes())
             .bind(start.as_slice())
             .bind(end.as_slice())
             .bind(lock.name().as_bytes())
             .fetch_one(conn))?;
+        let live = u32::try_from(live).unwrap_or(u32::MAX);
         let (Some(marker), Some(floor)) = (marker.filter(|m| count_of(m).is_some()), floor) else {
-            return Ok(()); // no header (any more)
+            return Ok(live); // no header (any more)
         };
         match last {
             Some(last) => ask!(self, |conn| sqlx::query(SHORTEN)
@@ -435,7 +484,7 @@ impl MysqlStore {
                 .bind(floor)
                 .execute(conn))?,
         };
-        Ok(())
+        Ok(live)
     }
 }
 
