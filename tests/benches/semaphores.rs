@@ -14,7 +14,7 @@
 //! Per contender of ours, also the waits that ended by a nap rather than by a wake-up (the
 //! library's `lock_wait_naps_total`, read through a debugging recorder, over its rounds).
 //!
-//! Ours on each store twice, not fair and fair (not MySQL, which offers no fair mode), in the
+//! Ours on each store twice, not fair and fair (not MySQL, whose waiters poll: `--bench mysql`), in the
 //! same rounds, and the ratios fair / not fair of each store's rate and p99.
 //!
 //! `cargo bench -p lock-tests --bench semaphores` (`BENCH_SCALE=0.1` for a smoke run).
@@ -139,7 +139,7 @@ async fn main() {
         .await
         .expect("redis");
     let minimum = Contender::Minimum(conn, Arc::new(redis::Script::new(MINIMUM_TAKE)));
-    // Ours on each store twice, not fair and fair (MySQL offers no fair mode), each pair
+    // Ours on each store twice, not fair and fair (not MySQL, whose waiters poll), each pair
     // measured in the same rounds.
     let mut contenders: Vec<(String, Contender)> = Vec::new();
     let mut ours = |name: &str, client: LockClient, fair: bool| {

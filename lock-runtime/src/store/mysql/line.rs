@@ -21,14 +21,19 @@
 
 use sqlx::MySqlConnection;
 
-use super::permits::{count_of, permit_row, taken_permits, Held};
-use super::shares::SHARES;
+use super::permits::{count_of, permit_row, permits_line, taken_permits, Held};
 use super::tx::Step;
 use super::MysqlStore;
 use crate::options::FAIR_PLACE_KEPT;
 use crate::store::sql::{ask, millis, unsigned};
 use crate::store::{permits_differ, Ask, Attempt, Lock, Released};
 use crate::LockError;
+
+/// The token of a readers' header (see [`shares`](super::shares)): a zero byte first, as a
+/// semaphore's header, so no holder's token is one.
+pub(super) const SHARES: &[u8] = b"\0shares";
+/// Every share of a key (binds: name): a writer takes it after they lapsed.
+const FORGET_SHARES: &str = "DELETE FROM lock_runtime_shares WHERE name = ?";
 
 /// Locks the key's row until the transaction ends, made (free) if missing (binds: name).
 pub(super) const LOCK_ROW: &str = "INSERT INTO lock_runtime_locks (name, token, expires_ms, fence) \
@@ -99,11 +104,6 @@ const KEEP_OURS: &str = concat!(
 );
 /// The row's fencing token (binds: name).
 const FENCE: &str = "SELECT fence FROM lock_runtime_locks WHERE name = ?";
-
-/// The line of a fair semaphore of the lock named `lock`.
-pub(super) fn permits_line(lock: &str) -> String {
-    format!("{lock}#permits")
-}
 
 /// The claims of the writers waiting for the readers of the lock named `lock`.
 pub(super) fn claims_line(lock: &str) -> String {
@@ -200,6 +200,15 @@ pub(super) async fn lock_row(conn: &mut MySqlConnection, name: &str) -> Result<R
         fence,
         stale_shares,
     })
+}
+
+/// Deletes every share of the lock named `name` (their header lapsed).
+pub(super) async fn forget_shares(conn: &mut MySqlConnection, name: &str) -> Result<(), sqlx::Error> {
+    sqlx::query(FORGET_SHARES)
+        .bind(name.as_bytes())
+        .execute(conn)
+        .await?;
+    Ok(())
 }
 
 /// Keeps `token`'s place in `line`, or takes one at its end.
@@ -328,7 +337,7 @@ pub(super) fn exclusive<'c>(conn: &'c mut MySqlConnection, a: &'c Asked<'_>) -> 
             leave_line(conn, &claims_line(name), token).await?;
         }
         if row.stale_shares {
-            super::shares::forget_all(conn, name).await?;
+            forget_shares(conn, name).await?;
         }
         sqlx::query(TAKE_ROW)
             .bind(token.as_bytes())

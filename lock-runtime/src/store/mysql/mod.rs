@@ -22,8 +22,9 @@
 //! MySQL has no notifications: this client's waiters are woken by its own releases at once;
 //! the first of another client's waiters polls on a backoff from 8 ms to 256 ms (and at the
 //! holder's expiry; the store says it [`polls`](super::Capabilities::polls)), the rest wait for
-//! their own client's releases. Fair mode and read-write locks are not offered here
-//! yet (refused before any request).
+//! their own client's releases. Fair mode, read-write locks and fair semaphores need more than
+//! one statement: each of their requests is one short transaction ([`tx`], [`line`],
+//! [`shares`]).
 
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -280,8 +281,9 @@ impl LockClientBuilder {
     /// that never repeat. No connection or transaction is held while a lock is held; every
     /// request of a lock is one statement (a semaphore's permit is a row of its own, its key's
     /// row the semaphore's header). Waiters of this client are woken by its releases; others
-    /// try again on a backoff from 8 ms to 256 ms, and at the holder's expiry. Fair mode and read-write locks are not
-    /// offered on MySQL (refused as `InvalidOptions`).
+    /// try again on a backoff from 8 ms to 256 ms, and at the holder's expiry. Fair mode,
+    /// read-write locks and fair semaphores are short transactions (the lines and shares are
+    /// tables of their own, made beside the lock table).
     ///
     /// ```no_run
     /// # async fn demo() -> Result<(), lock_runtime::LockError> {

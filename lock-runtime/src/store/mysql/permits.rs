@@ -172,6 +172,11 @@ const GIVE_BACK_ANY: &str = concat!(
     " AND (token = ? OR token = CONCAT(?, ':released'))"
 );
 
+/// The line of a fair semaphore of the lock named `lock` (see [`line`](super::line)).
+pub(super) fn permits_line(lock: &str) -> String {
+    format!("{lock}#permits")
+}
+
 /// The header's token for a semaphore of `count` permits.
 pub(super) fn marker(count: u32) -> Vec<u8> {
     format!("\0permits:{count:04}").into_bytes()
@@ -431,7 +436,7 @@ impl MysqlStore {
                 if held.fair {
                     let count = count_of(&held.marker).unwrap_or(1);
                     let free = count.saturating_sub(live);
-                    return self.admitted(&super::line::permits_line(lock.name()), free).await;
+                    return self.admitted(&permits_line(lock.name()), free).await;
                 }
             }
             return Ok(released);

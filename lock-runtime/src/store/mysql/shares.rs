@@ -15,23 +15,19 @@ use std::sync::{Mutex, MutexGuard};
 
 use sqlx::MySqlConnection;
 
-use super::line::{claimed_for, lock_row, Asked, Outcome};
+pub(super) use super::line::SHARES;
+use super::line::{claimed_for, forget_shares, lock_row, Asked, Outcome};
 use super::tx::Step;
 use super::MysqlStore;
 use crate::store::sql::{millis, unsigned};
 use crate::store::{Attempt, Lock, Released, Renewal};
 use crate::LockError;
 
-/// The token of a readers' header.
-pub(crate) const SHARES: &[u8] = b"\0shares";
-
 /// Shares whose lease ended (binds: name).
 const PURGE: &str = concat!(
     "DELETE FROM lock_runtime_shares WHERE name = ? AND expires_ms <= ",
     now_ms!()
 );
-/// Every share of a key (binds: name): an exclusive holder took it after they lapsed.
-const FORGET_ALL: &str = "DELETE FROM lock_runtime_shares WHERE name = ?";
 /// Lengthens a live share, never shortening it (binds: ttl, name, token).
 const RENEW: &str = concat!(
     "UPDATE lock_runtime_shares SET expires_ms = GREATEST(expires_ms, ",
@@ -94,15 +90,6 @@ pub(super) const READERS_OF: &str = concat!(
     now_ms!()
 );
 
-/// Deletes every share of the lock named `name` (their header lapsed, and a writer takes it).
-pub(super) async fn forget_all(conn: &mut MySqlConnection, name: &str) -> Result<(), sqlx::Error> {
-    sqlx::query(FORGET_ALL)
-        .bind(name.as_bytes())
-        .execute(conn)
-        .await?;
-    Ok(())
-}
-
 /// One attempt at a share (see the module doc).
 fn enter<'c>(conn: &'c mut MySqlConnection, a: &'c Asked<'_>) -> Step<'c, Outcome> {
     Box::pin(async move {
@@ -124,7 +111,7 @@ fn enter<'c>(conn: &'c mut MySqlConnection, a: &'c Asked<'_>) -> Step<'c, Outcom
             }
         }
         if row.live.is_none() && row.stale_shares {
-            forget_all(conn, name).await?;
+            forget_shares(conn, name).await?;
         } else {
             sqlx::query(PURGE)
                 .bind(name.as_bytes())
