@@ -73,6 +73,8 @@ impl Acquire<'_> {
         // Another client's release will not wake this waiter: it polls on a backoff.
         let polls = will_wait && capabilities.polls;
         let mut refusals = 0;
+        // Whether the last refusal found this fair waiter behind others in line.
+        let mut was_behind = false;
         // A fair waiter's place in line, or a waiting writer's claim on a read-write lock: given
         // up if the call ends without the lock.
         let semaphore = options.is_semaphore();
@@ -122,7 +124,7 @@ impl Acquire<'_> {
                     // waiters polls on the backoff; the others wait for this client's releases
                     // (in arrival order), as everywhere.
                     let nap = match (polls && wakeup.is_head(), queues && capabilities.watched) {
-                        (true, _) => nap(pttl_ms, keeps_place).min(poll_nap(&mut refusals)),
+                        (true, _) => nap(pttl_ms, keeps_place).min(poll_nap(&mut refusals, keeps_place)),
                         // The store's watch wakes it: a nap is only a safety net.
                         (_, true) => WATCHED_NAP.mul_f64(rand::random_range(0.85..=1.0)),
                         _ => nap(pttl_ms, keeps_place),
@@ -274,6 +276,14 @@ impl Acquire<'_> {
                     deciding.at_once = false;
                     pttl_ms = left;
                     last_kept = kept.map(|kept| (kept, started));
+                    if polls && fair {
+                        // A fair waiter that reached the head of the line polls from the
+                        // shortest nap again: the lock is its own as soon as the holder goes.
+                        if was_behind && !behind {
+                            refusals = 0;
+                        }
+                        was_behind = behind;
+                    }
                     if let Some(wakeup) = &wakeup {
                         wakeup.refused();
                     }
@@ -591,9 +601,18 @@ const FAIR_NAP: Duration = Duration::from_millis(300);
 /// second.
 const POLL_NAPS: (Duration, Duration) = (Duration::from_millis(8), Duration::from_millis(256));
 
-/// The backoff's next nap after `refusals` earlier ones (counted here).
-fn poll_nap(refusals: &mut u32) -> Duration {
+/// The longest poll of a waiter that keeps a place (a fair waiter, a writer that claimed its
+/// turn) where the store polls: no release of another client tells it that it reached the head
+/// of the line, so it finds out within this long (and takes the lock then, if the holder went),
+/// at about sixteen attempts a second; it polls from [`POLL_NAPS`]' first nap again once it is
+/// the head.
+const PLACE_POLL_MOST: Duration = Duration::from_millis(64);
+
+/// The backoff's next nap after `refusals` earlier ones (counted here); `keeps_place`: a
+/// waiter's that keeps a place in line, at most [`PLACE_POLL_MOST`].
+fn poll_nap(refusals: &mut u32, keeps_place: bool) -> Duration {
     let (first, most) = POLL_NAPS;
+    let most = if keeps_place { PLACE_POLL_MOST } else { most };
     let nap = first.saturating_mul(1 << (*refusals).min(16)).min(most);
     *refusals = refusals.saturating_add(1);
     nap.mul_f64(rand::random_range(0.85..=1.0))
@@ -620,12 +639,17 @@ mod tests {
     #[test]
     fn polling_naps_double_from_the_first_to_the_longest() {
         let mut refusals = 0;
-        let naps: Vec<Duration> = (0..8).map(|_| poll_nap(&mut refusals)).collect();
+        let naps: Vec<Duration> = (0..8).map(|_| poll_nap(&mut refusals, false)).collect();
         let (first, most) = POLL_NAPS;
         assert!(naps[0] <= first && naps[0] >= first.mul_f64(0.85), "{naps:?}");
         assert!(naps[1] > first && naps[1] <= first * 2, "{naps:?}");
         assert!(naps[7] <= most && naps[7] >= most.mul_f64(0.85), "{naps:?}");
         let mut many = u32::MAX;
-        assert!(poll_nap(&mut many) <= most);
+        assert!(poll_nap(&mut many, false) <= most);
+        // A waiter that keeps a place polls at most every 64 ms.
+        let mut refusals = 0;
+        let naps: Vec<Duration> = (0..8).map(|_| poll_nap(&mut refusals, true)).collect();
+        assert!(naps[0] <= first && naps[7] <= PLACE_POLL_MOST, "{naps:?}");
+        assert!(naps[7] >= PLACE_POLL_MOST.mul_f64(0.85), "{naps:?}");
     }
 }

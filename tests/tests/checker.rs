@@ -234,6 +234,18 @@ fn mysql_semaphore_with_a_worker_cut_off() {
     promised(&["--store", "mysql", "--fault", "partition", "--permits", "2"], 8);
 }
 
+/// Readers and writers on MySQL (its shares are transactions of their own) with a worker cut off.
+#[test]
+fn mysql_readers_and_writers_with_a_worker_cut_off() {
+    promised(&["--store", "mysql", "--fault", "partition", "--shared"], 8);
+}
+
+/// Fair locks on MySQL (its lines are transactions of their own) with a worker frozen.
+#[test]
+fn mysql_fair_with_a_frozen_worker() {
+    promised(&["--store", "mysql", "--fault", "sigstop", "--fair"], 8);
+}
+
 #[test]
 fn mysql_with_a_frozen_worker() {
     promised(&["--store", "mysql", "--fault", "sigstop"], 8);

@@ -63,29 +63,16 @@ macro_rules! now_ms {
 }
 mod admin;
 
-/// The row may be taken by the token the statement inserts (`new.t`): free, expired, or
-/// already its own.
+/// The row may be taken by the token `$token` (a bind, or an expression naming the row's own):
+/// free, expired, or already its own.
 macro_rules! takeable {
-    () => {
+    ($token:expr) => {
         concat!(
             "(token IS NULL OR expires_ms <= ",
             now_ms!(),
-            " OR token = new.t)"
-        )
-    };
-}
-
-/// The head of every insert: its rows come from a derived table `new` of columns `n`, `t`, `e`,
-/// `f` (name, token, lease end, fencing token), which `ON DUPLICATE KEY UPDATE` reads as
-/// `new.t`, `new.e`: the form MySQL 8 and MariaDB both accept (`VALUES()` there is deprecated
-/// on MySQL since 8.0.20, and MariaDB has no row alias), in the rows' name order (the primary
-/// key's, in which a renewal and the sweep lock them too).
-macro_rules! insert_rows {
-    ($rows:expr) => {
-        concat!(
-            "INSERT INTO lock_runtime_locks (name, token, expires_ms, fence) SELECT n, t, e, f FROM (",
-            $rows,
-            ") AS new ORDER BY n ON DUPLICATE KEY UPDATE "
+            " OR token = ",
+            $token,
+            ")"
         )
     };
 }
@@ -95,68 +82,64 @@ mod permits;
 mod shares;
 mod tx;
 
-/// The acquire (binds: name, token, ttl, fencing, fencing). A fencing token is the larger of the
-/// clock in microseconds and one more than the key's last (kept in its row, which a fenced lock
-/// keeps an hour after its release): tokens of a key never repeat, also when the clock steps
-/// back. The fence is assigned first, while `token` and `expires_ms` are still the row's (MySQL
+/// The acquire (binds: name, token, ttl, fencing; then token, fencing, token, token, token,
+/// token, ttl: the update names the inserted row's values by binding them again, not by
+/// `VALUES()`, which MySQL deprecates since 8.0.20). A fencing token is the larger of the clock
+/// in microseconds and one more than the key's last (kept in its row, which a fenced lock keeps
+/// an hour after its release): tokens of a key never repeat, also when the clock steps back.
+/// The fence is assigned first, while `token` and `expires_ms` are still the row's (MySQL
 /// assigns left to right, MariaDB may assign all at once: every assignment reads the same
-/// condition, which holds after the token is ours exactly when it held before). A taken row sets
-/// `LAST_INSERT_ID` to its token (or 1 without fencing), a refused one to 0, or to 2 when a
-/// semaphore holds the key (its header's token starts with a zero byte: see [`permits`]).
+/// condition, which holds after the token is ours exactly when it held before, so the result
+/// does not depend on the order). A taken row sets `LAST_INSERT_ID` to its token (or 1 without
+/// fencing), a refused one to 0, or to 2 when a header holds the key (a semaphore's or readers':
+/// its token starts with a zero byte); the statement's reply carries it.
 const TAKE: &str = concat!(
-    insert_rows!(concat!(
-        "SELECT ? AS n, ? AS t, ",
-        now_ms!(),
-        " + ? AS e, IF(?, LAST_INSERT_ID(",
-        now_us!(),
-        "), IF(LAST_INSERT_ID(1), NULL, NULL)) AS f"
-    )),
-    "fence = IF(",
-    takeable!(),
-    ", IF(?, LAST_INSERT_ID(IF(token = new.t AND fence IS NOT NULL, fence, GREATEST(",
+    "INSERT INTO lock_runtime_locks (name, token, expires_ms, fence) VALUES (?, ?, ",
+    now_ms!(),
+    " + ?, IF(?, LAST_INSERT_ID(",
+    now_us!(),
+    "), IF(LAST_INSERT_ID(1), NULL, NULL))) ON DUPLICATE KEY UPDATE fence = IF(",
+    takeable!("?"),
+    ", IF(?, LAST_INSERT_ID(IF(token = ? AND fence IS NOT NULL, fence, GREATEST(",
     now_us!(),
     ", COALESCE(fence, 0) + 1))), IF(LAST_INSERT_ID(1), fence, fence)), \
      IF(LAST_INSERT_ID(IF(LEFT(token, 1) = X'00', 2, 0)), fence, fence)), token = IF(",
-    takeable!(),
-    ", new.t, token), expires_ms = IF(",
-    takeable!(),
-    ", new.e, expires_ms)"
+    takeable!("?"),
+    ", ?, token), expires_ms = IF(",
+    takeable!("?"),
+    ", ",
+    now_ms!(),
+    " + ?, expires_ms)"
 );
-/// A set's acquire: [`TAKE`] for many rows in one statement (binds per row: name, token, ttl,
-/// fencing, in name order; then fencing once), every row or none. A row that may not be taken makes the whole
-/// statement fail (an unsigned overflow, evaluated only for such a row: ER_DATA_OUT_OF_RANGE,
-/// whatever the `sql_mode`), and InnoDB rolls a failed statement back, so no row of a refused
-/// set was taken. A new row's fencing token is the clock in microseconds; a row's own, as for
-/// one lock. Its rows are locked in the primary key's order (as a renewal and the sweep lock
-/// them), and a deadlock's victim changed nothing and is sent again.
+/// A set's acquire: [`TAKE`] for many rows in one statement, every row or none (binds: per row
+/// name, token, ttl, fencing; then [`row_tokens`]' binds five times, with fencing after the
+/// first; then ttl). The update reads each row's own token by its name (a `CASE` over the
+/// rows: bound again, not `VALUES()`). A row that may not be taken makes the whole statement
+/// fail (an unsigned overflow, evaluated only for such a row: ER_DATA_OUT_OF_RANGE, whatever
+/// the `sql_mode`), and InnoDB rolls a failed statement back, so no row of a refused set was
+/// taken. A new row's fencing token is the clock in microseconds; a row's own, as for one lock.
+/// Its rows are locked in the order they are named, which the caller makes the primary key's
+/// (as a renewal and the sweep lock them), and a deadlock's victim changed nothing and is sent
+/// again.
 fn take_set(rows: usize) -> String {
-    let first = concat!(
-        "SELECT ? AS n, ? AS t, ",
-        now_ms!(),
-        " + ? AS e, IF(?, ",
+    let row = concat!("(?, ?, ", now_ms!(), " + ?, IF(?, ", now_us!(), ", NULL))");
+    let own = row_tokens(rows);
+    let takeable = format!("(token IS NULL OR expires_ms <= {} OR token = {own})", now_ms!());
+    format!(
+        "INSERT INTO lock_runtime_locks (name, token, expires_ms, fence) VALUES {} \
+         ON DUPLICATE KEY UPDATE fence = IF({takeable}, IF(?, IF(token = {own} AND fence IS NOT NULL, \
+         fence, GREATEST({}, COALESCE(fence, 0) + 1)), fence), expires_ms + 18446744073709551615), \
+         token = IF({takeable}, {own}, token), expires_ms = IF({takeable}, {} + ?, expires_ms)",
+        vec![row; rows].join(", "),
         now_us!(),
-        ", NULL) AS f"
-    );
-    let row = concat!(
-        " UNION ALL SELECT ?, ?, ",
-        now_ms!(),
-        " + ?, IF(?, ",
-        now_us!(),
-        ", NULL)"
-    );
-    let head = insert_rows!("{}");
-    head.replacen("{}", &format!("{first}{}", row.repeat(rows.saturating_sub(1))), 1)
-        + concat!(
-            "fence = IF(",
-            takeable!(),
-            ", IF(?, IF(token = new.t AND fence IS NOT NULL, fence, GREATEST(",
-            now_us!(),
-            ", COALESCE(fence, 0) + 1)), fence), expires_ms + 18446744073709551615), token = IF(",
-            takeable!(),
-            ", new.t, token), expires_ms = IF(",
-            takeable!(),
-            ", new.e, expires_ms)"
-        )
+        now_ms!()
+    )
+}
+
+/// The token a set's statement inserts for the row being updated, by its name (binds: each
+/// row's name and token).
+fn row_tokens(rows: usize) -> String {
+    format!("CASE name{} END", " WHEN ? THEN ?".repeat(rows))
 }
 
 /// Sets of up to this many locks are taken with a statement prepared on the server.
@@ -425,7 +408,13 @@ impl MysqlStore {
             .bind(token.as_bytes())
             .bind(millis(ask.ttl_ms))
             .bind(ask.fencing)
+            .bind(token.as_bytes())
             .bind(ask.fencing)
+            .bind(token.as_bytes())
+            .bind(token.as_bytes())
+            .bind(token.as_bytes())
+            .bind(token.as_bytes())
+            .bind(millis(ask.ttl_ms))
             .execute(conn))?;
         let answer = taken.last_insert_id();
         if answer == 2 {
@@ -477,8 +466,18 @@ impl MysqlStore {
                     .bind(millis(ask.ttl_ms))
                     .bind(ask.fencing);
             }
+            for case in 0..5 {
+                for &at in &order {
+                    query = query
+                        .bind(locks[at].name().as_bytes())
+                        .bind(tokens[at].as_bytes());
+                }
+                if case == 0 {
+                    query = query.bind(ask.fencing);
+                }
+            }
             async {
-                match query.bind(ask.fencing).execute(conn).await {
+                match query.bind(millis(ask.ttl_ms)).execute(conn).await {
                     Ok(_) => Ok(true),
                     Err(e) if set_refused(&e) => Ok(false),
                     Err(e) => Err(e),
@@ -933,18 +932,20 @@ mod tests {
         }
     }
 
-    /// A set's statement names its derived table's columns once and each further row by
-    /// position: four binds per row, and fencing once (the update reads the rows' own columns).
+    /// A set's statement has a row per lock and reads each row's token by its name: four binds
+    /// per row, the five `CASE`s' two per row, fencing and the ttl.
     #[test]
     fn a_sets_statement_has_a_row_per_lock() {
         for rows in 1..=5 {
             let statement = super::take_set(rows);
-            assert_eq!(
-                statement.matches(" UNION ALL SELECT ").count(),
-                rows - 1,
-                "{statement}"
-            );
-            assert_eq!(statement.matches('?').count(), 4 * rows + 1, "{statement}");
+            assert_eq!(statement.matches("CASE name").count(), 5, "{statement}");
+            assert_eq!(statement.matches('?').count(), 14 * rows + 2, "{statement}");
         }
+    }
+
+    /// The acquire's binds, as `acquire` sends them.
+    #[test]
+    fn the_acquire_has_eleven_binds() {
+        assert_eq!(super::TAKE.matches('?').count(), 11, "{}", super::TAKE);
     }
 }

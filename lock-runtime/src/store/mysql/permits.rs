@@ -36,38 +36,42 @@ use crate::LockError;
 const TRIES: usize = 4;
 
 /// The claim of a permit with its header (binds: header name, marker, ttl; permit name, token,
-/// ttl). A header row may be taken (as the header) when it has no live holder or holds this
-/// count's marker: its lease is then the longer of the two, and its fencing floor is raised
-/// (`LAST_INSERT_ID` is set to it: the statement's answer, a fenced permit's token). A permit
-/// row is taken as a lock's row is by [`TAKE`](super::TAKE); its fencing column stays empty
-/// (the key's tokens live in the header: a permit's token is not read back from its row, so no
-/// statement reads `LAST_INSERT_ID()` where it also sets it, which the manual leaves
-/// undefined). Any other row fails the statement.
+/// ttl; then header name, marker, token, header name, marker, token, token, header name, ttl,
+/// token, ttl: the update tells the rows apart by name and names their values by binding them
+/// again, not by `VALUES()`). A header row may be taken (as the header) when it has no live
+/// holder or holds this count's marker: its lease is then the longer of the two, and its
+/// fencing floor is raised (`LAST_INSERT_ID` is set to it: the statement's answer, a fenced
+/// permit's token). A permit row is taken as a lock's row is by [`TAKE`](super::TAKE); its
+/// fencing column stays empty (the key's tokens live in the header: a permit's token is not
+/// read back from its row, so no statement reads `LAST_INSERT_ID()` where it also sets it,
+/// which the manual leaves undefined). Any other row fails the statement.
 const CLAIM: &str = concat!(
-    insert_rows!(concat!(
-        "SELECT ? AS n, ? AS t, ",
-        now_ms!(),
-        " + ? AS e, LAST_INSERT_ID(",
-        now_us!(),
-        ") AS f UNION ALL SELECT ?, ?, ",
-        now_ms!(),
-        " + ?, NULL"
-    )),
-    "fence = IF(LEFT(new.t, 1) = X'00', \
+    "INSERT INTO lock_runtime_locks (name, token, expires_ms, fence) VALUES (?, ?, ",
+    now_ms!(),
+    " + ?, LAST_INSERT_ID(",
+    now_us!(),
+    ")), (?, ?, ",
+    now_ms!(),
+    " + ?, NULL) ON DUPLICATE KEY UPDATE \
+     fence = IF(name = ?, \
        IF(token IS NULL OR expires_ms <= ",
     now_ms!(),
-    " OR token = new.t, LAST_INSERT_ID(GREATEST(",
+    " OR token = ?, LAST_INSERT_ID(GREATEST(",
     now_us!(),
     ", COALESCE(fence, 0) + 1)), expires_ms + 18446744073709551615), \
        IF(",
-    takeable!(),
+    takeable!("?"),
     ", fence, expires_ms + 18446744073709551615)), \
-     token = IF(LEFT(new.t, 1) = X'00', new.t, IF(",
-    takeable!(),
-    ", new.t, token)), \
-     expires_ms = IF(LEFT(new.t, 1) = X'00', GREATEST(expires_ms, new.e), IF(",
-    takeable!(),
-    ", new.e, expires_ms))"
+     token = IF(name = ?, ?, IF(",
+    takeable!("?"),
+    ", ?, token)), \
+     expires_ms = IF(name = ?, GREATEST(expires_ms, ",
+    now_ms!(),
+    " + ?), IF(",
+    takeable!("?"),
+    ", ",
+    now_ms!(),
+    " + ?, expires_ms))"
 );
 
 /// Keeps only a key's own permit rows among those in its range (`<lock>#p`…`<lock>#q` holds the
@@ -311,13 +315,25 @@ pub(super) async fn claim(
     permit: u32,
 ) -> Result<u64, sqlx::Error> {
     let row = permit_row(lock.name(), ask.permits, permit);
+    let (header, marker, ttl) = (lock.name().as_bytes(), marker(ask.permits), millis(ask.ttl_ms));
     let done = sqlx::query(CLAIM)
-        .bind(lock.name().as_bytes())
-        .bind(marker(ask.permits))
-        .bind(millis(ask.ttl_ms))
+        .bind(header)
+        .bind(marker.as_slice())
+        .bind(ttl)
         .bind(row.as_bytes())
         .bind(token.as_bytes())
-        .bind(millis(ask.ttl_ms))
+        .bind(ttl)
+        .bind(header)
+        .bind(marker.as_slice())
+        .bind(token.as_bytes())
+        .bind(header)
+        .bind(marker.as_slice())
+        .bind(token.as_bytes())
+        .bind(token.as_bytes())
+        .bind(header)
+        .bind(ttl)
+        .bind(token.as_bytes())
+        .bind(ttl)
         .execute(conn)
         .await?;
     Ok(done.last_insert_id())
@@ -496,6 +512,12 @@ impl MysqlStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The claim's binds, as `claim` sends them.
+    #[test]
+    fn the_claim_has_seventeen_binds() {
+        assert_eq!(CLAIM.matches('?').count(), 17, "{CLAIM}");
+    }
 
     #[test]
     fn permit_rows_and_markers_read_back() {

@@ -8,7 +8,7 @@
 //! ```text
 //! cargo run --release -p lock-tests --bin checker -- --store redis --fault sigstop [--seconds 30]
 //!     [--wait-for-replicas N] [--restart-delay-ms MS] [--processes 3] [--tasks 3] [--keys 4]
-//!     [--permits N] [--sets] [--json FILE]
+//!     [--permits N] [--sets] [--fair] [--shared] [--json FILE]
 //! cargo run --release -p lock-tests --bin checker -- --matrix [--seconds 60] [--parallel 2]
 //!     [--json FILE]
 //! ```
@@ -36,6 +36,11 @@
 //! none): each section takes a permit, and each permit's sections write to a resource of their
 //! own in the fenced store, so the checks below hold per permit (at most one holder of a
 //! permit at a time, hence at most N per key); a permit outside the count is an `other` error.
+//!
+//! `--fair` makes every lock fair. `--shared` makes half the sections readers of a read-write
+//! lock (`LockMode::Shared`): a reader enters and polls with its fencing token, the last
+//! writer's, and changes nothing; readers of one writer's token may overlap each other, never a
+//! writer (the log's check below takes each writer and the readers after it as one step).
 //!
 //! `--sets` makes every section a transfer between two of 16 accounts (`--keys`) under one set
 //! lock on both (the attribute's `keys = [...]`, so `run_all`): it enters both accounts with
@@ -126,6 +131,10 @@ struct Cell {
     permits: u32,
     /// Each section a transfer between two accounts under one set lock.
     sets: bool,
+    /// Every lock fair.
+    fair: bool,
+    /// Half the sections readers of a read-write lock.
+    shared: bool,
 }
 
 impl Cell {
@@ -155,10 +164,22 @@ impl Cell {
             keys: self.keys,
             permits: self.permits,
             sets: self.sets,
+            fair: self.fair,
+            shared: self.shared,
         }
     }
 
     fn store_label(&self) -> String {
+        if self.fair || self.shared {
+            let mut plain = self.clone();
+            (plain.fair, plain.shared) = (false, false);
+            let modes = match (self.fair, self.shared) {
+                (true, true) => "fair, readers and writers",
+                (true, false) => "fair",
+                _ => "readers and writers",
+            };
+            return format!("{}, {modes}", plain.store_label());
+        }
         if self.sets {
             let mut plain = self.clone();
             plain.sets = false;
@@ -202,6 +223,8 @@ impl Cell {
         .into_iter()
         .flat_map(|(flag, value)| [flag.to_owned(), value])
         .chain(self.sets.then(|| "--sets".to_owned()))
+        .chain(self.fair.then(|| "--fair".to_owned()))
+        .chain(self.shared.then(|| "--shared".to_owned()))
         .collect()
     }
 }
@@ -226,6 +249,8 @@ fn options(args: &[String]) -> Fallible<Options> {
             keys: 4,
             permits: 1,
             sets: false,
+            fair: false,
+            shared: false,
         },
         json: None,
         matrix: false,
@@ -249,6 +274,8 @@ fn options(args: &[String]) -> Fallible<Options> {
             "--tasks" => c.tasks = number(value()?)?,
             "--keys" => keys = Some(number(value()?)?),
             "--sets" => c.sets = true,
+            "--fair" => c.fair = true,
+            "--shared" => c.shared = true,
             "--permits" => {
                 c.permits = u32::try_from(number(value()?)?).map_err(|e| format!("--permits: {e}"))?
             }
@@ -281,6 +308,12 @@ fn options(args: &[String]) -> Fallible<Options> {
         }
         if c.permits > 1 && c.store == Kind::Redlock {
             return Err("--permits: RedLock offers no semaphores".into());
+        }
+        if (c.fair || c.shared) && c.store == Kind::Redlock {
+            return Err("--fair, --shared: RedLock offers no fair mode or read-write locks".into());
+        }
+        if c.shared && (c.permits > 1 || c.sets) {
+            return Err("--shared: readers and writers of single locks (no --permits, no --sets)".into());
         }
         if c.sets && (c.permits > 1 || c.keys < 2) {
             return Err(
@@ -363,6 +396,8 @@ impl Report {
             "fenced_refused": v.fenced_refused,
             "lost_updates": v.lost_updates,
             "sets": c.sets,
+            "fair": c.fair,
+            "shared": c.shared,
             "sum_drift": v.sum_drift,
             "recovery_ms_max": self.recovery_ms_max() as u64,
             "unrecovered": self.costs.iter().filter(|c| c.recovered_after.is_none()).count(),
@@ -516,7 +551,7 @@ impl Workers {
             .args(["worker", &deployment.spec(w), store_url, id])
             .args([tasks.to_string(), load.keys.to_string(), millis.to_string()])
             .arg(load.permits.to_string())
-            .arg(if load.sets { "sets" } else { "locks" })
+            .arg(load.sections())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .spawn()?)
@@ -722,7 +757,17 @@ fn cells(template: &Cell) -> Vec<Cell> {
         keys: if template.keys == 4 { 16 } else { template.keys },
         ..cell(store, fault, 0, 0)
     });
-    plain.into_iter().chain(sets).collect()
+    // MySQL's fair and read-write loads (its lines and shares are transactions of their own),
+    // with each fault that means something there.
+    let modes = [Fault::Sigstop, Fault::Partition, Fault::Restart]
+        .into_iter()
+        .flat_map(|fault| [(true, false), (false, true)].map(|(fair, shared)| (fault, fair, shared)))
+        .map(|(fault, fair, shared)| Cell {
+            fair,
+            shared,
+            ..cell(Kind::Mysql, fault, 0, 0)
+        });
+    plain.into_iter().chain(sets).chain(modes).collect()
 }
 
 /// A matrix cell's table row, from its report, or that it failed to run.

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use redis::{AsyncCommands, Commands};
 
-use crate::worker::Load;
+use crate::worker::{Load, READER};
 use crate::Fallible;
 
 /// What a section writes: its first write, one every poll of a long body, its last.
@@ -279,10 +279,13 @@ impl Verdict {
 /// Checks one key's log (in the order the store saw the writes) against its final counter.
 /// Sections are taken in the order the lock went to them, by fencing token (without tokens, all
 /// 0, by their first write): "the next holder" is the next token, whatever order the writes of
-/// two holders arrived in.
+/// two holders arrived in. A reader (its section ends in [`READER`]) holds its writer's token,
+/// and comes after it: a writer and the readers after it are steps, and the readers of one step
+/// may overlap each other, never another step.
 fn check_log(entries: &[Entry<'_>], value: u64, increments: u64) -> Verdict {
     struct Span {
         token: u64,
+        reader: bool,
         first: usize,
         last: usize,
     }
@@ -295,6 +298,7 @@ fn check_log(entries: &[Entry<'_>], value: u64, increments: u64) -> Verdict {
                 index.insert(e.section, spans.len());
                 spans.push(Span {
                     token: e.token,
+                    reader: e.section.ends_with(READER),
                     first: i,
                     last: i,
                 });
@@ -302,23 +306,41 @@ fn check_log(entries: &[Entry<'_>], value: u64, increments: u64) -> Verdict {
         }
     }
     let mut order: Vec<usize> = (0..spans.len()).collect();
-    order.sort_by_key(|&s| (spans[s].token, spans[s].first));
-    // Where the next holder's first write is in the log, for each section.
+    order.sort_by_key(|&s| (spans[s].token, spans[s].reader, spans[s].first));
+    // Steps: a writer alone, or the readers of one token together.
+    let mut steps: Vec<Vec<usize>> = Vec::new();
+    for &s in &order {
+        match steps.last_mut() {
+            Some(step)
+                if spans[s].reader && spans[step[0]].reader && spans[step[0]].token == spans[s].token =>
+            {
+                step.push(s);
+            }
+            _ => steps.push(vec![s]),
+        }
+    }
+    // Where the next step's first write is in the log, for each section.
     let mut next_first: Vec<Option<usize>> = vec![None; spans.len()];
-    for pair in order.windows(2) {
-        next_first[pair[0]] = Some(spans[pair[1]].first);
+    for pair in steps.windows(2) {
+        let next = pair[1].iter().map(|&s| spans[s].first).min();
+        for &s in &pair[0] {
+            next_first[s] = next;
+        }
     }
     let mut v = Verdict {
         sections: spans.len() as u64,
         ..Verdict::default()
     };
-    // A section overlaps when an earlier holder wrote again after it began.
+    // A section overlaps when a holder of an earlier step wrote again after it began.
     let mut open_until = None;
-    for &s in &order {
-        if open_until.is_some_and(|end| end > spans[s].first) {
-            v.overlaps += 1;
+    for step in &steps {
+        for &s in step {
+            if open_until.is_some_and(|end| end > spans[s].first) {
+                v.overlaps += 1;
+            }
         }
-        open_until = open_until.max(Some(spans[s].last));
+        let last = step.iter().map(|&s| spans[s].last).max();
+        open_until = open_until.max(last);
     }
     for (s, span) in spans.iter().enumerate() {
         if next_first[s].is_some_and(|next| span.last > next) {
@@ -412,5 +434,44 @@ mod tests {
             (v.overlaps, v.late_bodies, v.stale_accepted, v.lost_updates),
             (1, 1, 1, 1)
         );
+    }
+
+    #[test]
+    fn readers_of_one_writer_may_overlap_each_other() {
+        let log = entries(&[
+            "5 w set 1 0",
+            "5 a.r enter 1 0",
+            "5 b.r enter 1 0",
+            "5 a.r poll 1 0",
+            "5 b.r poll 1 0",
+            "6 x enter 1 0",
+            "6 x set 1 0",
+        ]);
+        let v = check_log(&log, 2, 2);
+        assert_eq!(
+            (v.overlaps, v.late_bodies, v.stale_accepted, v.lost_updates),
+            (0, 0, 0, 0)
+        );
+    }
+
+    #[test]
+    fn a_reader_still_reading_when_the_next_writer_entered_overlaps() {
+        let log = entries(&[
+            "5 w set 1 0",
+            "5 a.r enter 1 0",
+            "6 x enter 1 0",
+            "5 a.r poll 0 0",
+            "6 x set 1 0",
+        ]);
+        let v = check_log(&log, 2, 2);
+        assert_eq!((v.overlaps, v.late_bodies, v.fenced_refused), (1, 1, 1));
+        // A writer among readers of its own token overlaps them too.
+        let log = entries(&[
+            "5 a.r enter 1 0",
+            "5 w enter 1 0",
+            "5 a.r poll 1 0",
+            "5 w set 1 0",
+        ]);
+        assert_eq!(check_log(&log, 1, 1).overlaps, 1);
     }
 }

@@ -8,6 +8,9 @@ use crate::deploy::Kind;
 use crate::store::{Op, Store};
 use crate::Fallible;
 
+/// How a reader's section name ends (the log's check lets readers of one writer's token overlap).
+pub const READER: &str = ".r";
+
 /// How often a long body writes (polls the store) while it holds the lock.
 const POLL: Duration = Duration::from_millis(100);
 
@@ -98,9 +101,26 @@ pub struct Load {
     /// Each section a transfer between two of the keys' accounts under one set lock
     /// (`run_all`, the attribute's `keys = [...]`) instead of a counter's increment.
     pub sets: bool,
+    /// Every lock fair (a fair semaphore, fair sets with `permits`, `sets`).
+    pub fair: bool,
+    /// Half the sections readers (`LockMode::Shared`): each enters and polls with its token,
+    /// the last writer's, and writes nothing else; the others writers, as without it.
+    pub shared: bool,
 }
 
 impl Load {
+    /// How a worker is told the load's kind: `locks` or `sets`, then `,fair` and `,shared`.
+    pub fn sections(&self) -> String {
+        let mut kind = if self.sets { "sets" } else { "locks" }.to_owned();
+        if self.fair {
+            kind.push_str(",fair");
+        }
+        if self.shared {
+            kind.push_str(",shared");
+        }
+        kind
+    }
+
     /// The fenced store's resource that permit `permit` of key `k` writes to: `k` for permit 0
     /// (a lock's own), then one per further permit.
     pub fn resource(&self, k: u64, permit: u32) -> u64 {
@@ -111,12 +131,33 @@ impl Load {
 /// The options of every section: the lease renewed by the watchdog, up to 3 s of waiting, and a
 /// fencing token where the store gives one (RedLock gives none: there every write carries token
 /// 0, and the store accepts them all, stale or not); with more than one permit, a semaphore.
-fn options(fencing: bool, permits: u32) -> LockOptions {
+fn options(fencing: bool, load: Load) -> LockOptions {
     LockOptions::new(TTL)
         .watchdog(true)
         .wait(Duration::from_millis(3000))
         .fencing(fencing)
-        .permits(permits)
+        .permits(load.permits)
+        .fair(load.fair)
+}
+
+/// A reader's section (the `--shared` load): enters with its token (the last writer's), holds
+/// the shared lock for `hold` writing every [`POLL`], and changes nothing.
+#[distributed_lock(key = "chk:<k>", options = options, client = locks)]
+async fn reading(
+    locks: &LockClient,
+    options: &LockOptions,
+    store: &Store,
+    k: u64,
+    section: &str,
+    hold: Duration,
+) -> Result<bool, Failure> {
+    let token = lock_runtime::current()
+        .and_then(|l| l.fencing_token())
+        .unwrap_or(0);
+    if !store.write(k, token, section, Op::Enter).await? {
+        return Ok(false);
+    }
+    hold_writing(store, &[(k, token)], section, hold).await
 }
 
 /// One critical section: a read-modify-write of key `k`'s counter (of its permit's resource)
@@ -308,11 +349,12 @@ pub async fn run(
     deadline: Instant,
 ) -> Fallible<Tally> {
     let store = Store::connect(store_url).await?;
-    let options = options(fencing, load.permits);
+    let options = options(fencing, load);
+    let reads = options.clone().mode(lock_runtime::LockMode::Shared);
     let keys = load.keys;
     let mut running = Vec::new();
     for task in 0..tasks {
-        let (locks, store, options) = (locks.clone(), store.clone(), options.clone());
+        let (locks, store, options, reads) = (locks.clone(), store.clone(), options.clone(), reads.clone());
         let writer = format!("w{id}.{task}");
         let mut dice = 0x9e37_79b9_7f4a_7c15_u64 ^ (u64::from(std::process::id()) << 16) ^ (task << 8);
         for b in id.bytes() {
@@ -334,8 +376,15 @@ pub async fn run(
                 // wait up to `wait_ms`).
                 let hold = hold.min(deadline.saturating_duration_since(Instant::now()));
                 tally.attempts += 1;
-                let section = format!("{writer}.{}", tally.attempts);
-                let outcome = if load.sets {
+                let mut section = format!("{writer}.{}", tally.attempts);
+                // Half the sections of the `--shared` load read, from another bit of the draw.
+                let reader = load.shared && (dice >> 56) % 2 == 0;
+                if reader {
+                    section.push_str(READER);
+                }
+                let outcome = if reader {
+                    reading(&locks, &reads, &store, k, &section, hold).await
+                } else if load.sets {
                     // Another account than `k`, and an amount, from the same draw.
                     let other = (k + 1 + (dice >> 40) % (keys - 1)) % keys;
                     let amount = 1 + ((dice >> 48) % 100) as i64;
@@ -376,18 +425,19 @@ pub async fn run(
     Ok(total)
 }
 
-/// `worker <spec> <store-url> <id> <tasks> <keys> <millis> <permits> <locks|sets>`: a worker
-/// process. Prints its tally.
+/// `worker <spec> <store-url> <id> <tasks> <keys> <millis> <permits> <locks|sets>[,fair][,shared]`:
+/// a worker process. Prints its tally.
 pub async fn main(args: &[String]) -> Fallible<()> {
     let [spec, store_url, id, tasks, keys, millis, permits, sections] = args else {
         return Err(
-            "usage: checker worker <spec> <store-url> <id> <tasks> <keys> <millis> <permits> <locks|sets>"
+            "usage: checker worker <spec> <store-url> <id> <tasks> <keys> <millis> <permits> <locks|sets>[,fair][,shared]"
                 .into(),
         );
     };
     let deadline = Instant::now() + Duration::from_millis(millis.parse()?);
     let (tasks, keys): (u64, u64) = (tasks.parse()?, keys.parse()?);
-    let sets = sections == "sets";
+    let kinds: Vec<&str> = sections.split(',').collect();
+    let sets = kinds.contains(&"sets");
     if keys < 1 + u64::from(sets) {
         return Err("a worker needs at least one key (two for transfers)".into());
     }
@@ -395,6 +445,8 @@ pub async fn main(args: &[String]) -> Fallible<()> {
         keys,
         permits: permits.parse()?,
         sets,
+        fair: kinds.contains(&"fair"),
+        shared: kinds.contains(&"shared"),
     };
     let locks = client(spec).await?;
     let fencing = Kind::parse(spec.split('|').next().unwrap_or_default())?.fences();
