@@ -378,7 +378,7 @@ pub async fn run(
                 tally.attempts += 1;
                 let mut section = format!("{writer}.{}", tally.attempts);
                 // Half the sections of the `--shared` load read, from another bit of the draw.
-                let reader = load.shared && (dice >> 56) % 2 == 0;
+                let reader = load.shared && (dice >> 56).is_multiple_of(2);
                 if reader {
                     section.push_str(READER);
                 }
