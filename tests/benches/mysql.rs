@@ -23,13 +23,15 @@
 //! (one task each; each acquires with a wait, holds 1 ms, releases): from a release's start to
 //! the next holder's lock, median and p99 — on MySQL a waiter of another client finds the lock
 //! at its next poll; the same fair (the line's head, named by the release), with the ratio of
-//! the p99s fair / plain. Output: the tables, then one JSON line with the same numbers.
+//! the p99s fair / plain. (4) Read-write: one task's share pairs beside exclusive pairs on one
+//! key, and how long a writer waits among three clients' readers looping on its key. Output:
+//! the tables, then one JSON line with the same numbers.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_runtime::{LockClient, LockOptions};
+use lock_runtime::{LockClient, LockMode, LockOptions};
 use lock_tests::bench::{handoffs, many_task_rounds, median, ms, one_task_rounds, pair_rows, quantile, Naps};
 use lock_tests::MariadbServer;
 use serde_json::json;
@@ -153,6 +155,44 @@ async fn across_clients(clients: &[LockClient], count: usize) -> Vec<Duration> {
     seen
 }
 
+/// A writer of `clients[0]` takes the lock `count` times while a reader of each other client
+/// takes and gives back shares in a loop (holding each 1 ms): how long each of the writer's
+/// acquires waited (its claim keeps new readers out; the readers' last release lets it in).
+async fn writer_among_readers(clients: &[LockClient], count: usize) -> Vec<Duration> {
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = clients[1..]
+        .iter()
+        .cloned()
+        .map(|client| {
+            let stop = Arc::clone(&stop);
+            tokio::spawn(async move {
+                let read = LockOptions::new(Duration::from_secs(10))
+                    .mode(LockMode::Shared)
+                    .wait(Duration::from_secs(30));
+                while !stop.load(Ordering::SeqCst) {
+                    let guard = client.acquire("rw-mixed", &read).await.unwrap();
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    assert!(guard.release().await.unwrap());
+                }
+            })
+        })
+        .collect();
+    let write = LockOptions::new(Duration::from_secs(10)).wait(Duration::from_secs(30));
+    let mut waits = Vec::with_capacity(count);
+    for _ in 0..count {
+        let at = Instant::now();
+        let guard = clients[0].acquire("rw-mixed", &write).await.unwrap();
+        waits.push(at.elapsed());
+        assert!(guard.release().await.unwrap());
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    for reader in readers {
+        reader.await.unwrap();
+    }
+    waits
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let naps = Naps::install();
@@ -217,6 +257,19 @@ async fn main() {
     naps.take();
     let mut fair = handoffs(&clients, "handoff-fair", count, true).await;
     let fair_naps = naps.take();
+    eprintln!("read-write: shares and exclusive pairs, one task; a writer among readers");
+    let rounds = ((300.0 * scale) as usize).max(30);
+    let (mut shares, mut exclusive) = (Vec::new(), Vec::new());
+    let shared = LockOptions::new(Duration::from_secs(10)).mode(LockMode::Shared);
+    for _ in 0..rounds {
+        for (options, seen) in [(&shared, &mut shares), (&bench.options, &mut exclusive)] {
+            let at = Instant::now();
+            let guard = bench.ours.acquire("rw", options).await.unwrap();
+            assert!(guard.release().await.unwrap());
+            seen.push(at.elapsed());
+        }
+    }
+    let mut writer_waits = writer_among_readers(&clients[..4], rounds).await;
     eprintln!("hand-off between two clients, the waiter polling");
     let mut across = across_clients(&clients[..2], ((60.0 * scale) as usize).max(12)).await;
 
@@ -247,6 +300,21 @@ async fn main() {
         ms(f99),
         ms(f99) / ms(h99).max(f64::MIN_POSITIVE)
     );
+    let (s50, s99) = (quantile(&mut shares, 0.5), quantile(&mut shares, 0.99));
+    let (x50, x99) = (quantile(&mut exclusive, 0.5), quantile(&mut exclusive, 0.99));
+    println!("\nread-write, one task, {rounds} pairs each (a share is one transaction each way)");
+    println!("{:<28} {:>8.3}ms {:>8.3}ms", "MySQL, share", ms(s50), ms(s99));
+    println!("{:<28} {:>8.3}ms {:>8.3}ms", "MySQL, exclusive", ms(x50), ms(x99));
+    let (w50, w99) = (
+        quantile(&mut writer_waits, 0.5),
+        quantile(&mut writer_waits, 0.99),
+    );
+    println!(
+        "{:<28} {:>8.3}ms {:>8.3}ms  (3 clients' readers in a loop, each holding 1 ms)",
+        "MySQL, a writer's wait",
+        ms(w50),
+        ms(w99)
+    );
     let (a50, a99) = (quantile(&mut across, 0.5), quantile(&mut across, 0.99));
     let worst = across.iter().max().copied().unwrap_or_default();
     println!(
@@ -265,6 +333,9 @@ async fn main() {
             "ratio_64_tasks": wide_ratio,
             "handoff": {"median_ms": ms(h50), "p99_ms": ms(h99), "waits_ended_by_a_nap": handoff_naps},
             "handoff_fair": {"median_ms": ms(f50), "p99_ms": ms(f99), "waits_ended_by_a_nap": fair_naps},
+            "share_pair": {"median_ms": ms(s50), "p99_ms": ms(s99)},
+            "exclusive_pair": {"median_ms": ms(x50), "p99_ms": ms(x99)},
+            "writer_among_readers_wait": {"median_ms": ms(w50), "p99_ms": ms(w99)},
             "handoff_to_another_client": {"median_ms": ms(a50), "p99_ms": ms(a99), "max_ms": ms(worst)},
         })
     );

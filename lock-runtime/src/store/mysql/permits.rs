@@ -18,15 +18,18 @@
 //! one. The fencing token comes back in the statement's own reply (`LAST_INSERT_ID`).
 //!
 //! A renewal raises the header and the permit in one statement, only while the header still
-//! holds the count's marker. A release gives the permit's row back (a minimum hold raises the
-//! header to its end first), then reads the header and the last live permit's lease end, and
-//! shortens the header to that end, or frees it when no permit is held, only if nothing raised
-//! it since the read: three statements. So once the last holder leaves, the key is free for any
-//! count, or a lock.
+//! holds the count's marker. A release kept for a minimum hold is one statement (the permit
+//! marked released, the header raised to the hold's end). Any other release is one short
+//! transaction ([`tx`](super::tx)) under the header's row lock: the permit's row given back,
+//! then the header read with the last live permit's lease end, and shortened to that end, or
+//! freed when no permit is held (only if its floor did not rise since the read: a renewal
+//! raises it without that lock). So once the last holder leaves, the key is free for any count,
+//! or a lock.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 
+use super::tx::Step;
 use super::MysqlStore;
 use crate::store::sql::{ask, millis, unsigned};
 use crate::store::{permits_differ, Ask, Attempt, Lock, Released};
@@ -446,67 +449,144 @@ impl MysqlStore {
                     _ => Released::NotOurs,
                 });
             }
-            let released = self.release_lock(&held.row, token, hold_ms).await?;
-            if released == Released::Freed {
-                let live = self.shorten_header(lock).await?;
-                if held.fair {
-                    let count = count_of(&held.marker).unwrap_or(1);
-                    let free = count.saturating_sub(live);
-                    return self.admitted(&permits_line(lock.name()), free).await;
-                }
+            let giving = Giving {
+                header: lock.name(),
+                row: Some(held.row.name()),
+                token,
+            };
+            let (released, live) = self.transact(&giving, give_back).await?;
+            if released == Released::Freed && held.fair {
+                let count = count_of(&held.marker).unwrap_or(1);
+                let free = count.saturating_sub(live);
+                return self.admitted(&permits_line(lock.name()), free).await;
             }
             return Ok(released);
         }
         if !abandoned {
             return Ok(Released::NotOurs);
         }
-        let (start, end) = permit_rows(lock.name());
-        let freed = ask!(self, |conn| sqlx::query(GIVE_BACK_ANY)
-            .bind(start.as_slice())
-            .bind(end.as_slice())
-            .bind(lock.name().as_bytes())
-            .bind(token.as_bytes())
-            .bind(token.as_bytes())
-            .execute(conn))?;
-        if freed.rows_affected() == 0 {
-            return Ok(Released::NotOurs);
-        }
-        self.shorten_header(lock).await?;
-        Ok(Released::Freed)
+        let giving = Giving {
+            header: lock.name(),
+            row: None,
+            token,
+        };
+        Ok(self.transact(&giving, give_back).await?.0)
     }
 
     /// Shortens the header of `lock` to its last live permit's lease, or frees it when none is
-    /// left, unless a claim or renewal raised its floor since it was read (a floor only rises,
-    /// so a value read once names one moment of the header): how many permits were live.
+    /// left, in a transaction of its own (an operator's forced release).
     pub(super) async fn shorten_header(&self, lock: &Lock) -> Result<u32, LockError> {
-        let (start, end) = permit_rows(lock.name());
-        type Read = (Option<Vec<u8>>, Option<i64>, Option<i64>, i64);
-        let (marker, floor, last, live): Read = ask!(self, |conn| sqlx::query_as(LAST)
-            .bind(lock.name().as_bytes())
-            .bind(lock.name().as_bytes())
-            .bind(start.as_slice())
-            .bind(end.as_slice())
-            .bind(lock.name().as_bytes())
-            .fetch_one(conn))?;
-        let live = u32::try_from(live).unwrap_or(u32::MAX);
-        let (Some(marker), Some(floor)) = (marker.filter(|m| count_of(m).is_some()), floor) else {
-            return Ok(live); // no header (any more)
-        };
-        match last {
-            Some(last) => ask!(self, |conn| sqlx::query(SHORTEN)
-                .bind(last)
-                .bind(lock.name().as_bytes())
-                .bind(marker.as_slice())
-                .bind(floor)
-                .execute(conn))?,
-            None => ask!(self, |conn| sqlx::query(FREE_HEADER)
-                .bind(lock.name().as_bytes())
-                .bind(marker.as_slice())
-                .bind(floor)
-                .execute(conn))?,
-        };
-        Ok(live)
+        self.transact(lock.name(), |conn, header| {
+            Box::pin(async move {
+                sqlx::query(LOCK_HEADER)
+                    .bind(header.as_bytes())
+                    .execute(&mut *conn)
+                    .await?;
+                shorten(conn, header).await
+            })
+        })
+        .await
     }
+}
+
+/// A permit given back: its header's name, its row (`None`: an attempt whose answer never came,
+/// found among the key's permits by its token) and its token.
+struct Giving<'a> {
+    header: &'a str,
+    row: Option<&'a str>,
+    token: &'a str,
+}
+
+/// Locks a semaphore's header row, if there is one (binds: name).
+const LOCK_HEADER: &str = "SELECT 1 FROM lock_runtime_locks WHERE name = ? FOR UPDATE";
+
+/// Gives a permit back and shortens its header to the permits left (or frees it), under the
+/// header's row lock, in one transaction: whether it was ours, and how many permits are live.
+fn give_back<'c>(conn: &'c mut sqlx::MySqlConnection, g: &'c Giving<'_>) -> Step<'c, (Released, u32)> {
+    Box::pin(async move {
+        sqlx::query(LOCK_HEADER)
+            .bind(g.header.as_bytes())
+            .execute(&mut *conn)
+            .await?;
+        let freed = match g.row {
+            Some(row) => {
+                let deleted = sqlx::query(super::GIVE_BACK)
+                    .bind(row.as_bytes())
+                    .bind(g.token.as_bytes())
+                    .execute(&mut *conn)
+                    .await?;
+                // A row of an earlier build keeps a fencing token: freed, kept.
+                deleted.rows_affected() == 1
+                    || sqlx::query(super::RELEASE)
+                        .bind(0_i64)
+                        .bind(0_i64)
+                        .bind(row.as_bytes())
+                        .bind(g.token.as_bytes())
+                        .execute(&mut *conn)
+                        .await?
+                        .rows_affected()
+                        == 1
+            }
+            None => {
+                let (start, end) = permit_rows(g.header);
+                sqlx::query(GIVE_BACK_ANY)
+                    .bind(start.as_slice())
+                    .bind(end.as_slice())
+                    .bind(g.header.as_bytes())
+                    .bind(g.token.as_bytes())
+                    .bind(g.token.as_bytes())
+                    .execute(&mut *conn)
+                    .await?
+                    .rows_affected()
+                    > 0
+            }
+        };
+        if !freed {
+            return Ok((Released::NotOurs, 0));
+        }
+        let live = shorten(conn, g.header).await?;
+        Ok((Released::Freed, live))
+    })
+}
+
+/// Shortens the header named `header` to its last live permit's lease, or frees it when none is
+/// left (its row locked by the caller's transaction; the floor checked still, as a renewal
+/// raises it without that lock): how many permits are live.
+async fn shorten(conn: &mut sqlx::MySqlConnection, header: &str) -> Result<u32, sqlx::Error> {
+    let (start, end) = permit_rows(header);
+    type Read = (Option<Vec<u8>>, Option<i64>, Option<i64>, i64);
+    let (marker, floor, last, live): Read = sqlx::query_as(LAST)
+        .bind(header.as_bytes())
+        .bind(header.as_bytes())
+        .bind(start.as_slice())
+        .bind(end.as_slice())
+        .bind(header.as_bytes())
+        .fetch_one(&mut *conn)
+        .await?;
+    let live = u32::try_from(live).unwrap_or(u32::MAX);
+    let (Some(marker), Some(floor)) = (marker.filter(|m| count_of(m).is_some()), floor) else {
+        return Ok(live); // no header (any more)
+    };
+    match last {
+        Some(last) => {
+            sqlx::query(SHORTEN)
+                .bind(last)
+                .bind(header.as_bytes())
+                .bind(marker.as_slice())
+                .bind(floor)
+                .execute(conn)
+                .await?
+        }
+        None => {
+            sqlx::query(FREE_HEADER)
+                .bind(header.as_bytes())
+                .bind(marker.as_slice())
+                .bind(floor)
+                .execute(conn)
+                .await?
+        }
+    };
+    Ok(live)
 }
 
 #[cfg(test)]
