@@ -430,6 +430,73 @@ async fn a_holder_cut_off_stops_before_another_takes_the_lock() {
 /// A partition that silences every connection the client has: its requests time out, and once
 /// new connections get through again the client works, however many requests were abandoned on
 /// silent connections meanwhile.
+/// A client cut off in the middle of a transaction (a fair attempt, which locks the key's row
+/// first) leaves that row locked only until the server ends its silent session, about the
+/// response timeout later: another client's fair waiter gets the lock then, not after InnoDB's
+/// lock wait (50 s) or the server's idle limit (8 hours).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_cut_off_inside_a_transaction_blocks_the_key_only_briefly() {
+    use sqlx::Connection;
+    let server = blocking(MariadbServer::spawn).await;
+    let proxy = FaultProxy::start(server.port());
+    // The cut client's response timeout is its sessions' idle limit inside a transaction.
+    let cut = builder(&format!("mysql://root@127.0.0.1:{}/test", proxy.port()))
+        .response_timeout(3 * SECOND)
+        .build()
+        .await
+        .unwrap();
+    let other = builder(&server.url())
+        .response_timeout(8 * SECOND)
+        .build()
+        .await
+        .unwrap();
+    // The key's row, made by a transaction of the test's own that holds it: the cut client's
+    // attempt starts its transaction and waits there for the row.
+    let fair = ttl(5000).fair(true);
+    let mut holder = sqlx::MySqlConnection::connect(&server.url()).await.unwrap();
+    sqlx::raw_sql("START TRANSACTION")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO lock_runtime_locks (name, token, expires_ms, fence) VALUES ('lock:{stuck}', NULL, 0, NULL)")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    let attempt = tokio::spawn({
+        let cut = cut.clone();
+        async move { cut.acquire("stuck", &ttl(5000).fair(true)).await }
+    });
+    eventually(5 * SECOND, "the cut client's attempt waits for the row", || {
+        // (Its statement that locks the row, running: waiting for the test's transaction.)
+        let rows = server.sql(
+            "SELECT COUNT(*) FROM information_schema.processlist \
+             WHERE info LIKE 'INSERT INTO lock_runtime_locks %VALUES (?, NULL, 0, NULL)%'",
+        );
+        async move { rows.trim() == "1" }
+    })
+    .await;
+    // Cut off while it waits: the row lock it is granted next is answered into the silence.
+    proxy.blackhole_existing();
+    sqlx::raw_sql("COMMIT").execute(&mut holder).await.unwrap();
+    let cut_off = attempt.await.unwrap();
+    assert!(
+        matches!(cut_off, Err(LockError::Unavailable { .. })),
+        "{cut_off:?}"
+    );
+    let started = Instant::now();
+    let got = other
+        .acquire("stuck", &fair.clone().wait(20 * SECOND))
+        .await
+        .unwrap();
+    let waited = started.elapsed();
+    // The cut session ends 3 s after its last answer, within the other client's response
+    // timeout: without that limit, the other's attempt waits for the row until it times out
+    // (InnoDB's lock wait is 50 s), and the acquire fails.
+    assert!(waited < 15 * SECOND, "waited {waited:?}");
+    assert!(got.release().await.unwrap());
+    proxy.reset_all();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_cut_off_by_a_partition_works_again_once_it_heals() {
     let server = MariadbServer::spawn();

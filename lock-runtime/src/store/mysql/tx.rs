@@ -7,7 +7,12 @@
 //!
 //! A request that fails anywhere inside its transaction closes its connection (the server rolls
 //! the transaction back as the connection goes): an open transaction never goes back to the
-//! pool. One the server ended or rolled back whole (a killed connection, a deadlock's victim, a
+//! pool. A client that stops between two statements (frozen, cut off) would leave the key's row
+//! locked until the server noticed: InnoDB keeps an open transaction's locks, and a silent peer
+//! is noticed only at `wait_timeout` (8 hours by default). So a transaction sets its session's
+//! `wait_timeout` to the response timeout (at least a second) first, and back to the server's
+//! after its commit: the server ends a client silent that long inside a transaction, and rolls
+//! it back (MySQL 8 and MariaDB alike; MariaDB's `idle_transaction_timeout` is not MySQL's). One the server ended or rolled back whole (a killed connection, a deadlock's victim, a
 //! lock wait timeout, a Group Replication conflict at commit) changed nothing and is sent again
 //! on another connection, as a one-statement request is; every request here is idempotent for
 //! one token.
@@ -24,9 +29,13 @@ use crate::LockError;
 /// What a step of a transaction answers: it borrows the connection for its statements.
 pub(super) type Step<'c, T> = Pin<Box<dyn Future<Output = Result<T, sqlx::Error>> + Send + 'c>>;
 
-/// Starts the transaction: READ COMMITTED for this one transaction only (the session's level is
-/// the server's or the URL's; one round trip, as text: neither statement needs preparing).
-const BEGIN: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
+/// Starts the transaction (binds, in the text: the idle limit in seconds): the session's idle
+/// limit, READ COMMITTED for this one transaction (the session's level is the server's or the
+/// URL's); one round trip, as text (no statement here needs preparing).
+const BEGIN: &str =
+    "SET SESSION wait_timeout = {}; SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
+/// Ends it, and gives the session the server's idle limit back.
+const COMMIT: &str = "COMMIT; SET SESSION wait_timeout = DEFAULT";
 
 impl MysqlStore {
     /// Runs `work` over `args` in one transaction (see the module doc), within the response
@@ -38,12 +47,14 @@ impl MysqlStore {
         T: Send,
     {
         let pool = self.ready().await?;
+        let idle = self.timeouts.response.as_secs_f64().ceil().max(1.0);
+        let begin = BEGIN.replace("{}", &format!("{idle:.0}"));
         let answer = async {
             let mut ended = 0;
             loop {
                 let mut checkout = Checkout::new(pool.acquire().await?, self.timeouts.response);
                 let answer = match checkout.get() {
-                    Some(conn) => run(conn, args, &work).await,
+                    Some(conn) => run(conn, &begin, args, &work).await,
                     None => Err(sqlx::Error::PoolClosed),
                 };
                 // Failed, the connection is dropped unanswered: closed, not pooled.
@@ -66,19 +77,19 @@ impl MysqlStore {
 }
 
 /// BEGIN, the work, COMMIT.
-async fn run<A, T, W>(conn: &mut MySqlConnection, args: &A, work: &W) -> Result<T, sqlx::Error>
+async fn run<A, T, W>(conn: &mut MySqlConnection, begin: &str, args: &A, work: &W) -> Result<T, sqlx::Error>
 where
     A: ?Sized,
     W: for<'c> Fn(&'c mut MySqlConnection, &'c A) -> Step<'c, T>,
 {
-    text(&mut *conn, BEGIN).await?;
+    text(&mut *conn, begin).await?;
     let done = work(&mut *conn, args).await?;
-    text(&mut *conn, "COMMIT").await?;
+    text(&mut *conn, COMMIT).await?;
     Ok(done)
 }
 
 /// Statements sent as text.
-fn text<'c>(conn: &'c mut MySqlConnection, sql: &'static str) -> Step<'c, ()> {
+fn text<'c>(conn: &'c mut MySqlConnection, sql: &'c str) -> Step<'c, ()> {
     Box::pin(async move {
         // A `&str` without arguments goes as text (COM_QUERY), not prepared.
         sqlx::Executor::execute(conn, sql).await?;
