@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockError, LockMode, MAX_WAIT_NAP};
-use lock_tests::{eventually, ttl, FaultProxy, MariadbServer, Target, SECOND};
+use lock_tests::{eventually, in_line, ttl, FaultProxy, MariadbServer, Target, SECOND};
 use tokio::time::Instant;
 
 fn builder(url: &str) -> lock_runtime::LockClientBuilder {
@@ -98,6 +98,38 @@ async fn a_table_of_an_earlier_build_gains_fair_and_shared_locks() {
         assert!(guard.release().await.unwrap());
     }
     assert!(!c.is_locked("upgraded").await.unwrap());
+}
+
+/// Operators see a key's fair waiters (its line's live places) and the writers that claimed
+/// their turn from its readers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_see_fair_waiters_and_claiming_writers() {
+    let t = Target::mysql().await;
+    let (c, other) = (t.client(), t.other_client().await);
+    let admin = lock_runtime::admin::Admin::new(c.clone());
+    let fair = ttl(10_000).fair(true);
+    let held = c.acquire("line", &fair).await.unwrap();
+    let waiter = in_line(&other, "line", fair.clone().wait(10 * SECOND)).await;
+    let reader = c
+        .acquire("claimed", &ttl(10_000).mode(LockMode::Shared))
+        .await
+        .unwrap();
+    let writer = in_line(&other, "claimed", ttl(10_000).wait(10 * SECOND)).await;
+    let line = admin.show("line").await.unwrap();
+    assert_eq!((line.queued, line.writers), (1, 0), "{line:?}");
+    let claimed = admin.show("claimed").await.unwrap();
+    assert_eq!((claimed.queued, claimed.writers), (0, 1), "{claimed:?}");
+    let listed = admin.list("*").await.unwrap();
+    let counts: Vec<(&str, u64, u64)> = listed
+        .iter()
+        .map(|view| (view.key.as_str(), view.queued, view.writers))
+        .collect();
+    assert_eq!(counts, [("claimed", 0, 1), ("line", 1, 0)]);
+    assert!(held.release().await.unwrap());
+    assert!(reader.release().await.unwrap());
+    for got in [waiter.await.unwrap(), writer.await.unwrap()] {
+        assert!(got.unwrap().release().await.unwrap());
+    }
 }
 
 /// Waiters of the client that releases are woken by the release, one at a time, in arrival

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::permits::{count_of, parse_permit_row, permit_row};
+use super::line::claims_line;
+use super::permits::{count_of, parse_permit_row, permit_row, permits_line};
 use super::shares::{READERS, READERS_OF, SHARES};
 use super::MysqlStore;
 use crate::store::sql::{ask, unsigned};
@@ -54,6 +55,24 @@ const PERMIT_ROWS: &str = concat!(
 );
 
 type Row = (Vec<u8>, Option<Vec<u8>>, i64, Option<i64>);
+
+/// How many live places each line of the keys under a prefix has (binds: prefix length,
+/// prefix): the line's name and its count.
+const LINES: &str = concat!(
+    "SELECT name, COUNT(*) FROM lock_runtime_line WHERE LEFT(name, ?) = ? AND kept_until > ",
+    now_ms!(),
+    " GROUP BY name"
+);
+
+/// The waiters of one lock, from the places of its lines: (fair waiters of a lock or a
+/// semaphore, writers that claimed their turn).
+fn waiters(lines: &HashMap<Vec<u8>, i64>, name: &str) -> (u64, u64) {
+    let count = |line: String| lines.get(line.as_bytes()).copied().map_or(0, unsigned);
+    (
+        count(name.to_owned()) + count(permits_line(name)),
+        count(claims_line(name)),
+    )
+}
 /// A share as [`READERS`] reads it.
 type ShareRow = (Vec<u8>, Vec<u8>, i64);
 
@@ -100,6 +119,7 @@ impl MysqlStore {
         read_at: Instant,
         permits: &mut HashMap<String, Vec<Reader>>,
         readers: &mut HashMap<String, Vec<Reader>>,
+        lines: &HashMap<Vec<u8>, i64>,
     ) -> Option<LockView> {
         let (name, token, left, fence) = row;
         let name = String::from_utf8(name).ok()?;
@@ -125,14 +145,15 @@ impl MysqlStore {
             ),
             (None, _) => (Holding::Free, None),
         };
+        let (queued, writers) = waiters(lines, &name);
         Some(LockView {
             key,
             name,
             holding,
             remaining,
             fence: fence.map_or(Fence::None, |f| Fence::Token(unsigned(f))),
-            queued: 0,
-            writers: 0,
+            queued,
+            writers,
             read_at,
         })
     }
@@ -148,12 +169,17 @@ impl MysqlStore {
             .bind(prefix.len() as u64)
             .bind(prefix)
             .fetch_all(conn))?;
+        let lines: Vec<(Vec<u8>, i64)> = ask!(self, |conn| sqlx::query_as(LINES)
+            .bind(prefix.len() as u64)
+            .bind(prefix)
+            .fetch_all(conn))?;
+        let lines: HashMap<Vec<u8>, i64> = lines.into_iter().collect();
         let read_at = Instant::now();
         let mut permits = permit_holders(&rows);
         let mut readers = readers_of(shares);
         Ok(rows
             .into_iter()
-            .filter_map(|row| self.view(row, read_at, &mut permits, &mut readers))
+            .filter_map(|row| self.view(row, read_at, &mut permits, &mut readers, &lines))
             .filter(|view| view.is_held() && glob_matches(pattern, &view.key))
             .collect())
     }
@@ -185,9 +211,15 @@ impl MysqlStore {
                 .fetch_all(conn))?;
             readers = readers_of(shares);
         }
+        // The lock's lines: its name with a suffix, or none (a prefix shared with no other key's).
+        let lines: Vec<(Vec<u8>, i64)> = ask!(self, |conn| sqlx::query_as(LINES)
+            .bind(lock.name().len() as u64)
+            .bind(lock.name().as_bytes())
+            .fetch_all(conn))?;
+        let lines: HashMap<Vec<u8>, i64> = lines.into_iter().collect();
         let read_at = Instant::now();
         Ok(row
-            .and_then(|row| self.view(row, read_at, &mut permits, &mut readers))
+            .and_then(|row| self.view(row, read_at, &mut permits, &mut readers, &lines))
             .unwrap_or_else(|| LockView::free(lock.key(), lock.name())))
     }
 
