@@ -100,6 +100,51 @@ async fn a_table_of_an_earlier_build_gains_fair_and_shared_locks() {
     assert!(!c.is_locked("upgraded").await.unwrap());
 }
 
+/// A server that logs statements (`binlog_format=STATEMENT`) refuses InnoDB writes at READ
+/// COMMITTED, the level of the store's transactions: the client is `Refused` at `build()`,
+/// naming the setting to change, not `Unavailable` with the server's error alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_that_logs_statements_is_refused_naming_the_binlog_format() {
+    let server =
+        blocking(|| MariadbServer::spawn_with(&["--log-bin=binlog", "--binlog-format=STATEMENT"])).await;
+    let refused = builder(&server.url()).build().await;
+    let Err(LockError::Refused { reason, source }) = &refused else {
+        panic!("{refused:?}")
+    };
+    assert!(
+        reason.contains("binlog_format to ROW or MIXED") && source.to_string().contains("1665"),
+        "{reason}: {source}"
+    );
+}
+
+/// A share row left live without a live header (every share ends no later than its header, so
+/// only a fault leaves one) is stale: a reader entering the free key deletes it, so the last
+/// reader's release frees the key for a writer at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_share_without_a_live_header_does_not_hold_the_key() {
+    use sqlx::Connection;
+    let t = Target::mysql().await;
+    let c = t.client();
+    let name = format!("{}{{orphan}}", c.prefix());
+    let mut raw = sqlx::MySqlConnection::connect(&lock_tests::shared_mysql_url())
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO lock_runtime_shares (name, token, expires_ms) VALUES (?, 'gone 0', 9223372036854775807)",
+    )
+    .bind(name.as_bytes())
+    .execute(&mut raw)
+    .await
+    .unwrap();
+    let reader = c
+        .acquire("orphan", &ttl(10_000).mode(LockMode::Shared))
+        .await
+        .unwrap();
+    assert!(reader.release().await.unwrap());
+    let writer = c.acquire("orphan", &ttl(10_000)).await;
+    assert!(writer.is_ok(), "{writer:?}");
+}
+
 /// Operators see a key's fair waiters (its line's live places) and the writers that claimed
 /// their turn from its readers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

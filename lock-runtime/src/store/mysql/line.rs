@@ -459,18 +459,27 @@ impl MysqlStore {
 
     /// The waiter a fair release admits: the head of the lock's line (the lock is free), or the
     /// waiter at rank `free - 1` of a fair semaphore's (`free` permits free after the release).
-    pub(super) async fn admitted(&self, line: &str, free: u32) -> Result<Released, LockError> {
+    /// Asked after the release is done: a failure to read it only leaves the waking to the next
+    /// poll (the release stands, and is answered `Freed`).
+    pub(super) async fn admitted(&self, line: &str, free: u32) -> Released {
         let Some(rank) = free.checked_sub(1) else {
-            return Ok(Released::Freed);
+            return Released::Freed;
         };
-        let named: Option<Vec<u8>> = ask!(self, |conn| sqlx::query_scalar(AT_RANK)
-            .bind(line.as_bytes())
-            .bind(rank)
-            .fetch_optional(conn))?;
-        Ok(match named.map(String::from_utf8) {
-            Some(Ok(waiter)) => Released::Named(waiter),
-            _ => Released::Freed,
-        })
+        let named: Result<Option<Vec<u8>>, LockError> = async {
+            Ok(ask!(self, |conn| sqlx::query_scalar(AT_RANK)
+                .bind(line.as_bytes())
+                .bind(rank)
+                .fetch_optional(conn))?)
+        }
+        .await;
+        match named.map(|n| n.map(String::from_utf8)) {
+            Ok(Some(Ok(waiter))) => Released::Named(waiter),
+            Ok(_) => Released::Freed,
+            Err(e) => {
+                tracing::debug!(error = %e, "reading the waiter a release admits failed");
+                Released::Freed
+            }
+        }
     }
 
     /// A waiter that stops waiting leaves every line of the key, its claim too; readers held

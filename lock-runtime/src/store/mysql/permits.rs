@@ -458,7 +458,7 @@ impl MysqlStore {
             if released == Released::Freed && held.fair {
                 let count = count_of(&held.marker).unwrap_or(1);
                 let free = count.saturating_sub(live);
-                return self.admitted(&permits_line(lock.name()), free).await;
+                return Ok(self.admitted(&permits_line(lock.name()), free).await);
             }
             return Ok(released);
         }

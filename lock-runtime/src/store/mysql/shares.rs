@@ -48,12 +48,11 @@ const RAISE: &str = concat!(
     now_ms!(),
     " + ?) WHERE name = ?"
 );
-/// Raises a live readers' header (binds: ttl, name, marker).
-const RAISE_LIVE: &str = concat!(
+/// Raises a readers' header found live under its row lock (binds: ttl, name, marker).
+const RAISE_HEADER: &str = concat!(
     "UPDATE lock_runtime_locks SET expires_ms = GREATEST(expires_ms, ",
     now_ms!(),
-    " + ?) WHERE name = ? AND token = ? AND expires_ms > ",
-    now_ms!()
+    " + ?) WHERE name = ? AND token = ?"
 );
 /// Gives a live share back (binds: name, token).
 const LEAVE: &str = concat!(
@@ -110,7 +109,9 @@ fn enter<'c>(conn: &'c mut MySqlConnection, a: &'c Asked<'_>) -> Step<'c, Outcom
                 })
             }
         }
-        if row.live.is_none() && row.stale_shares {
+        if row.live.is_none() {
+            // No live header: no share can be live (each ends no later than it), so any row
+            // left is stale.
             forget_shares(conn, name).await?;
         } else {
             sqlx::query(PURGE)
@@ -161,13 +162,18 @@ struct Share<'a> {
     ttl_ms: u64,
 }
 
-/// Renews a share and raises its header: whether it was still held.
+/// Renews a share and raises its header: whether it was still held. The header is checked live
+/// first, under its row lock: a share is never renewed past a header that lapsed (a writer may
+/// take the key then, and must find no live share).
 fn renew<'c>(conn: &'c mut MySqlConnection, s: &'c Share<'_>) -> Step<'c, bool> {
     Box::pin(async move {
-        sqlx::query(super::line::ROW)
+        let header: Option<(Option<Vec<u8>>, i64, Option<i64>)> = sqlx::query_as(super::line::ROW)
             .bind(s.name.as_bytes())
             .fetch_optional(&mut *conn)
             .await?;
+        if !matches!(header, Some((Some(token), left, _)) if token == SHARES && left > 0) {
+            return Ok(false);
+        }
         let renewed = sqlx::query(RENEW)
             .bind(millis(s.ttl_ms))
             .bind(s.name.as_bytes())
@@ -177,7 +183,7 @@ fn renew<'c>(conn: &'c mut MySqlConnection, s: &'c Share<'_>) -> Step<'c, bool> 
         if renewed.rows_affected() == 0 {
             return Ok(false);
         }
-        let raised = sqlx::query(RAISE_LIVE)
+        let raised = sqlx::query(RAISE_HEADER)
             .bind(millis(s.ttl_ms))
             .bind(s.name.as_bytes())
             .bind(SHARES)
