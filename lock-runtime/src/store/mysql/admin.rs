@@ -241,15 +241,8 @@ impl MysqlStore {
             }
             if freed {
                 self.shorten_header(lock).await?;
-                self.notices.released(lock.name());
-                return Ok(ForceReleased::Freed);
             }
-            let now = self.read_one(lock).await?;
-            return Ok(if now.is_held() {
-                ForceReleased::Changed
-            } else {
-                ForceReleased::Gone
-            });
+            return self.forced(lock, freed).await;
         }
         if let Holding::Shared { readers } = &seen.holding {
             // Each share seen, if it is still held.
@@ -257,16 +250,7 @@ impl MysqlStore {
             for reader in readers {
                 freed |= self.release_share(lock, &reader.value).await? != crate::store::Released::NotOurs;
             }
-            if freed {
-                self.notices.released(lock.name());
-                return Ok(ForceReleased::Freed);
-            }
-            let now = self.read_one(lock).await?;
-            return Ok(if now.is_held() {
-                ForceReleased::Changed
-            } else {
-                ForceReleased::Gone
-            });
+            return self.forced(lock, freed).await;
         }
         let Holding::Exclusive { value, .. } = &seen.holding else {
             return Ok(ForceReleased::Gone);
@@ -277,15 +261,19 @@ impl MysqlStore {
             .bind(token.as_bytes())
             .bind(token.as_bytes())
             .execute(conn))?;
-        if freed.rows_affected() == 1 {
+        self.forced(lock, freed.rows_affected() == 1).await
+    }
+
+    /// A forced release's answer: `Freed` (this client's waiters woken) when it freed something;
+    /// else `Changed` when another holder has the lock now, `Gone` when it is free.
+    async fn forced(&self, lock: &Lock, freed: bool) -> Result<ForceReleased, LockError> {
+        if freed {
             self.notices.released(lock.name());
             return Ok(ForceReleased::Freed);
         }
-        let now = self.read_one(lock).await?;
-        Ok(if now.is_held() {
-            ForceReleased::Changed
-        } else {
-            ForceReleased::Gone
+        Ok(match self.read_one(lock).await?.is_held() {
+            true => ForceReleased::Changed,
+            false => ForceReleased::Gone,
         })
     }
 }

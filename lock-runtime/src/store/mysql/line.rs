@@ -32,11 +32,9 @@ use crate::LockError;
 /// The token of a readers' header (see [`shares`](super::shares)): a zero byte first, as a
 /// semaphore's header, so no holder's token is one.
 pub(super) const SHARES: &[u8] = b"\0shares";
-/// Every share of a key (binds: name): a writer takes it after they lapsed.
-const FORGET_SHARES: &str = "DELETE FROM lock_runtime_shares WHERE name = ?";
 
 /// Locks the key's row until the transaction ends, made (free) if missing (binds: name).
-pub(super) const LOCK_ROW: &str = "INSERT INTO lock_runtime_locks (name, token, expires_ms, fence) \
+const LOCK_ROW: &str = "INSERT INTO lock_runtime_locks (name, token, expires_ms, fence) \
      VALUES (?, NULL, 0, NULL) ON DUPLICATE KEY UPDATE name = name";
 /// The key's row (binds: name): its token, how long its lease has left (at most 0: ended) and
 /// its fencing token.
@@ -168,12 +166,11 @@ pub(super) struct Asked<'a> {
 }
 
 /// The key's row, locked until the transaction ends: its token while its lease lasts, and its
-/// fencing token; and whether it is a readers' header whose lease ended (its shares are stale).
+/// fencing token.
 pub(super) struct Row {
     pub(super) live: Option<Vec<u8>>,
     pub(super) left_ms: u64,
     pub(super) fence: Option<i64>,
-    pub(super) stale_shares: bool,
 }
 
 impl Row {
@@ -193,22 +190,11 @@ pub(super) async fn lock_row(conn: &mut MySqlConnection, name: &str) -> Result<R
         .bind(name.as_bytes())
         .fetch_one(&mut *conn)
         .await?;
-    let stale_shares = left <= 0 && token.as_deref() == Some(SHARES);
     Ok(Row {
         live: token.filter(|_| left > 0),
         left_ms: unsigned(left),
         fence,
-        stale_shares,
     })
-}
-
-/// Deletes every share of the lock named `name` (their header lapsed).
-pub(super) async fn forget_shares(conn: &mut MySqlConnection, name: &str) -> Result<(), sqlx::Error> {
-    sqlx::query(FORGET_SHARES)
-        .bind(name.as_bytes())
-        .execute(conn)
-        .await?;
-    Ok(())
 }
 
 /// Keeps `token`'s place in `line`, or takes one at its end.
@@ -335,9 +321,6 @@ pub(super) fn exclusive<'c>(conn: &'c mut MySqlConnection, a: &'c Asked<'_>) -> 
         }
         if ask.claimed {
             leave_line(conn, &claims_line(name), token).await?;
-        }
-        if row.stale_shares {
-            forget_shares(conn, name).await?;
         }
         sqlx::query(TAKE_ROW)
             .bind(token.as_bytes())

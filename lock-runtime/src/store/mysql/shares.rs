@@ -16,13 +16,15 @@ use std::sync::{Mutex, MutexGuard};
 use sqlx::MySqlConnection;
 
 pub(super) use super::line::SHARES;
-use super::line::{claimed_for, forget_shares, lock_row, Asked, Outcome};
+use super::line::{claimed_for, lock_row, Asked, Outcome};
 use super::tx::Step;
 use super::MysqlStore;
 use crate::store::sql::{millis, unsigned};
 use crate::store::{Attempt, Lock, Released, Renewal};
 use crate::LockError;
 
+/// Every share of a key (binds: name): without a live header none is live.
+const FORGET_ALL: &str = "DELETE FROM lock_runtime_shares WHERE name = ?";
 /// Shares whose lease ended (binds: name).
 const PURGE: &str = concat!(
     "DELETE FROM lock_runtime_shares WHERE name = ? AND expires_ms <= ",
@@ -112,7 +114,10 @@ fn enter<'c>(conn: &'c mut MySqlConnection, a: &'c Asked<'_>) -> Step<'c, Outcom
         if row.live.is_none() {
             // No live header: no share can be live (each ends no later than it), so any row
             // left is stale.
-            forget_shares(conn, name).await?;
+            sqlx::query(FORGET_ALL)
+                .bind(name.as_bytes())
+                .execute(&mut *conn)
+                .await?;
         } else {
             sqlx::query(PURGE)
                 .bind(name.as_bytes())
