@@ -145,6 +145,55 @@ async fn a_share_without_a_live_header_does_not_hold_the_key() {
     assert!(writer.is_ok(), "{writer:?}");
 }
 
+/// A fair attempt never barges in ahead of a waiter's place in line, even one of a client that
+/// vanished, until that place lapses; then the line moves on, and the lapsed place is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nobody_barges_ahead_of_the_fair_line_until_its_head_lapses() {
+    use sqlx::Connection;
+    let t = Target::mysql().await;
+    let c = t.client();
+    let name = format!("{}{{barge}}", c.prefix());
+    let mut raw = sqlx::MySqlConnection::connect(&lock_tests::shared_mysql_url())
+        .await
+        .unwrap();
+    // A waiter of another process heads the line, its place kept a minute; the lock is free.
+    sqlx::query(
+        "INSERT INTO lock_runtime_line (name, token, kept_until) \
+         VALUES (?, 'elsewhere', TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) DIV 1000 + 60000)",
+    )
+    .bind(name.as_bytes())
+    .execute(&mut raw)
+    .await
+    .unwrap();
+    let fair = ttl(5000).fair(true);
+    let out = c.acquire("barge", &fair).await;
+    assert!(
+        matches!(out, Err(LockError::Busy { .. })),
+        "a fair try must not barge: {out:?}"
+    );
+    let out = c
+        .acquire("barge", &fair.clone().wait(Duration::from_millis(300)))
+        .await;
+    assert!(
+        matches!(out, Err(LockError::Busy { .. })),
+        "nor a fair wait: {out:?}"
+    );
+    // Its place lapses: the line moves on.
+    sqlx::query("UPDATE lock_runtime_line SET kept_until = 0 WHERE name = ? AND token = 'elsewhere'")
+        .bind(name.as_bytes())
+        .execute(&mut raw)
+        .await
+        .unwrap();
+    let guard = c.acquire("barge", &fair).await.unwrap();
+    let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM lock_runtime_line WHERE name = ?")
+        .bind(name.as_bytes())
+        .fetch_one(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "the lapsed place and the waiter that gave up are gone");
+    assert!(guard.release().await.unwrap());
+}
+
 /// Operators see a key's fair waiters (its line's live places) and the writers that claimed
 /// their turn from its readers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
