@@ -81,11 +81,7 @@ impl Acquire<'_> {
         let mut place = if queues {
             Some(QueuePlace::new(core, &lock, &token))
         } else {
-            // (A fair semaphore's release hands nothing over: its place only leaves the line.)
-            (fair && will_wait).then(|| match semaphore {
-                true => QueuePlace::new(core, &lock, &token),
-                false => QueuePlace::new(core, &lock, &token).fair(),
-            })
+            (fair && will_wait).then(|| QueuePlace::new(core, &lock, &token).fair(kind))
         };
         let mut claimed = false;
         // Registered before the first attempt where the store queues: its wake-up may come as
@@ -163,7 +159,7 @@ impl Acquire<'_> {
                         && !(options.is_fencing() && handed.fence == 0)
                         && capabilities.hand_over =>
                 {
-                    Some((handed.fence, sent))
+                    Some((handed.fence, handed.permit, sent))
                 }
                 _ => None,
             };
@@ -177,14 +173,14 @@ impl Acquire<'_> {
             // The lock's validity counts from `valid_from` for `lease`: when the attempt that
             // took it was sent, for its ttl; for a lock handed over, when the attempt whose place
             // it was handed over for was sent, for what was left of that place.
-            let (attempt, started, (valid_from, lease)) = if let Some((fence, sent)) = handed {
+            let (attempt, started, (valid_from, lease)) = if let Some((fence, permit, sent)) = handed {
                 tracing::debug!(key, "lock handed over by a fair release");
                 deciding = Decided::default(); // no request decided it
                 let fence = options.is_fencing().then_some(fence);
                 let acquired = Attempt::Acquired {
                     fence,
                     kept_until: None,
-                    permit: None,
+                    permit,
                 };
                 (acquired, Instant::now(), (sent, lease))
             } else {
@@ -501,9 +497,9 @@ struct QueuePlace {
     token: String,
     /// It may hold a writer's claim: leaving tells the readers it held back.
     claimed: bool,
-    /// A place in the fair line: a release may have handed the lock to it meanwhile, so
-    /// leaving also gives that back (to the next in line).
-    fair: bool,
+    /// A place in the fair line: a release may have handed the lock (or a permit) to it
+    /// meanwhile, so leaving also gives that back (to the next in line), as this kind.
+    fair: Option<Kind>,
     taken: bool,
 }
 
@@ -514,7 +510,7 @@ impl QueuePlace {
             lock: lock.clone(),
             token: token.to_owned(),
             claimed: false,
-            fair: false,
+            fair: None,
             taken: false,
         }
     }
@@ -524,8 +520,8 @@ impl QueuePlace {
         self
     }
 
-    fn fair(mut self) -> Self {
-        self.fair = true;
+    fn fair(mut self, kind: Kind) -> Self {
+        self.fair = Some(kind);
         self
     }
 
@@ -559,10 +555,10 @@ impl Drop for QueuePlace {
             }
             // Out of line now, so no later release hands it the lock; one before may have
             // (token-checked: nothing happens if none did).
-            if fair {
+            if let Some(kind) = fair {
                 let release = Release {
                     hold_ms: 0,
-                    kind: Kind::Fair,
+                    kind,
                     after: None,
                 };
                 if let Err(e) = give_back(&core, &lock, &token, release).await {

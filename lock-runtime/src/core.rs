@@ -230,7 +230,11 @@ pub(crate) async fn give_back(
         }
         Released::Quiet => Ok(true),
         Released::Named(waiter) => {
-            core.wakeups.admitted(lock.name(), &waiter);
+            core.wakeups.admitted(lock.name(), &waiter, None);
+            Ok(true)
+        }
+        Released::HandedOver(waiter, handed) => {
+            core.wakeups.admitted(lock.name(), &waiter, Some(handed));
             Ok(true)
         }
     }

@@ -120,6 +120,8 @@ pub(crate) struct HandedOver {
     /// Which of the waiter's attempts kept the place it was handed over for (what that attempt
     /// was told, [`Attempt::Held`](crate::store::Attempt::Held)'s `kept`).
     pub(crate) kept: u64,
+    /// For a semaphore's waiter, the permit handed over.
+    pub(crate) permit: Option<u32>,
 }
 
 /// Told the name of a lock nobody of this client waits for any more.
@@ -297,11 +299,12 @@ impl Wakeups {
         }
     }
 
-    /// A release of this client named the waiter it admits: wakes it, if it is one of ours
-    /// (the store's announcement of it, heard later, finds it gone or awake).
-    pub(crate) fn admitted(&self, name: &str, token: &str) {
+    /// A release of this client named the waiter it admits, and with `handed` handed it what it
+    /// gave back: wakes it, if it is one of ours (the store's announcement of it, heard later,
+    /// finds it gone or awake).
+    pub(crate) fn admitted(&self, name: &str, token: &str, handed: Option<HandedOver>) {
         if self.waiters.load(Ordering::SeqCst) > 0 {
-            self.turn(name, token.as_bytes(), None);
+            self.turn(name, token.as_bytes(), handed);
         }
     }
 

@@ -1248,3 +1248,52 @@ async fn a_set_whose_row_is_released_while_it_waits_still_holds_that_key() {
     );
     assert!(set.release().await.unwrap());
 }
+
+/// Issue 55: a fair semaphore's release hands its permit to the waiter at the head of the line
+/// in the same statement (as a fair lock's release hands the lock over), so no permit is free
+/// between a release and the attempt of the waiter it admits, and that waiter holds without
+/// asking. Seen in the table (a place in line that never asks is handed the permit by the
+/// release itself), and end to end: another client's waiter holds the permit given back, with
+/// a fencing token above every one taken before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fair_semaphores_release_hands_its_permit_to_the_head_of_the_line() {
+    let server = PostgresServer::spawn();
+    let db = pool(&server).await;
+    let (a, b) = (client(&server).await, client(&server).await);
+    let two = ttl(30_000).permits(2).fair(true).fencing(true);
+    let first = a.acquire("sem", &two).await.unwrap();
+    let second = a.acquire("sem", &two).await.unwrap();
+    // A place nobody keeps asking for: only the release can give it a permit.
+    sqlx::query(
+        "INSERT INTO lock_runtime_line (key, token, arrival, kept_until, stamp) \
+         VALUES ('lock:{sem}#permits', 'a place', nextval('lock_runtime_arrivals'), \
+                 lock_runtime_v1_now() + 60000, 7)",
+    )
+    .execute(&db)
+    .await
+    .unwrap();
+    let given = first.permit();
+    assert!(first.release().await.unwrap());
+    let handed: Option<(i32, i64)> =
+        sqlx::query_as("SELECT permit, fence FROM lock_runtime_permits WHERE key = 'lock:{sem}' AND token = 'a place'")
+            .fetch_optional(&db)
+            .await
+            .unwrap();
+    let (permit, fence) = handed.expect("the release handed the permit to the head of the line");
+    assert_eq!(Some(permit as u32), given, "the permit given back");
+    assert!(fence as u64 > second.fencing_token().unwrap(), "a fencing token of its own");
+    let line: i64 = sqlx::query_scalar("SELECT count(*) FROM lock_runtime_line WHERE key = 'lock:{sem}#permits'")
+        .fetch_one(&db)
+        .await
+        .unwrap();
+    assert_eq!(line, 0, "out of the line");
+    // Another client's waiter, handed the next permit given back.
+    let waiter = in_line(&b, "sem", two.clone().wait(30 * SECOND)).await;
+    let given = second.permit();
+    let last_fence = fence as u64;
+    assert!(second.release().await.unwrap());
+    let guard = waiter.await.unwrap().unwrap();
+    assert_eq!(guard.permit(), given, "the permit given back");
+    assert!(guard.fencing_token().unwrap() > last_fence);
+    assert!(guard.release().await.unwrap());
+}

@@ -670,7 +670,14 @@ impl MemoryStore {
                     } else {
                         0
                     };
-                    Some((head, Some(HandedOver { fence, kept: stamp })))
+                    Some((
+                        head,
+                        Some(HandedOver {
+                            fence,
+                            kept: stamp,
+                            permit: None,
+                        }),
+                    ))
                 }
                 Some((_, head, _, _)) => Some((head, None)),
                 None => None,

@@ -355,6 +355,25 @@ impl Attempt {
         }
     }
 
+    /// This refusal kept the caller's place in a fair line, which a release may hand the lock
+    /// (or a permit) to: `kept` names that keeping (see [`Attempt::Held`]).
+    pub(crate) fn kept(self, kept: Option<u64>) -> Attempt {
+        match self {
+            Attempt::Held {
+                pttl_ms,
+                behind,
+                claimed,
+                ..
+            } => Attempt::Held {
+                pttl_ms,
+                behind,
+                claimed,
+                kept,
+            },
+            other => other,
+        }
+    }
+
     /// Refused, with nothing more to say.
     pub(crate) const HELD: Attempt = Attempt::Held {
         pttl_ms: None,
@@ -454,6 +473,9 @@ pub(crate) enum Released {
     /// release): this client wakes it at once if it is one of its own, without waiting for the
     /// store's announcement, which every other client hears.
     Named(String),
+    /// Given back, and handed over to that waiter (a permit of a fair semaphore, on
+    /// PostgreSQL): this client hands it at once if the waiter is its own.
+    HandedOver(String, crate::wakeups::HandedOver),
 }
 
 /// The route one attempt took to the store, for the release of an attempt whose answer never

@@ -20,6 +20,7 @@ use super::{
 };
 use crate::options::FAIR_PLACE_KEPT;
 use crate::redact::hide_credentials;
+use crate::wakeups::HandedOver;
 use crate::{LockClientBuilder, LockError};
 
 mod listener;
@@ -107,8 +108,8 @@ const GIVE_BACK: &str = "DELETE FROM lock_runtime_locks \
 const ACQUIRE: &str = "SELECT got, got_fence, left_ms, is_behind, has_claimed, kept_stamp \
      FROM lock_runtime_v1_acquire($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)";
 const SHARE: &str = "SELECT got, got_fence, left_ms FROM lock_runtime_v1_share($1, $2, $3, $4)";
-const PERMIT: &str = "SELECT got, got_fence, got_permit, left_ms, ahead \
-     FROM lock_runtime_v1_permit($1, $2, $3, $4, $5, $6, $7, $8, $9)";
+const PERMIT: &str = "SELECT got, got_fence, got_permit, left_ms, ahead, kept_stamp \
+     FROM lock_runtime_v1_take_permit($1, $2, $3, $4, $5, $6, $7, $8, $9)";
 /// The count of a key its semaphore's permits hold now (no row: not held by permits): asked
 /// after a plain first try was refused, so that a lock asked of a semaphore is told so.
 const COUNT_HELD: &str = "SELECT permits FROM lock_runtime_locks \
@@ -117,7 +118,8 @@ const COUNT_HELD: &str = "SELECT permits FROM lock_runtime_locks \
 const TAKE_SET: &str =
     "SELECT fences, refused, left_ms, held_permits FROM lock_runtime_v1_take_set($1, $2, $3, $4, $5)";
 const RENEW: &str = "SELECT lock_runtime_v1_renew($1, $2, $3)";
-const RELEASE: &str = "SELECT answer, admitted FROM lock_runtime_v1_give_back($1, $2, $3, $4, $5, $6)";
+const RELEASE: &str = "SELECT answer, admitted, handed_fence, handed_stamp, handed_permit \
+     FROM lock_runtime_v1_hand_back($1, $2, $3, $4, $5, $6)";
 const LEAVE: &str = "SELECT lock_runtime_v1_leave($1, $2, $3, $4)";
 const SWEEP: &str = "SELECT lock_runtime_v1_sweep($1)";
 /// A fencing token nobody uses: the probe of the right to take them.
@@ -518,18 +520,20 @@ impl PostgresStore {
                 .bind(place_ms)
                 .fetch_one(conn)
         ))?;
-        let (got, fence, permit, left, ahead) =
+        let (got, fence, permit, left, ahead, kept) =
             answer.map_err(|held| crate::store::permits_differ(lock.key(), held, ask.permits))?;
         Ok(match (got, permit) {
             (true, Some(permit)) => Attempt::permit(
                 fence.filter(|_| ask.fencing).map(unsigned),
                 u32::try_from(permit).unwrap_or_default(),
             ),
+            // A fair waiter's place may be handed a permit (`kept` names it).
             _ => Attempt::no_permit(
                 left.map(unsigned),
                 ahead.map_or(0, |a| unsigned(a.into())),
                 ask.permits,
-            ),
+            )
+            .kept(kept.map(unsigned)),
         })
     }
 
@@ -620,7 +624,8 @@ impl PostgresStore {
                 return Ok(Released::Freed);
             }
         }
-        let (released, admitted): (i32, Option<String>) = ask!(self, |conn| sqlx::query_as(RELEASE)
+        type Answer = (i32, Option<String>, Option<i64>, Option<i64>, Option<i32>);
+        let (released, admitted, fence, stamp, permit): Answer = ask!(self, |conn| sqlx::query_as(RELEASE)
             .bind(lock.name())
             .bind(lock.name())
             .bind(token)
@@ -632,9 +637,19 @@ impl PostgresStore {
             0 => Released::NotOurs,
             // Other readers still share the lock: nobody can enter because this one left.
             2 => Released::Quiet,
-            // A fair semaphore's release names the waiter it admits: this client wakes it at
-            // once if it is its own (the NOTIFY reaches the others).
-            3 => admitted.map_or(Released::Quiet, Released::Named),
+            // A permit's release handed it to the head of its fair line: this client hands it
+            // at once if the waiter is its own (the NOTIFY reaches the others).
+            4 => match (admitted, stamp, permit) {
+                (Some(waiter), Some(kept), Some(permit)) => Released::HandedOver(
+                    waiter,
+                    HandedOver {
+                        fence: fence.map_or(0, unsigned),
+                        kept: unsigned(kept),
+                        permit: Some(u32::try_from(permit).unwrap_or_default()),
+                    },
+                ),
+                _ => Released::Quiet,
+            },
             // A fair release names the next waiter.
             _ if kind == Kind::Fair => Released::Quiet,
             // This client's own next waiter need not hear it from the database (its listener
@@ -787,7 +802,7 @@ impl SqlStore for PostgresStore {
 /// The statement gave up waiting for a row lock (its `lock_timeout`): it changed nothing.
 /// What `lock_runtime_v1_permit` answers: taken, its fencing token, its permit, the ms until the
 /// first holder's lease ends, and how many fair waiters are ahead.
-type PermitRow = (bool, Option<i64>, Option<i32>, Option<i64>, Option<i32>);
+type PermitRow = (bool, Option<i64>, Option<i32>, Option<i64>, Option<i32>, Option<i64>);
 
 /// A request refused because the key is held with another count of permits
 /// (`lock_runtime_v1_count`: SQLSTATE LR001): that count.

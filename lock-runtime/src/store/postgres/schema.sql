@@ -199,13 +199,16 @@ $$;
 -- `<key>#permits`: not a fair lock's line, so neither's release meets the other's): a caller
 -- takes a permit only while fewer live waiters are ahead of it than permits are free, and a
 -- refused caller that will wait (`joining`) takes or keeps its place for `place_ms`. Refused
--- with LR001 when the key is held with another count. Idempotent for one token. (Clients of an
--- earlier build call the one with six arguments, which their schema makes.)
-CREATE OR REPLACE FUNCTION lock_runtime_v1_permit(
+-- with LR001 when the key is held with another count. Idempotent for one token: a permit a
+-- release handed over (lock_runtime_v1_hand_back) is found so, with a fencing token taken for it
+-- if it has none. A refused fair waiter is told the stamp of the place it kept (a hand-over names
+-- it). (Clients of earlier builds call lock_runtime_v1_permit, below, or the one with six
+-- arguments, which their schema makes.)
+CREATE OR REPLACE FUNCTION lock_runtime_v1_take_permit(
     k text, tok text, ttl bigint, n integer, fencing boolean, waiting boolean,
     fair boolean, joining boolean, place_ms bigint,
     OUT got boolean, OUT got_fence bigint, OUT got_permit integer, OUT left_ms bigint,
-    OUT ahead integer)
+    OUT ahead integer, OUT kept_stamp bigint)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     -- Its line is its own (`<key>#permits` in the fair line), not a fair lock's.
@@ -232,13 +235,19 @@ BEGIN
     END IF;
     SELECT * INTO mine FROM lock_runtime_permits WHERE key = k AND token = tok AND NOT released;
     IF FOUND THEN
-        -- Ours already (a request sent again): its lease counts from this attempt.
-        UPDATE lock_runtime_permits SET expires_ms = greatest(expires_ms, at_ms + ttl)
+        -- Ours already (a request sent again, or a permit handed over): its lease counts from
+        -- this attempt; with no fencing token taken for it then, it takes one.
+        got_fence := mine.fence;
+        IF fencing AND got_fence = 0 THEN
+            got_fence := lock_runtime_v1_fence(r.fence);
+        END IF;
+        UPDATE lock_runtime_permits SET expires_ms = greatest(expires_ms, at_ms + ttl), fence = got_fence
             WHERE key = k AND token = tok;
-        UPDATE lock_runtime_locks SET shares_until = greatest(shares_until, at_ms + ttl) WHERE key = k;
+        UPDATE lock_runtime_locks
+            SET shares_until = greatest(shares_until, at_ms + ttl), fence = greatest(fence, nullif(got_fence, 0))
+            WHERE key = k;
         got := true;
         got_permit := mine.permit;
-        got_fence := mine.fence;
         RETURN;
     END IF;
     SELECT count(*), min(expires_ms) INTO taken, first_end FROM lock_runtime_permits WHERE key = k;
@@ -258,9 +267,11 @@ BEGIN
     END IF;
     IF free IS NULL OR ahead >= n - taken THEN
         IF fair AND joining THEN
+            kept_stamp := nextval('lock_runtime_arrivals');
             INSERT INTO lock_runtime_line AS l (key, token, arrival, kept_until, stamp)
-            VALUES (q, tok, nextval('lock_runtime_arrivals'), at_ms + place_ms, 0)
-            ON CONFLICT (key, token) DO UPDATE SET kept_until = EXCLUDED.kept_until;
+            VALUES (q, tok, kept_stamp, at_ms + place_ms, kept_stamp)
+            ON CONFLICT (key, token) DO UPDATE
+                SET kept_until = EXCLUDED.kept_until, stamp = EXCLUDED.stamp;
         END IF;
         left_ms := first_end - at_ms;
         IF waiting AND NOT r.marked THEN
@@ -290,6 +301,18 @@ BEGIN
     got_permit := free;
     got_fence := f;
 END
+$$;
+
+-- lock_runtime_v1_take_permit without the kept place's stamp: what clients of an earlier build
+-- call.
+CREATE OR REPLACE FUNCTION lock_runtime_v1_permit(
+    k text, tok text, ttl bigint, n integer, fencing boolean, waiting boolean,
+    fair boolean, joining boolean, place_ms bigint,
+    OUT got boolean, OUT got_fence bigint, OUT got_permit integer, OUT left_ms bigint,
+    OUT ahead integer)
+LANGUAGE sql VOLATILE AS $$
+    SELECT got, got_fence, got_permit, left_ms, ahead
+        FROM lock_runtime_v1_take_permit(k, tok, ttl, n, fencing, waiting, fair, joining, place_ms)
 $$;
 
 -- One attempt at an exclusive lock. Answers taken (with the fencing token, when asked), or the
@@ -623,13 +646,16 @@ $$;
 -- Gives the lock back if it still holds `tok`: deletes it, or with `hold_ms > 0` keeps it
 -- (marked released) for that long; a share leaves, and the last to leave frees the lock. A fair
 -- release hands the lock to the head of the line (with a fencing token when the key has one)
--- and names it; a fair semaphore's release that frees a permit names the waiter it admits;
--- another release announces itself (`said`) if a waiter marked the lock. Answers 0: not ours,
--- 1: released, 2: a share left and other readers remain, 3: a permit given back and the waiter
--- it admits named, in `admitted` (the releasing client wakes it at once if it is its own).
-CREATE OR REPLACE FUNCTION lock_runtime_v1_give_back(
+-- and names it; so does a permit's release (not kept for a minimum hold) where its semaphore's
+-- fair line has a waiter; another release announces itself (`said`) if a waiter marked the
+-- lock. Answers 0: not ours, 1: released, 2: a share left and other readers remain, 4: a permit
+-- handed over to the waiter `admitted`, with the fencing token `handed_fence` taken for it (0:
+-- none), the stamp of its place `handed_stamp` and the permit `handed_permit` (the releasing
+-- client hands it at once if the waiter is its own; others hear it announced).
+CREATE OR REPLACE FUNCTION lock_runtime_v1_hand_back(
     k text, chan text, tok text, hold_ms bigint, fair boolean, said text,
-    OUT answer integer, OUT admitted text)
+    OUT answer integer, OUT admitted text, OUT handed_fence bigint, OUT handed_stamp bigint,
+    OUT handed_permit integer)
 LANGUAGE plpgsql VOLATILE AS $$
 DECLARE
     at_ms bigint := lock_runtime_v1_now();
@@ -679,6 +705,32 @@ BEGIN
             UPDATE lock_runtime_permits SET released = true, expires_ms = at_ms + hold_ms
                 WHERE key = k AND token = tok;
         ELSE
+            DELETE FROM lock_runtime_line WHERE key = k || '#permits' AND kept_until <= at_ms;
+            SELECT * INTO head FROM lock_runtime_line l WHERE l.key = k || '#permits'
+                ORDER BY l.arrival LIMIT 1;
+            IF FOUND THEN
+                -- The permit goes to the head of the fair line until its place would have
+                -- lapsed (the waiter renews it when it hears; else it lapses as the place).
+                DELETE FROM lock_runtime_line WHERE key = k || '#permits' AND token = head.token;
+                IF r.fence IS NOT NULL THEN
+                    f := lock_runtime_v1_fence(r.fence);
+                END IF;
+                UPDATE lock_runtime_permits
+                    SET token = head.token, expires_ms = head.kept_until, fence = coalesce(f, 0)
+                    WHERE key = k AND token = tok;
+                UPDATE lock_runtime_locks
+                    SET fence = coalesce(f, r.fence), held = NULL,
+                        shares_until = greatest(shares_until, head.kept_until)
+                    WHERE key = k;
+                answer := 4;
+                admitted := head.token;
+                handed_fence := coalesce(f, 0);
+                handed_stamp := head.stamp;
+                handed_permit := p.permit;
+                PERFORM lock_runtime_v1_tell(chan, 'p:' || handed_fence || ':' || handed_stamp
+                    || ':' || handed_permit || ':' || head.token);
+                RETURN;
+            END IF;
             DELETE FROM lock_runtime_permits WHERE key = k AND token = tok;
         END IF;
         SELECT count(*), max(expires_ms) INTO holders, last_end FROM lock_runtime_permits
@@ -695,19 +747,6 @@ BEGIN
                     permits = CASE WHEN holders = 0 THEN NULL ELSE permits END,
                     marked = marked AND holders > 0
                 WHERE key = k;
-        END IF;
-        IF hold_ms = 0 AND r.permits > holders THEN
-            -- A fair semaphore's line: with `free` permits free, the waiters at ranks below
-            -- `free` may take one (lock_runtime_v1_permit), and those ahead of the last were
-            -- named by the releases before: the release names that last one.
-            DELETE FROM lock_runtime_line WHERE key = k || '#permits' AND kept_until <= at_ms;
-            SELECT l.token INTO admitted FROM lock_runtime_line l WHERE l.key = k || '#permits'
-                ORDER BY l.arrival OFFSET r.permits - holders - 1 LIMIT 1;
-            IF admitted IS NOT NULL THEN
-                PERFORM lock_runtime_v1_tell(chan, 'w:' || admitted);
-                answer := 3;
-                RETURN;
-            END IF;
         END IF;
         IF r.marked THEN
             PERFORM lock_runtime_v1_tell(chan, said);
@@ -765,12 +804,22 @@ BEGIN
 END
 $$;
 
--- lock_runtime_v1_give_back's answer alone: what clients of an earlier build call.
+-- What clients of earlier builds call: lock_runtime_v1_hand_back's answer and the waiter it
+-- names (a permit handed over is named as admitted, 3: that client's waiter asks, and finds it
+-- its own), and its answer alone.
+CREATE OR REPLACE FUNCTION lock_runtime_v1_give_back(
+    k text, chan text, tok text, hold_ms bigint, fair boolean, said text,
+    OUT answer integer, OUT admitted text)
+LANGUAGE sql VOLATILE AS $$
+    SELECT CASE WHEN h.answer = 4 THEN 3 ELSE h.answer END, h.admitted
+        FROM lock_runtime_v1_hand_back(k, chan, tok, hold_ms, fair, said) AS h
+$$;
 CREATE OR REPLACE FUNCTION lock_runtime_v1_release(
     k text, chan text, tok text, hold_ms bigint, fair boolean, said text)
 RETURNS integer
 LANGUAGE sql VOLATILE AS $$
-    SELECT answer FROM lock_runtime_v1_give_back(k, chan, tok, hold_ms, fair, said)
+    SELECT CASE WHEN h.answer = 4 THEN 1 ELSE h.answer END
+        FROM lock_runtime_v1_hand_back(k, chan, tok, hold_ms, fair, said) AS h
 $$;
 
 -- A waiter that stops waiting: gives up its place in line and its claim as a waiting writer;
