@@ -430,6 +430,8 @@ struct PendingAcquire<'a> {
     /// The route the attempt took, for its release if its answer never comes (kept inline:
     /// nothing is allocated for it on the common path).
     flight: Flight,
+    /// The ttl it asked for: how long what it may have taken lasts.
+    ttl: Duration,
 }
 
 impl<'a> PendingAcquire<'a> {
@@ -443,6 +445,7 @@ impl<'a> PendingAcquire<'a> {
             settled: false,
             of_set: false,
             flight: Flight::default(),
+            ttl: Duration::from_millis(ask.ttl_ms),
         }
     }
 
@@ -470,6 +473,7 @@ impl Drop for PendingAcquire<'_> {
                     kind: self.kind,
                     flight: std::mem::take(&mut self.flight),
                     of_set: self.of_set,
+                    ttl: self.ttl,
                 },
             );
             if self.may_claim {

@@ -183,6 +183,27 @@ async fn send_again(core: &Core, state: &LockState, mut failed: String) {
     tracing::warn!(key = %state.key(), error = %failed, "lock release failed until the lease ended; the lock expires by itself");
 }
 
+/// The release of what an abandoned attempt may have taken, sent again on [`send_again`]'s
+/// backoff after a failure (the store down, a row locked past the response timeout) while that
+/// may last (`until`): given up, the lock would be held for nobody until its ttl.
+async fn give_back_until(
+    core: &Core,
+    (lock, token): (&Lock, &str),
+    release: Release<'_>,
+    until: Instant,
+) -> Result<bool, LockError> {
+    let mut pause = Duration::from_millis(50);
+    loop {
+        let released = give_back(core, lock, token, release).await;
+        if released.is_ok() || Instant::now() + pause >= until {
+            return released;
+        }
+        tracing::debug!(key = %lock.key(), "the release of an abandoned acquire failed; sent again");
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_secs(1));
+    }
+}
+
 /// The token-checked release; with a minimum hold (`hold_until`) left, the lock is kept until
 /// then.
 async fn release_lock(
@@ -265,7 +286,11 @@ pub(crate) fn release_in_background(core: Arc<Core>, lock: Abandoned) {
                 kind,
                 flight,
                 of_set,
+                ttl,
             } => {
+                // What the attempt may have taken lasts its ttl from when the store applies it,
+                // which is no later than the store answers (or gives up) a request.
+                let lasts_until = Instant::now() + *ttl + core.timeouts.response * 2;
                 // After the acquire, on the route it took, even if that was replaced meanwhile:
                 // a release on a newer one could reach the store first, and the acquire would
                 // then take the lock for nobody.
@@ -274,7 +299,7 @@ pub(crate) fn release_in_background(core: Arc<Core>, lock: Abandoned) {
                     kind: *kind,
                     after: Some(flight),
                 };
-                let mut released = give_back(&core, lock, token, release).await;
+                let mut released = give_back_until(&core, (lock, token), release, lasts_until).await;
                 if matches!(released, Ok(false)) && *of_set {
                     // A set's request may take this lock after its release found nothing: one
                     // statement locks a set's rows one after another, and this release can
@@ -282,7 +307,7 @@ pub(crate) fn release_in_background(core: Arc<Core>, lock: Abandoned) {
                     // any such request has been answered or given up (token-checked: harmless
                     // if the lock was never taken).
                     tokio::time::sleep(core.timeouts.response * 2 + Duration::from_secs(1)).await;
-                    released = give_back(&core, lock, token, release).await;
+                    released = give_back_until(&core, (lock, token), release, lasts_until).await;
                 }
                 if matches!(released, Ok(false)) {
                     tracing::debug!(key = %lock.key(), "an abandoned acquire had not taken the lock");
@@ -310,6 +335,8 @@ pub(crate) enum Abandoned {
         flight: Flight,
         /// One lock of a set attempt in one request: given back once more a while later.
         of_set: bool,
+        /// The ttl the attempt asked for.
+        ttl: Duration,
     },
 }
 

@@ -1008,8 +1008,9 @@ async fn an_acquire_behind_a_locked_row_keeps_to_its_wait() {
             assert!(matches!(answer, Err(LockError::Unavailable { .. })), "{answer:?}");
         }
         tx.commit().await.unwrap();
-        // Free: whatever the abandoned attempt took, its release came after it.
-        eventually(5 * SECOND, "the key is free", || async {
+        // Free: whatever the abandoned attempt took, its release came after it (sent again
+        // if it failed: under load it may outlast the response timeout behind the row).
+        eventually(10 * SECOND, "the key is free", || async {
             !c.is_locked("row").await.unwrap()
         })
         .await;
@@ -1274,18 +1275,23 @@ async fn a_fair_semaphores_release_hands_its_permit_to_the_head_of_the_line() {
     .unwrap();
     let given = first.permit();
     assert!(first.release().await.unwrap());
-    let handed: Option<(i32, i64)> =
-        sqlx::query_as("SELECT permit, fence FROM lock_runtime_permits WHERE key = 'lock:{sem}' AND token = 'a place'")
-            .fetch_optional(&db)
-            .await
-            .unwrap();
+    let handed: Option<(i32, i64)> = sqlx::query_as(
+        "SELECT permit, fence FROM lock_runtime_permits WHERE key = 'lock:{sem}' AND token = 'a place'",
+    )
+    .fetch_optional(&db)
+    .await
+    .unwrap();
     let (permit, fence) = handed.expect("the release handed the permit to the head of the line");
     assert_eq!(Some(permit as u32), given, "the permit given back");
-    assert!(fence as u64 > second.fencing_token().unwrap(), "a fencing token of its own");
-    let line: i64 = sqlx::query_scalar("SELECT count(*) FROM lock_runtime_line WHERE key = 'lock:{sem}#permits'")
-        .fetch_one(&db)
-        .await
-        .unwrap();
+    assert!(
+        fence as u64 > second.fencing_token().unwrap(),
+        "a fencing token of its own"
+    );
+    let line: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM lock_runtime_line WHERE key = 'lock:{sem}#permits'")
+            .fetch_one(&db)
+            .await
+            .unwrap();
     assert_eq!(line, 0, "out of the line");
     // Another client's waiter, handed the next permit given back.
     let waiter = in_line(&b, "sem", two.clone().wait(30 * SECOND)).await;
@@ -1296,4 +1302,59 @@ async fn a_fair_semaphores_release_hands_its_permit_to_the_head_of_the_line() {
     assert_eq!(guard.permit(), given, "the permit given back");
     assert!(guard.fencing_token().unwrap() > last_fence);
     assert!(guard.release().await.unwrap());
+}
+
+/// An acquire whose answer was lost took the lock on the server; its release in the background
+/// went into a partition and failed too. It is sent again once the partition heals, so the key
+/// is free long before its ttl (given up after one failure, the lock was held for nobody for a
+/// minute).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_release_of_an_abandoned_acquire_is_sent_again_after_it_failed() {
+    let server = PostgresServer::spawn();
+    let db = pool(&server).await;
+    let proxy = FaultProxy::start(server.port());
+    let c = builder(&format!(
+        "postgres://postgres@127.0.0.1:{}/postgres",
+        proxy.port()
+    ))
+    .build()
+    .await
+    .unwrap();
+    // Its statements prepared on every connection of the pool first (a statement new to a
+    // connection waits for the server to parse it before it is sent): pairs at once, more
+    // than the pool holds.
+    let warm: Vec<_> = (0..20)
+        .map(|i| {
+            let c = c.clone();
+            tokio::spawn(async move { c.acquire(&format!("warm:{i}"), &ttl(5000)).await?.release().await })
+        })
+        .collect();
+    for pair in warm {
+        assert!(pair.await.unwrap().unwrap());
+    }
+    // Applied, its answer lost.
+    proxy.drop_answers();
+    let acquire = tokio::spawn({
+        let c = c.clone();
+        async move { c.acquire("lost", &ttl(60_000)).await }
+    });
+    let holder = "SELECT count(*) FROM lock_runtime_locks WHERE key = 'lock:{lost}' AND token IS NOT NULL";
+    eventually(10 * SECOND, "the acquire took the lock on the server", || async {
+        sqlx::query_scalar::<_, i64>(holder).fetch_one(&db).await.unwrap() == 1
+    })
+    .await;
+    // Its release goes into the partition.
+    proxy.blackhole();
+    let dropped = proxy.dropped();
+    let answer = acquire.await.unwrap();
+    assert!(matches!(answer, Err(LockError::Unavailable { .. })), "{answer:?}");
+    eventually(10 * SECOND, "the release was sent into the partition", || async {
+        proxy.dropped() > dropped
+    })
+    .await;
+    proxy.relay();
+    eventually(10 * SECOND, "the key is free", || async {
+        sqlx::query_scalar::<_, i64>(holder).fetch_one(&db).await.unwrap() == 0
+    })
+    .await;
 }

@@ -799,10 +799,17 @@ impl SqlStore for PostgresStore {
     }
 }
 
-/// The statement gave up waiting for a row lock (its `lock_timeout`): it changed nothing.
-/// What `lock_runtime_v1_permit` answers: taken, its fencing token, its permit, the ms until the
-/// first holder's lease ends, and how many fair waiters are ahead.
-type PermitRow = (bool, Option<i64>, Option<i32>, Option<i64>, Option<i32>, Option<i64>);
+/// What `lock_runtime_v1_take_permit` answers: taken, its fencing token, its permit, the ms
+/// until the first holder's lease ends, how many fair waiters are ahead, and the stamp of the
+/// place a refused fair waiter kept.
+type PermitRow = (
+    bool,
+    Option<i64>,
+    Option<i32>,
+    Option<i64>,
+    Option<i32>,
+    Option<i64>,
+);
 
 /// A request refused because the key is held with another count of permits
 /// (`lock_runtime_v1_count`: SQLSTATE LR001): that count.
@@ -824,6 +831,7 @@ async fn counted<T>(
     }
 }
 
+/// The statement gave up waiting for a row lock (its `lock_timeout`): it changed nothing.
 fn lock_not_available(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
 }
