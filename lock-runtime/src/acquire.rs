@@ -84,10 +84,12 @@ impl Acquire<'_> {
             (fair && will_wait).then(|| QueuePlace::new(core, &lock, &token).fair(kind))
         };
         let mut claimed = false;
-        // Registered before the first attempt where the store queues: its wake-up may come as
-        // soon as that attempt has taken the place.
+        // Registered before the first attempt where the store queues, and for a fair waiter: its
+        // wake-up (or a lock handed over to it) may come as soon as that attempt has taken the
+        // place, before its answer is read. It listens only once refused.
+        let fair_early = fair && will_wait && !queues;
         let mut wakeup: Option<Registration> =
-            queues.then(|| core.wakeups.register_early(lock.name(), &token));
+            (queues || fair_early).then(|| core.wakeups.register_early(lock.name(), &token));
         // Until refused once, no holder's expiry is known.
         let mut pttl_ms = None;
         // The place a fair waiter's last refused attempt kept (its stamp), and when that attempt
@@ -108,7 +110,7 @@ impl Acquire<'_> {
         // counts from the send, can tell): one clock read fewer on the common path.
         let mut at_once = (!sleep_first).then_some(called);
         loop {
-            if let Some(wakeup) = &wakeup {
+            if let Some(wakeup) = wakeup.as_ref().filter(|w| !fair_early || w.is_in_line()) {
                 // A fair waiter or a claiming writer must ask again before its place lapses:
                 // by the end of its nap, however the subscriber fares (a subscription cut short
                 // goes on by itself). Anyone else waits for it up to the own deadline. (A place
@@ -187,7 +189,7 @@ impl Acquire<'_> {
                 let ask = Ask {
                     ttl_ms: options.ttl_ms(),
                     fencing: options.is_fencing(),
-                    waiting: wakeup.is_some(),
+                    waiting: wakeup.as_ref().is_some_and(|w| !fair_early || w.is_in_line()),
                     fair,
                     join: will_wait,
                     shared,
@@ -285,6 +287,13 @@ impl Acquire<'_> {
                     }
                     if let (true, Some(wakeup)) = (queues, &wakeup) {
                         wakeup.in_line();
+                        sleep_first = behind;
+                    } else if let Some(wakeup) = wakeup.as_ref().filter(|w| fair_early && !w.is_in_line()) {
+                        // First refusal of a fair waiter registered early: as below.
+                        wakeup.in_line();
+                        if semaphore {
+                            core.wakeups.spread(lock.name());
+                        }
                         sleep_first = behind;
                     } else if wakeup.is_none() {
                         // First refusal: listen for the release, then try again at once, so a

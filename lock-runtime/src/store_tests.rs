@@ -277,6 +277,72 @@ async fn a_fair_semaphores_release_wakes_the_waiter_it_admits() {
     drop((guard.release().await, last.release().await));
 }
 
+/// Issue 55: a fair release reaches a waiter whose refused attempt's answer is still on its way
+/// (the release came after the attempt had taken its place in line, before the waiter read the
+/// answer): a fair waiter is registered before its first attempt, so the hand-over finds it. It
+/// was lost before, and the waiter, refused behind others, slept out its nap (255–300 ms).
+#[tokio::test(start_paused = true)]
+async fn a_hand_over_before_a_fair_waiter_read_its_refusal_reaches_it() {
+    for permits in [1, 2] {
+        let (locks, store) = client(Capabilities {
+            name: "held back",
+            ..Capabilities::ALL
+        });
+        let options = match permits {
+            1 => ttl().fair(true),
+            n => ttl().fair(true).permits(n),
+        };
+        let waits = options.clone().wait(Duration::from_secs(30));
+        let mut holders = Vec::new();
+        for _ in 0..permits {
+            holders.push(locks.acquire("k", &options).await.unwrap());
+        }
+        // As many waiters ahead as permits: the last one's refusal says it is behind.
+        let mut ahead = Vec::new();
+        for n in 1..=permits as usize {
+            let (other, waits) = (locks.clone(), waits.clone());
+            ahead.push(tokio::spawn(async move { other.acquire("k", &waits).await }));
+            while locks.waiting("k").unwrap() < n {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+        let gate = Arc::new(tokio::sync::Notify::new());
+        *store.hold_refusal.lock().unwrap() = Some(Arc::clone(&gate));
+        let last = {
+            let (locks, waits) = (locks.clone(), waits.clone());
+            tokio::spawn(async move {
+                let guard = locks.acquire("k", &waits).await.unwrap();
+                (tokio::time::Instant::now(), guard)
+            })
+        };
+        while store.holds_a_refusal() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // Its refusal is on the way back: the holders go, the waiters ahead take their turns,
+        // and one of them gives its turn back, to the last waiter.
+        for holder in holders {
+            assert!(holder.release().await.unwrap());
+        }
+        let mut turns = Vec::new();
+        for waiter in ahead {
+            turns.push(waiter.await.unwrap().unwrap());
+        }
+        let released = tokio::time::Instant::now();
+        assert!(turns.pop().unwrap().release().await.unwrap());
+        gate.notify_one();
+        let (entered, guard) = last.await.unwrap();
+        assert!(
+            entered - released < Duration::from_millis(50),
+            "{permits} permit(s): the last waiter took its turn {:?} after the release",
+            entered - released
+        );
+        assert!(guard.release().await.unwrap());
+        for turn in turns {
+            assert!(turn.release().await.unwrap());
+        }
+    }
+}
+
 /// Issue 55: a set is given back in reverse canonical order, so a waiter for the same set
 /// (which takes the keys in canonical order, and so waits on the first) is woken once, when
 /// the last release frees the first key, and finds the others free: not woken on the first

@@ -47,6 +47,10 @@ struct Line {
     /// may be seen by nobody. Each goes to the next waiter refused (which tries again at once)
     /// or, when a waiter leaves, to the next not woken yet.
     owed: usize,
+    /// A waiter had its place in line, or an operator watched: the store may listen for the
+    /// lock, and is told when nobody waits any more. (A fair waiter registered for its first
+    /// attempt, which took the lock, never listened.)
+    listened: bool,
 }
 
 impl Line {
@@ -58,6 +62,7 @@ impl Line {
             relisten: 0,
             spread: false,
             owed: 0,
+            listened: false,
         }
     }
 
@@ -202,6 +207,7 @@ impl Wakeups {
         });
         let mut lines = self.lock();
         let entry = lines.entry(name.to_owned()).or_insert_with(Line::new);
+        entry.listened |= in_line;
         entry.queue.push_back(Arc::clone(&waiter));
         self.waiters.fetch_add(1, Ordering::SeqCst);
         Registration {
@@ -233,11 +239,9 @@ impl Wakeups {
         static IDS: AtomicU64 = AtomicU64::new(0);
         let id = IDS.fetch_add(1, Ordering::Relaxed);
         let mut lines = self.lock();
-        lines
-            .entry(name.to_owned())
-            .or_insert_with(Line::new)
-            .watchers
-            .push((id, to));
+        let line = lines.entry(name.to_owned()).or_insert_with(Line::new);
+        line.listened = true;
+        line.watchers.push((id, to));
         self.waiters.fetch_add(1, Ordering::SeqCst);
         Watching {
             id,
@@ -326,9 +330,10 @@ impl Wakeups {
             .any(|w| w.id == waiter && w.pending.load(Ordering::SeqCst) && !w.seen.load(Ordering::SeqCst));
         entry.queue.retain(|w| w.id != waiter);
         if entry.is_idle() {
+            let listened = entry.listened;
             lines.remove(name);
             drop(lines);
-            if let Some(told) = self.on_idle.get() {
+            if let (true, Some(told)) = (listened, self.on_idle.get()) {
                 told(name);
             }
         } else if entry.spread {
@@ -522,6 +527,14 @@ impl Registration {
     /// The waiter has its place in line now (see [`Wakeups::register_early`]).
     pub(crate) fn in_line(&self) {
         self.waiter.in_line.store(true, Ordering::Relaxed);
+        if let Some(line) = self.owner.lock().get_mut(&self.name) {
+            line.listened = true;
+        }
+    }
+
+    /// Whether it has its place in line ([`in_line`](Self::in_line), or registered so).
+    pub(crate) fn is_in_line(&self) -> bool {
+        self.waiter.in_line.load(Ordering::Relaxed)
     }
 
     /// Leaves the queue holding the lock: the next waiter is woken by this one's release, not
