@@ -24,7 +24,7 @@ use tokio::time::Instant;
 
 use super::names::{self, Permits};
 use super::sessions::Session;
-use super::{Place, ZkStore};
+use super::{Looked, Place, ZkStore};
 use crate::store::{permits_differ, Ask, Attempt, Flight, Lock};
 use crate::LockError;
 
@@ -93,9 +93,12 @@ impl ZkStore {
         let unheld = (0..count)
             .find(|p| !self.holds_permit(lock.name(), *p))
             .unwrap_or(0);
-        // A fair newcomer looks first: it claims only while nobody queues.
+        // A fair newcomer looks first: it claims only while nobody queues. One that will wait
+        // while another waiter of this client queues at the key queues at once (the queue is
+        // not empty), and looks behind its node.
         let mut next = match queued {
             None if !ask_.fair => Next::Claim(unheld),
+            None if ask_.join && self.queues_at(lock.name()) => Next::Queue,
             _ => Next::Look,
         };
         let mut claims = 0;
@@ -104,9 +107,34 @@ impl ZkStore {
                 Next::Claim(permit) => {
                     claims += 1;
                     let prefix = names::claim_prefix(lock.name(), &uuid, count, permit);
-                    let (path, czxid) = self.create_at(&session, lock, &prefix, token).await?;
-                    let children = self.look(&session, lock.name(), false, false).await;
+                    // A claim is decided by the claims older than itself, which its server
+                    // applied before it: no `sync`.
+                    let ((path, czxid), children) = self
+                        .create_and_look((&session, false), lock, &prefix, token)
+                        .await?;
                     (Some((path, czxid, permit)), children)
+                }
+                Next::Queue => {
+                    let prefix = names::queue_prefix(lock.name(), &uuid);
+                    // Behind a `sync`: a permit another client gave back just before is seen.
+                    let ((path, czxid), children) = self
+                        .create_and_look((&session, true), lock, &prefix, token)
+                        .await?;
+                    let place = Place {
+                        name: lock.name().to_owned(),
+                        path,
+                        shared: false,
+                        czxid,
+                        session: session.id,
+                        // A queue node leaves no fencing token when it goes (a lock's writer does).
+                        leaves_fence: false,
+                        until: None,
+                        kept: false,
+                        permit: None,
+                    };
+                    self.shared.record(token, place.clone());
+                    queued = Some(place);
+                    (None, children)
                 }
                 _ => (None, self.look(&session, lock.name(), false, true).await),
             };
@@ -136,9 +164,10 @@ impl ZkStore {
                 let place = self.claim_place(lock, &session, (path, czxid, permit));
                 if permits.holds(place.path.rsplit('/').next().unwrap_or_default()) {
                     if let Some(queued) = queued.take() {
-                        // Out of the queue: the next waiter wakes.
+                        // Out of the queue: the next waiter wakes. The caller need not wait
+                        // for that: the delete goes out now, its answer is read meanwhile.
                         self.shared.forget(token);
-                        self.give_up(token, queued).await;
+                        self.give_up_soon(token, queued);
                     }
                     return Ok(self.taken(token, place, ask_, (sent, &session), None));
                 }
@@ -189,29 +218,43 @@ impl ZkStore {
                     return Ok(WAITING);
                 }
                 Next::Refused => return Ok(Attempt::HELD),
-                Next::Queue => {
-                    let prefix = names::queue_prefix(lock.name(), &uuid);
-                    let (path, czxid) = self.create_at(&session, lock, &prefix, token).await?;
-                    let place = Place {
-                        name: lock.name().to_owned(),
-                        path,
-                        shared: false,
-                        czxid,
-                        session: session.id,
-                        // A queue node leaves no fencing token when it goes (a lock's writer does).
-                        leaves_fence: false,
-                        until: None,
-                        kept: false,
-                        permit: None,
-                    };
-                    self.shared.record(token, place.clone());
-                    queued = Some(place);
-                    // Looked at again behind its own create: a permit may have been given back
-                    // before its node was in the queue.
-                    next = Next::Look;
-                }
+                // Queued, and looked at again behind its own create: a permit may have been
+                // given back before its node was in the queue.
+                Next::Queue => continue,
             }
         }
+    }
+
+    /// Makes the node `prefix` (a claim, or a queue node) and reads the lock's children behind it
+    /// (with `sync`, behind a `sync`), in one round trip: the requests go out together on the
+    /// session, whose server answers them in order, so the read sees the node. Read again if it
+    /// does not (the create had to make the lock's node first, after the read).
+    async fn create_and_look(
+        &self,
+        (session, sync): (&Session, bool),
+        lock: &Lock,
+        prefix: &str,
+        token: &str,
+    ) -> Result<((String, i64), Result<Looked, LockError>), LockError> {
+        let (created, looked) = tokio::join!(
+            self.create_at(session, lock, prefix, token),
+            self.look(session, lock.name(), false, sync)
+        );
+        let (path, czxid) = created?;
+        let name = path.rsplit('/').next().unwrap_or_default();
+        let looked = match looked {
+            Ok(looked) if looked.children.iter().any(|c| c == name) => Ok(looked),
+            _ => self.look(session, lock.name(), false, sync).await,
+        };
+        Ok(((path, czxid), looked))
+    }
+
+    /// Whether another waiter of this client queues at the lock named `name`.
+    fn queues_at(&self, name: &str) -> bool {
+        self.shared
+            .places()
+            .values()
+            .any(|p| p.name == name && p.until.is_none() && p.permit.is_none())
     }
 
     /// Whether this client holds permit `permit` of the lock named `name`.
@@ -251,6 +294,17 @@ impl ZkStore {
             let leftover = format!("{token}\0{}", place.path);
             self.shared.delete_soon(&leftover, place);
         }
+    }
+
+    /// [`give_up`](Self::give_up) in the background.
+    fn give_up_soon(&self, token: &str, place: Place) {
+        let shared = std::sync::Arc::clone(&self.shared);
+        let leftover = format!("{token}\0{}", place.path);
+        tokio::spawn(async move {
+            if shared.delete(&place).await.is_err() {
+                shared.delete_soon(&leftover, place);
+            }
+        });
     }
 
     /// Has `token` (the oldest waiter) woken when any of the claims `holding` (the ones that
