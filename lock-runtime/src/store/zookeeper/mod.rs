@@ -355,6 +355,9 @@ struct Shared {
     changed: Notify,
     /// Each waiter's watch of the node ahead of its own, by token.
     watches: Mutex<HashMap<String, AbortHandle>>,
+    /// The permit a semaphore's oldest waiter saw freed (the claim whose deletion woke it), by
+    /// its token: it claims that permit at once, without a look first.
+    freed: Mutex<HashMap<String, u32>>,
     /// Each session's watch of its state, by session id: its end is told to every holder on
     /// it at once ([`Shared::session_ended`]).
     endings: Mutex<HashMap<i64, AbortHandle>>,
@@ -450,11 +453,12 @@ impl Shared {
         }
     }
 
-    /// Stops `token`'s watch, if it has one.
+    /// Stops `token`'s watch, if it has one (and forgets what it saw).
     fn unwatch(&self, token: &str) {
         if let Some(watch) = locked(&self.watches).remove(token) {
             watch.abort();
         }
+        locked(&self.freed).remove(token);
     }
 
     /// The session `id`, if it is alive.
@@ -655,6 +659,7 @@ impl ZkStore {
                 due: Mutex::new(BTreeSet::new()),
                 changed: Notify::new(),
                 watches: Mutex::new(HashMap::new()),
+                freed: Mutex::new(HashMap::new()),
                 endings: Mutex::new(HashMap::new()),
                 pulse: Pulse::default(),
                 notices,

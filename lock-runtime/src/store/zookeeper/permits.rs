@@ -20,6 +20,7 @@
 //! under a node of its own).
 
 use futures_util::future::{join_all, select_all};
+use zookeeper_client::EventType;
 use tokio::time::Instant;
 
 use super::names::{self, Permits};
@@ -95,10 +96,13 @@ impl ZkStore {
             .unwrap_or(0);
         // A fair newcomer looks first: it claims only while nobody queues. One that will wait
         // while another waiter of this client queues at the key queues at once (the queue is
-        // not empty), and looks behind its node.
-        let mut next = match queued {
-            None if !ask_.fair => Next::Claim(unheld),
-            None if ask_.join && self.queues_at(lock.name()) => Next::Queue,
+        // not empty), and looks behind its node. The oldest waiter woken by a claim's deletion
+        // claims that permit at once (the claim's read behind it says the rest).
+        let freed = super::locked(&self.shared.freed).remove(token);
+        let mut next = match (&queued, freed) {
+            (None, _) if !ask_.fair => Next::Claim(unheld),
+            (None, _) if ask_.join && self.queues_at(lock.name()) => Next::Queue,
+            (Some(_), Some(permit)) if permit < count => Next::Claim(permit),
             _ => Next::Look,
         };
         let mut claims = 0;
@@ -311,7 +315,7 @@ impl ZkStore {
     /// hold a permit) changes or goes; at once if one went already.
     fn watch_claims(&self, lock: &Lock, token: &str, session: &Session, holding: Vec<String>) {
         let client = session.client.clone();
-        let notices = self.shared.notices.clone();
+        let shared = std::sync::Arc::clone(&self.shared);
         let (name, waiter) = (lock.name().to_owned(), token.to_owned());
         let within = self.ensemble().timeouts.response;
         let task = tokio::spawn(async move {
@@ -319,13 +323,16 @@ impl ZkStore {
             // connection, one round trip for all of them.
             let asked = join_all(holding.iter().map(|path| client.check_and_watch_stat(path)));
             let mut watchers = Vec::with_capacity(holding.len());
+            // The claim seen to go: its permit is free (unless a newcomer claims it first).
+            let mut gone = None;
             match tokio::time::timeout(within, asked).await {
                 Ok(answers) => {
-                    for answer in answers {
+                    for (at, answer) in answers.into_iter().enumerate() {
                         match answer {
                             Ok((Some(_), watcher)) => watchers.push(Box::pin(watcher.changed())),
                             // Gone already: a permit may be free.
                             Ok((None, _)) => {
+                                gone = Some(at);
                                 watchers.clear();
                                 break;
                             }
@@ -340,9 +347,18 @@ impl ZkStore {
                 Err(_) => tracing::debug!("no answer to the watch of a semaphore's claims"),
             }
             if !watchers.is_empty() {
-                let _ = select_all(watchers).await;
+                let (event, at, _) = select_all(watchers).await;
+                if event.event_type == EventType::NodeDeleted {
+                    gone = Some(at);
+                }
             }
-            notices.turn(&name, waiter.as_bytes(), None);
+            let permit = gone
+                .and_then(|at| holding.get(at))
+                .and_then(|path| names::parse_claim(path.rsplit('/').next().unwrap_or_default()));
+            if let Some(claim) = permit {
+                super::locked(&shared.freed).insert(waiter.clone(), claim.permit);
+            }
+            shared.notices.turn(&name, waiter.as_bytes(), None);
         });
         if let Some(old) = super::locked(&self.shared.watches).insert(token.to_owned(), task.abort_handle()) {
             old.abort();
