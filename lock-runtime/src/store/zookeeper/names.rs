@@ -245,12 +245,38 @@ impl Permits {
         (0..count).find(|p| !self.holding.iter().any(|c| c.permit == *p))
     }
 
-    /// Where the queue node `mine` stands: `None` if it is not there; `Some(None)` the oldest;
-    /// `Some(Some(ahead))` behind `ahead`.
-    pub(super) fn ahead_of(&self, mine: &str) -> Option<Option<&str>> {
-        let at = self.queue.iter().position(|(name, _)| name == mine)?;
-        Some(at.checked_sub(1).map(|before| self.queue[before].0.as_str()))
+    /// Where the queue node `mine` stands in the queue of a semaphore of `count` permits: the
+    /// waiter at rank `r` may claim while more than `r` permits are free (the `r`-th free one,
+    /// so the first waiters claim different permits at once); the first `count` waiters watch
+    /// the claims; any other waiter watches the node `count` places ahead, whose going brings it
+    /// among the first.
+    pub(super) fn standing(&self, mine: &str, count: u32) -> Standing<'_> {
+        let Some(rank) = self.queue.iter().position(|(name, _)| name == mine) else {
+            return Standing::Gone;
+        };
+        let free = (0..count).filter(|p| !self.holding.iter().any(|c| c.permit == *p));
+        if let Some(permit) = free.clone().nth(rank) {
+            return Standing::Admitted(permit);
+        }
+        match rank.checked_sub(usize::try_from(count).unwrap_or(usize::MAX)) {
+            None => Standing::Next { rank },
+            Some(at) => Standing::Behind(&self.queue[at].0),
+        }
     }
+}
+
+/// Where a waiter's queue node stands ([`Permits::standing`]).
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Standing<'a> {
+    /// Not in the queue (an operator deleted it).
+    Gone,
+    /// Admitted: it claims this permit.
+    Admitted(u32),
+    /// Among the first waiters (at `rank`), with no permit free for it: it watches the claims
+    /// that hold, and the waiters ahead of it (one that goes moves it up).
+    Next { rank: usize },
+    /// Further back: it watches this node.
+    Behind(&'a str),
 }
 
 /// The start of the names of `uuid`'s nodes (`_c_<uuid>-`).
@@ -449,12 +475,17 @@ mod tests {
         assert_eq!(permits.free(1), None);
         assert_eq!(permits.other_count(4), None);
         assert_eq!(permits.other_count(3), Some(4));
-        assert_eq!(permits.ahead_of("_c_e-queue-0000000010"), Some(None));
-        assert_eq!(
-            permits.ahead_of("_c_d-queue-0000000011"),
-            Some(Some("_c_e-queue-0000000010"))
-        );
-        assert_eq!(permits.ahead_of("_c_x-queue-0000000012"), None);
+        // Permits 1 and 3 of 4 are free: the first two waiters claim one each.
+        let (first, second) = ("_c_e-queue-0000000010", "_c_d-queue-0000000011");
+        assert_eq!(permits.standing(first, 4), Standing::Admitted(1));
+        assert_eq!(permits.standing(second, 4), Standing::Admitted(3));
+        // Of 2, permit 1 is free: the second waiter watches the claims.
+        assert_eq!(permits.standing(first, 2), Standing::Admitted(1));
+        assert_eq!(permits.standing(second, 2), Standing::Next { rank: 1 });
+        // Of 1, none: the second waiter watches the first.
+        assert_eq!(permits.standing(first, 1), Standing::Next { rank: 0 });
+        assert_eq!(permits.standing(second, 1), Standing::Behind(first));
+        assert_eq!(permits.standing("_c_x-queue-0000000012", 4), Standing::Gone);
         assert_eq!(parse_claim("_c_f-permit-0004-02-0000000001"), None);
     }
 

@@ -11,19 +11,22 @@
 //! A newcomer claims the lowest permit it believes free at once (a create and a read), and
 //! when that permit was taken, the lowest free one it read; a fair newcomer reads first, and
 //! queues behind any waiter it finds. A caller that will wait and finds
-//! every permit taken queues an ephemeral sequential node `_c_<uuid>-queue-<seq>`: the oldest
-//! waiter watches the claims that hold (any one's deletion wakes it: one waiter per release),
-//! every other waiter the queue node just ahead of its own; a woken waiter looks (behind a
-//! `sync`), claims a free permit, and then deletes its queue node, which wakes the next. The
+//! every permit taken queues an ephemeral sequential node `_c_<uuid>-queue-<seq>`. The waiter
+//! at rank `r` of the queue claims while more than `r` permits are free (the `r`-th free one:
+//! the first waiters claim different permits at once, so releases close together are taken up
+//! together); the first `count` waiters watch the claims that hold, and any other waiter the
+//! queue node `count` places ahead of its own, whose going brings it among the first. A woken
+//! waiter looks (behind a `sync`; the oldest one, told which claim went, claims that permit
+//! without a look), claims, and deletes its queue node once it holds. The
 //! fencing token is the claim's `czxid`: it rises with every claim made at the key. Curator's
 //! recipes do not see these nodes (nor its `InterProcessSemaphoreV2` ours: it keeps leases
 //! under a node of its own).
 
 use futures_util::future::{join_all, select_all};
-use zookeeper_client::EventType;
 use tokio::time::Instant;
+use zookeeper_client::EventType;
 
-use super::names::{self, Permits};
+use super::names::{self, Permits, Standing};
 use super::sessions::Session;
 use super::{Looked, Place, ZkStore};
 use crate::store::{permits_differ, Ask, Attempt, Flight, Lock};
@@ -48,8 +51,11 @@ enum Next {
     Look,
     /// Wait behind this queue node.
     Behind(String),
-    /// The oldest waiter, every permit taken: wait for a claim to go.
-    ForAClaim,
+    /// Among the first waiters (at `rank`), no permit free for it: wait for a claim or a waiter
+    /// ahead to go (the first waiter may claim the permit that went without a look).
+    ForAClaim { rank: usize },
+    /// Admitted, but every claim it made lost its race: look again at once.
+    LostRaces,
     /// Refused, for a caller that will not wait.
     Refused,
     /// Queue (a newcomer that will wait, every permit taken).
@@ -181,20 +187,22 @@ impl ZkStore {
             let mine = queued
                 .as_ref()
                 .map(|q| q.path.rsplit('/').next().unwrap_or_default().to_owned());
-            let standing = mine.as_deref().map(|mine| permits.ahead_of(mine));
-            if let Some(None) = standing {
+            let standing = mine.as_deref().map(|mine| permits.standing(mine, count));
+            if let Some(Standing::Gone) = standing {
                 // Its queue node went (an operator deleted it): a newcomer again.
                 self.shared.forget(token);
                 queued = None;
             }
             // A fair newcomer does not claim ahead of waiters in the queue.
             let barred = ask_.fair && queued.is_none() && !permits.queue.is_empty();
-            next = match (standing.flatten(), permits.free(count)) {
-                (Some(Some(ahead)), _) => Next::Behind(format!("{}/{ahead}", lock.name())),
+            next = match (standing, permits.free(count)) {
+                (Some(Standing::Behind(ahead)), _) => Next::Behind(format!("{}/{ahead}", lock.name())),
+                (Some(Standing::Admitted(permit)), _) if claims < TRIES => Next::Claim(permit),
+                (Some(Standing::Admitted(_)), _) => Next::LostRaces,
+                (Some(Standing::Next { rank }), _) => Next::ForAClaim { rank },
                 _ if barred && !ask_.join => Next::Refused,
                 _ if barred => Next::Queue,
                 (_, Some(free)) if claims < TRIES => Next::Claim(free),
-                _ if queued.is_some() => Next::ForAClaim,
                 _ if !ask_.join => Next::Refused,
                 _ => Next::Queue,
             };
@@ -204,21 +212,22 @@ impl ZkStore {
                     self.watch(lock, token, &session, ahead.clone());
                     return Ok(WAITING);
                 }
-                Next::ForAClaim if permits.free(count).is_some() => {
-                    // It lost every race for a free permit (newcomers claimed it first): it
-                    // looks again at once rather than wait for a holder whose release would
-                    // leave that permit idle meanwhile. Each race lost is another caller's
-                    // permit taken, so this ends.
+                Next::LostRaces => {
+                    // It lost every race for a permit free for it (newcomers claimed them
+                    // first): it looks again at once rather than wait for a holder whose
+                    // release would leave that permit idle meanwhile. Each race lost is
+                    // another caller's permit taken, so this ends.
                     self.shared.notices.turn(lock.name(), token.as_bytes(), None);
                     return Ok(WAITING);
                 }
-                Next::ForAClaim => {
-                    let holding = permits
-                        .holding
-                        .iter()
-                        .map(|c| format!("{}/{}", lock.name(), c.name))
+                Next::ForAClaim { rank } => {
+                    let holding = permits.holding.iter().map(|c| c.name.as_str());
+                    let ahead = permits.queue.iter().take(*rank).map(|(name, _)| name.as_str());
+                    let watched = holding
+                        .chain(ahead)
+                        .map(|name| format!("{}/{name}", lock.name()))
                         .collect();
-                    self.watch_claims(lock, token, &session, holding);
+                    self.watch_claims((lock, token), &session, watched, *rank == 0);
                     return Ok(WAITING);
                 }
                 Next::Refused => return Ok(Attempt::HELD),
@@ -311,9 +320,17 @@ impl ZkStore {
         });
     }
 
-    /// Has `token` (the oldest waiter) woken when any of the claims `holding` (the ones that
-    /// hold a permit) changes or goes; at once if one went already.
-    fn watch_claims(&self, lock: &Lock, token: &str, session: &Session, holding: Vec<String>) {
+    /// Has `token` (one of the first waiters) woken when any of the nodes `watched` (the claims
+    /// that hold a permit, and the queue nodes ahead of it) changes or goes; at once if one went
+    /// already. The `oldest` waiter is told which permit went: nobody is ahead of it, so it
+    /// claims that one without a look.
+    fn watch_claims(
+        &self,
+        (lock, token): (&Lock, &str),
+        session: &Session,
+        watched: Vec<String>,
+        oldest: bool,
+    ) {
         let client = session.client.clone();
         let shared = std::sync::Arc::clone(&self.shared);
         let (name, waiter) = (lock.name().to_owned(), token.to_owned());
@@ -321,9 +338,9 @@ impl ZkStore {
         let task = tokio::spawn(async move {
             // Every watch asked at once: the requests go out together on the session's
             // connection, one round trip for all of them.
-            let asked = join_all(holding.iter().map(|path| client.check_and_watch_stat(path)));
-            let mut watchers = Vec::with_capacity(holding.len());
-            // The claim seen to go: its permit is free (unless a newcomer claims it first).
+            let asked = join_all(watched.iter().map(|path| client.check_and_watch_stat(path)));
+            let mut watchers = Vec::with_capacity(watched.len());
+            // The node seen to go: a claim's permit is free (unless a newcomer claims it first).
             let mut gone = None;
             match tokio::time::timeout(within, asked).await {
                 Ok(answers) => {
@@ -353,7 +370,8 @@ impl ZkStore {
                 }
             }
             let permit = gone
-                .and_then(|at| holding.get(at))
+                .filter(|_| oldest)
+                .and_then(|at| watched.get(at))
                 .and_then(|path| names::parse_claim(path.rsplit('/').next().unwrap_or_default()));
             if let Some(claim) = permit {
                 super::locked(&shared.freed).insert(waiter.clone(), claim.permit);
