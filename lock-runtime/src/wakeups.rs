@@ -428,6 +428,7 @@ impl Notices {
         if let Some(entry) = self.wakeups.lock().get_mut(name) {
             let bit = listener_bit(self.listener);
             entry.confirmed |= bit;
+            entry.listened = true;
             if entry.relisten & bit != 0 {
                 entry.relisten &= !bit;
                 if let Some(head) = entry.queue.front() {
@@ -442,9 +443,11 @@ impl Notices {
         self.wakeups.len() > 0
     }
 
-    /// Whether any of this client's callers waits for the lock named `name`.
+    /// Whether any of this client's callers waits for the lock named `name` (with its place in
+    /// line: a fair waiter registered for its first attempt does not listen yet, and its line,
+    /// if it goes without listening, tells the store nothing).
     pub(crate) fn is_wanted(&self, name: &str) -> bool {
-        self.wakeups.lock().contains_key(name)
+        self.wakeups.lock().get(name).is_some_and(|line| line.listened)
     }
 }
 

@@ -716,7 +716,8 @@ BEGIN
                     f := lock_runtime_v1_fence(r.fence);
                 END IF;
                 UPDATE lock_runtime_permits
-                    SET token = head.token, expires_ms = head.kept_until, fence = coalesce(f, 0)
+                    SET token = head.token, expires_ms = head.kept_until, fence = coalesce(f, 0),
+                        released = false
                     WHERE key = k AND token = tok;
                 UPDATE lock_runtime_locks
                     SET fence = coalesce(f, r.fence), held = NULL,

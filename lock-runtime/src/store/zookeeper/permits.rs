@@ -374,7 +374,12 @@ impl ZkStore {
                 .and_then(|at| watched.get(at))
                 .and_then(|path| names::parse_claim(path.rsplit('/').next().unwrap_or_default()));
             if let Some(claim) = permit {
-                super::locked(&shared.freed).insert(waiter.clone(), claim.permit);
+                // Only while it is still watched (`unwatch` forgets both): a waiter gone
+                // meanwhile leaves nothing behind.
+                let watches = super::locked(&shared.watches);
+                if watches.contains_key(&waiter) {
+                    super::locked(&shared.freed).insert(waiter.clone(), claim.permit);
+                }
             }
             shared.notices.turn(&name, waiter.as_bytes(), None);
         });
