@@ -32,6 +32,12 @@ async fn pool(server: &PostgresServer) -> PgPool {
         .unwrap_or_else(|e| panic!("cannot connect to {}: {e}", server.url()))
 }
 
+/// A client whose connections go through `proxy`.
+async fn through(proxy: &FaultProxy) -> LockClient {
+    let url = format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port());
+    builder(&url).build().await.unwrap()
+}
+
 /// Runs a blocking step of the kit (it waits for the server) off the runtime's workers.
 async fn blocking<T: Send + 'static>(step: impl FnOnce() -> T + Send + 'static) -> T {
     tokio::task::spawn_blocking(step)
@@ -1028,13 +1034,7 @@ async fn an_acquire_behind_a_locked_row_keeps_to_its_wait() {
 async fn a_client_cut_off_by_a_partition_works_again_once_it_heals() {
     let server = PostgresServer::spawn();
     let proxy = FaultProxy::start(server.port());
-    let c = builder(&format!(
-        "postgres://postgres@127.0.0.1:{}/postgres",
-        proxy.port()
-    ))
-    .build()
-    .await
-    .unwrap();
+    let c = through(&proxy).await;
     // Rounds: each leaves every connection that was open silent (in the pool, or abandoned).
     for round in 0..4 {
         // Open connections: pairs at once, more than the pool holds.
@@ -1313,13 +1313,7 @@ async fn the_release_of_an_abandoned_acquire_is_sent_again_after_it_failed() {
     let server = PostgresServer::spawn();
     let db = pool(&server).await;
     let proxy = FaultProxy::start(server.port());
-    let c = builder(&format!(
-        "postgres://postgres@127.0.0.1:{}/postgres",
-        proxy.port()
-    ))
-    .build()
-    .await
-    .unwrap();
+    let c = through(&proxy).await;
     // Its statements prepared on every connection of the pool first (a statement new to a
     // connection waits for the server to parse it before it is sent): pairs at once, more
     // than the pool holds.

@@ -130,17 +130,10 @@ impl ZkStore {
                     let ((path, czxid), children) = self
                         .create_and_look((&session, true), lock, &prefix, token)
                         .await?;
+                    // A waiter's node: no permit (and, as a claim's, no token left when it goes).
                     let place = Place {
-                        name: lock.name().to_owned(),
-                        path,
-                        shared: false,
-                        czxid,
-                        session: session.id,
-                        // A queue node leaves no fencing token when it goes (a lock's writer does).
-                        leaves_fence: false,
-                        until: None,
-                        kept: false,
                         permit: None,
+                        ..self.claim_place(lock, &session, (path, czxid, 0))
                     };
                     self.shared.record(token, place.clone());
                     queued = Some(place);
