@@ -558,3 +558,66 @@ async fn redlock_refuses_permits_with_the_reason() {
     })
     .await;
 }
+
+/// Issue 55: on Redis a fair semaphore's release hands its permit to the head of the line in
+/// the same script (as a fair lock's release hands the lock over), so no permit is free between
+/// a release and the waiter it admits, which holds it without asking. Seen in the hash (a place
+/// in line that never asks is handed the permit by the release itself), and end to end:
+/// another client's waiter holds the permit given back, with a fencing token taken when it
+/// renews (the hand-over took none).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_redis_a_fair_semaphores_release_hands_its_permit_to_the_head_of_the_line() {
+    let server = lock_tests::RedisServer::spawn();
+    let a = LockClient::connect(&server.url()).await.unwrap();
+    let b = LockClient::connect(&server.url()).await.unwrap();
+    let two = permits(2, 30_000).fair(true).fencing(true);
+    let first = a.acquire("sem:hand", &two).await.unwrap();
+    let second = a.acquire("sem:hand", &two).await.unwrap();
+    let names = lock_runtime::keys::LockKeys::new(lock_runtime::DEFAULT_PREFIX, "sem:hand");
+    let mut raw = server.raw().await;
+    // A place nobody keeps asking for, first in line: only the release can give it a permit.
+    let (secs, _): (u64, u64) = ::redis::cmd("TIME").query_async(&mut raw).await.unwrap();
+    let kept = secs * 1000 + 60_000;
+    let _: () = ::redis::pipe()
+        .cmd("ZADD")
+        .arg(names.permits_queue())
+        .arg(1)
+        .arg("a place")
+        .ignore()
+        .cmd("ZADD")
+        .arg(names.permits_kept())
+        .arg(kept)
+        .arg("a place")
+        .ignore()
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let given = first.permit().unwrap();
+    assert!(first.release().await.unwrap());
+    let handed: Option<String> = ::redis::cmd("HGET")
+        .arg(names.lock())
+        .arg("a place")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(
+        handed.as_deref(),
+        Some(format!("{kept}:{given}:0").as_str()),
+        "the release handed the permit to the head of the line, until its place lapses"
+    );
+    let line: usize = ::redis::cmd("ZCARD")
+        .arg(names.permits_queue())
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(line, 0, "out of the line");
+    // Another client's waiter, handed the next permit given back.
+    let waiter = in_line(&b, "sem:hand", two.clone().wait(30 * SECOND)).await;
+    let given = second.permit();
+    let last_fence = second.fencing_token().unwrap();
+    assert!(second.release().await.unwrap());
+    let guard = waiter.await.unwrap().unwrap();
+    assert_eq!(guard.permit(), given, "the permit given back");
+    assert!(guard.fencing_token().unwrap() > last_fence);
+    assert!(guard.release().await.unwrap());
+}

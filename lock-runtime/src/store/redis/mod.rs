@@ -14,7 +14,7 @@ use self::deployment::Deployment;
 use self::replicas::Acknowledged;
 use self::scripts::acquire;
 use self::scripts::permit::Permit;
-use self::scripts::release::{Release as ReleaseCall, ReleaseAnswer, Unlock};
+use self::scripts::release::{Admitted, Release as ReleaseCall, ReleaseAnswer, Unlock};
 use self::scripts::share::Share;
 use self::scripts::{renew, Call, RIGHTS, SET};
 use self::servers::Servers;
@@ -463,9 +463,12 @@ impl RedisStore {
             ReleaseAnswer::ShareLeft => Released::Quiet,
             // A fair release named the next waiter, wherever it is.
             _ if kind == Kind::Fair => Released::Quiet,
-            // A fair semaphore's names the waiter it admits: this client wakes it at once if it
-            // is its own (the announcement reaches the others).
-            ReleaseAnswer::Named => admitted.map_or(Released::Quiet, Released::Named),
+            // A fair semaphore's hands its permit to the head of the line: this client hands it
+            // at once if the waiter is its own (the announcement reaches the others).
+            ReleaseAnswer::HandedOver => match admitted {
+                Some(Admitted { token, handed }) => Released::HandedOver(token, handed),
+                None => Released::Quiet,
+            },
             ReleaseAnswer::Ours | ReleaseAnswer::Unannounced | ReleaseAnswer::Undecided => Released::Freed,
         })
     }
@@ -474,7 +477,7 @@ impl RedisStore {
     /// for a minimum hold, and the full one (`release.lua`) for everything else and whatever
     /// the common one cannot decide ([`Kind::Shared`] is only a hint: a read share given to the
     /// common release is handed on). Never [`ReleaseAnswer::Undecided`]. With
-    /// [`ReleaseAnswer::Named`], the token of the waiter named.
+    /// [`ReleaseAnswer::HandedOver`], the waiter named.
     async fn give_back(
         &self,
         lock: &str,
@@ -482,7 +485,7 @@ impl RedisStore {
         hold_ms: u64,
         kind: Kind,
         after: Option<&Flight>,
-    ) -> Result<(ReleaseAnswer, Option<String>), LockError> {
+    ) -> Result<(ReleaseAnswer, Option<Admitted>), LockError> {
         let (announcement, marks, sharded) = (
             self.subscriber.announcement.as_str(),
             self.deployment.marks(),

@@ -16,11 +16,14 @@
 -- ARGV[1] token, ARGV[2] ttl in ms, ARGV[3] '1' = fencing, ARGV[4] n, ARGV[5] where in KEYS the
 -- waiting mark is ('': not given), ARGV[6] where in KEYS the line is ('': not fair), ARGV[7]
 -- the ms a waiter's place is kept without a new attempt, ARGV[8] '1' = join the line.
--- Returns {1, fence, permit} when taken (fence 0 without fencing), {0, ms, ahead} when refused
--- (ms until the first lease ends: the caller asks again then unless woken; -1 for a foreign
--- value without expiry, -2 when a permit is free but fair waiters come first; ahead how many
--- waiters are ahead in a fair line), or {2, count} when the key is held with another count (1:
--- an ordinary lock, a read-write lock, or a string this library did not write).
+-- Returns {1, fence, permit} when taken (fence 0 without fencing), {0, ms, ahead, kept} when
+-- refused (ms until the first lease ends: the caller asks again then unless woken; -1 for a
+-- foreign value without expiry, -2 when a permit is free but fair waiters come first; ahead how
+-- many waiters are ahead in a fair line; kept the server ms until which its place in that line
+-- is kept, 0: it took none: a release that hands a permit over names it, release.lua), or
+-- {2, count} when the key is held with another count (1: an ordinary lock, a read-write lock,
+-- or a string this library did not write). A permit a release handed over is the caller's
+-- already (with a fencing token taken now, when it asks for one and the hand-over took none).
 -- Every check comes before the first write: a counter that fence_ok refuses fails the script
 -- with nothing changed.
 local lock, token, ttl, n = KEYS[1], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[4])
@@ -59,8 +62,12 @@ if kind == 'hash' then
       ends = tonumber(ends)
       if ends and ends > now then
         if field == token then
-          -- Ours already (a request sent again): its lease counts from this attempt.
-          if now + ttl > ends then
+          -- Ours already (a request sent again, or handed over): its lease counts from this
+          -- attempt.
+          if fence_key and fence == '0' then
+            fence = string.format('%d', next_fence(fence_key, counter, ttl))
+            redis.call('HSET', lock, token, string.format('%d:%s:%s', math.max(ends, now + ttl), permit, fence))
+          elseif now + ttl > ends then
             redis.call('HSET', lock, token, string.format('%d:%s:%s', now + ttl, permit, fence))
           end
           if redis.call('PTTL', lock) < ttl then
@@ -103,10 +110,12 @@ if line then
   ahead = redis.call('ZRANK', line, token) or #redis.call('ZRANGE', line, 0, -1)
 end
 if not free or ahead >= n - live then
+  local kept = 0
   if line and ARGV[8] == '1' then
     local place = tonumber(ARGV[7])
     join_line(line, token, time)
-    redis.call('ZADD', places, now + place, token)
+    kept = now + place
+    redis.call('ZADD', places, kept, token)
     -- The line lives while someone asks (each within its place's life).
     redis.call('PEXPIRE', line, place + 1000)
     redis.call('PEXPIRE', places, place + 1000)
@@ -119,7 +128,7 @@ if not free or ahead >= n - live then
     local pttl = redis.call('PTTL', lock)
     redis.call('SET', mark, '1', 'PX', math.max(pttl, tonumber(ARGV[7]) or 0) + 1000)
   end
-  return {0, first_end and first_end - now or -2, ahead}
+  return {0, first_end and first_end - now or -2, ahead, kept}
 end
 if line then
   redis.call('ZREM', line, token)

@@ -69,11 +69,13 @@ pub(crate) fn attempt(answer: &[i64], fencing: bool, permits: u32) -> Result<Att
             u32::try_from(at(2)).unwrap_or_default(),
         )),
         2 => Err(u32::try_from(at(1)).unwrap_or_default()),
+        // A fair waiter's place, kept until `at(3)`, may be handed a permit.
         _ => Ok(Attempt::no_permit(
             u64::try_from(at(1)).ok(),
             u64::try_from(at(2)).unwrap_or(0),
             permits,
-        )),
+        )
+        .kept(u64::try_from(at(3)).ok().filter(|&kept| kept > 0))),
     }
 }
 
@@ -90,8 +92,23 @@ mod tests {
             attempt(&[0, 450], false, 2),
             Ok(Attempt::Held {
                 pttl_ms: Some(450),
+                kept: None,
                 ..
             })
+        ));
+        // A fair waiter's place, which a release may hand a permit.
+        assert!(matches!(
+            attempt(&[0, -2, 3, 1_796_511_051_000], false, 2),
+            Ok(Attempt::Held {
+                pttl_ms: None,
+                behind: true,
+                kept: Some(1_796_511_051_000),
+                ..
+            })
+        ));
+        assert!(matches!(
+            attempt(&[0, 450, 0, 0], false, 2),
+            Ok(Attempt::Held { kept: None, .. })
         ));
     }
 }

@@ -61,7 +61,8 @@ if type(held) == 'table' and held.err and redis.pcall('HGET', KEYS[1], 'mode') =
   local kept = ARGV[1] .. ':released'
   local ends, rest = string.match(redis.call('HGET', KEYS[1], ARGV[1]) or '', '^(%d+)(:.*)$')
   if not ends then
-    local earlier = string.match(redis.call('HGET', KEYS[1], kept) or '', '^(%d+)')
+    local earlier
+    earlier, rest = string.match(redis.call('HGET', KEYS[1], kept) or '', '^(%d+)(:.*)$')
     if not (earlier and tonumber(earlier) > now) then
       return 0
     end
@@ -82,40 +83,38 @@ if type(held) == 'table' and held.err and redis.pcall('HGET', KEYS[1], 'mode') =
       redis.call('PEXPIRE', KEYS[1], ARGV[2], 'GT')
     end
   end
-  local marked = not mark or redis.call('EXISTS', mark) == 1
-  local fields = redis.call('HGETALL', KEYS[1])
-  -- A fair semaphore's release names the waiter it admits, and returns {4, its token} (the
-  -- releasing client wakes it at once if it is its own): with `free` permits
-  -- free, the waiters at ranks below `free` may take one (permit.lua), and those ahead of the
-  -- last were named by the releases before. Its places that lapsed go first.
-  local admitted
-  if ARGV[5] == '2' and ARGV[2] == '0' and redis.call('EXISTS', KEYS[2]) == 1 then
-    local n, live = 0, 0
-    for i = 1, #fields, 2 do
-      if fields[i] == 'permits' then
-        n = tonumber(fields[i + 1]) or 0
-      elseif fields[i] ~= 'mode' and (tonumber(string.match(fields[i + 1], '^(%d+)')) or 0) > now then
-        live = live + 1
-      end
-    end
+  -- A fair semaphore's permit given back now goes to the first waiter of its line whose place
+  -- has not lapsed (lapsed ones go), until that place would have lapsed, and is named:
+  -- 'p:0:<kept>:<permit>:<token>' (no fencing token: a waiter that wants one asks, and
+  -- permit.lua takes it). Returns {5, token, kept, permit}: the releasing client hands it at
+  -- once if the waiter is its own.
+  local permit = string.match(rest, '^:(%d+):')
+  if ARGV[5] == '2' and ARGV[2] == '0' and permit and redis.call('EXISTS', KEYS[2]) == 1 then
     for _, waiter in ipairs(redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)) do
       redis.call('ZREM', KEYS[2], waiter)
       redis.call('ZREM', KEYS[3], waiter)
     end
-    if n > live then
-      admitted = redis.call('ZRANGE', KEYS[2], n - live - 1, n - live - 1)[1]
+    local head = redis.call('ZRANGE', KEYS[2], 0, 0)[1]
+    local until_ms = head and tonumber(redis.call('ZSCORE', KEYS[3], head))
+    if until_ms then
+      redis.call('ZREM', KEYS[2], head)
+      redis.call('ZREM', KEYS[3], head)
+      redis.call('HSET', KEYS[1], head, string.format('%d:%s:0', until_ms, permit))
+      redis.call('PEXPIRE', KEYS[1], until_ms - now, 'GT')
+      -- (%d: concatenating a number writes a large one in exponent notation.)
+      local said = string.format('p:0:%d:%s:', until_ms, permit) .. head
+      local named = redis.pcall(ARGV[6] == '1' and 'SPUBLISH' or 'PUBLISH', ARGV[4], said)
+      if type(named) == 'table' and named.err then
+        return 2
+      end
+      return {5, head, until_ms, tonumber(permit)}
     end
   end
+  local marked = not mark or redis.call('EXISTS', mark) == 1
+  local fields = redis.call('HGETALL', KEYS[1])
   -- Only 'mode' and 'permits' left (HGETALL: the commands the rights check grants).
   if #fields <= 4 then
     delete()
-  end
-  if admitted then
-    local named = redis.pcall(ARGV[6] == '1' and 'SPUBLISH' or 'PUBLISH', ARGV[4], 'w:' .. admitted)
-    if type(named) == 'table' and named.err then
-      return 2
-    end
-    return {4, admitted}
   end
   if not marked then
     -- Nobody waits for it.

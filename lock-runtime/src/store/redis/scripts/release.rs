@@ -6,6 +6,7 @@ use std::borrow::Cow;
 
 use super::super::keys;
 use super::{Call, RELEASE, UNLOCK};
+use crate::wakeups::HandedOver;
 
 /// The common release: a lock that is neither fair nor kept for a minimum hold (`unlock.lua`).
 #[derive(Debug)]
@@ -51,7 +52,7 @@ pub(crate) struct Release<'a> {
     pub(crate) announcement: &'a str,
     /// Hand the lock to the next in line, and name it.
     pub(crate) fair: bool,
-    /// A semaphore's permit: a fair semaphore's release names the waiter it admits.
+    /// A semaphore's permit: a fair semaphore's release hands it to the head of its line.
     pub(crate) permit: bool,
     pub(crate) marks: bool,
     pub(crate) sharded: bool,
@@ -108,22 +109,38 @@ pub(crate) enum ReleaseAnswer {
     /// `unlock.lua` cannot decide (another type at the key, our token marked released):
     /// `release.lua` must.
     Undecided,
-    /// A fair semaphore's permit given back, and the waiter it admits named on the channel
-    /// (its token comes with the answer: see [`ReleaseAnswer::read`]).
-    Named,
+    /// A fair semaphore's permit handed over to the first waiter of its line, named on the
+    /// channel (the waiter and what it was handed come with the answer).
+    HandedOver,
+}
+
+/// The waiter a fair semaphore's release handed its permit to, and what it handed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Admitted {
+    pub(crate) token: String,
+    pub(crate) handed: HandedOver,
 }
 
 impl ReleaseAnswer {
-    /// What `release.lua` answered: a number, or `{4, token}` naming the waiter a fair
-    /// semaphore's release admits.
-    pub(crate) fn read(answer: &redis::Value) -> (ReleaseAnswer, Option<String>) {
+    /// What `release.lua` answered: a number, or `{5, token, kept, permit}` naming the waiter a
+    /// fair semaphore's release handed its permit to (until its place, kept until `kept`, would
+    /// have lapsed).
+    pub(crate) fn read(answer: &redis::Value) -> (ReleaseAnswer, Option<Admitted>) {
         match answer {
             redis::Value::Int(n) => (ReleaseAnswer::from_answer(*n), None),
             redis::Value::Array(items) => match items.as_slice() {
-                [redis::Value::Int(n), redis::Value::BulkString(token)] => (
-                    ReleaseAnswer::from_answer(*n),
-                    String::from_utf8(token.clone()).ok(),
-                ),
+                [redis::Value::Int(5), redis::Value::BulkString(token), redis::Value::Int(kept), redis::Value::Int(permit)] =>
+                {
+                    let handed = HandedOver {
+                        fence: 0,
+                        kept: kept.unsigned_abs(),
+                        permit: u32::try_from(*permit).ok(),
+                    };
+                    let admitted = String::from_utf8(token.clone())
+                        .ok()
+                        .map(|token| Admitted { token, handed });
+                    (ReleaseAnswer::HandedOver, admitted)
+                }
                 _ => (ReleaseAnswer::Undecided, None),
             },
             _ => (ReleaseAnswer::Undecided, None),
@@ -135,9 +152,41 @@ impl ReleaseAnswer {
             1 => ReleaseAnswer::Ours,
             2 => ReleaseAnswer::Unannounced,
             3 => ReleaseAnswer::ShareLeft,
-            4 => ReleaseAnswer::Named,
             -1 => ReleaseAnswer::Undecided,
             _ => ReleaseAnswer::NotOurs,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hand_over_names_the_waiter_its_place_and_the_permit() {
+        let int = redis::Value::Int;
+        let answer = redis::Value::Array(vec![
+            int(5),
+            redis::Value::BulkString(b"t host:1".to_vec()),
+            int(1_796_511_051_000),
+            int(3),
+        ]);
+        let handed = HandedOver {
+            fence: 0,
+            kept: 1_796_511_051_000,
+            permit: Some(3),
+        };
+        assert_eq!(
+            ReleaseAnswer::read(&answer),
+            (
+                ReleaseAnswer::HandedOver,
+                Some(Admitted {
+                    token: "t host:1".to_owned(),
+                    handed
+                })
+            )
+        );
+        assert_eq!(ReleaseAnswer::read(&int(1)), (ReleaseAnswer::Ours, None));
+        assert_eq!(ReleaseAnswer::read(&int(0)), (ReleaseAnswer::NotOurs, None));
     }
 }
