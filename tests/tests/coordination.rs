@@ -123,9 +123,11 @@ async fn wait_timeout_is_honoured(t: Target) {
 
 async fn expiry_without_release_still_ends_the_wait(t: Target) {
     let (c, other) = (t.client(), t.other_client().await);
-    // A holder that vanishes without releasing (a crashed process): nothing is published.
-    std::mem::forget(c.acquire("crashed", &ttl(300)).await.unwrap());
+    // A holder that vanishes without releasing (a crashed process): nothing is published. Its
+    // lock lasts its ttl from when its acquire was sent (on ZooKeeper its client deletes the
+    // node then), so the wait is timed from there.
     let started = Instant::now();
+    std::mem::forget(c.acquire("crashed", &ttl(300)).await.unwrap());
     let guard = other
         .acquire("crashed", &ttl(1000).wait(Duration::from_secs(10)))
         .await
