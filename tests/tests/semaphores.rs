@@ -26,6 +26,7 @@ lock_tests::on_every_deployment_with_permits!(
     the_attribute_takes_a_permit,
     a_call_nested_in_a_permit_in_another_mode_is_refused_at_once,
     fair_waiters_get_permits_in_the_order_they_came,
+    a_holder_asking_again_queues_behind_its_clients_waiter,
 );
 
 /// Wake-ups by another client's release (not on MySQL, which has no notifications: its
@@ -144,6 +145,46 @@ async fn concurrent_holders_hold_distinct_permits(t: Target) {
         assert!(guard.release().await.unwrap());
     }
     assert!(!c.is_locked("sem:distinct").await.unwrap());
+}
+
+/// A holder that gives its permit back and asks again at once, while a waiter of its own client
+/// waits, takes its turn behind that waiter (not fair: a client's waiters take turns in order on
+/// every store), and the waiter gets the permit the release freed.
+async fn a_holder_asking_again_queues_behind_its_clients_waiter(t: Target) {
+    let c = t.client();
+    let options = permits(2, 60_000);
+    let (first, second) = (
+        c.acquire("sem:again", &options).await.unwrap(),
+        c.acquire("sem:again", &options).await.unwrap(),
+    );
+    let waiting = permits(2, 60_000).wait(Duration::from_secs(30));
+    let waiter = in_line(&c, "sem:again", waiting.clone()).await;
+    t.refused_waiter("sem:again").await;
+    assert!(first.release().await.unwrap());
+    // Its first attempt goes out before the woken waiter's can (polled here once, at once).
+    let mut again = Box::pin({
+        let c = c.clone();
+        async move { c.acquire("sem:again", &waiting).await }
+    });
+    assert!(
+        futures_util::poll!(&mut again).is_pending(),
+        "no permit is free for it"
+    );
+    let again = tokio::spawn(again);
+    let got = tokio::time::timeout(10 * SECOND, waiter)
+        .await
+        .expect("the waiter gets the permit the release freed, not the holder asking again")
+        .unwrap()
+        .unwrap();
+    assert!(!again.is_finished(), "the holder asking again waits its turn");
+    assert!(got.release().await.unwrap());
+    let again = tokio::time::timeout(10 * SECOND, again)
+        .await
+        .expect("its turn comes")
+        .unwrap()
+        .unwrap();
+    again.release().await.unwrap();
+    second.release().await.unwrap();
 }
 
 async fn a_release_wakes_a_waiter_of_another_client(t: Target) {

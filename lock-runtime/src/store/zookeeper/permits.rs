@@ -10,7 +10,9 @@
 //!
 //! A newcomer claims the lowest permit it believes free at once (a create and a read), and
 //! when that permit was taken, the lowest free one it read; a fair newcomer reads first, and
-//! queues behind any waiter it finds. A caller that will wait and finds
+//! queues behind any waiter it finds. A newcomer that will wait while another waiter of its
+//! client queues at the key queues at once, fair or not (a client's waiters take their turns in
+//! order). A caller that will wait and finds
 //! every permit taken queues an ephemeral sequential node `_c_<uuid>-queue-<seq>`. The waiter
 //! at rank `r` of the queue claims while more than `r` permits are free (the `r`-th free one:
 //! the first waiters claim different permits at once, so releases close together are taken up
@@ -100,14 +102,16 @@ impl ZkStore {
         let unheld = (0..count)
             .find(|p| !self.holds_permit(lock.name(), *p))
             .unwrap_or(0);
-        // A fair newcomer looks first: it claims only while nobody queues. One that will wait
-        // while another waiter of this client queues at the key queues at once (the queue is
-        // not empty), and looks behind its node. The oldest waiter woken by a claim's deletion
+        // A newcomer that will wait while another waiter of this client queues at the key
+        // queues at once, and looks behind its node: this client's waiters take their turns in
+        // order, as on every store (a caller that gave a permit back and asks again does not
+        // take it back from under the waiter its release woke). A fair newcomer looks first
+        // otherwise: it claims only while nobody queues. The oldest waiter woken by a claim's deletion
         // claims that permit at once (the claim's read behind it says the rest).
         let freed = super::locked(&self.shared.freed).remove(token);
         let mut next = match (&queued, freed) {
-            (None, _) if !ask_.fair => Next::Claim(unheld),
             (None, _) if ask_.join && self.queues_at(lock.name()) => Next::Queue,
+            (None, _) if !ask_.fair => Next::Claim(unheld),
             (Some(_), Some(permit)) if permit < count => Next::Claim(permit),
             _ => Next::Look,
         };
