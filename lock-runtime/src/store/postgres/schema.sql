@@ -734,8 +734,11 @@ BEGIN
             END IF;
             DELETE FROM lock_runtime_permits WHERE key = k AND token = tok;
         END IF;
-        SELECT count(*), max(expires_ms) INTO holders, last_end FROM lock_runtime_permits
+        -- The latest end of the live holders (none: no holder left), read off the index by
+        -- end, not counted holder by holder.
+        SELECT max(expires_ms) INTO last_end FROM lock_runtime_permits
             WHERE key = k AND expires_ms > at_ms;
+        holders := CASE WHEN last_end IS NULL THEN 0 ELSE 1 END;
         IF holders = 0 THEN
             DELETE FROM lock_runtime_permits WHERE key = k;
         END IF;
