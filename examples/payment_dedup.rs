@@ -14,7 +14,10 @@
 //! With Redis reachable (`REDIS_URL`, default `redis://127.0.0.1:6379`) each instance is a
 //! separate OS process (this program re-executes itself); without it, the instances are tasks on
 //! the in-memory backend. With `LOCKS=postgres` and `DATABASE_URL`, the locked handler's locks
-//! live in that PostgreSQL database (the library's PostgreSQL store), the ledger in Redis. Exits non-zero if the locked handler ever charges an order twice.
+//! live in that PostgreSQL database (the library's PostgreSQL store), the ledger in Redis. Exits non-zero if the locked handler ever charges an order twice
+//! or fails. A call whose lock lapsed while it ran (the machine or the store stalled for most of
+//! a ttl) is stopped by the watchdog and counted apart (`stopped, lock lost`): it charged nothing
+//! under a lock it no longer held.
 //!
 //! ```text
 //! cargo run --example payment_dedup -- --orders 40 --requests 4 --instances 4
@@ -278,6 +281,7 @@ impl Store {
             busy: stat("busy"),
             already_paid: stat("already_paid"),
             errors: stat("error"),
+            lost: stat("lost"),
             doubles: by_order.into_iter().filter(|(_, c)| c.len() > 1).collect(),
             first,
         })
@@ -306,6 +310,8 @@ struct Report {
     busy: u64,
     already_paid: u64,
     errors: u64,
+    /// Calls stopped because their lock lapsed while they ran.
+    lost: u64,
     doubles: BTreeMap<u64, Vec<String>>,
     /// How the first order's charge was recorded.
     first: Option<String>,
@@ -383,6 +389,16 @@ async fn serve(instance: Arc<Instance>, mode: Mode, load: Load, start: Instant) 
                 Ok(Outcome::AlreadyPaid) => "already_paid",
                 Ok(Outcome::Busy) => "busy",
                 Err(e) if matches!(e.downcast_ref(), Some(LockError::Busy { .. })) => "busy",
+                // The lock lapsed while the call ran (the machine or the store stalled for most
+                // of a ttl): the watchdog stopped the handler, so this request charged nothing
+                // under a lock it no longer held. A retry of the order charges it.
+                Err(e) if matches!(e.downcast_ref(), Some(LockError::Lost { .. })) => {
+                    eprintln!(
+                        "instance {}: order {order}: {e:#}; the handler was stopped",
+                        instance.id
+                    );
+                    "lost"
+                }
                 Err(e) => {
                     eprintln!("instance {}: order {order}: {e:#}", instance.id);
                     "error"
@@ -560,6 +576,7 @@ async fn main() -> anyhow::Result<()> {
     row("rejected as busy", locked.busy, naive.busy);
     row("seen already paid", locked.already_paid, naive.already_paid);
     row("errors", locked.errors, naive.errors);
+    row("stopped, lock lost", locked.lost, naive.lost);
     row("DOUBLE CHARGES", locked.double_charges(), naive.double_charges());
     if let Some(first) = &locked.first {
         println!("  locked: {first}");
