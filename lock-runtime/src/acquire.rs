@@ -12,7 +12,7 @@ use crate::core::{give_back, release_in_background, Abandoned, Core};
 use crate::error::ShutDown;
 use crate::guard::LockGuard;
 use crate::state::LockState;
-use crate::store::{Ask, Attempt, Flight, Kind, Lock, Release, SetAttempt};
+use crate::store::{Ask, Attempt, Capabilities, Flight, Kind, Lock, Release, SetAttempt};
 use crate::telemetry::{self, Labels};
 use crate::wakeups::Registration;
 use crate::{LockError, LockMode, LockOptions, FAIR_PLACE_KEPT};
@@ -32,9 +32,13 @@ pub(crate) struct Acquire<'a> {
 }
 
 impl Acquire<'_> {
-    /// Attempts until the lock is taken or the wait runs out. Every way out goes through
-    /// `outcome`, which records it (a plain fn: a wrapping `async fn` would nest this future one
-    /// level deeper in every caller's, and deep futures overflow rustc's layout query limit).
+    /// Attempts until the lock is taken or the wait runs out. The steps are [`Call`]'s, in the
+    /// order they run: the wait before an attempt ([`Call::wait_plan`]), a lock a fair release
+    /// handed over ([`Call::handed`]), the attempt ([`Call::ask`]), and what its answer means
+    /// ([`Call::hold`], [`Call::refused`]). Every way out goes through [`Call::outcome`], which
+    /// records it. The awaits are all here, in one plain fn: a wrapping `async fn` would nest
+    /// this future one level deeper in every caller's, and deep futures overflow rustc's layout
+    /// query limit.
     pub(crate) async fn run(self) -> Result<LockGuard, LockError> {
         let Acquire {
             core,
@@ -42,59 +46,179 @@ impl Acquire<'_> {
             lock,
             options,
         } = self;
-        let called = Instant::now();
-        let shared = options.get_mode() == LockMode::Shared;
-        // How long the attempt that decided the call took, and whether the call made it at once.
-        let mut deciding = Decided::default();
-        let outcome = |result: Result<LockGuard, LockError>, deciding: Decided| {
-            let labels = Labels::new(shared, key, core.metrics_key_class);
-            // A call its first attempt decided took that attempt's time (one clock read fewer
-            // on the common path).
-            let whole = if deciding.at_once {
-                deciding.attempt
-            } else {
-                called.elapsed()
-            };
-            telemetry::acquire(&labels, telemetry::outcome(&result), deciding.attempt, whole);
-            result
-        };
+        let mut call = Call::new(core, key, &lock, options);
         let backend = &*core.store;
-        let deadline = called + options.get_wait();
+        loop {
+            if let Some(wait) = call.wait_plan() {
+                let listened = tokio::time::timeout_at(wait.listen_until, backend.listen(&lock)).await;
+                if listened.is_err() && wait.listen_until < call.deadline {
+                    call.napped(); // no release reached it
+                }
+                if let (Some(nap_end), Some(wakeup)) = (wait.sleep_until, call.wakeup.as_ref()) {
+                    tokio::select! {
+                        () = wakeup.woken() => {}
+                        () = tokio::time::sleep_until(nap_end) => {
+                            if nap_end < call.deadline {
+                                call.napped(); // no wake-up came
+                            }
+                        }
+                    }
+                }
+            }
+            let handed = call.handed();
+            // Counted before the check, so shutdown either refuses this attempt or waits for it
+            // (until its lock, if it takes one, is registered). A lock handed over is given back
+            // as the place is dropped.
+            let in_flight = core.held.acquiring();
+            if core.held.is_closed() {
+                return call.outcome(Err(LockError::unavailable(ShutDown)));
+            }
+            // The lock's validity counts from `valid_from` for `lease`: when the attempt that
+            // took it was sent, for its ttl; for a lock handed over, when the attempt whose place
+            // it was handed over for was sent, for what was left of that place.
+            let (attempt, started, (valid_from, lease)) = if let Some(handed) = handed {
+                call.handed_over(handed)
+            } else {
+                let ask = call.ask();
+                let first = call.at_once.take();
+                let started = first.unwrap_or_else(Instant::now);
+                let pending = PendingAcquire::new(core, &lock, &call.token, (&ask, call.kind));
+                let answer = backend.attempt(&lock, &call.token, &ask, &pending.flight).await;
+                call.deciding = Decided {
+                    attempt: started.elapsed(),
+                    at_once: first.is_some(),
+                };
+                match answer {
+                    Ok(answer) => {
+                        pending.settled();
+                        let lease = call.lease_of(&answer, started);
+                        (answer, started, (started, lease))
+                    }
+                    Err(e) => return call.outcome(Err(e)), // `pending` releases in the background as it drops
+                }
+            };
+            match attempt {
+                Attempt::Acquired { fence, permit, .. } => {
+                    let guard = call.hold(lock, (fence, permit), started, (valid_from, lease));
+                    drop(in_flight); // registered: shutdown will find it
+                    return call.outcome(Ok(guard));
+                }
+                Attempt::Held {
+                    pttl_ms,
+                    behind,
+                    claimed,
+                    kept,
+                } => {
+                    if let Err(busy) = call.refused(&lock, (pttl_ms, behind, claimed, kept), started) {
+                        return call.outcome(Err(busy));
+                    }
+                }
+                Attempt::NotReplicated { acked, wanted } => {
+                    // Given back by the backend already.
+                    let refused = LockError::NotReplicated {
+                        key: key.to_owned(),
+                        acked,
+                        wanted,
+                    };
+                    return call.outcome(Err(refused));
+                }
+            }
+        }
+    }
+}
+
+/// How a call waits, fixed as it begins (from its options and its store's capabilities).
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    /// It has a wait (else one attempt decides it).
+    will_wait: bool,
+    fair: bool,
+    shared: bool,
+    semaphore: bool,
+    /// A waiting call whose store queues every waiter (etcd, ZooKeeper): its first attempt
+    /// takes its place in line, and the store wakes it by its token when the one ahead goes.
+    queues: bool,
+    /// A waiting call whose store does not carry another client's release to it (MySQL): it
+    /// polls on a backoff.
+    polls: bool,
+    /// A fair waiter of a store that does not queue everyone: registered before its first
+    /// attempt (its wake-up, or a lock handed over to it, may come as soon as that attempt took
+    /// its place, before its answer is read); it listens only once refused.
+    fair_early: bool,
+}
+
+/// The wait before an attempt: listen for releases until `listen_until`, then sleep until
+/// woken or until `sleep_until` (if set).
+struct Wait {
+    listen_until: Instant,
+    sleep_until: Option<Instant>,
+}
+
+/// One acquire call under way: how it waits ([`Shape`]), and where its wait stands (changed by
+/// each refusal).
+struct Call<'a> {
+    core: &'a Arc<Core>,
+    key: &'a str,
+    options: &'a LockOptions,
+    capabilities: Capabilities,
+    shape: Shape,
+    /// Which release the lock needs (derived here only).
+    kind: Kind,
+    called: Instant,
+    deadline: Instant,
+    /// One token for every attempt of this call: it is also a fair waiter's place in line.
+    token: String,
+    /// How long the attempt that decided the call took, and whether the call made it at once.
+    deciding: Decided,
+    /// An attempt made at once is sent as the call began (as far as a lock's validity, which
+    /// counts from the send, can tell): one clock read fewer on the common path.
+    at_once: Option<Instant>,
+    /// Its registration for wake-ups (declared before `place`: dropped first, as it leaves).
+    wakeup: Option<Registration>,
+    /// A fair waiter's place in line, or a waiting writer's claim on a read-write lock: given
+    /// up if the call ends without the lock.
+    place: Option<QueuePlace>,
+    claimed: bool,
+    /// Until refused once, no holder's expiry is known.
+    pttl_ms: Option<u64>,
+    /// The place a fair waiter's last refused attempt kept (its stamp), and when that attempt
+    /// was sent: a lock handed over for that place is valid from then.
+    last_kept: Option<(u64, Instant)>,
+    /// Sleep until woken before the next attempt.
+    sleep_first: bool,
+    /// Refusals counted for a polling waiter's backoff.
+    refusals: u32,
+    /// Whether the last refusal found this fair waiter behind others in line.
+    was_behind: bool,
+}
+
+impl<'a> Call<'a> {
+    fn new(core: &'a Arc<Core>, key: &'a str, lock: &Lock, options: &'a LockOptions) -> Self {
+        let called = Instant::now();
         let will_wait = !options.get_wait().is_zero();
-        let fair = options.is_fair();
-        // Which release the lock needs (derived here only).
-        let kind = Kind::of(fair, shared, options.is_semaphore());
-        // One token for every attempt of this call: it is also a fair waiter's place in line.
-        let token = crate::holder::new_value(&core.owner);
-        // A store whose every waiter queues (etcd): a waiting call's first attempt takes its
-        // place in line, and the store wakes it by its token when the one ahead of it goes.
-        let capabilities = backend.capabilities();
+        let (fair, semaphore) = (options.is_fair(), options.is_semaphore());
+        let shared = options.get_mode() == LockMode::Shared;
+        let capabilities = core.store.capabilities();
         let queues = will_wait && capabilities.queues;
-        // Another client's release will not wake this waiter: it polls on a backoff.
-        let polls = will_wait && capabilities.polls;
-        let mut refusals = 0;
-        // Whether the last refusal found this fair waiter behind others in line.
-        let mut was_behind = false;
-        // A fair waiter's place in line, or a waiting writer's claim on a read-write lock: given
-        // up if the call ends without the lock.
-        let semaphore = options.is_semaphore();
-        let mut place = if queues {
-            Some(QueuePlace::new(core, &lock, &token))
-        } else {
-            (fair && will_wait).then(|| QueuePlace::new(core, &lock, &token).fair(kind))
+        let shape = Shape {
+            will_wait,
+            fair,
+            shared,
+            semaphore,
+            queues,
+            polls: will_wait && capabilities.polls,
+            fair_early: fair && will_wait && !queues,
         };
-        let mut claimed = false;
-        // Registered before the first attempt where the store queues, and for a fair waiter: its
-        // wake-up (or a lock handed over to it) may come as soon as that attempt has taken the
-        // place, before its answer is read. It listens only once refused.
-        let fair_early = fair && will_wait && !queues;
-        let mut wakeup: Option<Registration> =
-            (queues || fair_early).then(|| core.wakeups.register_early(lock.name(), &token));
-        // Until refused once, no holder's expiry is known.
-        let mut pttl_ms = None;
-        // The place a fair waiter's last refused attempt kept (its stamp), and when that attempt
-        // was sent: a lock handed over for that place is valid from then.
-        let mut last_kept: Option<(u64, Instant)> = None;
+        let kind = Kind::of(fair, shared, semaphore);
+        let token = crate::holder::new_value(&core.owner);
+        let place = if queues {
+            Some(QueuePlace::new(core, lock, &token))
+        } else {
+            (fair && will_wait).then(|| QueuePlace::new(core, lock, &token).fair(kind))
+        };
+        // Registered before the first attempt where the store queues, and for a fair waiter.
+        let mut wakeup =
+            (queues || shape.fair_early).then(|| core.wakeups.register_early(lock.name(), &token));
         // Local waiters queue in order: a newcomer that would wait joins the end of the queue
         // instead of barging in ahead of waiters already there, and tries when woken. (A fair
         // waiter asks at once: its place in line is taken in the store.)
@@ -106,220 +230,269 @@ impl Acquire<'_> {
             }
             sleep_first = true;
         }
-        // An attempt made at once is sent as the call began (as far as a lock's validity, which
-        // counts from the send, can tell): one clock read fewer on the common path.
-        let mut at_once = (!sleep_first).then_some(called);
-        loop {
-            if let Some(wakeup) = wakeup.as_ref().filter(|w| !fair_early || w.is_in_line()) {
-                // A fair waiter or a claiming writer must ask again before its place lapses:
-                // by the end of its nap, however the subscriber fares (a subscription cut short
-                // goes on by itself). Anyone else waits for it up to the own deadline. (A place
-                // in a queueing store's line lasts as long as this client.)
-                let keeps_place = (fair || claimed) && !queues;
-                let nap_end = (keeps_place || sleep_first).then(|| {
-                    let now = Instant::now();
-                    // No release of another client will wake it: the first of this client's
-                    // waiters polls on the backoff; the others wait for this client's releases
-                    // (in arrival order), as everywhere.
-                    let nap = match (polls && wakeup.is_head(), queues && capabilities.watched) {
-                        (true, _) => nap(pttl_ms, keeps_place).min(poll_nap(&mut refusals, keeps_place)),
-                        // The store's watch wakes it: a nap is only a safety net.
-                        (_, true) => WATCHED_NAP.mul_f64(rand::random_range(0.85..=1.0)),
-                        _ => nap(pttl_ms, keeps_place),
-                    };
-                    now + nap.min(deadline.saturating_duration_since(now))
-                });
-                let listen_until = nap_end.filter(|_| keeps_place).unwrap_or(deadline);
-                let listened = tokio::time::timeout_at(listen_until, backend.listen(&lock)).await;
-                if listened.is_err() && listen_until < deadline {
-                    telemetry::nap_ended(capabilities.name); // no release reached it
-                }
-                if let (true, Some(nap_end)) = (std::mem::take(&mut sleep_first), nap_end) {
-                    tokio::select! {
-                        () = wakeup.woken() => {}
-                        () = tokio::time::sleep_until(nap_end) => {
-                            if nap_end < deadline {
-                                telemetry::nap_ended(capabilities.name); // no wake-up came
-                            }
-                        }
-                    }
-                }
+        Call {
+            core,
+            key,
+            options,
+            capabilities,
+            shape,
+            kind,
+            called,
+            deadline: called + options.get_wait(),
+            token,
+            deciding: Decided::default(),
+            at_once: (!sleep_first).then_some(called),
+            wakeup,
+            place,
+            claimed: false,
+            pttl_ms: None,
+            last_kept: None,
+            sleep_first,
+            refusals: 0,
+            was_behind: false,
+        }
+    }
+
+    /// Records how the call ended, and returns it. A call its first attempt decided took that
+    /// attempt's time (one clock read fewer on the common path).
+    fn outcome(&self, result: Result<LockGuard, LockError>) -> Result<LockGuard, LockError> {
+        let labels = Labels::new(self.shape.shared, self.key, self.core.metrics_key_class);
+        let whole = if self.deciding.at_once {
+            self.deciding.attempt
+        } else {
+            self.called.elapsed()
+        };
+        telemetry::acquire(&labels, telemetry::outcome(&result), self.deciding.attempt, whole);
+        result
+    }
+
+    /// A wait that ended without a release or a wake-up reaching it.
+    fn napped(&self) {
+        telemetry::nap_ended(self.capabilities.name);
+    }
+
+    /// A fair waiter or a claiming writer keeps its place by asking again before it lapses (a
+    /// place in a queueing store's line lasts as long as this client).
+    fn keeps_place(&self) -> bool {
+        (self.shape.fair || self.claimed) && !self.shape.queues
+    }
+
+    /// The wait before the next attempt, for a registered waiter (registered early: once in
+    /// line). A waiter that keeps a place asks again by the end of its nap, however the
+    /// subscriber fares (a subscription cut short goes on by itself); anyone else waits for it
+    /// up to the own deadline.
+    fn wait_plan(&mut self) -> Option<Wait> {
+        let fair_early = self.shape.fair_early;
+        let wakeup = self.wakeup.as_ref().filter(|w| !fair_early || w.is_in_line())?;
+        // No release of another client will wake it: the first of this client's waiters polls
+        // on the backoff; the others wait for this client's releases (in arrival order).
+        let polling_head = self.shape.polls && wakeup.is_head();
+        let keeps_place = self.keeps_place();
+        let sleep_first = std::mem::take(&mut self.sleep_first);
+        let nap_end = (keeps_place || sleep_first).then(|| {
+            let now = Instant::now();
+            now + self
+                .nap(polling_head, keeps_place)
+                .min(self.deadline.saturating_duration_since(now))
+        });
+        Some(Wait {
+            listen_until: nap_end.filter(|_| keeps_place).unwrap_or(self.deadline),
+            sleep_until: nap_end.filter(|_| sleep_first),
+        })
+    }
+
+    /// How long the next nap lasts, by how the waiter is woken.
+    fn nap(&mut self, polling_head: bool, keeps_place: bool) -> Duration {
+        match (polling_head, self.shape.queues && self.capabilities.watched) {
+            (true, _) => nap(self.pttl_ms, keeps_place).min(poll_nap(&mut self.refusals, keeps_place)),
+            // The store's watch wakes it: a nap is only a safety net.
+            (_, true) => WATCHED_NAP.mul_f64(rand::random_range(0.85..=1.0)),
+            _ => nap(self.pttl_ms, keeps_place),
+        }
+    }
+
+    /// The lock a fair release handed this waiter, to hold without asking (fencing token,
+    /// permit, and when the attempt that kept its place was sent): only when the hand-over was
+    /// for the place its last attempt kept (one for an earlier place may have lapsed since, and
+    /// gone to the next in line), with enough of that place's lease left to be worth holding
+    /// (else asking extends it to the ttl). A fencing waiter the release could take no token
+    /// for, and one whose locks replicas must acknowledge, ask instead: the lock is theirs
+    /// already, if it still is.
+    fn handed(&self) -> Option<(u64, Option<u32>, Instant)> {
+        let handed = self.wakeup.as_ref().and_then(Registration::handed_over)?;
+        let (kept, sent) = self.last_kept?;
+        let lease = self.place_lease();
+        let usable = handed.kept == kept
+            && Instant::now() + lease / 2 < sent + lease
+            && !(self.options.is_fencing() && handed.fence == 0)
+            && self.capabilities.hand_over;
+        usable.then_some((handed.fence, handed.permit, sent))
+    }
+
+    /// How long a fair waiter's place lasts after its attempt.
+    fn place_lease(&self) -> Duration {
+        FAIR_PLACE_KEPT.min(self.options.ttl())
+    }
+
+    /// The answer for a lock [`handed`](Self::handed) over: taken now, valid from the send of
+    /// the attempt whose place it was, for what was left of that place.
+    fn handed_over(
+        &mut self,
+        (fence, permit, sent): (u64, Option<u32>, Instant),
+    ) -> (Attempt, Instant, (Instant, Duration)) {
+        tracing::debug!(key = self.key, "lock handed over by a fair release");
+        self.deciding = Decided::default(); // no request decided it
+        let acquired = Attempt::Acquired {
+            fence: self.options.is_fencing().then_some(fence),
+            kept_until: None,
+            permit,
+        };
+        (acquired, Instant::now(), (sent, self.place_lease()))
+    }
+
+    /// The next attempt's request.
+    fn ask(&self) -> Ask {
+        let shape = self.shape;
+        Ask {
+            ttl_ms: self.options.ttl_ms(),
+            fencing: self.options.is_fencing(),
+            waiting: self
+                .wakeup
+                .as_ref()
+                .is_some_and(|w| !shape.fair_early || w.is_in_line()),
+            fair: shape.fair,
+            join: shape.will_wait,
+            shared: shape.shared,
+            permits: self.options.get_permits(),
+            claimed: self.claimed,
+            wait_left: shape
+                .will_wait
+                .then(|| self.deadline.saturating_duration_since(Instant::now())),
+        }
+    }
+
+    /// How long a lock `answer` took (sent at `started`) is valid: its ttl, or less where the
+    /// store keeps it for less whatever happens to this client (etcd: its session lease was
+    /// last renewed a while ago); renewed a third of the way there.
+    fn lease_of(&self, answer: &Attempt, started: Instant) -> Duration {
+        match answer {
+            Attempt::Acquired {
+                kept_until: Some(until),
+                ..
+            } => until.saturating_duration_since(started).min(self.options.ttl()),
+            _ => self.options.ttl(),
+        }
+    }
+
+    /// The lock is taken: its guard (taken at `started`, valid from `valid_from` for `lease`; a
+    /// minimum hold and the hold time count from `started`: after the release, for a lock
+    /// handed over).
+    fn hold(
+        &mut self,
+        lock: Lock,
+        (fence, permit): (Option<u64>, Option<u32>),
+        started: Instant,
+        (valid_from, lease): (Instant, Duration),
+    ) -> LockGuard {
+        match self.wakeup.take() {
+            // A reader passes the wake-up on: the next waiter may be a reader too (where the
+            // store queues, it wakes each waiter itself).
+            Some(wakeup) if self.shape.shared && !self.shape.queues => drop(wakeup),
+            Some(wakeup) => wakeup.acquired(),
+            None => {}
+        }
+        if let Some(place) = self.place.take() {
+            place.taken();
+        }
+        tracing::debug!(key = self.key, fence, permit, "lock acquired");
+        let token = std::mem::take(&mut self.token);
+        let mut state = LockState::new(
+            (lock, self.kind),
+            token,
+            fence,
+            self.options,
+            started,
+            (valid_from, lease),
+        );
+        state.permit = permit;
+        state.by_key_class = self.core.metrics_key_class;
+        LockGuard::new(
+            Arc::clone(self.core),
+            state,
+            self.options.is_watchdog(),
+            (valid_from, lease),
+        )
+    }
+
+    /// The attempt sent at `started` was refused (the holder's remaining ms, whether this fair
+    /// waiter is behind others, whether it claimed the writers' turn, the place it kept): `Busy`
+    /// once the wait has run out, else the call goes on, listening from its first refusal.
+    fn refused(
+        &mut self,
+        lock: &Lock,
+        (left, behind, claim, kept): (Option<u64>, bool, bool, Option<u64>),
+        started: Instant,
+    ) -> Result<(), LockError> {
+        if claim && !self.claimed {
+            self.claimed = true;
+            let place = self.place.take();
+            let place = place.unwrap_or_else(|| QueuePlace::new(self.core, lock, &self.token));
+            self.place = Some(place.claimed());
+        }
+        if Instant::now() >= self.deadline {
+            tracing::debug!(key = self.key, "lock busy");
+            return Err(LockError::Busy {
+                key: self.key.to_owned(),
+            });
+        }
+        // The call goes on: it will not have taken only this attempt's time.
+        self.deciding.at_once = false;
+        self.pttl_ms = left;
+        self.last_kept = kept.map(|kept| (kept, started));
+        if self.shape.polls && self.shape.fair {
+            // A fair waiter that reached the head of the line polls from the shortest nap
+            // again: the lock is its own as soon as the holder goes.
+            if self.was_behind && !behind {
+                self.refusals = 0;
             }
-            // A fair release may have handed this waiter the lock: it holds it without asking,
-            // when the hand-over was for the place its last attempt kept (one for an earlier
-            // place may have lapsed since, and gone to the next in line; a fencing waiter the
-            // release could take no token for, and one whose locks replicas must acknowledge,
-            // ask instead: the lock is theirs already, if it still is).
-            let handed = wakeup.as_ref().and_then(Registration::handed_over);
-            let lease = FAIR_PLACE_KEPT.min(options.ttl());
-            let handed = match (handed, last_kept) {
-                // Enough of the lease left to be worth holding (else asking extends it to the
-                // ttl).
-                (Some(handed), Some((kept, sent)))
-                    if handed.kept == kept
-                        && Instant::now() + lease / 2 < sent + lease
-                        && !(options.is_fencing() && handed.fence == 0)
-                        && capabilities.hand_over =>
-                {
-                    Some((handed.fence, handed.permit, sent))
-                }
-                _ => None,
-            };
-            // Counted before the check, so shutdown either refuses this attempt or waits for it
-            // (until its lock, if it takes one, is registered). A lock handed over is given back
-            // as the place is dropped.
-            let in_flight = core.held.acquiring();
-            if core.held.is_closed() {
-                return outcome(Err(LockError::unavailable(ShutDown)), deciding);
+            self.was_behind = behind;
+        }
+        if let Some(wakeup) = &self.wakeup {
+            wakeup.refused();
+        }
+        self.listen(lock, behind);
+        Ok(())
+    }
+
+    /// After a refusal: in line where the store queues, or a fair waiter registered early; at
+    /// the first refusal of anyone else, registered to listen for the release, then tried again
+    /// at once, so a release between that attempt and the subscription is not missed (an
+    /// uncontended acquire never pays for the subscription; a fair waiter with others ahead in
+    /// line need not: no release before its turn names it). Later refusals sleep first.
+    fn listen(&mut self, lock: &Lock, behind: bool) {
+        let (shape, wakeups) = (self.shape, &self.core.wakeups);
+        if let (true, Some(wakeup)) = (shape.queues, &self.wakeup) {
+            wakeup.in_line();
+            self.sleep_first = behind;
+        } else if let Some(wakeup) = self
+            .wakeup
+            .as_ref()
+            .filter(|w| shape.fair_early && !w.is_in_line())
+        {
+            wakeup.in_line();
+            if shape.semaphore {
+                wakeups.spread(lock.name());
             }
-            // The lock's validity counts from `valid_from` for `lease`: when the attempt that
-            // took it was sent, for its ttl; for a lock handed over, when the attempt whose place
-            // it was handed over for was sent, for what was left of that place.
-            let (attempt, started, (valid_from, lease)) = if let Some((fence, permit, sent)) = handed {
-                tracing::debug!(key, "lock handed over by a fair release");
-                deciding = Decided::default(); // no request decided it
-                let fence = options.is_fencing().then_some(fence);
-                let acquired = Attempt::Acquired {
-                    fence,
-                    kept_until: None,
-                    permit,
-                };
-                (acquired, Instant::now(), (sent, lease))
-            } else {
-                let ask = Ask {
-                    ttl_ms: options.ttl_ms(),
-                    fencing: options.is_fencing(),
-                    waiting: wakeup.as_ref().is_some_and(|w| !fair_early || w.is_in_line()),
-                    fair,
-                    join: will_wait,
-                    shared,
-                    permits: options.get_permits(),
-                    claimed,
-                    wait_left: will_wait.then(|| deadline.saturating_duration_since(Instant::now())),
-                };
-                let first = at_once.take();
-                let started = first.unwrap_or_else(Instant::now);
-                let pending = PendingAcquire::new(core, &lock, &token, (&ask, kind));
-                let answer = backend.attempt(&lock, &token, &ask, &pending.flight).await;
-                deciding = Decided {
-                    attempt: started.elapsed(),
-                    at_once: first.is_some(),
-                };
-                match answer {
-                    Ok(answer) => {
-                        pending.settled();
-                        // The store keeps the lock for less than the ttl whatever happens to
-                        // this client (etcd: its session lease was last renewed a while ago):
-                        // valid until then, and renewed a third of the way there.
-                        let lease = match answer {
-                            Attempt::Acquired {
-                                kept_until: Some(until),
-                                ..
-                            } => until.saturating_duration_since(started).min(options.ttl()),
-                            _ => options.ttl(),
-                        };
-                        (answer, started, (started, lease))
-                    }
-                    Err(e) => return outcome(Err(e), deciding), // `pending` releases in the background as it drops
-                }
-            };
-            match attempt {
-                Attempt::Acquired { fence, permit, .. } => {
-                    match wakeup {
-                        // A reader passes the wake-up on: the next waiter may be a reader too
-                        // (where the store queues, it wakes each waiter itself).
-                        Some(wakeup) if shared && !queues => drop(wakeup),
-                        Some(wakeup) => wakeup.acquired(),
-                        None => {}
-                    }
-                    if let Some(place) = place {
-                        place.taken();
-                    }
-                    tracing::debug!(key, fence, permit, "lock acquired");
-                    // Taken at `started` (a minimum hold and the hold time count from there:
-                    // after the release, for a lock handed over).
-                    let mut state =
-                        LockState::new((lock, kind), token, fence, options, started, (valid_from, lease));
-                    state.permit = permit;
-                    state.by_key_class = core.metrics_key_class;
-                    let guard = LockGuard::new(
-                        Arc::clone(core),
-                        state,
-                        options.is_watchdog(),
-                        (valid_from, lease),
-                    );
-                    drop(in_flight); // registered: shutdown will find it
-                    return outcome(Ok(guard), deciding);
-                }
-                Attempt::Held {
-                    pttl_ms: left,
-                    behind,
-                    claimed: claim,
-                    kept,
-                } => {
-                    if claim && !claimed {
-                        claimed = true;
-                        place = Some(
-                            place
-                                .take()
-                                .unwrap_or_else(|| QueuePlace::new(core, &lock, &token))
-                                .claimed(),
-                        );
-                    }
-                    if Instant::now() >= deadline {
-                        tracing::debug!(key, "lock busy");
-                        return outcome(Err(LockError::Busy { key: key.to_owned() }), deciding);
-                    }
-                    // The call goes on: it will not have taken only this attempt's time.
-                    deciding.at_once = false;
-                    pttl_ms = left;
-                    last_kept = kept.map(|kept| (kept, started));
-                    if polls && fair {
-                        // A fair waiter that reached the head of the line polls from the
-                        // shortest nap again: the lock is its own as soon as the holder goes.
-                        if was_behind && !behind {
-                            refusals = 0;
-                        }
-                        was_behind = behind;
-                    }
-                    if let Some(wakeup) = &wakeup {
-                        wakeup.refused();
-                    }
-                    if let (true, Some(wakeup)) = (queues, &wakeup) {
-                        wakeup.in_line();
-                        sleep_first = behind;
-                    } else if let Some(wakeup) = wakeup.as_ref().filter(|w| fair_early && !w.is_in_line()) {
-                        // First refusal of a fair waiter registered early: as below.
-                        wakeup.in_line();
-                        if semaphore {
-                            core.wakeups.spread(lock.name());
-                        }
-                        sleep_first = behind;
-                    } else if wakeup.is_none() {
-                        // First refusal: listen for the release, then try again at once, so a
-                        // release between that attempt and the subscription is not missed. An
-                        // uncontended acquire never pays for the subscription. A fair waiter
-                        // with others ahead in line need not: no release before its turn names it.
-                        let name = fair.then_some(token.as_str());
-                        wakeup = Some(core.wakeups.register(lock.name(), name));
-                        if semaphore {
-                            core.wakeups.spread(lock.name());
-                        }
-                        sleep_first = behind;
-                    } else {
-                        sleep_first = true;
-                    }
-                }
-                Attempt::NotReplicated { acked, wanted } => {
-                    // Given back by the backend already.
-                    let refused = LockError::NotReplicated {
-                        key: key.to_owned(),
-                        acked,
-                        wanted,
-                    };
-                    return outcome(Err(refused), deciding);
-                }
+            self.sleep_first = behind;
+        } else if self.wakeup.is_none() {
+            let name = shape.fair.then_some(self.token.as_str());
+            self.wakeup = Some(wakeups.register(lock.name(), name));
+            if shape.semaphore {
+                wakeups.spread(lock.name());
             }
+            self.sleep_first = behind;
+        } else {
+            self.sleep_first = true;
         }
     }
 }
