@@ -671,56 +671,7 @@ impl EtcdStore {
         let session = self.session(ask.ttl_ms).await?;
         let key = names.place(id_of(token), ask.shared);
         let put = TxnOp::put(key.clone(), token, Some(PutOptions::new().with_lease(session.id)));
-        let (line_start, line_end) = if ask.shared { names.writers() } else { names.line() };
-        // A reader's fencing token may be the one the last writer left.
-        let fence = ask.shared.then(|| TxnOp::get(names.fence(), None));
-        // A semaphore's permits held at the key (read with the attempt): the key is not a
-        // lock's, and the acquire is refused naming both counts.
-        let (permits, permits_end) = names.permits();
-        let any_permit = || {
-            let one = GetOptions::new()
-                .with_range(permits_end.clone())
-                .with_limit(1)
-                .with_keys_only();
-            TxnOp::get(permits.clone(), Some(one))
-        };
-        let answer = if ask.join {
-            // A place in line, at once; then who is ahead of it (the newest place before it:
-            // its own is the newest of all).
-            let ahead = GetOptions::new()
-                .with_range(line_end.clone())
-                .with_sort(SortTarget::Create, SortOrder::Descend)
-                .with_limit(if ask.shared { 1 } else { 2 })
-                .with_keys_only();
-            let no_permits = Compare::create_revision(permits.clone(), CompareOp::Equal, 0)
-                .with_range(permits_end.clone());
-            let txn = Txn::new()
-                .when([
-                    Compare::create_revision(key.clone(), CompareOp::Equal, 0),
-                    no_permits,
-                ])
-                .and_then(
-                    [put, TxnOp::get(line_start.clone(), Some(ahead))]
-                        .into_iter()
-                        .chain(fence)
-                        .collect::<Vec<_>>(),
-                )
-                .or_else([TxnOp::get(key.clone(), None), any_permit()]);
-            self.pool().txn(txn).await?
-        } else {
-            // Only if nobody is in line (no writer, for a reader) and no permit is held: one
-            // write, or none taken.
-            let empty = Compare::create_revision(line_start.clone(), CompareOp::Equal, 0)
-                .with_range(line_end.clone());
-            let no_permits = Compare::create_revision(permits.clone(), CompareOp::Equal, 0)
-                .with_range(permits_end.clone());
-            let then: Vec<TxnOp> = std::iter::once(put).chain(fence).collect();
-            let txn = Txn::new()
-                .when([empty, no_permits])
-                .and_then(then)
-                .or_else([any_permit()]);
-            self.pool().txn(txn).await?
-        };
+        let answer = self.pool().txn(acquire_txn(&names, (&key, put), ask)).await?;
         let responses = answer.op_responses();
         // Refused, it read one permit held (if any), after its own place (if it will wait).
         let permit_at = usize::from(ask.join);
@@ -1463,6 +1414,59 @@ impl Store for EtcdStore {
 
     async fn force_release(&self, lock: &Lock, seen: &LockView) -> Result<ForceReleased, LockError> {
         self.force(lock, seen).await
+    }
+}
+
+/// The transaction of one attempt at a lock (not a semaphore's): with `ask.join`, its place
+/// `key` put at once (`put`) and the newest place before it read (a reader's: the newest
+/// writer's); else the place put only if nobody is in line (no writer, for a reader). Either way
+/// refused where a semaphore's permit is held at the key (one read, to name its count), and a
+/// reader reads the fencing token the last writer left.
+fn acquire_txn(names: &Names, (key, put): (&[u8], TxnOp), ask: &Ask) -> Txn {
+    let (line_start, line_end) = if ask.shared { names.writers() } else { names.line() };
+    // A reader's fencing token may be the one the last writer left.
+    let fence = ask.shared.then(|| TxnOp::get(names.fence(), None));
+    // A semaphore's permits held at the key (read with the attempt): the key is not a
+    // lock's, and the acquire is refused naming both counts.
+    let (permits, permits_end) = names.permits();
+    let any_permit = || {
+        let one = GetOptions::new()
+            .with_range(permits_end.clone())
+            .with_limit(1)
+            .with_keys_only();
+        TxnOp::get(permits.clone(), Some(one))
+    };
+    if ask.join {
+        // A place in line, at once; then who is ahead of it (the newest place before it:
+        // its own is the newest of all).
+        let ahead = GetOptions::new()
+            .with_range(line_end.clone())
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_limit(if ask.shared { 1 } else { 2 })
+            .with_keys_only();
+        let no_permits =
+            Compare::create_revision(permits.clone(), CompareOp::Equal, 0).with_range(permits_end.clone());
+        Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, 0), no_permits])
+            .and_then(
+                [put, TxnOp::get(line_start.clone(), Some(ahead))]
+                    .into_iter()
+                    .chain(fence)
+                    .collect::<Vec<_>>(),
+            )
+            .or_else([TxnOp::get(key, None), any_permit()])
+    } else {
+        // Only if nobody is in line (no writer, for a reader) and no permit is held: one
+        // write, or none taken.
+        let empty =
+            Compare::create_revision(line_start.clone(), CompareOp::Equal, 0).with_range(line_end.clone());
+        let no_permits =
+            Compare::create_revision(permits.clone(), CompareOp::Equal, 0).with_range(permits_end.clone());
+        let then: Vec<TxnOp> = std::iter::once(put).chain(fence).collect();
+        Txn::new()
+            .when([empty, no_permits])
+            .and_then(then)
+            .or_else([any_permit()])
     }
 }
 

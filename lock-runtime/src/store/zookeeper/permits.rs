@@ -75,23 +75,7 @@ impl ZkStore {
     ) -> Result<Attempt, LockError> {
         let count = ask_.permits;
         let sent = Instant::now();
-        let mut queued = self
-            .shared
-            .places()
-            .get(token)
-            .filter(|p| p.until.is_none())
-            .cloned();
-        let session = match queued.as_ref().and_then(|q| self.shared.session(q.session)) {
-            Some(session) => session,
-            None => {
-                if queued.take().is_some() {
-                    // Its session ended, and its queue node with it.
-                    self.shared.forget(token);
-                    self.shared.unwatch(token);
-                }
-                self.session(ask_.ttl_ms).await?
-            }
-        };
+        let (mut queued, session) = self.queued_on(token, ask_).await?;
         let sent = self.confirmed(sent, &session).await;
         // The release of an attempt whose answer never came follows it on this session.
         flight.set(session.id as u64);
@@ -129,17 +113,7 @@ impl ZkStore {
                     (Some((path, czxid, permit)), children)
                 }
                 Next::Queue => {
-                    let prefix = names::queue_prefix(lock.name(), &uuid);
-                    // Behind a `sync`: a permit another client gave back just before is seen.
-                    let ((path, czxid), children) = self
-                        .create_and_look((&session, true), lock, &prefix, token)
-                        .await?;
-                    // A waiter's node: no permit (and, as a claim's, no token left when it goes).
-                    let place = Place {
-                        permit: None,
-                        ..self.claim_place(lock, &session, (path, czxid, 0))
-                    };
-                    self.shared.record(token, place.clone());
+                    let (place, children) = self.queue((lock, token), &session, &uuid).await?;
                     queued = Some(place);
                     (None, children)
                 }
@@ -190,48 +164,95 @@ impl ZkStore {
                 self.shared.forget(token);
                 queued = None;
             }
-            // A fair newcomer does not claim ahead of waiters in the queue.
-            let barred = ask_.fair && queued.is_none() && !permits.queue.is_empty();
-            next = match (standing, permits.free(count)) {
-                (Some(Standing::Behind(ahead)), _) => Next::Behind(format!("{}/{ahead}", lock.name())),
-                (Some(Standing::Admitted(permit)), _) if claims < TRIES => Next::Claim(permit),
-                (Some(Standing::Admitted(_)), _) => Next::LostRaces,
-                (Some(Standing::Next { rank }), _) => Next::ForAClaim { rank },
-                _ if barred && !ask_.join => Next::Refused,
-                _ if barred => Next::Queue,
-                (_, Some(free)) if claims < TRIES => Next::Claim(free),
-                _ if !ask_.join => Next::Refused,
-                _ => Next::Queue,
-            };
-            match &next {
-                Next::Claim(_) | Next::Look => continue,
-                Next::Behind(ahead) => {
-                    self.watch(lock, token, &session, ahead.clone());
-                    return Ok(WAITING);
-                }
-                Next::LostRaces => {
-                    // It lost every race for a permit free for it (newcomers claimed them
-                    // first): it looks again at once rather than wait for a holder whose
-                    // release would leave that permit idle meanwhile. Each race lost is
-                    // another caller's permit taken, so this ends.
-                    self.shared.notices.turn(lock.name(), token.as_bytes(), None);
-                    return Ok(WAITING);
-                }
-                Next::ForAClaim { rank } => {
-                    let holding = permits.holding.iter().map(|c| c.name.as_str());
-                    let ahead = permits.queue.iter().take(*rank).map(|(name, _)| name.as_str());
-                    let watched = holding
-                        .chain(ahead)
-                        .map(|name| format!("{}/{name}", lock.name()))
-                        .collect();
-                    self.watch_claims((lock, token), &session, watched, *rank == 0);
-                    return Ok(WAITING);
-                }
-                Next::Refused => return Ok(Attempt::HELD),
-                // Queued, and looked at again behind its own create: a permit may have been
-                // given back before its node was in the queue.
-                Next::Queue => continue,
+            next = next_step(
+                lock.name(),
+                standing,
+                (&permits, count),
+                ask_,
+                (queued.is_some(), claims),
+            );
+            if let Some(answer) = self.wait_for(&next, (lock, token), &session, &permits) {
+                return Ok(answer);
             }
+        }
+    }
+
+    /// Queues the caller: its node `_c_<uuid>-queue-<seq>` made and recorded, and the lock's
+    /// children read behind it and a `sync` (a permit another client gave back just before is
+    /// seen).
+    async fn queue(
+        &self,
+        (lock, token): (&Lock, &str),
+        session: &Session,
+        uuid: &str,
+    ) -> Result<(Place, Result<Looked, LockError>), LockError> {
+        let prefix = names::queue_prefix(lock.name(), uuid);
+        let ((path, czxid), children) = self
+            .create_and_look((session, true), lock, &prefix, token)
+            .await?;
+        // A waiter's node: no permit (and, as a claim's, no token left when it goes).
+        let place = Place {
+            permit: None,
+            ..self.claim_place(lock, session, (path, czxid, 0))
+        };
+        self.shared.record(token, place.clone());
+        Ok((place, children))
+    }
+
+    /// A queued waiter's node (`None`: a newcomer, or a waiter whose session ended, and its
+    /// queue node with it) and the session its attempt goes on.
+    async fn queued_on(&self, token: &str, ask_: &Ask) -> Result<(Option<Place>, Session), LockError> {
+        let mut queued = self
+            .shared
+            .places()
+            .get(token)
+            .filter(|p| p.until.is_none())
+            .cloned();
+        if let Some(session) = queued.as_ref().and_then(|q| self.shared.session(q.session)) {
+            return Ok((queued, session));
+        }
+        if queued.take().is_some() {
+            self.shared.forget(token);
+            self.shared.unwatch(token);
+        }
+        Ok((None, self.session(ask_.ttl_ms).await?))
+    }
+
+    /// Where `next` leaves the attempt: waiting (its watch set) or refused, or `None` to go on
+    /// (claim, look, or look again behind its own queue node: a permit may have been given
+    /// back before its node was in the queue).
+    fn wait_for(
+        &self,
+        next: &Next,
+        (lock, token): (&Lock, &str),
+        session: &Session,
+        permits: &Permits,
+    ) -> Option<Attempt> {
+        match next {
+            Next::Claim(_) | Next::Look | Next::Queue => None,
+            Next::Behind(ahead) => {
+                self.watch(lock, token, session, ahead.clone());
+                Some(WAITING)
+            }
+            Next::LostRaces => {
+                // It lost every race for a permit free for it (newcomers claimed them first):
+                // it looks again at once rather than wait for a holder whose release would
+                // leave that permit idle meanwhile. Each race lost is another caller's permit
+                // taken, so this ends.
+                self.shared.notices.turn(lock.name(), token.as_bytes(), None);
+                Some(WAITING)
+            }
+            Next::ForAClaim { rank } => {
+                let holding = permits.holding.iter().map(|c| c.name.as_str());
+                let ahead = permits.queue.iter().take(*rank).map(|(name, _)| name.as_str());
+                let watched = holding
+                    .chain(ahead)
+                    .map(|name| format!("{}/{name}", lock.name()))
+                    .collect();
+                self.watch_claims((lock, token), session, watched, *rank == 0);
+                Some(WAITING)
+            }
+            Next::Refused => Some(Attempt::HELD),
         }
     }
 
@@ -383,5 +404,30 @@ impl ZkStore {
         if let Some(old) = super::locked(&self.shared.watches).insert(token.to_owned(), task.abort_handle()) {
             old.abort();
         }
+    }
+}
+
+/// What an attempt does next, from its standing in the queue (`None`: not queued) and the
+/// permits it read (of `count`), having made `claims` claims so far: a fair newcomer does not
+/// claim ahead of waiters in the queue; a caller that will not wait is refused where it would
+/// queue.
+fn next_step(
+    name: &str,
+    standing: Option<Standing<'_>>,
+    (permits, count): (&Permits, u32),
+    ask_: &Ask,
+    (queued, claims): (bool, usize),
+) -> Next {
+    let barred = ask_.fair && !queued && !permits.queue.is_empty();
+    match (standing, permits.free(count)) {
+        (Some(Standing::Behind(ahead)), _) => Next::Behind(format!("{name}/{ahead}")),
+        (Some(Standing::Admitted(permit)), _) if claims < TRIES => Next::Claim(permit),
+        (Some(Standing::Admitted(_)), _) => Next::LostRaces,
+        (Some(Standing::Next { rank }), _) => Next::ForAClaim { rank },
+        _ if barred && !ask_.join => Next::Refused,
+        _ if barred => Next::Queue,
+        (_, Some(free)) if claims < TRIES => Next::Claim(free),
+        _ if !ask_.join => Next::Refused,
+        _ => Next::Queue,
     }
 }
