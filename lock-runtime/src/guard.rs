@@ -8,7 +8,7 @@ use tokio::time::Instant;
 
 use crate::core::{release_held, release_in_background, Abandoned, Core};
 use crate::options::{ceil_millis, MIN_TTL};
-use crate::state::LockState;
+use crate::state::{Applied, LockState};
 use crate::store::{Renewal, Undecided};
 use crate::telemetry;
 use crate::LockError;
@@ -307,30 +307,24 @@ fn lost_error(state: &LockState) -> LockError {
 /// What an extend's answer for one lock of the guard (`state`, asked for `lease` in a request
 /// sent at `sent`) does to it.
 fn extended(state: &LockState, sent: Instant, lease: Duration, renewed: Renewal) -> Result<(), LockError> {
-    match renewed {
-        Renewal::Renewed | Renewal::RenewedFor(_) => {
-            let lease = match renewed {
-                Renewal::RenewedFor(kept) => lease.min(kept),
-                _ => lease,
-            };
-            // Answered after the lock's validity ran out: it stays lost.
-            if !state.renewed(sent, lease) {
-                return Err(lost_error(state));
-            }
+    match state.apply(renewed, sent, lease) {
+        Applied::Renewed { valid: true, .. } => {
             telemetry::renewed(1);
             Ok(())
         }
-        Renewal::Gone => {
-            if state.mark_lost() {
+        // Answered after the lock's validity ran out: it stays lost.
+        Applied::Renewed { valid: false, .. } => Err(lost_error(state)),
+        Applied::Gone { newly } => {
+            if newly {
                 tracing::warn!(key = %state.key(), "lock lost: found gone or taken on extend");
             }
             Err(lost_error(state))
         }
-        Renewal::Undecided => {
+        Applied::Undecided => {
             telemetry::renewal_failed();
             Err(LockError::unavailable(Undecided))
         }
-        Renewal::NotReplicated { acked, wanted } => {
+        Applied::NotReplicated { acked, wanted } => {
             telemetry::renewal_failed();
             Err(LockError::NotReplicated {
                 key: state.key().to_owned(),

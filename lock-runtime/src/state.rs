@@ -10,7 +10,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::options::drift;
-use crate::store::{Kind, Lock};
+use crate::store::{Kind, Lock, Renewal};
 use crate::telemetry::{self, Labels};
 use crate::{LockError, LockOptions, OnLost};
 
@@ -167,6 +167,28 @@ impl LockState {
         valid
     }
 
+    /// What a renewal's answer for this lock, asked for `lease` in a request sent at `sent`,
+    /// does to it: one reading of [`Renewal`] for the watchdog and an explicit extend alike.
+    /// Renewed, its validity moves to `sent` plus the lease (or what the store granted, if
+    /// less); gone or taken, it is marked lost; undecided or not replicated, nothing moves.
+    pub(crate) fn apply(&self, renewal: Renewal, sent: Instant, lease: Duration) -> Applied {
+        match renewal {
+            Renewal::Renewed | Renewal::RenewedFor(_) => {
+                let granted = match renewal {
+                    Renewal::RenewedFor(kept) => Some(kept),
+                    _ => None,
+                };
+                let valid = self.renewed(sent, granted.map_or(lease, |kept| lease.min(kept)));
+                Applied::Renewed { valid, granted }
+            }
+            Renewal::Gone => Applied::Gone {
+                newly: self.mark_lost(),
+            },
+            Renewal::Undecided => Applied::Undecided,
+            Renewal::NotReplicated { acked, wanted } => Applied::NotReplicated { acked, wanted },
+        }
+    }
+
     /// The lease a renewal sent at `now` asks for: `ttl`, or with a maximum hold what is left
     /// of it; `None` once it is reached (nothing to renew: the lock is lost at its validity).
     pub(crate) fn renewal(&self, ttl: Duration, now: Instant) -> Option<Duration> {
@@ -278,6 +300,21 @@ pub(crate) async fn run_guarded<F: Future>(
             Ok(body.await)
         }
     }
+}
+
+/// What [`LockState::apply`] did with a renewal's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Applied {
+    /// Renewed: `valid` is whether the lock was still valid when counted (`false`: the answer
+    /// came after its validity ran out, and it stays lost); `granted`, how long the store keeps
+    /// it when less than asked (its next renewal comes a third of the way there).
+    Renewed { valid: bool, granted: Option<Duration> },
+    /// Gone or taken: lost (`newly`: marked so by this answer).
+    Gone { newly: bool },
+    /// No answer either way for this lock: retried while it is valid.
+    Undecided,
+    /// Too few replicas acknowledged it: its validity did not move.
+    NotReplicated { acked: usize, wanted: usize },
 }
 
 #[cfg(test)]

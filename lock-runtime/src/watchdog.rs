@@ -24,7 +24,7 @@ use tokio::time::Instant;
 
 use crate::background::Background;
 use crate::options::ceil_millis;
-use crate::state::LockState;
+use crate::state::{Applied, LockState};
 use crate::store::{DynStore, Renewal};
 use crate::telemetry;
 
@@ -234,39 +234,35 @@ impl Watchdog {
                         tracing::debug!(key = %state.key(), "lock kept by its store for less than its ttl; without the watchdog it ends then");
                         gone.push(*id);
                     }
-                    renewal @ (Renewal::Renewed | Renewal::RenewedFor(_)) => {
-                        // The store may keep it for less than the lease asked (see `RenewedFor`).
-                        let lease = match renewal {
-                            Renewal::RenewedFor(kept) => leases[i].min(kept),
-                            _ => leases[i],
-                        };
-                        state.renewed(sent, lease);
-                        // Renewed again a third of the way through what the store keeps.
-                        let cycle = match renewal {
-                            Renewal::RenewedFor(kept) => state.ttl.min(kept.max(Duration::from_millis(1))),
-                            _ => state.ttl,
-                        };
-                        watched.due = sent + interval(cycle);
-                        watched.lease = cycle;
-                        tracing::trace!(key = %state.key(), "lock renewed");
-                        if watched.once {
+                    renewal => match state.apply(renewal, sent, leases[i]) {
+                        Applied::Renewed { granted, .. } => {
+                            // Renewed again a third of the way through what the store keeps
+                            // (a late answer moved nothing: the lock is lost at its validity).
+                            let cycle = granted.map_or(state.ttl, |kept| {
+                                state.ttl.min(kept.max(Duration::from_millis(1)))
+                            });
+                            watched.due = sent + interval(cycle);
+                            watched.lease = cycle;
+                            tracing::trace!(key = %state.key(), "lock renewed");
+                            if watched.once {
+                                gone.push(*id);
+                            }
+                        }
+                        Applied::Gone { newly } => {
+                            if newly {
+                                tracing::warn!(key = %state.key(), "lock lost: its key is gone or holds another token");
+                            }
                             gone.push(*id);
                         }
-                    }
-                    Renewal::Gone => {
-                        if state.mark_lost() {
-                            tracing::warn!(key = %state.key(), "lock lost: its key is gone or holds another token");
+                        Applied::Undecided => {
+                            tracing::warn!(key = %state.key(), "lock renewal undecided (the part of the store holding it: its Cluster shard, too many RedLock masters, its ZooKeeper session, did not answer); retrying while the lock is valid");
+                            retry_soon(watched);
                         }
-                        gone.push(*id);
-                    }
-                    Renewal::Undecided => {
-                        tracing::warn!(key = %state.key(), "lock renewal undecided (the part of the store holding it: its Cluster shard, too many RedLock masters, its ZooKeeper session, did not answer); retrying while the lock is valid");
-                        retry_soon(watched);
-                    }
-                    Renewal::NotReplicated { acked, wanted } => {
-                        tracing::warn!(key = %state.key(), acked, wanted, "lock renewal not acknowledged by enough replicas; its validity does not move, retrying while it lasts");
-                        retry_soon(watched);
-                    }
+                        Applied::NotReplicated { acked, wanted } => {
+                            tracing::warn!(key = %state.key(), acked, wanted, "lock renewal not acknowledged by enough replicas; its validity does not move, retrying while it lasts");
+                            retry_soon(watched);
+                        }
+                    },
                 },
                 Err(e) => {
                     tracing::warn!(key = %state.key(), error = %e, "lock renewal failed; retrying while the lock is valid");
