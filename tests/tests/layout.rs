@@ -366,6 +366,75 @@ fn no_two_runtime_modules_import_each_other() {
     assert!(edges.len() > 20, "the import graph was not read: {edges:?}");
 }
 
+/// The files a row of `docs/writing-a-store.md`'s layout table names: its backticked words
+/// that look like a file (`names.rs`, `schema.sql`) or a folder (`scripts/`).
+fn named_files(row: &str) -> BTreeSet<String> {
+    row.split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|word| {
+            let plain = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_lowercase() || c == '_');
+            match word.strip_suffix('/') {
+                Some(folder) => plain(folder),
+                None => [".rs", ".sql"]
+                    .iter()
+                    .any(|ext| word.strip_suffix(ext).is_some_and(plain)),
+            }
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn the_guide_for_a_new_store_lists_the_store_folders_as_they_are() {
+    let guide = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/writing-a-store.md");
+    let guide = std::fs::read_to_string(&guide).unwrap_or_else(|e| panic!("{}: {e}", guide.display()));
+    // `| `store/…` | … |`: the path, and the rest of the row.
+    let rows: BTreeMap<String, String> = guide
+        .lines()
+        .filter_map(|line| line.strip_prefix("| `store/"))
+        .filter_map(|rest| rest.split_once('`'))
+        .map(|(path, rest)| (path.to_owned(), rest.to_owned()))
+        .collect();
+    let store = src().join("store");
+    let mut listed = BTreeSet::new();
+    for entry in std::fs::read_dir(&store).unwrap_or_else(|e| panic!("{}: {e}", store.display())) {
+        let path = entry.unwrap_or_else(|e| panic!("{e}")).path();
+        let name = path
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        let key = if path.is_dir() { format!("{name}/") } else { name };
+        let row = rows
+            .get(&key)
+            .unwrap_or_else(|| panic!("docs/writing-a-store.md's layout has no row for store/{key}"));
+        if path.is_dir() {
+            let mut there = BTreeSet::new();
+            for inner in std::fs::read_dir(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())) {
+                let inner = inner.unwrap_or_else(|e| panic!("{e}")).path();
+                let name = inner
+                    .file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .into_owned();
+                there.insert(if inner.is_dir() { format!("{name}/") } else { name });
+            }
+            assert_eq!(
+                named_files(row),
+                there,
+                "docs/writing-a-store.md's row for store/{key} names these files (left), the folder holds these (right)"
+            );
+        }
+        listed.insert(key);
+    }
+    let stale: Vec<_> = rows.keys().filter(|k| !listed.contains(*k)).collect();
+    assert!(
+        stale.is_empty(),
+        "docs/writing-a-store.md lists what store/ no longer has: {stale:?}"
+    );
+}
+
 #[test]
 fn the_checks_see_what_they_look_for() {
     assert!(speaks_redis("let c: redis::Client = x;"));
