@@ -42,7 +42,9 @@ pub(crate) mod memory;
 pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
+#[cfg(feature = "redis")]
 pub(crate) mod redis;
+#[cfg(feature = "redis")]
 pub(crate) mod redlock;
 #[cfg(any(feature = "postgres", feature = "mysql"))]
 pub(crate) mod sql;
@@ -472,6 +474,7 @@ pub(crate) enum Released {
     /// Given back, and the store named the waiter it admits (by its token; a fair semaphore's
     /// release): this client wakes it at once if it is one of its own, without waiting for the
     /// store's announcement, which every other client hears.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
     Named(String),
     /// Given back, and handed over to that waiter (a permit of a fair semaphore, on
     /// PostgreSQL): this client hands it at once if the waiter is its own.

@@ -20,8 +20,11 @@ const SCHEMES: &[Scheme] = &[
     Scheme {
         schemes: &["redis", "rediss", "redis+unix", "unix", "valkey", "valkeys"],
         store: "Redis",
-        feature: None,
+        feature: Some(("redis", cfg!(feature = "redis"))),
+        #[cfg(feature = "redis")]
         config: super::redis::config::from_url,
+        #[cfg(not(feature = "redis"))]
+        config: needs_feature,
     },
     Scheme {
         schemes: &["postgres", "postgresql"],
