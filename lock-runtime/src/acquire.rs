@@ -193,6 +193,7 @@ struct Call<'a> {
 }
 
 impl<'a> Call<'a> {
+    #[inline]
     fn new(core: &'a Arc<Core>, key: &'a str, lock: &Lock, options: &'a LockOptions) -> Self {
         let called = Instant::now();
         let will_wait = !options.get_wait().is_zero();
@@ -255,6 +256,7 @@ impl<'a> Call<'a> {
 
     /// Records how the call ended, and returns it. A call its first attempt decided took that
     /// attempt's time (one clock read fewer on the common path).
+    #[inline]
     fn outcome(&self, result: Result<LockGuard, LockError>) -> Result<LockGuard, LockError> {
         let labels = Labels::new(self.shape.shared, self.key, self.core.metrics_key_class);
         let whole = if self.deciding.at_once {
@@ -281,6 +283,7 @@ impl<'a> Call<'a> {
     /// line). A waiter that keeps a place asks again by the end of its nap, however the
     /// subscriber fares (a subscription cut short goes on by itself); anyone else waits for it
     /// up to the own deadline.
+    #[inline]
     fn wait_plan(&mut self) -> Option<Wait> {
         let fair_early = self.shape.fair_early;
         let wakeup = self.wakeup.as_ref().filter(|w| !fair_early || w.is_in_line())?;
@@ -318,6 +321,7 @@ impl<'a> Call<'a> {
     /// (else asking extends it to the ttl). A fencing waiter the release could take no token
     /// for, and one whose locks replicas must acknowledge, ask instead: the lock is theirs
     /// already, if it still is.
+    #[inline]
     fn handed(&self) -> Option<(u64, Option<u32>, Instant)> {
         let handed = self.wakeup.as_ref().and_then(Registration::handed_over)?;
         let (kept, sent) = self.last_kept?;
@@ -351,6 +355,7 @@ impl<'a> Call<'a> {
     }
 
     /// The next attempt's request.
+    #[inline]
     fn ask(&self) -> Ask {
         let shape = self.shape;
         Ask {
@@ -374,6 +379,7 @@ impl<'a> Call<'a> {
     /// How long a lock `answer` took (sent at `started`) is valid: its ttl, or less where the
     /// store keeps it for less whatever happens to this client (etcd: its session lease was
     /// last renewed a while ago); renewed a third of the way there.
+    #[inline]
     fn lease_of(&self, answer: &Attempt, started: Instant) -> Duration {
         match answer {
             Attempt::Acquired {
@@ -387,6 +393,7 @@ impl<'a> Call<'a> {
     /// The lock is taken: its guard (taken at `started`, valid from `valid_from` for `lease`; a
     /// minimum hold and the hold time count from `started`: after the release, for a lock
     /// handed over).
+    #[inline]
     fn hold(
         &mut self,
         lock: Lock,
@@ -427,6 +434,7 @@ impl<'a> Call<'a> {
     /// The attempt sent at `started` was refused (the holder's remaining ms, whether this fair
     /// waiter is behind others, whether it claimed the writers' turn, the place it kept): `Busy`
     /// once the wait has run out, else the call goes on, listening from its first refusal.
+    #[inline]
     fn refused(
         &mut self,
         lock: &Lock,
