@@ -385,6 +385,21 @@ fn named_files(row: &str) -> BTreeSet<String> {
         .collect()
 }
 
+/// What `dir` holds, each by its name (a folder's with a `/` after it) and path.
+fn entries(dir: &Path) -> Vec<(String, PathBuf)> {
+    let read = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    read.map(|entry| {
+        let path = entry.unwrap_or_else(|e| panic!("{e}")).path();
+        let name = path
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        (if path.is_dir() { format!("{name}/") } else { name }, path)
+    })
+    .collect()
+}
+
 #[test]
 fn the_guide_for_a_new_store_lists_the_store_folders_as_they_are() {
     let guide = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/writing-a-store.md");
@@ -398,28 +413,12 @@ fn the_guide_for_a_new_store_lists_the_store_folders_as_they_are() {
         .collect();
     let store = src().join("store");
     let mut listed = BTreeSet::new();
-    for entry in std::fs::read_dir(&store).unwrap_or_else(|e| panic!("{}: {e}", store.display())) {
-        let path = entry.unwrap_or_else(|e| panic!("{e}")).path();
-        let name = path
-            .file_name()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .into_owned();
-        let key = if path.is_dir() { format!("{name}/") } else { name };
+    for (key, path) in entries(&store) {
         let row = rows
             .get(&key)
             .unwrap_or_else(|| panic!("docs/writing-a-store.md's layout has no row for store/{key}"));
         if path.is_dir() {
-            let mut there = BTreeSet::new();
-            for inner in std::fs::read_dir(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())) {
-                let inner = inner.unwrap_or_else(|e| panic!("{e}")).path();
-                let name = inner
-                    .file_name()
-                    .unwrap_or_default()
-                    .to_string_lossy()
-                    .into_owned();
-                there.insert(if inner.is_dir() { format!("{name}/") } else { name });
-            }
+            let there: BTreeSet<String> = entries(&path).into_iter().map(|(name, _)| name).collect();
             assert_eq!(
                 named_files(row),
                 there,
