@@ -11,6 +11,8 @@
 //!   in a queue in the store, the oldest watching the permits) and ZooKeeper (an ephemeral
 //!   sequential claim node, waiters queued the same way).
 //!
+//! Each contender first runs a short round that is not counted (the servers warm up).
+//!
 //! Per contender of ours, also the waits that ended by a nap rather than by a wake-up (the
 //! library's `lock_wait_naps_total`, read through a debugging recorder, over its rounds).
 //!
@@ -180,6 +182,13 @@ async fn main() {
     let mut rates = vec![Vec::new(); contenders.len()];
     let mut waits = vec![Vec::new(); contenders.len()];
     let mut napped = vec![0; contenders.len()];
+    // A short round per contender first, not counted: the servers' runtimes (ZooKeeper's JVM
+    // above all, started for this run) warm up before any contender is measured, not during
+    // the first one's first round.
+    for (i, (_, contender)) in contenders.iter().enumerate() {
+        let key = format!("bench:sem:warm:{i}:{}", std::process::id());
+        round(contender, &key, length / 3).await;
+    }
     for r in 0..ROUNDS {
         for i in 0..contenders.len() {
             let i = (i + r) % contenders.len();
