@@ -11,7 +11,7 @@ use crate::core::Core;
 use crate::store::memory::MemoryStore;
 use crate::store::{
     Ask, Attempt, Capabilities, Flight, ForceReleased, Lock, LockView, Offered, Release, Released, Renewal,
-    Renewing, Store, Timeouts,
+    Renewing, Store, StoreAdmin, Timeouts,
 };
 use crate::wakeups::Wakeups;
 use crate::{LockClient, LockError, LockMode, LockOptions};
@@ -89,20 +89,22 @@ impl Store for Counting {
         self.count();
         Store::leave(&self.inner, lock, token, claimed).await
     }
+}
 
+impl StoreAdmin for Counting {
     async fn inspect(&self, lock: &Lock) -> Result<LockView, LockError> {
         self.count();
-        Store::inspect(&self.inner, lock).await
+        StoreAdmin::inspect(&self.inner, lock).await
     }
 
     async fn list(&self, pattern: &str) -> Result<Vec<LockView>, LockError> {
         self.count();
-        Store::list(&self.inner, pattern).await
+        StoreAdmin::list(&self.inner, pattern).await
     }
 
     async fn force_release(&self, lock: &Lock, seen: &LockView) -> Result<ForceReleased, LockError> {
         self.count();
-        Store::force_release(&self.inner, lock, seen).await
+        StoreAdmin::force_release(&self.inner, lock, seen).await
     }
 }
 

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::{
     Ask, Attempt, Capabilities, Flight, ForceReleased, Kind, Lock, Notices, Release, Released, Renewal,
-    Renewing, Store,
+    Renewing, Store, StoreAdmin,
 };
 use crate::options::{ceil_millis, FAIR_PLACE_KEPT};
 use crate::view::{glob_matches, Fence, Holding, LockView, Reader, RELEASED};
@@ -880,7 +880,9 @@ impl Store for MemoryStore {
         self.leave_queue(lock.name(), token, claimed);
         Ok(())
     }
+}
 
+impl StoreAdmin for MemoryStore {
     async fn inspect(&self, lock: &Lock) -> Result<LockView, crate::LockError> {
         Ok(self.view(lock.key(), lock.name()))
     }

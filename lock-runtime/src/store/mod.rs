@@ -37,6 +37,8 @@ pub(crate) mod announcement;
 pub(crate) mod decode;
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd;
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
+pub(crate) mod line;
 pub(crate) mod memory;
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
@@ -357,6 +359,17 @@ impl Attempt {
         }
     }
 
+    /// Refused, in line behind the place ahead of its own, which it watches: the release that
+    /// lets it in is that place's, not any other.
+    pub(crate) const fn behind() -> Attempt {
+        Attempt::Held {
+            pttl_ms: None,
+            behind: true,
+            claimed: false,
+            kept: None,
+        }
+    }
+
     /// This refusal kept the caller's place in a fair line, which a release may hand the lock
     /// (or a permit) to: `kept` names that keeping (see [`Attempt::Held`]).
     pub(crate) fn kept(self, kept: Option<u64>) -> Attempt {
@@ -669,6 +682,21 @@ pub(crate) trait Store: Send + Sync + Debug + 'static {
         std::future::ready(Ok(()))
     }
 
+    /// Makes sure releases of `lock` reach this client's waiters (Redis: its channel is
+    /// subscribed). Best effort: on failure a waiter still wakes at the holder's expiry. A store
+    /// whose releases reach the notices directly (in memory) has nothing to do.
+    fn listen(&self, _lock: &Lock) -> impl Future<Output = ()> + Send {
+        std::future::ready(())
+    }
+
+    /// Nobody of this client waits for the lock named `name` any more (Redis: its channel may be
+    /// unsubscribed).
+    fn unlisten(&self, _name: &str) {}
+}
+
+/// What operators ask of a store (`LockClient::admin`, lockctl): reads and forced releases, off
+/// the hot path. Implemented in each store's `admin.rs`.
+pub(crate) trait StoreAdmin: Send + Sync {
     /// The lock as it is now.
     fn inspect(&self, lock: &Lock) -> impl Future<Output = Result<LockView, LockError>> + Send;
 
@@ -684,17 +712,6 @@ pub(crate) trait Store: Send + Sync + Debug + 'static {
         lock: &Lock,
         seen: &LockView,
     ) -> impl Future<Output = Result<ForceReleased, LockError>> + Send;
-
-    /// Makes sure releases of `lock` reach this client's waiters (Redis: its channel is
-    /// subscribed). Best effort: on failure a waiter still wakes at the holder's expiry. A store
-    /// whose releases reach the notices directly (in memory) has nothing to do.
-    fn listen(&self, _lock: &Lock) -> impl Future<Output = ()> + Send {
-        std::future::ready(())
-    }
-
-    /// Nobody of this client waits for the lock named `name` any more (Redis: its channel may be
-    /// unsubscribed).
-    fn unlisten(&self, _name: &str) {}
 }
 
 /// What a forced release did.
@@ -716,7 +733,7 @@ pub enum ForceReleased {
 pub(crate) type Answer<'a, T> = Pin<Box<dyn Future<Output = Result<T, LockError>> + Send + 'a>>;
 
 /// [`Store`] as the client holds it (`Arc<dyn DynStore>`): the same methods, each answer boxed.
-/// Implemented once, for every store.
+/// Implemented once, for every store (with its [`StoreAdmin`]).
 pub(crate) trait DynStore: Send + Sync + Debug {
     fn capabilities(&self) -> Capabilities;
     fn name(&self, key: &str) -> String;
@@ -746,7 +763,7 @@ pub(crate) trait DynStore: Send + Sync + Debug {
     fn unlisten(&self, name: &str);
 }
 
-impl<S: Store> DynStore for S {
+impl<S: Store + StoreAdmin> DynStore for S {
     fn capabilities(&self) -> Capabilities {
         Store::capabilities(self)
     }
@@ -792,15 +809,15 @@ impl<S: Store> DynStore for S {
     }
 
     fn inspect<'a>(&'a self, lock: &'a Lock) -> Answer<'a, LockView> {
-        Box::pin(Store::inspect(self, lock))
+        Box::pin(StoreAdmin::inspect(self, lock))
     }
 
     fn list<'a>(&'a self, pattern: &'a str) -> Answer<'a, Vec<LockView>> {
-        Box::pin(Store::list(self, pattern))
+        Box::pin(StoreAdmin::list(self, pattern))
     }
 
     fn force_release<'a>(&'a self, lock: &'a Lock, seen: &'a LockView) -> Answer<'a, ForceReleased> {
-        Box::pin(Store::force_release(self, lock, seen))
+        Box::pin(StoreAdmin::force_release(self, lock, seen))
     }
 
     fn listen<'a>(&'a self, lock: &'a Lock) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>> {

@@ -23,7 +23,7 @@ use super::redis::urls::{client_for_url, no_insecure_urls};
 use super::redis::{keys, RedisStore};
 use super::{
     Ask, Attempt, Capabilities, DynStore, Flight, ForceReleased, Kind, Lock, LockView, Offered, Release,
-    Released, Renewal, Renewing, Settings, Store, StoreConfig, Timeouts,
+    Released, Renewal, Renewing, Settings, Store, StoreAdmin, StoreConfig, Timeouts,
 };
 use crate::error::TimedOut;
 use crate::redact::hide_credentials;
@@ -426,109 +426,6 @@ impl RedlockStore {
         Err(self.no_quorum(released + not_held, last))
     }
 
-    /// The lock as a majority of masters hold it: the holder a majority agree on, for as long
-    /// as a majority still hold it (the quorum-th longest remaining life); held by no one
-    /// majority (a split), it is shown as held, by no one in particular.
-    pub(crate) async fn inspect(&self, lock: &Lock) -> Result<LockView, LockError> {
-        let answers = join_all(self.masters.iter().map(|m| Store::inspect(&**m, lock))).await;
-        let (mut seen, mut answered, mut held, mut last) =
-            (Vec::<(Holding, Vec<Duration>)>::new(), 0, 0, None);
-        for answer in answers {
-            match answer {
-                Ok(view) => {
-                    answered += 1;
-                    if !view.is_held() {
-                        continue;
-                    }
-                    held += 1;
-                    let life = view.remaining.unwrap_or(Duration::MAX);
-                    match seen.iter_mut().find(|(h, _)| *h == view.holding) {
-                        Some((_, lives)) => lives.push(life),
-                        None => seen.push((view.holding, vec![life])),
-                    }
-                }
-                Err(e) => last = Some(e),
-            }
-        }
-        if answered < self.quorum {
-            return Err(self.no_quorum(answered, last));
-        }
-        let mut view = LockView::free(lock.key(), lock.name());
-        if let Some((holding, mut lives)) = seen.into_iter().find(|(_, lives)| lives.len() >= self.quorum) {
-            lives.sort_unstable_by(|a, b| b.cmp(a));
-            view.holding = holding;
-            view.remaining = lives
-                .get(self.quorum - 1)
-                .copied()
-                .filter(|l| *l != Duration::MAX);
-        } else if held >= self.quorum {
-            view.holding = Holding::Foreign {
-                kind: "no majority".to_owned(),
-                value: None,
-            };
-        }
-        view.fence = Fence::None;
-        Ok(view)
-    }
-
-    /// The locks a majority of masters hold, matching `pattern`.
-    pub(crate) async fn list(&self, pattern: &str) -> Result<Vec<LockView>, LockError> {
-        let answers = join_all(self.masters.iter().map(|m| Store::list(&**m, pattern))).await;
-        let mut found = std::collections::BTreeSet::<String>::new();
-        let (mut answered, mut last) = (0, None);
-        for answer in answers {
-            match answer {
-                Ok(views) => {
-                    answered += 1;
-                    found.extend(views.into_iter().map(|v| v.key));
-                }
-                Err(e) => last = Some(e),
-            }
-        }
-        if answered < self.quorum {
-            return Err(self.no_quorum(answered, last));
-        }
-        let mut views = Vec::with_capacity(found.len());
-        for key in found {
-            let lock = Lock::new(&key, Store::name(self, &key));
-            let view = self.inspect(&lock).await?;
-            if view.is_held() {
-                views.push(view);
-            }
-        }
-        Ok(views)
-    }
-
-    /// Frees the lock on every master that still holds what `seen` shows: freed once a
-    /// majority no longer holds it.
-    pub(crate) async fn force(&self, lock: &Lock, seen: &LockView) -> Result<ForceReleased, LockError> {
-        let answers = join_all(
-            self.masters
-                .iter()
-                .map(|m| Store::force_release(&**m, lock, seen)),
-        )
-        .await;
-        let (mut freed, mut gone, mut changed, mut last) = (0, 0, 0, None);
-        for answer in answers {
-            match answer {
-                Ok(ForceReleased::Freed) => freed += 1,
-                Ok(ForceReleased::Gone) => gone += 1,
-                Ok(ForceReleased::Changed) => changed += 1,
-                Err(e) => last = Some(e),
-            }
-        }
-        if freed + gone + changed < self.quorum {
-            return Err(self.no_quorum(freed + gone + changed, last));
-        }
-        Ok(if freed + gone < self.quorum {
-            ForceReleased::Changed
-        } else if freed > 0 {
-            ForceReleased::Freed
-        } else {
-            ForceReleased::Gone
-        })
-    }
-
     /// Subscribes the lock's channel on every master at once, waiting a short while for the
     /// subscriptions (a release between them and the next attempt is then heard); a master that
     /// takes longer (down, reconnecting) subscribes in the background, and meanwhile the others,
@@ -615,18 +512,6 @@ impl Store for RedlockStore {
         RedlockStore::release(self, lock.name(), token, release.hold_ms).await
     }
 
-    async fn inspect(&self, lock: &Lock) -> Result<LockView, LockError> {
-        RedlockStore::inspect(self, lock).await
-    }
-
-    async fn list(&self, pattern: &str) -> Result<Vec<LockView>, LockError> {
-        RedlockStore::list(self, pattern).await
-    }
-
-    async fn force_release(&self, lock: &Lock, seen: &LockView) -> Result<ForceReleased, LockError> {
-        self.force(lock, seen).await
-    }
-
     async fn listen(&self, lock: &Lock) {
         RedlockStore::listen(self, lock.name()).await;
     }
@@ -635,5 +520,110 @@ impl Store for RedlockStore {
         for master in &self.masters {
             master.unlisten_to(name);
         }
+    }
+}
+
+impl StoreAdmin for RedlockStore {
+    /// The lock as a majority of masters hold it: the holder a majority agree on, for as long
+    /// as a majority still hold it (the quorum-th longest remaining life); held by no one
+    /// majority (a split), it is shown as held, by no one in particular.
+    async fn inspect(&self, lock: &Lock) -> Result<LockView, LockError> {
+        let answers = join_all(self.masters.iter().map(|m| StoreAdmin::inspect(&**m, lock))).await;
+        let (mut seen, mut answered, mut held, mut last) =
+            (Vec::<(Holding, Vec<Duration>)>::new(), 0, 0, None);
+        for answer in answers {
+            match answer {
+                Ok(view) => {
+                    answered += 1;
+                    if !view.is_held() {
+                        continue;
+                    }
+                    held += 1;
+                    let life = view.remaining.unwrap_or(Duration::MAX);
+                    match seen.iter_mut().find(|(h, _)| *h == view.holding) {
+                        Some((_, lives)) => lives.push(life),
+                        None => seen.push((view.holding, vec![life])),
+                    }
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        if answered < self.quorum {
+            return Err(self.no_quorum(answered, last));
+        }
+        let mut view = LockView::free(lock.key(), lock.name());
+        if let Some((holding, mut lives)) = seen.into_iter().find(|(_, lives)| lives.len() >= self.quorum) {
+            lives.sort_unstable_by(|a, b| b.cmp(a));
+            view.holding = holding;
+            view.remaining = lives
+                .get(self.quorum - 1)
+                .copied()
+                .filter(|l| *l != Duration::MAX);
+        } else if held >= self.quorum {
+            view.holding = Holding::Foreign {
+                kind: "no majority".to_owned(),
+                value: None,
+            };
+        }
+        view.fence = Fence::None;
+        Ok(view)
+    }
+
+    /// The locks a majority of masters hold, matching `pattern`.
+    async fn list(&self, pattern: &str) -> Result<Vec<LockView>, LockError> {
+        let answers = join_all(self.masters.iter().map(|m| StoreAdmin::list(&**m, pattern))).await;
+        let mut found = std::collections::BTreeSet::<String>::new();
+        let (mut answered, mut last) = (0, None);
+        for answer in answers {
+            match answer {
+                Ok(views) => {
+                    answered += 1;
+                    found.extend(views.into_iter().map(|v| v.key));
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        if answered < self.quorum {
+            return Err(self.no_quorum(answered, last));
+        }
+        let mut views = Vec::with_capacity(found.len());
+        for key in found {
+            let lock = Lock::new(&key, Store::name(self, &key));
+            let view = StoreAdmin::inspect(self, &lock).await?;
+            if view.is_held() {
+                views.push(view);
+            }
+        }
+        Ok(views)
+    }
+
+    /// Frees the lock on every master that still holds what `seen` shows: freed once a
+    /// majority no longer holds it.
+    async fn force_release(&self, lock: &Lock, seen: &LockView) -> Result<ForceReleased, LockError> {
+        let answers = join_all(
+            self.masters
+                .iter()
+                .map(|m| StoreAdmin::force_release(&**m, lock, seen)),
+        )
+        .await;
+        let (mut freed, mut gone, mut changed, mut last) = (0, 0, 0, None);
+        for answer in answers {
+            match answer {
+                Ok(ForceReleased::Freed) => freed += 1,
+                Ok(ForceReleased::Gone) => gone += 1,
+                Ok(ForceReleased::Changed) => changed += 1,
+                Err(e) => last = Some(e),
+            }
+        }
+        if freed + gone + changed < self.quorum {
+            return Err(self.no_quorum(freed + gone + changed, last));
+        }
+        Ok(if freed + gone < self.quorum {
+            ForceReleased::Changed
+        } else if freed > 0 {
+            ForceReleased::Freed
+        } else {
+            ForceReleased::Gone
+        })
     }
 }

@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use super::names::{split, Part};
 use super::EtcdStore;
-use crate::store::{ForceReleased, Lock};
+use crate::store::{ForceReleased, Lock, StoreAdmin};
 use crate::view::{glob_escape, glob_matches, Fence, Holding, LockView, Reader, RELEASED};
 use crate::LockError;
 
@@ -116,6 +116,7 @@ impl EtcdStore {
         let now = Instant::now();
         let ours = self
             .shared
+            .book
             .places()
             .get(token)
             .filter(|p| p.created == kv.create_revision())
@@ -198,15 +199,11 @@ impl EtcdStore {
             read_at,
         })
     }
+}
 
-    /// The locks held now whose keys match `pattern`.
-    pub(super) async fn held(&self, pattern: &str) -> Result<Vec<LockView>, LockError> {
-        let views = self.rows(&self.prefix, pattern).await?;
-        Ok(views.into_iter().filter(LockView::is_held).collect())
-    }
-
+impl StoreAdmin for EtcdStore {
     /// What `lock` holds now.
-    pub(super) async fn read_one(&self, lock: &Lock) -> Result<LockView, LockError> {
+    async fn inspect(&self, lock: &Lock) -> Result<LockView, LockError> {
         let found = self.rows(lock.name(), &glob_escape(lock.key())).await?;
         Ok(found
             .into_iter()
@@ -214,8 +211,14 @@ impl EtcdStore {
             .unwrap_or_else(|| LockView::free(lock.key(), lock.name())))
     }
 
+    /// The locks held now whose keys match `pattern`.
+    async fn list(&self, pattern: &str) -> Result<Vec<LockView>, LockError> {
+        let views = self.rows(&self.prefix, pattern).await?;
+        Ok(views.into_iter().filter(LockView::is_held).collect())
+    }
+
     /// Frees `lock` if its holders are still the ones `seen` shows.
-    pub(super) async fn force(&self, lock: &Lock, seen: &LockView) -> Result<ForceReleased, LockError> {
+    async fn force_release(&self, lock: &Lock, seen: &LockView) -> Result<ForceReleased, LockError> {
         let mut keys = Keys::default();
         for kv in self.read(lock.name()).await? {
             match self.split(kv.key()) {

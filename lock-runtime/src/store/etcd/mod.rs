@@ -26,8 +26,8 @@
 //! this client when its ttl ends (the reaper), and a minimum hold moves the key to a lease of
 //! its own. Nothing is written without a lease or a deletion that follows.
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
@@ -35,13 +35,13 @@ use etcd_client::{
     TxnResponse,
 };
 use futures_util::future::join_all;
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use super::decode::percent_decoded;
+use super::decode::userinfo;
+use super::line::{self, Book, Line, Place as _};
 use super::{
-    Ask, Attempt, Capabilities, DynStore, Flight, ForceReleased, Kind, Lock, LockView, Notices, Release,
-    Released, Renewal, Renewing, SetAttempt, Settings, Store, StoreConfig,
+    Ask, Attempt, Capabilities, DynStore, Flight, Kind, Lock, Notices, Release, Released, Renewal, Renewing,
+    SetAttempt, Settings, Store, StoreConfig,
 };
 use crate::background::Background;
 use crate::redact::hide_credentials;
@@ -61,10 +61,6 @@ use sessions::{seconds, Session, Sessions};
 
 /// The most operations etcd takes in one transaction (its default `--max-txn-ops`).
 const MAX_TXN_OPS: usize = 128;
-
-/// How often the keeper looks at what is due, at least (deletions due sooner, and sessions
-/// granted, wake it).
-const KEEPER_TICK: Duration = Duration::from_secs(1);
 
 /// How long the last fenced writer's token is kept after its release, for the readers after
 /// it (a reader after that gets the revision of its own place, which is above every earlier
@@ -101,13 +97,9 @@ fn split_credentials(endpoint: &str) -> (String, Option<User>) {
         return (endpoint.to_owned(), None);
     };
     let authority_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..authority_end].rsplit_once('@') {
-        Some((userinfo, host)) => {
-            let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
-            let plain = format!("{scheme}://{host}{}", &rest[authority_end..]);
-            (plain, Some((percent_decoded(user), percent_decoded(password))))
-        }
-        None => (endpoint.to_owned(), None),
+    match userinfo(&rest[..authority_end]) {
+        (Some(user), host) => (format!("{scheme}://{host}{}", &rest[authority_end..]), Some(user)),
+        (None, _) => (endpoint.to_owned(), None),
     }
 }
 
@@ -198,13 +190,7 @@ pub(crate) fn from_url(url: &str) -> Result<Arc<dyn StoreConfig>, LockError> {
     } else {
         "http"
     };
-    let (members, user) = match members.rsplit_once('@') {
-        Some((userinfo, members)) => {
-            let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
-            (members, Some((percent_decoded(user), percent_decoded(password))))
-        }
-        None => (members, None),
-    };
+    let (user, members) = userinfo(members);
     let endpoints = members
         .trim_end_matches('/')
         .split(',')
@@ -300,17 +286,19 @@ struct Place {
     permit: Option<u32>,
 }
 
+impl line::Place for Place {
+    fn until(&mut self) -> &mut Option<Instant> {
+        &mut self.until
+    }
+}
+
 /// What the client's tasks share with the store.
 #[derive(Debug)]
 struct Shared {
     pool: Arc<Pool>,
     sessions: Sessions,
-    /// Each of this client's places in line, by token.
-    places: Mutex<HashMap<String, Place>>,
-    /// When places are due to be deleted, by token (see [`Place::until`]).
-    due: Mutex<BTreeSet<(Instant, String)>>,
-    /// Told when something became due sooner.
-    changed: Notify,
+    /// Each of this client's places in line, by token, and when each held one is due to be deleted.
+    book: Book<Place>,
     notices: Notices,
     watcher: watcher::Watcher,
     /// The lease fenced writers' tokens are left on, and when it was granted (a new one each
@@ -421,51 +409,12 @@ fn newest_first(end_before: Option<i64>, limit: i64) -> GetOptions {
     }
 }
 
-impl Shared {
-    fn places(&self) -> MutexGuard<'_, HashMap<String, Place>> {
-        // Every update is one step, so a poisoned map is still consistent.
-        self.places.lock().unwrap_or_else(|e| e.into_inner())
-    }
+impl Line for Shared {
+    type Place = Place;
+    const STORE: &'static str = "etcd";
 
-    fn due(&self) -> MutexGuard<'_, BTreeSet<(Instant, String)>> {
-        self.due.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Takes `token`'s place out of this client's records (and out of the reaper's).
-    fn forget(&self, token: &str) -> Option<Place> {
-        let place = self.places().remove(token)?;
-        if let Some(until) = place.until {
-            self.due().remove(&(until, token.to_owned()));
-        }
-        Some(place)
-    }
-
-    /// Deletes `token`'s place at `until` unless it is renewed by then. The keeper looks at
-    /// least every [`KEEPER_TICK`], so it is told only of what is due sooner (an acquire costs
-    /// no wake-up of its task, as on ZooKeeper).
-    fn delete_at(&self, token: &str, until: Instant) {
-        self.due().insert((until, token.to_owned()));
-        if until < Instant::now() + KEEPER_TICK {
-            self.changed.notify_one();
-        }
-    }
-
-    /// The lease fenced writers' tokens go on: granted again each half of [`FENCE_KEPT`], so
-    /// that each token is kept between half of it and all of it after its release.
-    async fn fence_lease(&self) -> Result<i64, LockError> {
-        let mut lease = self.fence_lease.lock().await;
-        match *lease {
-            Some((id, granted)) if granted.elapsed() < FENCE_KEPT / 2 => Ok(id),
-            _ => {
-                let granted = Instant::now();
-                let (id, _) = self
-                    .pool
-                    .grant(i64::try_from(FENCE_KEPT.as_secs()).unwrap_or(60))
-                    .await?;
-                *lease = Some((id, granted));
-                Ok(id)
-            }
-        }
+    fn book(&self) -> &Book<Place> {
+        &self.book
     }
 
     /// Deletes `place` if it is still the one this client put (and, for a fenced writer,
@@ -511,59 +460,31 @@ impl Shared {
             .await?
             .succeeded())
     }
+}
 
-    /// Deletes the places whose time is up (their holders' validity ended), as Redis expires a
-    /// key at its ttl.
-    async fn reap(&self) {
-        let now = Instant::now();
-        let mut due = Vec::new();
-        {
-            let mut queue = self.due();
-            while queue.first().is_some_and(|(at, _)| *at <= now) {
-                if let Some((_, token)) = queue.pop_first() {
-                    due.push(token);
-                }
+impl Shared {
+    /// The lease fenced writers' tokens go on: granted again each half of [`FENCE_KEPT`], so
+    /// that each token is kept between half of it and all of it after its release.
+    async fn fence_lease(&self) -> Result<i64, LockError> {
+        let mut lease = self.fence_lease.lock().await;
+        match *lease {
+            Some((id, granted)) if granted.elapsed() < FENCE_KEPT / 2 => Ok(id),
+            _ => {
+                let granted = Instant::now();
+                let (id, _) = self
+                    .pool
+                    .grant(i64::try_from(FENCE_KEPT.as_secs()).unwrap_or(60))
+                    .await?;
+                *lease = Some((id, granted));
+                Ok(id)
             }
         }
-        let mut ended = Vec::new();
-        {
-            let mut places = self.places();
-            for token in due {
-                match places.get(&token).and_then(|p| p.until) {
-                    Some(until) if until <= now => {
-                        if let Some(place) = places.remove(&token) {
-                            ended.push((token, place));
-                        }
-                    }
-                    Some(until) => {
-                        self.due().insert((until, token));
-                    }
-                    None => {}
-                }
-            }
-        }
-        for (token, place) in ended {
-            if let Err(e) = self.delete(&place).await {
-                tracing::debug!(error = %e, "could not delete an etcd lock whose ttl ended; trying again");
-                self.delete_soon(&token, place);
-            }
-        }
-    }
-
-    /// `place` could not be deleted (etcd was unreachable, or between leaders): the reaper tries
-    /// again soon, and again, until it is (a place lives as long as its session: this client).
-    fn delete_soon(&self, token: &str, place: Place) {
-        let again = Instant::now() + Duration::from_millis(100);
-        self.places().entry(token.to_owned()).or_insert(Place {
-            until: Some(again),
-            ..place
-        });
-        self.delete_at(token, again);
     }
 
     /// The waiters whose places were on `lease` look again (it lapsed: their places went).
     fn lapsed(&self, lease: i64) {
         let waiting: Vec<(String, String)> = self
+            .book
             .places()
             .iter()
             .filter(|(_, p)| p.lease == lease && p.until.is_none())
@@ -577,23 +498,10 @@ impl Shared {
     /// Renews sessions and deletes places whose time is up, until the client goes.
     async fn keep(self: Arc<Self>) {
         loop {
-            let next = [self.sessions.next_due(), self.due().first().map(|(at, _)| *at)]
-                .into_iter()
-                .flatten()
-                .min();
-            let now = Instant::now();
-            match next {
-                Some(at) if at <= now => {}
-                next => {
-                    let at = next.map_or(now + KEEPER_TICK, |at| at.min(now + KEEPER_TICK));
-                    tokio::select! {
-                        () = tokio::time::sleep_until(at) => {}
-                        () = self.changed.notified() => {}
-                    }
-                    continue;
-                }
+            if !self.book.due_now(self.sessions.next_due()).await {
+                continue;
             }
-            let in_use = |lease: i64| self.places().values().any(|p| p.lease == lease);
+            let in_use = |lease: i64| self.book.places().values().any(|p| p.lease == lease);
             let kept = self.sessions.keep(&self.pool, in_use).await;
             for lease in kept.lapsed {
                 self.lapsed(lease);
@@ -615,9 +523,7 @@ impl EtcdStore {
             shared: Arc::new(Shared {
                 pool: Arc::new(Pool::new(endpoints, timeouts, access)),
                 sessions: Sessions::default(),
-                places: Mutex::new(HashMap::new()),
-                due: Mutex::new(BTreeSet::new()),
-                changed: Notify::new(),
+                book: Book::default(),
                 notices,
                 watcher: watcher::Watcher::default(),
                 fence_lease: tokio::sync::Mutex::new(None),
@@ -639,7 +545,7 @@ impl EtcdStore {
         let (session, granted) = self.shared.sessions.for_ttl(self.pool(), ttl_ms).await?;
         if granted {
             // The keeper renews it from now on.
-            self.shared.changed.notify_one();
+            self.shared.book.wake_keeper();
         }
         if self.pool().should_look_for_leader() {
             let warn = !self
@@ -648,207 +554,6 @@ impl EtcdStore {
             tokio::spawn(check_cluster(Arc::clone(self.pool()), warn));
         }
         Ok(session)
-    }
-
-    /// Records a place this client put.
-    fn record(&self, token: &str, place: Place) {
-        if let Some(until) = place.until {
-            self.shared.delete_at(token, until);
-        }
-        self.shared.places().insert(token.to_owned(), place);
-    }
-
-    async fn acquire(&self, lock: &Lock, token: &str, ask: &Ask) -> Result<Attempt, LockError> {
-        if ask.permits > 1 {
-            return self.permit_attempt(lock, token, ask).await;
-        }
-        let known = self.shared.places().get(token).cloned();
-        if let Some(place) = known.filter(|p| p.created > 0) {
-            return self.look_again(lock, token, ask, place).await;
-        }
-        let names = Names::for_lock(lock.name());
-        let sent = Instant::now();
-        let session = self.session(ask.ttl_ms).await?;
-        let key = names.place(id_of(token), ask.shared);
-        let put = TxnOp::put(key.clone(), token, Some(PutOptions::new().with_lease(session.id)));
-        let answer = self.pool().txn(acquire_txn(&names, (&key, put), ask)).await?;
-        let responses = answer.op_responses();
-        // Refused, it read one permit held (if any), after its own place (if it will wait).
-        let permit_at = usize::from(ask.join);
-        let held = (!answer.succeeded())
-            .then(|| read_at(&responses, permit_at).first())
-            .flatten()
-            .and_then(|kv| match names.classify(kv.key()) {
-                Some(Part::Permit { count, .. }) => Some(count),
-                _ => None,
-            });
-        if let Some(held) = held {
-            return Err(crate::store::permits_differ(lock.key(), held, 1));
-        }
-        if !answer.succeeded() {
-            if ask.join {
-                // An earlier send of this attempt put the place: look at it as a waiter does.
-                let Some(kv) = read_at(answer.op_responses().as_slice(), 0).first().cloned() else {
-                    return Ok(Attempt::HELD);
-                };
-                let place = Place {
-                    name: lock.name().to_owned(),
-                    key,
-                    shared: ask.shared,
-                    created: kv.create_revision(),
-                    lease: kv.lease(),
-                    fenced: ask.fencing,
-                    after_writer: 0,
-                    until: None,
-                    kept: false,
-                    permit: None,
-                };
-                self.record(token, place.clone());
-                return self.look_again(lock, token, ask, place).await;
-            }
-            return Ok(Attempt::HELD);
-        }
-        let created = revision(&answer);
-        let (ahead, fence_at) = if ask.join { (1, 2) } else { (usize::MAX, 1) };
-        let last_fence = read_at(&responses, fence_at).first().map_or(0, fence_of);
-        let before: Vec<&KeyValue> = read_at(&responses, ahead)
-            .iter()
-            .filter(|kv| kv.create_revision() < created)
-            .collect();
-        let mut place = Place {
-            name: lock.name().to_owned(),
-            key,
-            shared: ask.shared,
-            created,
-            lease: session.id,
-            fenced: ask.fencing,
-            after_writer: if ask.shared {
-                before.first().map_or(0, |kv| kv.create_revision())
-            } else {
-                0
-            },
-            until: None,
-            kept: false,
-            permit: None,
-        };
-        match before.first() {
-            None => Ok(self.taken(token, place, ask, (sent, session), last_fence)),
-            Some(kv) => {
-                let (ahead_key, read) = (kv.key().to_vec(), revision(&answer));
-                place.after_writer = place.after_writer.max(last_fence);
-                self.record(token, place);
-                self.wait_behind(lock, token, ahead_key, read);
-                Ok(Attempt::Held {
-                    pttl_ms: None,
-                    behind: true,
-                    claimed: false,
-                    kept: None,
-                })
-            }
-        }
-    }
-
-    /// Every lock of a set, or none, in one transaction: each lock's place put (each for its
-    /// own token, on one session) only if every lock's line is empty, as a try of one lock that
-    /// will not wait does for one. Every place has the transaction's revision, so each lock's
-    /// fencing token rises as a single lock's does. Refused, it reads how many are in each line,
-    /// to name the first lock held (not for a caller that will wait, which goes on key by key).
-    async fn take_set(
-        &self,
-        locks: &[Lock],
-        tokens: &[String],
-        ask: &Ask,
-    ) -> Result<Option<SetAttempt>, LockError> {
-        // Two compares a lock.
-        if locks.len() * 2 > MAX_TXN_OPS {
-            return Ok(None);
-        }
-        let sent = Instant::now();
-        let session = self.session(ask.ttl_ms).await?;
-        let (mut empty, mut puts, mut counts) = (Vec::new(), Vec::new(), Vec::new());
-        let mut places = Vec::with_capacity(locks.len());
-        for (lock, token) in locks.iter().zip(tokens) {
-            let names = Names::for_lock(lock.name());
-            let (start, end) = names.line();
-            let key = names.place(id_of(token), false);
-            let (permits, permits_end) = names.permits();
-            empty.push(Compare::create_revision(start.clone(), CompareOp::Equal, 0).with_range(end.clone()));
-            empty.push(
-                Compare::create_revision(permits.clone(), CompareOp::Equal, 0)
-                    .with_range(permits_end.clone()),
-            );
-            let on_session = PutOptions::new().with_lease(session.id);
-            puts.push(TxnOp::put(key.clone(), token.as_str(), Some(on_session)));
-            if !ask.join {
-                counts.push(TxnOp::get(
-                    start,
-                    Some(GetOptions::new().with_range(end).with_count_only()),
-                ));
-            }
-            // A semaphore's permits held at the key: refused as a single lock is.
-            let one = GetOptions::new()
-                .with_range(permits_end)
-                .with_limit(1)
-                .with_keys_only();
-            counts.push(TxnOp::get(permits, Some(one)));
-            places.push((lock.name().to_owned(), key));
-        }
-        let answer = match self
-            .pool()
-            .txn(Txn::new().when(empty).and_then(puts).or_else(counts))
-            .await
-        {
-            // A cluster that takes fewer operations in a transaction than the set needs
-            // (`--max-txn-ops` below its default): key by key.
-            Err(e) if too_many_operations(&e) => return Ok(None),
-            answer => answer?,
-        };
-        let responses = answer.op_responses();
-        if !answer.succeeded() {
-            // Per lock: its line's count (only for a caller that will not wait), then one
-            // permit held.
-            let per_lock = if ask.join { 1 } else { 2 };
-            for (at, lock) in locks.iter().enumerate() {
-                let names = Names::for_lock(lock.name());
-                let permit = read_at(&responses, at * per_lock + per_lock - 1).first();
-                if let Some(Part::Permit { count, .. }) = permit.and_then(|kv| names.classify(kv.key())) {
-                    return Err(crate::store::permits_differ(lock.key(), count, 1));
-                }
-            }
-            let held = |at: &usize| match responses.get(at * per_lock) {
-                Some(TxnOpResponse::Get(got)) => got.count() > 0,
-                _ => false,
-            };
-            let at = (0..locks.len()).find(held).filter(|_| !ask.join).unwrap_or(0);
-            return Ok(Some(SetAttempt::Refused { at, pttl_ms: None }));
-        }
-        let created = revision(&answer);
-        let mut fences = Vec::with_capacity(locks.len());
-        let mut kept_until = None;
-        for ((name, key), token) in places.into_iter().zip(tokens) {
-            let place = Place {
-                name,
-                key,
-                shared: false,
-                created,
-                lease: session.id,
-                fenced: ask.fencing,
-                after_writer: 0,
-                until: None,
-                kept: false,
-                permit: None,
-            };
-            if let Attempt::Acquired {
-                fence,
-                kept_until: kept,
-                ..
-            } = self.taken(token, place, ask, (sent, session), 0)
-            {
-                fences.push(fence);
-                kept_until = kept_until.or(kept);
-            }
-        }
-        Ok(Some(SetAttempt::Taken { fences, kept_until }))
     }
 
     /// The place is the lock's now: recorded as held until its ttl from `sent`, no longer
@@ -874,15 +579,9 @@ impl EtcdStore {
             .watcher
             .cancel(self.pool(), &self.shared.notices, token);
         let until = sent + Duration::from_millis(ask.ttl_ms);
-        self.record(
-            token,
-            Place {
-                until: Some(until),
-                ..place
-            },
-        );
-        let kept_until = (session.kept_until < until).then_some(session.kept_until);
         let permit = place.permit;
+        self.shared.book.record(token, place.held_until(until));
+        let kept_until = (session.kept_until < until).then_some(session.kept_until);
         Attempt::Acquired {
             permit,
             fence: ask.fencing.then_some(token_of(fence)),
@@ -937,9 +636,9 @@ impl EtcdStore {
         let mine = read_at(&responses, 0).first();
         if mine.is_none_or(|kv| kv.create_revision() != place.created) {
             // Gone with its session (or deleted by an operator): in line again, at the end.
-            self.shared.places().remove(token);
+            self.shared.book.places().remove(token);
             let ask = Ask { join: true, ..*ask };
-            return Box::pin(self.acquire(lock, token, &ask)).await;
+            return DynStore::attempt(self, lock, token, &ask, &Flight::default()).await;
         }
         let last_fence = read_at(&responses, 2).first().map_or(0, fence_of);
         let lease = mine.map_or(place.lease, KeyValue::lease);
@@ -954,82 +653,16 @@ impl EtcdStore {
             }
             Some(kv) => {
                 let ahead = kv.key().to_vec();
-                if let Some(known) = self.shared.places().get_mut(token) {
+                if let Some(known) = self.shared.book.places().get_mut(token) {
                     if place.shared {
                         known.after_writer = known.after_writer.max(kv.create_revision()).max(last_fence);
                     }
                     known.lease = lease;
                 }
                 self.wait_behind(lock, token, ahead, read);
-                Ok(Attempt::Held {
-                    pttl_ms: None,
-                    behind: true,
-                    claimed: false,
-                    kept: None,
-                })
+                Ok(Attempt::behind())
             }
         }
-    }
-
-    async fn renew_locks(&self, locks: &[Renewing<'_>]) -> Result<Vec<Renewal>, LockError> {
-        let mut found = vec![Renewal::Gone; locks.len()];
-        // Each lock still held: on a session long enough for the ttl asked (renewed with one
-        // keep-alive per session and one read per batch), or to move to a longer one (an
-        // `extend`).
-        let mut kept = Vec::new();
-        let mut moving = Vec::new();
-        for (at, (_, token, ttl_ms)) in locks.iter().enumerate() {
-            let Some(place) = self
-                .shared
-                .places()
-                .get(*token)
-                .cloned()
-                .filter(|p| p.until.is_some() && !p.kept)
-            else {
-                continue;
-            };
-            if self.class_of(place.lease) >= seconds(*ttl_ms) {
-                kept.push((at, place));
-            } else {
-                moving.push((at, place.lease, place));
-            }
-        }
-        for ((at, place), found_now) in kept.iter().zip(self.renew_on_sessions(&kept).await?) {
-            match found_now {
-                // On another lease than this client last knew (an `extend` whose answer was
-                // lost, or one racing this renewal, moved it): settled below.
-                Found::On(lease) => moving.push((*at, lease, place.clone())),
-                Found::Renewal(renewal) => found[*at] = renewal,
-            }
-        }
-        let settled = join_all(
-            moving
-                .iter()
-                .map(|(at, lease, place)| self.settle(place, *lease, locks[*at].2)),
-        );
-        for ((at, _, _), renewal) in moving.iter().zip(settled.await) {
-            found[*at] = renewal?;
-        }
-        // Deleted by this client no sooner than the holder's validity ends (which counts from
-        // before the requests).
-        let sent = Instant::now();
-        for (at, (_, token, ttl_ms)) in locks.iter().enumerate() {
-            let mut places = self.shared.places();
-            match found[at] {
-                Renewal::Renewed => {
-                    let until = sent + Duration::from_millis(*ttl_ms);
-                    if let Some(place) = places.get_mut(*token) {
-                        // Never shortened (as `PEXPIRE … GT` on Redis).
-                        place.until = place.until.map(|was| was.max(until));
-                    }
-                }
-                Renewal::Gone => {
-                    places.remove(*token);
-                }
-                _ => {}
-            }
-        }
-        Ok(found)
     }
 
     /// The ttl in seconds of the session with lease `id` (0: not a session of this client).
@@ -1137,60 +770,14 @@ impl EtcdStore {
 
     /// This client's record of `place` says it is on `lease` now.
     fn known_on(&self, place: &Place, lease: i64) {
-        if let Some(known) = self.shared.places().values_mut().find(|p| p.key == place.key) {
+        if let Some(known) = self
+            .shared
+            .book
+            .places()
+            .values_mut()
+            .find(|p| p.key == place.key)
+        {
             known.lease = lease;
-        }
-    }
-
-    async fn release_token(
-        &self,
-        lock: &Lock,
-        token: &str,
-        release: Release<'_>,
-    ) -> Result<Released, LockError> {
-        self.shared
-            .watcher
-            .cancel(self.pool(), &self.shared.notices, token);
-        let place = self.shared.forget(token);
-        if release.kind == Kind::Permit && release.after.is_some() {
-            // A semaphore's attempt whose answer never came may have taken a permit (a waiter's,
-            // while its place in the queue is what this client knows of it): looked for by its
-            // token, now and once more later.
-            return self.delete_unknown(lock, token, true).await;
-        }
-        let Some(place) = place else {
-            if release.after.is_some() {
-                // An attempt whose answer never came may have put a place: deleted now, and again
-                // once a late request could no longer land.
-                return self
-                    .delete_unknown(lock, token, release.kind == Kind::Permit)
-                    .await;
-            }
-            return Ok(Released::NotOurs);
-        };
-        if place.kept {
-            self.shared.places().insert(token.to_owned(), place);
-            return Ok(Released::NotOurs);
-        }
-        if release.hold_ms > 0 && place.until.is_some() {
-            return self.keep_for(token, place, release.hold_ms).await;
-        }
-        match self.shared.delete(&place).await {
-            // Waiters hear of it through their watches.
-            Ok(true) => Ok(Released::Quiet),
-            Ok(false) => Ok(Released::NotOurs),
-            Err(e) => {
-                // Not known to be gone: deleted at its validity's end, or its session ends it.
-                let until = place.until.unwrap_or_else(Instant::now);
-                self.record(
-                    token,
-                    Place {
-                        until: Some(until),
-                        ..place
-                    },
-                );
-                Err(e)
-            }
         }
     }
 
@@ -1266,7 +853,7 @@ impl EtcdStore {
     /// of that long (so it stays if this client dies), and deleted by this client when the hold
     /// ends.
     async fn keep_for(&self, token: &str, place: Place, hold_ms: u64) -> Result<Released, LockError> {
-        let put_back = |place: Place| self.shared.places().insert(token.to_owned(), place);
+        let put_back = |place: Place| self.shared.book.places().insert(token.to_owned(), place);
         let (lease, _) = match self.pool().grant(seconds(hold_ms)).await {
             Ok(granted) => granted,
             Err(e) => {
@@ -1288,7 +875,7 @@ impl EtcdStore {
         let until = Instant::now() + Duration::from_millis(hold_ms);
         match self.pool().txn(kept).await {
             Ok(answer) if answer.succeeded() => {
-                self.record(
+                self.shared.book.record(
                     token,
                     Place {
                         lease,
@@ -1305,22 +892,6 @@ impl EtcdStore {
                 Err(e)
             }
         }
-    }
-
-    async fn leave_line(&self, token: &str) -> Result<(), LockError> {
-        self.shared
-            .watcher
-            .cancel(self.pool(), &self.shared.notices, token);
-        let place = self.shared.places().remove(token);
-        if let Some(place) = place {
-            if let Err(e) = self.shared.delete(&place).await {
-                // Its session would keep it as long as this client lives, holding the line
-                // back: deleted by the reaper, tried again until it is.
-                self.shared.delete_soon(token, place);
-                return Err(e);
-            }
-        }
-        Ok(())
     }
 }
 
@@ -1378,10 +949,95 @@ impl Store for EtcdStore {
     }
 
     async fn attempt(&self, lock: &Lock, token: &str, ask: &Ask, _: &Flight) -> Result<Attempt, LockError> {
-        self.acquire(lock, token, ask).await
+        if ask.permits > 1 {
+            return self.permit_attempt(lock, token, ask).await;
+        }
+        let known = self.shared.book.places().get(token).cloned();
+        if let Some(place) = known.filter(|p| p.created > 0) {
+            return self.look_again(lock, token, ask, place).await;
+        }
+        let names = Names::for_lock(lock.name());
+        let sent = Instant::now();
+        let session = self.session(ask.ttl_ms).await?;
+        let key = names.place(id_of(token), ask.shared);
+        let put = TxnOp::put(key.clone(), token, Some(PutOptions::new().with_lease(session.id)));
+        let answer = self.pool().txn(acquire_txn(&names, (&key, put), ask)).await?;
+        let responses = answer.op_responses();
+        // Refused, it read one permit held (if any), after its own place (if it will wait).
+        let permit_at = usize::from(ask.join);
+        let held = (!answer.succeeded())
+            .then(|| read_at(&responses, permit_at).first())
+            .flatten()
+            .and_then(|kv| match names.classify(kv.key()) {
+                Some(Part::Permit { count, .. }) => Some(count),
+                _ => None,
+            });
+        if let Some(held) = held {
+            return Err(crate::store::permits_differ(lock.key(), held, 1));
+        }
+        if !answer.succeeded() {
+            if ask.join {
+                // An earlier send of this attempt put the place: look at it as a waiter does.
+                let Some(kv) = read_at(answer.op_responses().as_slice(), 0).first().cloned() else {
+                    return Ok(Attempt::HELD);
+                };
+                let place = Place {
+                    name: lock.name().to_owned(),
+                    key,
+                    shared: ask.shared,
+                    created: kv.create_revision(),
+                    lease: kv.lease(),
+                    fenced: ask.fencing,
+                    after_writer: 0,
+                    until: None,
+                    kept: false,
+                    permit: None,
+                };
+                self.shared.book.record(token, place.clone());
+                return self.look_again(lock, token, ask, place).await;
+            }
+            return Ok(Attempt::HELD);
+        }
+        let created = revision(&answer);
+        let (ahead, fence_at) = if ask.join { (1, 2) } else { (usize::MAX, 1) };
+        let last_fence = read_at(&responses, fence_at).first().map_or(0, fence_of);
+        let before: Vec<&KeyValue> = read_at(&responses, ahead)
+            .iter()
+            .filter(|kv| kv.create_revision() < created)
+            .collect();
+        let mut place = Place {
+            name: lock.name().to_owned(),
+            key,
+            shared: ask.shared,
+            created,
+            lease: session.id,
+            fenced: ask.fencing,
+            after_writer: if ask.shared {
+                before.first().map_or(0, |kv| kv.create_revision())
+            } else {
+                0
+            },
+            until: None,
+            kept: false,
+            permit: None,
+        };
+        match before.first() {
+            None => Ok(self.taken(token, place, ask, (sent, session), last_fence)),
+            Some(kv) => {
+                let (ahead_key, read) = (kv.key().to_vec(), revision(&answer));
+                place.after_writer = place.after_writer.max(last_fence);
+                self.shared.book.record(token, place);
+                self.wait_behind(lock, token, ahead_key, read);
+                Ok(Attempt::behind())
+            }
+        }
     }
 
-    /// One transaction ([`EtcdStore::take_set`]).
+    /// Every lock of a set, or none, in one transaction: each lock's place put (each for its
+    /// own token, on one session) only if every lock's line is empty, as a try of one lock that
+    /// will not wait does for one. Every place has the transaction's revision, so each lock's
+    /// fencing token rises as a single lock's does. Refused, it reads how many are in each line,
+    /// to name the first lock held (not for a caller that will wait, which goes on key by key).
     async fn attempt_set(
         &self,
         locks: &[Lock],
@@ -1389,31 +1045,191 @@ impl Store for EtcdStore {
         ask: &Ask,
         _: &Flight,
     ) -> Result<Option<SetAttempt>, LockError> {
-        self.take_set(locks, tokens, ask).await
+        // Two compares a lock.
+        if locks.len() * 2 > MAX_TXN_OPS {
+            return Ok(None);
+        }
+        let sent = Instant::now();
+        let session = self.session(ask.ttl_ms).await?;
+        let (mut empty, mut puts, mut counts) = (Vec::new(), Vec::new(), Vec::new());
+        let mut places = Vec::with_capacity(locks.len());
+        for (lock, token) in locks.iter().zip(tokens) {
+            let names = Names::for_lock(lock.name());
+            let (start, end) = names.line();
+            let key = names.place(id_of(token), false);
+            let (permits, permits_end) = names.permits();
+            empty.push(Compare::create_revision(start.clone(), CompareOp::Equal, 0).with_range(end.clone()));
+            empty.push(
+                Compare::create_revision(permits.clone(), CompareOp::Equal, 0)
+                    .with_range(permits_end.clone()),
+            );
+            let on_session = PutOptions::new().with_lease(session.id);
+            puts.push(TxnOp::put(key.clone(), token.as_str(), Some(on_session)));
+            if !ask.join {
+                counts.push(TxnOp::get(
+                    start,
+                    Some(GetOptions::new().with_range(end).with_count_only()),
+                ));
+            }
+            // A semaphore's permits held at the key: refused as a single lock is.
+            let one = GetOptions::new()
+                .with_range(permits_end)
+                .with_limit(1)
+                .with_keys_only();
+            counts.push(TxnOp::get(permits, Some(one)));
+            places.push((lock.name().to_owned(), key));
+        }
+        let answer = match self
+            .pool()
+            .txn(Txn::new().when(empty).and_then(puts).or_else(counts))
+            .await
+        {
+            // A cluster that takes fewer operations in a transaction than the set needs
+            // (`--max-txn-ops` below its default): key by key.
+            Err(e) if too_many_operations(&e) => return Ok(None),
+            answer => answer?,
+        };
+        let responses = answer.op_responses();
+        if !answer.succeeded() {
+            // Per lock: its line's count (only for a caller that will not wait), then one
+            // permit held.
+            let per_lock = if ask.join { 1 } else { 2 };
+            for (at, lock) in locks.iter().enumerate() {
+                let names = Names::for_lock(lock.name());
+                let permit = read_at(&responses, at * per_lock + per_lock - 1).first();
+                if let Some(Part::Permit { count, .. }) = permit.and_then(|kv| names.classify(kv.key())) {
+                    return Err(crate::store::permits_differ(lock.key(), count, 1));
+                }
+            }
+            let held = |at: &usize| match responses.get(at * per_lock) {
+                Some(TxnOpResponse::Get(got)) => got.count() > 0,
+                _ => false,
+            };
+            let at = (0..locks.len()).find(held).filter(|_| !ask.join).unwrap_or(0);
+            return Ok(Some(SetAttempt::Refused { at, pttl_ms: None }));
+        }
+        let created = revision(&answer);
+        let mut fences = Vec::with_capacity(locks.len());
+        let mut kept_until = None;
+        for ((name, key), token) in places.into_iter().zip(tokens) {
+            let place = Place {
+                name,
+                key,
+                shared: false,
+                created,
+                lease: session.id,
+                fenced: ask.fencing,
+                after_writer: 0,
+                until: None,
+                kept: false,
+                permit: None,
+            };
+            if let Attempt::Acquired {
+                fence,
+                kept_until: kept,
+                ..
+            } = self.taken(token, place, ask, (sent, session), 0)
+            {
+                fences.push(fence);
+                kept_until = kept_until.or(kept);
+            }
+        }
+        Ok(Some(SetAttempt::Taken { fences, kept_until }))
     }
 
     async fn renew(&self, locks: &[Renewing<'_>]) -> Result<Vec<Renewal>, LockError> {
-        self.renew_locks(locks).await
+        let mut found = vec![Renewal::Gone; locks.len()];
+        // Each lock still held: on a session long enough for the ttl asked (renewed with one
+        // keep-alive per session and one read per batch), or to move to a longer one (an
+        // `extend`).
+        let mut kept = Vec::new();
+        let mut moving = Vec::new();
+        for (at, (_, token, ttl_ms)) in locks.iter().enumerate() {
+            let Some(place) = self
+                .shared
+                .book
+                .places()
+                .get(*token)
+                .cloned()
+                .filter(|p| p.until.is_some() && !p.kept)
+            else {
+                continue;
+            };
+            if self.class_of(place.lease) >= seconds(*ttl_ms) {
+                kept.push((at, place));
+            } else {
+                moving.push((at, place.lease, place));
+            }
+        }
+        for ((at, place), found_now) in kept.iter().zip(self.renew_on_sessions(&kept).await?) {
+            match found_now {
+                // On another lease than this client last knew (an `extend` whose answer was
+                // lost, or one racing this renewal, moved it): settled below.
+                Found::On(lease) => moving.push((*at, lease, place.clone())),
+                Found::Renewal(renewal) => found[*at] = renewal,
+            }
+        }
+        let settled = join_all(
+            moving
+                .iter()
+                .map(|(at, lease, place)| self.settle(place, *lease, locks[*at].2)),
+        );
+        for ((at, _, _), renewal) in moving.iter().zip(settled.await) {
+            found[*at] = renewal?;
+        }
+        // Deleted by this client no sooner than the holder's validity ends (which counts from
+        // before the requests).
+        let sent = Instant::now();
+        self.shared.book.renewed(locks, &found, |_| sent);
+        Ok(found)
     }
 
     async fn release(&self, lock: &Lock, token: &str, release: Release<'_>) -> Result<Released, LockError> {
-        self.release_token(lock, token, release).await
+        self.shared
+            .watcher
+            .cancel(self.pool(), &self.shared.notices, token);
+        let place = self.shared.book.forget(token);
+        if release.kind == Kind::Permit && release.after.is_some() {
+            // A semaphore's attempt whose answer never came may have taken a permit (a waiter's,
+            // while its place in the queue is what this client knows of it): looked for by its
+            // token, now and once more later.
+            return self.delete_unknown(lock, token, true).await;
+        }
+        let Some(place) = place else {
+            if release.after.is_some() {
+                // An attempt whose answer never came may have put a place: deleted now, and again
+                // once a late request could no longer land.
+                return self
+                    .delete_unknown(lock, token, release.kind == Kind::Permit)
+                    .await;
+            }
+            return Ok(Released::NotOurs);
+        };
+        if place.kept {
+            self.shared.book.places().insert(token.to_owned(), place);
+            return Ok(Released::NotOurs);
+        }
+        if release.hold_ms > 0 && place.until.is_some() {
+            return self.keep_for(token, place, release.hold_ms).await;
+        }
+        match self.shared.delete(&place).await {
+            // Waiters hear of it through their watches.
+            Ok(true) => Ok(Released::Quiet),
+            Ok(false) => Ok(Released::NotOurs),
+            Err(e) => {
+                // Not known to be gone: deleted at its validity's end, or its session ends it.
+                let until = place.until.unwrap_or_else(Instant::now);
+                self.shared.book.record(token, place.held_until(until));
+                Err(e)
+            }
+        }
     }
 
     async fn leave(&self, _: &Lock, token: &str, _: bool) -> Result<(), LockError> {
-        self.leave_line(token).await
-    }
-
-    async fn inspect(&self, lock: &Lock) -> Result<LockView, LockError> {
-        self.read_one(lock).await
-    }
-
-    async fn list(&self, pattern: &str) -> Result<Vec<LockView>, LockError> {
-        self.held(pattern).await
-    }
-
-    async fn force_release(&self, lock: &Lock, seen: &LockView) -> Result<ForceReleased, LockError> {
-        self.force(lock, seen).await
+        self.shared
+            .watcher
+            .cancel(self.pool(), &self.shared.notices, token);
+        self.shared.leave(token).await
     }
 }
 

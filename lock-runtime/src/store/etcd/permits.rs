@@ -33,14 +33,6 @@ use crate::LockError;
 /// How many permits one attempt tries when the one it tried was taken meanwhile.
 const TRIES: usize = 4;
 
-/// A refusal for a waiter: it waits to be woken (by a watch, or its nap).
-const WAITING: Attempt = Attempt::Held {
-    pttl_ms: None,
-    behind: true,
-    claimed: false,
-    kept: None,
-};
-
 /// The count of a range read with `count_only`.
 fn count_at(answer: &[TxnOpResponse], position: usize) -> i64 {
     match answer.get(position) {
@@ -63,6 +55,7 @@ impl EtcdStore {
         let session = self.session(ask.ttl_ms).await?;
         let mut queued = self
             .shared
+            .book
             .places()
             .get(token)
             .filter(|p| p.until.is_none() && p.permit.is_none())
@@ -80,7 +73,7 @@ impl EtcdStore {
                 .await?;
             if answer.succeeded() {
                 if queued.is_some() {
-                    self.shared.forget(token);
+                    self.shared.book.forget(token);
                 }
                 let place = Place {
                     name: lock.name().to_owned(),
@@ -117,7 +110,7 @@ impl EtcdStore {
             }
             if queued.is_some() && read_at(&responses, 3).is_empty() {
                 // Its place went with its session (or an operator deleted it): a newcomer again.
-                self.shared.forget(token);
+                self.shared.book.forget(token);
                 queued = None;
             }
             let ahead = read_at(&responses, 2).first().map(|kv| kv.key().to_vec());
@@ -127,11 +120,11 @@ impl EtcdStore {
                 (None, Some(free), _) => guess = free,
                 (Some(ahead), _, true) => {
                     self.wait_behind(lock, token, ahead, read);
-                    return Ok(WAITING);
+                    return Ok(Attempt::behind());
                 }
                 (None, None, true) => {
                     self.watch_permits(lock, token, &names, count, read);
-                    return Ok(WAITING);
+                    return Ok(Attempt::behind());
                 }
                 _ if !ask.join => return Ok(Attempt::HELD),
                 _ => return self.enqueue(lock, token, (&names, session)).await,
@@ -140,7 +133,7 @@ impl EtcdStore {
         // Every permit it tried was taken meanwhile: a waiter waits for the next deletion.
         if ask.join && queued.is_some() {
             self.watch_permits(lock, token, &names, count, read);
-            return Ok(WAITING);
+            return Ok(Attempt::behind());
         }
         if ask.join {
             return self.enqueue(lock, token, (&names, session)).await;
@@ -255,11 +248,11 @@ impl EtcdStore {
             kept: false,
             permit: None,
         };
-        self.record(token, place);
+        self.shared.book.record(token, place);
         match ahead {
             Some(ahead) => {
                 self.wait_behind(lock, token, ahead, revision(&answer));
-                Ok(WAITING)
+                Ok(Attempt::behind())
             }
             // The oldest: it tries again at once, as a waiter in the queue (a permit may have
             // been given back before its place was put, and its own refusal's read was older).
@@ -275,6 +268,7 @@ impl EtcdStore {
     /// Whether this client holds permit `permit` of the lock named `name`.
     fn holds_permit(&self, name: &str, permit: u32) -> bool {
         self.shared
+            .book
             .places()
             .values()
             .any(|p| p.name == name && p.permit == Some(permit))

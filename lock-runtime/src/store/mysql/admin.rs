@@ -15,7 +15,7 @@ use super::permits::{count_of, parse_permit_row, permit_row, permits_line};
 use super::shares::{READERS, READERS_OF, SHARES};
 use super::MysqlStore;
 use crate::store::sql::{ask, unsigned};
-use crate::store::{ForceReleased, Lock};
+use crate::store::{ForceReleased, Lock, StoreAdmin};
 use crate::view::{glob_matches, Fence, Holding, LockView, Reader, RELEASED};
 use crate::LockError;
 
@@ -158,34 +158,23 @@ impl MysqlStore {
         })
     }
 
-    /// The locks held now whose keys match `pattern` (a glob).
-    pub(super) async fn held(&self, pattern: &str) -> Result<Vec<LockView>, LockError> {
-        let prefix = self.prefix.as_bytes();
-        let rows: Vec<Row> = ask!(self, |conn| sqlx::query_as(ROWS)
-            .bind(prefix.len() as u64)
-            .bind(prefix)
-            .fetch_all(conn))?;
-        let shares: Vec<ShareRow> = ask!(self, |conn| sqlx::query_as(READERS)
-            .bind(prefix.len() as u64)
-            .bind(prefix)
-            .fetch_all(conn))?;
-        let lines: Vec<(Vec<u8>, i64)> = ask!(self, |conn| sqlx::query_as(LINES)
-            .bind(prefix.len() as u64)
-            .bind(prefix)
-            .fetch_all(conn))?;
-        let lines: HashMap<Vec<u8>, i64> = lines.into_iter().collect();
-        let read_at = Instant::now();
-        let mut permits = permit_holders(&rows);
-        let mut readers = readers_of(shares);
-        Ok(rows
-            .into_iter()
-            .filter_map(|row| self.view(row, read_at, &mut permits, &mut readers, &lines))
-            .filter(|view| view.is_held() && glob_matches(pattern, &view.key))
-            .collect())
+    /// A forced release's answer: `Freed` (this client's waiters woken) when it freed something;
+    /// else `Changed` when another holder has the lock now, `Gone` when it is free.
+    async fn forced(&self, lock: &Lock, freed: bool) -> Result<ForceReleased, LockError> {
+        if freed {
+            self.notices.released(lock.name());
+            return Ok(ForceReleased::Freed);
+        }
+        Ok(match StoreAdmin::inspect(self, lock).await?.is_held() {
+            true => ForceReleased::Changed,
+            false => ForceReleased::Gone,
+        })
     }
+}
 
+impl StoreAdmin for MysqlStore {
     /// What `lock` holds now (a semaphore's permits read in a second statement).
-    pub(super) async fn read_one(&self, lock: &Lock) -> Result<LockView, LockError> {
+    async fn inspect(&self, lock: &Lock) -> Result<LockView, LockError> {
         let row: Option<Row> = ask!(self, |conn| sqlx::query_as(ROW)
             .bind(lock.name().as_bytes())
             .fetch_optional(conn))?;
@@ -223,9 +212,35 @@ impl MysqlStore {
             .unwrap_or_else(|| LockView::free(lock.key(), lock.name())))
     }
 
+    /// The locks held now whose keys match `pattern` (a glob).
+    async fn list(&self, pattern: &str) -> Result<Vec<LockView>, LockError> {
+        let prefix = self.prefix.as_bytes();
+        let rows: Vec<Row> = ask!(self, |conn| sqlx::query_as(ROWS)
+            .bind(prefix.len() as u64)
+            .bind(prefix)
+            .fetch_all(conn))?;
+        let shares: Vec<ShareRow> = ask!(self, |conn| sqlx::query_as(READERS)
+            .bind(prefix.len() as u64)
+            .bind(prefix)
+            .fetch_all(conn))?;
+        let lines: Vec<(Vec<u8>, i64)> = ask!(self, |conn| sqlx::query_as(LINES)
+            .bind(prefix.len() as u64)
+            .bind(prefix)
+            .fetch_all(conn))?;
+        let lines: HashMap<Vec<u8>, i64> = lines.into_iter().collect();
+        let read_at = Instant::now();
+        let mut permits = permit_holders(&rows);
+        let mut readers = readers_of(shares);
+        Ok(rows
+            .into_iter()
+            .filter_map(|row| self.view(row, read_at, &mut permits, &mut readers, &lines))
+            .filter(|view| view.is_held() && glob_matches(pattern, &view.key))
+            .collect())
+    }
+
     /// Frees `lock` if its row still holds what `seen` shows, and wakes this client's waiters
     /// (another client's retry at the lease's end it had read, or sooner).
-    pub(super) async fn force(&self, lock: &Lock, seen: &LockView) -> Result<ForceReleased, LockError> {
+    async fn force_release(&self, lock: &Lock, seen: &LockView) -> Result<ForceReleased, LockError> {
         if let Holding::Permits { permits, holders } = &seen.holding {
             // Each permit seen, if its row still holds that holder.
             let mut freed = false;
@@ -262,18 +277,5 @@ impl MysqlStore {
             .bind(token.as_bytes())
             .execute(conn))?;
         self.forced(lock, freed.rows_affected() == 1).await
-    }
-
-    /// A forced release's answer: `Freed` (this client's waiters woken) when it freed something;
-    /// else `Changed` when another holder has the lock now, `Gone` when it is free.
-    async fn forced(&self, lock: &Lock, freed: bool) -> Result<ForceReleased, LockError> {
-        if freed {
-            self.notices.released(lock.name());
-            return Ok(ForceReleased::Freed);
-        }
-        Ok(match self.read_one(lock).await?.is_held() {
-            true => ForceReleased::Changed,
-            false => ForceReleased::Gone,
-        })
     }
 }

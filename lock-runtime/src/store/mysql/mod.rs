@@ -35,8 +35,8 @@ use tokio::sync::OnceCell;
 
 use super::sql::{ask, bounded, millis, one_line, unsigned, why_unconnected, Checkout, LazyPool, SqlStore};
 use super::{
-    Ask, Attempt, Capabilities, DynStore, Flight, ForceReleased, Kind, Lock, LockView, Notices, Offered,
-    Release, Released, Renewal, Renewing, SetAttempt, Settings, Store, StoreConfig, Timeouts,
+    Ask, Attempt, Capabilities, DynStore, Flight, Kind, Lock, Notices, Offered, Release, Released, Renewal,
+    Renewing, SetAttempt, Settings, Store, StoreConfig, Timeouts,
 };
 use crate::error::TimedOut;
 use crate::redact::hide_credentials;
@@ -392,60 +392,6 @@ impl MysqlStore {
         });
     }
 
-    async fn acquire(&self, lock: &Lock, token: &str, ask: &Ask) -> Result<Attempt, LockError> {
-        if ask.permits > 1 {
-            return self.permit_attempt(lock, token, ask).await;
-        }
-        self.sweep_now_and_then();
-        if ask.shared {
-            return self.share_attempt(lock, token, ask).await;
-        }
-        if ask.fair {
-            return self.exclusive_attempt(lock, token, ask).await;
-        }
-        let taken = ask!(self, |conn| sqlx::query(TAKE)
-            .bind(lock.name().as_bytes())
-            .bind(token.as_bytes())
-            .bind(millis(ask.ttl_ms))
-            .bind(ask.fencing)
-            .bind(token.as_bytes())
-            .bind(ask.fencing)
-            .bind(token.as_bytes())
-            .bind(token.as_bytes())
-            .bind(token.as_bytes())
-            .bind(token.as_bytes())
-            .bind(millis(ask.ttl_ms))
-            .execute(conn))?;
-        let answer = taken.last_insert_id();
-        if answer == 2 {
-            // A header holds the key (a semaphore's, or readers'): the attempt that tells
-            // which, and claims the writers' turn from readers.
-            return self.exclusive_attempt(lock, token, ask).await;
-        }
-        if answer != 0 {
-            if ask.claimed {
-                // Taken: a claim left behind lapses within a second by itself.
-                if let Err(e) = self.end_claim(lock, token).await {
-                    tracing::debug!(key = lock.key(), error = %e, "ending a writer's claim failed");
-                }
-            }
-            return Ok(Attempt::acquired(ask.fencing.then_some(answer)));
-        }
-        if !ask.waiting {
-            return Ok(Attempt::HELD);
-        }
-        let left: Option<i64> = ask!(self, |conn| sqlx::query_scalar(LEFT)
-            .bind(lock.name().as_bytes())
-            .fetch_optional(conn))?;
-        Ok(Attempt::Held {
-            // Gone meanwhile: try again at once.
-            pttl_ms: Some(left.map_or(0, unsigned)),
-            behind: false,
-            claimed: false,
-            kept: None,
-        })
-    }
-
     /// Every lock of a set for its token, or none, in one statement ([`take_set`]); the fencing
     /// tokens taken, when asked for, in a second (a write answers no values here), and the lock
     /// that refused a caller that will not wait, likewise (one that will goes on key by key). A
@@ -554,65 +500,6 @@ impl MysqlStore {
             .execute(conn))?;
         // sqlx's connections count matched rows: 1 also when the lease did not move.
         Ok(Renewal::from_ours(renewed.rows_affected() == 1))
-    }
-
-    /// Many locks in one statement; when not every one was renewed, each again on its own to
-    /// find which (a lost lock is rare).
-    async fn renew_locks(&self, locks: &[Renewing<'_>]) -> Result<Vec<Renewal>, LockError> {
-        // A semaphore's permit is a row of its own, renewed with its header (one statement
-        // each); the locks in one statement.
-        let mut found = vec![Renewal::Gone; locks.len()];
-        let mut plain = Vec::with_capacity(locks.len());
-        for (at, (lock, token, ttl_ms)) in locks.iter().enumerate() {
-            match self.permits.get(token) {
-                Some(held) => {
-                    found[at] = Renewal::from_ours(self.renew_permit(&held, token, *ttl_ms).await?);
-                }
-                None if self.shares.holds(token) => {
-                    found[at] = self.renew_share(lock, token, *ttl_ms).await?
-                }
-                None => plain.push((at, (*lock, *token, *ttl_ms))),
-            }
-        }
-        if let [(at, (lock, token, ttl_ms))] = plain.as_slice() {
-            found[*at] = self.renew_one(lock, token, *ttl_ms).await?;
-            return Ok(found);
-        }
-        if plain.is_empty() {
-            return Ok(found);
-        }
-        let mut statement = format!(
-            "UPDATE lock_runtime_locks SET expires_ms = GREATEST(expires_ms, {} + CASE name",
-            now_ms!()
-        );
-        statement.push_str(&" WHEN ? THEN ?".repeat(plain.len()));
-        statement.push_str(" END) WHERE expires_ms > ");
-        statement.push_str(now_ms!());
-        statement.push_str(" AND (");
-        statement.push_str(&vec!["(name = ? AND token = ?)"; plain.len()].join(" OR "));
-        statement.push(')');
-        let renewed = ask!(self, |conn| {
-            // Not prepared on the server: its text differs with the number of locks, and
-            // prepared statements count against the server's `max_prepared_stmt_count`.
-            let mut query = sqlx::query(&statement).persistent(false);
-            for (_, (lock, _, ttl_ms)) in &plain {
-                query = query.bind(lock.name().as_bytes()).bind(millis(*ttl_ms));
-            }
-            for (_, (lock, token, _)) in &plain {
-                query = query.bind(lock.name().as_bytes()).bind(token.as_bytes());
-            }
-            query.execute(conn)
-        })?;
-        if renewed.rows_affected() == plain.len() as u64 {
-            for (at, _) in &plain {
-                found[*at] = Renewal::Renewed;
-            }
-            return Ok(found);
-        }
-        for (at, (lock, token, ttl_ms)) in &plain {
-            found[*at] = self.renew_one(lock, token, *ttl_ms).await?;
-        }
-        Ok(found)
     }
 
     async fn release_lock(&self, lock: &Lock, token: &str, hold_ms: u64) -> Result<Released, LockError> {
@@ -847,13 +734,63 @@ impl Store for MysqlStore {
         self.release_share(&probe, &token).await?;
         self.leave_lines(&probe, &token, false).await?;
         // Last: its release deletes the row.
-        self.acquire(&probe, &token, &ask).await?;
+        Store::attempt(self, &probe, &token, &ask, &Flight::default()).await?;
         self.release_lock(&probe, &token, 0).await?;
         Ok(())
     }
 
     async fn attempt(&self, lock: &Lock, token: &str, ask: &Ask, _: &Flight) -> Result<Attempt, LockError> {
-        self.acquire(lock, token, ask).await
+        if ask.permits > 1 {
+            return self.permit_attempt(lock, token, ask).await;
+        }
+        self.sweep_now_and_then();
+        if ask.shared {
+            return self.share_attempt(lock, token, ask).await;
+        }
+        if ask.fair {
+            return self.exclusive_attempt(lock, token, ask).await;
+        }
+        let taken = ask!(self, |conn| sqlx::query(TAKE)
+            .bind(lock.name().as_bytes())
+            .bind(token.as_bytes())
+            .bind(millis(ask.ttl_ms))
+            .bind(ask.fencing)
+            .bind(token.as_bytes())
+            .bind(ask.fencing)
+            .bind(token.as_bytes())
+            .bind(token.as_bytes())
+            .bind(token.as_bytes())
+            .bind(token.as_bytes())
+            .bind(millis(ask.ttl_ms))
+            .execute(conn))?;
+        let answer = taken.last_insert_id();
+        if answer == 2 {
+            // A header holds the key (a semaphore's, or readers'): the attempt that tells
+            // which, and claims the writers' turn from readers.
+            return self.exclusive_attempt(lock, token, ask).await;
+        }
+        if answer != 0 {
+            if ask.claimed {
+                // Taken: a claim left behind lapses within a second by itself.
+                if let Err(e) = self.end_claim(lock, token).await {
+                    tracing::debug!(key = lock.key(), error = %e, "ending a writer's claim failed");
+                }
+            }
+            return Ok(Attempt::acquired(ask.fencing.then_some(answer)));
+        }
+        if !ask.waiting {
+            return Ok(Attempt::HELD);
+        }
+        let left: Option<i64> = ask!(self, |conn| sqlx::query_scalar(LEFT)
+            .bind(lock.name().as_bytes())
+            .fetch_optional(conn))?;
+        Ok(Attempt::Held {
+            // Gone meanwhile: try again at once.
+            pttl_ms: Some(left.map_or(0, unsigned)),
+            behind: false,
+            claimed: false,
+            kept: None,
+        })
     }
 
     /// One statement ([`take_set`]).
@@ -867,8 +804,63 @@ impl Store for MysqlStore {
         self.take_set(locks, tokens, ask).await.map(Some)
     }
 
+    /// Many locks in one statement; when not every one was renewed, each again on its own to
+    /// find which (a lost lock is rare).
     async fn renew(&self, locks: &[Renewing<'_>]) -> Result<Vec<Renewal>, LockError> {
-        self.renew_locks(locks).await
+        // A semaphore's permit is a row of its own, renewed with its header (one statement
+        // each); the locks in one statement.
+        let mut found = vec![Renewal::Gone; locks.len()];
+        let mut plain = Vec::with_capacity(locks.len());
+        for (at, (lock, token, ttl_ms)) in locks.iter().enumerate() {
+            match self.permits.get(token) {
+                Some(held) => {
+                    found[at] = Renewal::from_ours(self.renew_permit(&held, token, *ttl_ms).await?);
+                }
+                None if self.shares.holds(token) => {
+                    found[at] = self.renew_share(lock, token, *ttl_ms).await?
+                }
+                None => plain.push((at, (*lock, *token, *ttl_ms))),
+            }
+        }
+        if let [(at, (lock, token, ttl_ms))] = plain.as_slice() {
+            found[*at] = self.renew_one(lock, token, *ttl_ms).await?;
+            return Ok(found);
+        }
+        if plain.is_empty() {
+            return Ok(found);
+        }
+        let mut statement = format!(
+            "UPDATE lock_runtime_locks SET expires_ms = GREATEST(expires_ms, {} + CASE name",
+            now_ms!()
+        );
+        statement.push_str(&" WHEN ? THEN ?".repeat(plain.len()));
+        statement.push_str(" END) WHERE expires_ms > ");
+        statement.push_str(now_ms!());
+        statement.push_str(" AND (");
+        statement.push_str(&vec!["(name = ? AND token = ?)"; plain.len()].join(" OR "));
+        statement.push(')');
+        let renewed = ask!(self, |conn| {
+            // Not prepared on the server: its text differs with the number of locks, and
+            // prepared statements count against the server's `max_prepared_stmt_count`.
+            let mut query = sqlx::query(&statement).persistent(false);
+            for (_, (lock, _, ttl_ms)) in &plain {
+                query = query.bind(lock.name().as_bytes()).bind(millis(*ttl_ms));
+            }
+            for (_, (lock, token, _)) in &plain {
+                query = query.bind(lock.name().as_bytes()).bind(token.as_bytes());
+            }
+            query.execute(conn)
+        })?;
+        if renewed.rows_affected() == plain.len() as u64 {
+            for (at, _) in &plain {
+                found[*at] = Renewal::Renewed;
+            }
+            return Ok(found);
+        }
+        for (at, (lock, token, ttl_ms)) in &plain {
+            found[*at] = self.renew_one(lock, token, *ttl_ms).await?;
+        }
+        Ok(found)
     }
 
     async fn release(&self, lock: &Lock, token: &str, release: Release<'_>) -> Result<Released, LockError> {
@@ -890,18 +882,6 @@ impl Store for MysqlStore {
 
     async fn leave(&self, lock: &Lock, token: &str, claimed: bool) -> Result<(), LockError> {
         self.leave_lines(lock, token, claimed).await
-    }
-
-    async fn inspect(&self, lock: &Lock) -> Result<LockView, LockError> {
-        self.read_one(lock).await
-    }
-
-    async fn list(&self, pattern: &str) -> Result<Vec<LockView>, LockError> {
-        self.held(pattern).await
-    }
-
-    async fn force_release(&self, lock: &Lock, seen: &LockView) -> Result<ForceReleased, LockError> {
-        self.force(lock, seen).await
     }
 }
 
@@ -951,7 +931,7 @@ mod tests {
         }
     }
 
-    /// The acquire's binds, as `acquire` sends them.
+    /// The acquire's binds, as `attempt` sends them.
     #[test]
     fn the_acquire_has_eleven_binds() {
         assert_eq!(super::TAKE.matches('?').count(), 11, "{}", super::TAKE);

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 
 use super::PostgresStore;
 use crate::store::sql::{ask, unsigned};
-use crate::store::{ForceReleased, Lock};
+use crate::store::{ForceReleased, Lock, StoreAdmin};
 use crate::view::{glob_escape, Fence, Holding, LockView, Reader, RELEASED};
 use crate::LockError;
 
@@ -143,52 +143,6 @@ impl PostgresStore {
             read_at,
         })
     }
-
-    /// The locks held now whose keys match `pattern`.
-    pub(super) async fn held(&self, pattern: &str) -> Result<Vec<LockView>, LockError> {
-        let views = self.rows(pattern).await?;
-        Ok(views.into_iter().filter(LockView::is_held).collect())
-    }
-
-    /// What `lock` holds now.
-    pub(super) async fn read_one(&self, lock: &Lock) -> Result<LockView, LockError> {
-        let found = self.rows(&glob_escape(lock.key())).await?;
-        Ok(found
-            .into_iter()
-            .next()
-            .unwrap_or_else(|| LockView::free(lock.key(), lock.name())))
-    }
-
-    /// Frees `lock` if its row still holds what `seen` shows, and announces it.
-    pub(super) async fn force(&self, lock: &Lock, seen: &LockView) -> Result<ForceReleased, LockError> {
-        let name = lock.name();
-        let freed: i64 = match &seen.holding {
-            Holding::Free | Holding::Foreign { .. } => return Ok(ForceReleased::Gone),
-            Holding::Exclusive { value, .. } => {
-                let token = value.strip_suffix(RELEASED).unwrap_or(value);
-                ask!(self, |conn| sqlx::query_scalar(FREE_HELD)
-                    .bind(name)
-                    .bind(token)
-                    .bind(&self.announcement)
-                    .fetch_one(conn))?
-            }
-            Holding::Shared { .. } | Holding::Permits { .. } => {
-                ask!(self, |conn| sqlx::query_scalar(FREE_SHARED)
-                    .bind(name)
-                    .bind(&self.announcement)
-                    .fetch_one(conn))?
-            }
-        };
-        if freed == 1 {
-            return Ok(ForceReleased::Freed);
-        }
-        let now = self.read_one(lock).await?;
-        Ok(if now.is_held() {
-            ForceReleased::Changed
-        } else {
-            ForceReleased::Gone
-        })
-    }
 }
 
 /// A regular expression (PostgreSQL's `~`) for a Redis-style glob: `*`, `?`, `[…]`, `\x`.
@@ -221,6 +175,54 @@ fn regex_escape(text: &str) -> String {
         escaped.push(c);
     }
     escaped
+}
+
+impl StoreAdmin for PostgresStore {
+    /// What `lock` holds now.
+    async fn inspect(&self, lock: &Lock) -> Result<LockView, LockError> {
+        let found = self.rows(&glob_escape(lock.key())).await?;
+        Ok(found
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| LockView::free(lock.key(), lock.name())))
+    }
+
+    /// The locks held now whose keys match `pattern`.
+    async fn list(&self, pattern: &str) -> Result<Vec<LockView>, LockError> {
+        let views = self.rows(pattern).await?;
+        Ok(views.into_iter().filter(LockView::is_held).collect())
+    }
+
+    /// Frees `lock` if its row still holds what `seen` shows, and announces it.
+    async fn force_release(&self, lock: &Lock, seen: &LockView) -> Result<ForceReleased, LockError> {
+        let name = lock.name();
+        let freed: i64 = match &seen.holding {
+            Holding::Free | Holding::Foreign { .. } => return Ok(ForceReleased::Gone),
+            Holding::Exclusive { value, .. } => {
+                let token = value.strip_suffix(RELEASED).unwrap_or(value);
+                ask!(self, |conn| sqlx::query_scalar(FREE_HELD)
+                    .bind(name)
+                    .bind(token)
+                    .bind(&self.announcement)
+                    .fetch_one(conn))?
+            }
+            Holding::Shared { .. } | Holding::Permits { .. } => {
+                ask!(self, |conn| sqlx::query_scalar(FREE_SHARED)
+                    .bind(name)
+                    .bind(&self.announcement)
+                    .fetch_one(conn))?
+            }
+        };
+        if freed == 1 {
+            return Ok(ForceReleased::Freed);
+        }
+        let now = StoreAdmin::inspect(self, lock).await?;
+        Ok(if now.is_held() {
+            ForceReleased::Changed
+        } else {
+            ForceReleased::Gone
+        })
+    }
 }
 
 #[cfg(test)]

@@ -15,8 +15,8 @@ use tokio::sync::OnceCell;
 
 use super::sql::{ask, bounded, millis, one_line, unsigned, why_unconnected, Checkout, LazyPool, SqlStore};
 use super::{
-    Ask, Attempt, Capabilities, DynStore, Flight, ForceReleased, Kind, Lock, LockView, Notices, Release,
-    Released, Renewal, Renewing, SetAttempt, Settings, Store, StoreConfig, Timeouts,
+    Ask, Attempt, Capabilities, DynStore, Flight, Kind, Lock, Notices, Release, Released, Renewal, Renewing,
+    SetAttempt, Settings, Store, StoreConfig, Timeouts,
 };
 use crate::options::FAIR_PLACE_KEPT;
 use crate::redact::hide_credentials;
@@ -379,117 +379,6 @@ impl PostgresStore {
         });
     }
 
-    async fn acquire(&self, lock: &Lock, token: &str, ask: &Ask) -> Result<Attempt, LockError> {
-        self.sweep_now_and_then();
-        let ttl = millis(ask.ttl_ms);
-        if ask.permits > 1 {
-            return self.permit(lock, token, ask).await;
-        }
-        if ask.shared {
-            let answer: Result<(bool, Option<i64>, Option<i64>), u32> = ask!(self, |conn| counted(
-                sqlx::query_as(SHARE)
-                    .bind(lock.name())
-                    .bind(token)
-                    .bind(ttl)
-                    .bind(ask.waiting)
-                    .fetch_one(conn)
-            ))?;
-            let (got, fence, left) =
-                answer.map_err(|held| crate::store::permits_differ(lock.key(), held, 1))?;
-            return Ok(if got {
-                Attempt::acquired(fence.filter(|_| ask.fencing).map(unsigned))
-            } else {
-                Attempt::Held {
-                    pttl_ms: left.map(unsigned),
-                    behind: false,
-                    claimed: false,
-                    kept: None,
-                }
-            });
-        }
-        let lock_wait = self.lock_wait(ask);
-        // A waiter's attempt (it has been refused before) goes to the function at once: the
-        // function tries the same statement first, and a refusal then costs one request.
-        if !ask.fair && !ask.claimed && !ask.waiting && lock_wait.is_none() {
-            let taken: Option<Option<i64>> = ask!(self, |conn| sqlx::query_scalar(TAKE)
-                .bind(lock.name())
-                .bind(token)
-                .bind(ttl)
-                .bind(ask.fencing)
-                .fetch_optional(conn))?;
-            match taken {
-                Some(fence) => return Ok(Attempt::acquired(fence.filter(|_| ask.fencing).map(unsigned))),
-                // A first try that will not wait needs no more (unless a semaphore holds the
-                // key: then it is told so).
-                None if !ask.join => {
-                    let held: Option<Option<i32>> = ask!(self, |conn| sqlx::query_scalar(COUNT_HELD)
-                        .bind(lock.name())
-                        .fetch_optional(conn))?;
-                    if let Some(held) = held.flatten() {
-                        let held = u32::try_from(held).unwrap_or_default();
-                        return Err(crate::store::permits_differ(lock.key(), held, 1));
-                    }
-                    return Ok(Attempt::Held {
-                        pttl_ms: None,
-                        behind: false,
-                        claimed: false,
-                        kept: None,
-                    });
-                }
-                None => {}
-            }
-        }
-        type Row = (bool, Option<i64>, Option<i64>, bool, bool, Option<i64>);
-        let place_ms = millis(crate::options::ceil_millis(FAIR_PLACE_KEPT));
-        let lock_ms = self.lock_ms(ask);
-        let answer: Option<Result<Row, u32>> = ask!(self, |conn| async {
-            let asked = sqlx::query_as(ACQUIRE)
-                .bind(lock.name())
-                .bind(lock.name())
-                .bind(token)
-                .bind(ttl)
-                .bind(ask.fencing)
-                .bind(ask.waiting)
-                .bind(ask.fair)
-                .bind(ask.join)
-                .bind(ask.claimed)
-                .bind(place_ms)
-                .bind(lock_ms)
-                .fetch_one(conn)
-                .await;
-            match asked {
-                Err(e) if lock_not_available(&e) => Ok(None),
-                Err(e) => match count_held(&e) {
-                    Some(held) => Ok(Some(Err(held))),
-                    None => Err(e),
-                },
-                Ok(answer) => Ok(Some(Ok(answer))),
-            }
-        })?;
-        let answer = answer
-            .transpose()
-            .map_err(|held| crate::store::permits_differ(lock.key(), held, 1))?;
-        let Some((got, fence, left, behind, claimed, kept)) = answer else {
-            // The row stayed locked by another session past the caller's wait: nothing changed.
-            return Ok(Attempt::Held {
-                pttl_ms: None,
-                behind: false,
-                claimed: false,
-                kept: None,
-            });
-        };
-        Ok(if got {
-            Attempt::acquired(fence.filter(|_| ask.fencing).map(unsigned))
-        } else {
-            Attempt::Held {
-                pttl_ms: left.map(unsigned),
-                behind,
-                claimed,
-                kept: kept.map(unsigned),
-            }
-        })
-    }
-
     /// How long an attempt may wait for a row another session has locked: an attempt that could
     /// wait longer than its caller's wait has left (the response timeout bounds every other)
     /// tells the server to give up within it.
@@ -588,25 +477,6 @@ impl PostgresStore {
         })
     }
 
-    async fn renew_locks(&self, locks: &[Renewing<'_>]) -> Result<Vec<Renewal>, LockError> {
-        let keys: Vec<&str> = locks.iter().map(|(lock, _, _)| lock.name()).collect();
-        let tokens: Vec<&str> = locks.iter().map(|(_, token, _)| *token).collect();
-        let ttls: Vec<i64> = locks.iter().map(|(_, _, ttl)| millis(*ttl)).collect();
-        let renewed: Vec<i32> = ask!(self, |conn| sqlx::query_scalar(RENEW)
-            .bind(&keys)
-            .bind(&tokens)
-            .bind(&ttls)
-            .fetch_all(conn))?;
-        let mut found = vec![Renewal::Gone; locks.len()];
-        for position in renewed {
-            let at = usize::try_from(position).ok().and_then(|p| p.checked_sub(1));
-            if let Some(slot) = at.and_then(|at| found.get_mut(at)) {
-                *slot = Renewal::Renewed;
-            }
-        }
-        Ok(found)
-    }
-
     async fn release_lock(
         &self,
         lock: &Lock,
@@ -656,20 +526,6 @@ impl PostgresStore {
             // skips the announcement): the client wakes it.
             _ => Released::Freed,
         })
-    }
-
-    async fn leave(&self, lock: &Lock, token: &str, claimed: bool) -> Result<(), LockError> {
-        let withdrawn: bool = ask!(self, |conn| sqlx::query_scalar(LEAVE)
-            .bind(lock.name())
-            .bind(lock.name())
-            .bind(token)
-            .bind(&self.announcement)
-            .fetch_one(conn))?;
-        if claimed && withdrawn {
-            // Readers held back by the claim try again.
-            self.notices.released(lock.name());
-        }
-        Ok(())
     }
 }
 
@@ -882,15 +738,15 @@ impl Store for PostgresStore {
         let ask = Ask::once(1000, false);
         let probe = Lock::new("rights-check", Store::name(self, "rights-check"));
         let _: i64 = ask!(self, |conn| sqlx::query_scalar(PROBE_FENCE).fetch_one(conn))?;
-        self.acquire(&probe, &holder, &ask).await?;
+        Store::attempt(self, &probe, &holder, &ask, &Flight::default()).await?;
         let queued = Ask {
             fair: true,
             join: true,
             ..ask
         };
         let checked = async {
-            self.acquire(&probe, &waiter, &queued).await?;
-            PostgresStore::leave(self, &probe, &waiter, false).await
+            Store::attempt(self, &probe, &waiter, &queued, &Flight::default()).await?;
+            Store::leave(self, &probe, &waiter, false).await
         }
         .await;
         self.release_lock(&probe, &holder, 0, Kind::Plain).await?;
@@ -898,13 +754,120 @@ impl Store for PostgresStore {
         // A semaphore's permit: its holder's row.
         let permits = Lock::new("rights-check-permits", Store::name(self, "rights-check-permits"));
         let two = Ask { permits: 2, ..ask };
-        self.acquire(&permits, &holder, &two).await?;
+        Store::attempt(self, &permits, &holder, &two, &Flight::default()).await?;
         self.release_lock(&permits, &holder, 0, Kind::Permit).await?;
         Ok(())
     }
 
     async fn attempt(&self, lock: &Lock, token: &str, ask: &Ask, _: &Flight) -> Result<Attempt, LockError> {
-        self.acquire(lock, token, ask).await
+        self.sweep_now_and_then();
+        let ttl = millis(ask.ttl_ms);
+        if ask.permits > 1 {
+            return self.permit(lock, token, ask).await;
+        }
+        if ask.shared {
+            let answer: Result<(bool, Option<i64>, Option<i64>), u32> = ask!(self, |conn| counted(
+                sqlx::query_as(SHARE)
+                    .bind(lock.name())
+                    .bind(token)
+                    .bind(ttl)
+                    .bind(ask.waiting)
+                    .fetch_one(conn)
+            ))?;
+            let (got, fence, left) =
+                answer.map_err(|held| crate::store::permits_differ(lock.key(), held, 1))?;
+            return Ok(if got {
+                Attempt::acquired(fence.filter(|_| ask.fencing).map(unsigned))
+            } else {
+                Attempt::Held {
+                    pttl_ms: left.map(unsigned),
+                    behind: false,
+                    claimed: false,
+                    kept: None,
+                }
+            });
+        }
+        let lock_wait = self.lock_wait(ask);
+        // A waiter's attempt (it has been refused before) goes to the function at once: the
+        // function tries the same statement first, and a refusal then costs one request.
+        if !ask.fair && !ask.claimed && !ask.waiting && lock_wait.is_none() {
+            let taken: Option<Option<i64>> = ask!(self, |conn| sqlx::query_scalar(TAKE)
+                .bind(lock.name())
+                .bind(token)
+                .bind(ttl)
+                .bind(ask.fencing)
+                .fetch_optional(conn))?;
+            match taken {
+                Some(fence) => return Ok(Attempt::acquired(fence.filter(|_| ask.fencing).map(unsigned))),
+                // A first try that will not wait needs no more (unless a semaphore holds the
+                // key: then it is told so).
+                None if !ask.join => {
+                    let held: Option<Option<i32>> = ask!(self, |conn| sqlx::query_scalar(COUNT_HELD)
+                        .bind(lock.name())
+                        .fetch_optional(conn))?;
+                    if let Some(held) = held.flatten() {
+                        let held = u32::try_from(held).unwrap_or_default();
+                        return Err(crate::store::permits_differ(lock.key(), held, 1));
+                    }
+                    return Ok(Attempt::Held {
+                        pttl_ms: None,
+                        behind: false,
+                        claimed: false,
+                        kept: None,
+                    });
+                }
+                None => {}
+            }
+        }
+        type Row = (bool, Option<i64>, Option<i64>, bool, bool, Option<i64>);
+        let place_ms = millis(crate::options::ceil_millis(FAIR_PLACE_KEPT));
+        let lock_ms = self.lock_ms(ask);
+        let answer: Option<Result<Row, u32>> = ask!(self, |conn| async {
+            let asked = sqlx::query_as(ACQUIRE)
+                .bind(lock.name())
+                .bind(lock.name())
+                .bind(token)
+                .bind(ttl)
+                .bind(ask.fencing)
+                .bind(ask.waiting)
+                .bind(ask.fair)
+                .bind(ask.join)
+                .bind(ask.claimed)
+                .bind(place_ms)
+                .bind(lock_ms)
+                .fetch_one(conn)
+                .await;
+            match asked {
+                Err(e) if lock_not_available(&e) => Ok(None),
+                Err(e) => match count_held(&e) {
+                    Some(held) => Ok(Some(Err(held))),
+                    None => Err(e),
+                },
+                Ok(answer) => Ok(Some(Ok(answer))),
+            }
+        })?;
+        let answer = answer
+            .transpose()
+            .map_err(|held| crate::store::permits_differ(lock.key(), held, 1))?;
+        let Some((got, fence, left, behind, claimed, kept)) = answer else {
+            // The row stayed locked by another session past the caller's wait: nothing changed.
+            return Ok(Attempt::Held {
+                pttl_ms: None,
+                behind: false,
+                claimed: false,
+                kept: None,
+            });
+        };
+        Ok(if got {
+            Attempt::acquired(fence.filter(|_| ask.fencing).map(unsigned))
+        } else {
+            Attempt::Held {
+                pttl_ms: left.map(unsigned),
+                behind,
+                claimed,
+                kept: kept.map(unsigned),
+            }
+        })
     }
 
     /// One statement (`lock_runtime_v1_take_set`).
@@ -919,7 +882,22 @@ impl Store for PostgresStore {
     }
 
     async fn renew(&self, locks: &[Renewing<'_>]) -> Result<Vec<Renewal>, LockError> {
-        self.renew_locks(locks).await
+        let keys: Vec<&str> = locks.iter().map(|(lock, _, _)| lock.name()).collect();
+        let tokens: Vec<&str> = locks.iter().map(|(_, token, _)| *token).collect();
+        let ttls: Vec<i64> = locks.iter().map(|(_, _, ttl)| millis(*ttl)).collect();
+        let renewed: Vec<i32> = ask!(self, |conn| sqlx::query_scalar(RENEW)
+            .bind(&keys)
+            .bind(&tokens)
+            .bind(&ttls)
+            .fetch_all(conn))?;
+        let mut found = vec![Renewal::Gone; locks.len()];
+        for position in renewed {
+            let at = usize::try_from(position).ok().and_then(|p| p.checked_sub(1));
+            if let Some(slot) = at.and_then(|at| found.get_mut(at)) {
+                *slot = Renewal::Renewed;
+            }
+        }
+        Ok(found)
     }
 
     async fn release(&self, lock: &Lock, token: &str, release: Release<'_>) -> Result<Released, LockError> {
@@ -928,19 +906,17 @@ impl Store for PostgresStore {
     }
 
     async fn leave(&self, lock: &Lock, token: &str, claimed: bool) -> Result<(), LockError> {
-        PostgresStore::leave(self, lock, token, claimed).await
-    }
-
-    async fn inspect(&self, lock: &Lock) -> Result<LockView, LockError> {
-        self.read_one(lock).await
-    }
-
-    async fn list(&self, pattern: &str) -> Result<Vec<LockView>, LockError> {
-        self.held(pattern).await
-    }
-
-    async fn force_release(&self, lock: &Lock, seen: &LockView) -> Result<ForceReleased, LockError> {
-        self.force(lock, seen).await
+        let withdrawn: bool = ask!(self, |conn| sqlx::query_scalar(LEAVE)
+            .bind(lock.name())
+            .bind(lock.name())
+            .bind(token)
+            .bind(&self.announcement)
+            .fetch_one(conn))?;
+        if claimed && withdrawn {
+            // Readers held back by the claim try again.
+            self.notices.released(lock.name());
+        }
+        Ok(())
     }
 
     async fn listen(&self, lock: &Lock) {

@@ -15,7 +15,7 @@ use super::keys;
 use super::scripts::force::{Force, Forced};
 use super::scripts::inspect;
 use super::RedisStore;
-use crate::store::ForceReleased;
+use crate::store::{ForceReleased, Lock, StoreAdmin};
 use crate::view::{glob_escape, Holding, LockView};
 use crate::LockError;
 
@@ -36,39 +36,6 @@ enum Node {
 }
 
 impl RedisStore {
-    /// What `key` holds now, read at one instant (`inspect.lua`).
-    pub(super) async fn read_one(&self, key: &str) -> Result<LockView, LockError> {
-        let lock = keys::name(&self.prefix, key);
-        let call = &inspect::call(&lock);
-        let answer: Vec<Value> = self
-            .conn
-            .request(|mut conn| async move { call.invoke(&mut conn).await })
-            .await?;
-        let read_at = Instant::now();
-        let found = inspect::found(answer);
-        Ok(LockView {
-            key: key.to_owned(),
-            name: lock,
-            holding: found.holding,
-            remaining: found.remaining,
-            fence: found.fence,
-            queued: found.queued,
-            writers: found.writers,
-            read_at,
-        })
-    }
-
-    /// The locks held now whose keys match `pattern`, sorted by key.
-    pub(super) async fn held(&self, pattern: &str) -> Result<Vec<LockView>, LockError> {
-        let keys = self.scan(pattern).await?;
-        let views: Vec<LockView> = futures_util::stream::iter(keys)
-            .map(|key| async move { self.read_one(&key).await })
-            .buffered(READS_IN_FLIGHT)
-            .try_collect()
-            .await?;
-        Ok(views.into_iter().filter(LockView::is_held).collect())
-    }
-
     /// The user keys of the lock keys matching `pattern`, sorted and without repeats (SCAN may
     /// return a key twice). SCAN, not KEYS: it does not block the server on a large keyspace. On
     /// a Cluster every primary is walked (each holds the keys of its slots).
@@ -158,15 +125,57 @@ impl RedisStore {
             .await?;
         Ok(T::from_redis_value(answer)?)
     }
+}
 
-    /// Frees lock `lock` if it still holds what `seen` shows, in one script (`force.lua`), and
+#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
+fn unexpected(what: &str, answer: &Value) -> LockError {
+    LockError::unavailable(format!("unexpected answer from Redis to {what}: {answer:?}"))
+}
+
+impl StoreAdmin for RedisStore {
+    /// What the lock holds now, read at one instant (`inspect.lua`).
+    async fn inspect(&self, lock: &Lock) -> Result<LockView, LockError> {
+        let call = &inspect::call(lock.name());
+        let answer: Vec<Value> = self
+            .conn
+            .request(|mut conn| async move { call.invoke(&mut conn).await })
+            .await?;
+        let read_at = Instant::now();
+        let found = inspect::found(answer);
+        Ok(LockView {
+            key: lock.key().to_owned(),
+            name: lock.name().to_owned(),
+            holding: found.holding,
+            remaining: found.remaining,
+            fence: found.fence,
+            queued: found.queued,
+            writers: found.writers,
+            read_at,
+        })
+    }
+
+    /// The locks held now whose keys match `pattern`, sorted by key.
+    async fn list(&self, pattern: &str) -> Result<Vec<LockView>, LockError> {
+        let keys = self.scan(pattern).await?;
+        let views: Vec<LockView> = futures_util::stream::iter(keys)
+            .map(|key| async move {
+                let lock = Lock::new(&key, keys::name(&self.prefix, &key));
+                self.inspect(&lock).await
+            })
+            .buffered(READS_IN_FLIGHT)
+            .try_collect()
+            .await?;
+        Ok(views.into_iter().filter(LockView::is_held).collect())
+    }
+
+    /// Frees the lock if it still holds what `seen` shows, in one script (`force.lua`), and
     /// announces it (with `SPUBLISH` on a Cluster, where waiters listen with `SSUBSCRIBE`).
-    pub(super) async fn force(&self, lock: &str, seen: &LockView) -> Result<ForceReleased, LockError> {
+    async fn force_release(&self, lock: &Lock, seen: &LockView) -> Result<ForceReleased, LockError> {
         if seen.holding == Holding::Free {
             return Ok(ForceReleased::Gone);
         }
         let force = &Force {
-            lock,
+            lock: lock.name(),
             seen: &seen.holding,
             sharded: self.deployment.sharded(),
         };
@@ -180,11 +189,6 @@ impl RedisStore {
             Forced::Changed => ForceReleased::Changed,
         })
     }
-}
-
-#[cfg_attr(not(feature = "cluster"), allow(dead_code))]
-fn unexpected(what: &str, answer: &Value) -> LockError {
-    LockError::unavailable(format!("unexpected answer from Redis to {what}: {answer:?}"))
 }
 
 #[cfg(test)]

@@ -20,8 +20,8 @@ use self::scripts::{renew, Call, RIGHTS, SET};
 use self::servers::Servers;
 use self::subscriber::Subscriber;
 use crate::store::{
-    Ask, Attempt, Capabilities, Flight, ForceReleased, Kind, Lock, LockView, Release, Released, Renewal,
-    Renewing, SetAttempt, Settings, Store,
+    Ask, Attempt, Capabilities, Flight, Kind, Lock, Release, Released, Renewal, Renewing, SetAttempt,
+    Settings, Store,
 };
 use crate::LockError;
 
@@ -662,18 +662,6 @@ impl Store for RedisStore {
 
     async fn leave(&self, lock: &Lock, token: &str, claimed: bool) -> Result<(), LockError> {
         self.leave_queue(lock.name(), token, claimed).await
-    }
-
-    async fn inspect(&self, lock: &Lock) -> Result<LockView, LockError> {
-        self.read_one(lock.key()).await
-    }
-
-    async fn list(&self, pattern: &str) -> Result<Vec<LockView>, LockError> {
-        self.held(pattern).await
-    }
-
-    async fn force_release(&self, lock: &Lock, seen: &LockView) -> Result<ForceReleased, LockError> {
-        self.force(lock.name(), seen).await
     }
 
     async fn listen(&self, lock: &Lock) {

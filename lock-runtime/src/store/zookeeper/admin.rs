@@ -16,7 +16,7 @@ use zookeeper_client::Error as ZkError;
 use super::names::{self, Child, Permits};
 use super::requests::ask;
 use super::{ZkStore, PROBE_TTL_MS};
-use crate::store::{ForceReleased, Lock};
+use crate::store::{ForceReleased, Lock, StoreAdmin};
 use crate::view::{glob_matches, Fence, Holding, LockView, Reader, RELEASED};
 use crate::LockError;
 
@@ -92,6 +92,7 @@ impl ZkStore {
     fn remaining_of(&self, czxid: i64) -> Option<std::time::Duration> {
         let now = Instant::now();
         self.shared
+            .book
             .places()
             .values()
             .find(|p| p.czxid == czxid)
@@ -174,14 +175,16 @@ impl ZkStore {
             read_at,
         })
     }
+}
 
+impl StoreAdmin for ZkStore {
     /// What `lock` holds now.
-    pub(super) async fn read_one(&self, lock: &Lock) -> Result<LockView, LockError> {
+    async fn inspect(&self, lock: &Lock) -> Result<LockView, LockError> {
         self.view(lock.key(), lock.name()).await
     }
 
     /// The locks held now whose keys match `pattern`.
-    pub(super) async fn held(&self, pattern: &str) -> Result<Vec<LockView>, LockError> {
+    async fn list(&self, pattern: &str) -> Result<Vec<LockView>, LockError> {
         let session = self.session(PROBE_TTL_MS).await?;
         let nodes = match ask(self.ensemble(), session.client.list_children(&self.parent)).await? {
             Ok(nodes) => nodes,
@@ -205,7 +208,7 @@ impl ZkStore {
     }
 
     /// Frees `lock` if its holders are still the ones `seen` shows.
-    pub(super) async fn force(&self, lock: &Lock, seen: &LockView) -> Result<ForceReleased, LockError> {
+    async fn force_release(&self, lock: &Lock, seen: &LockView) -> Result<ForceReleased, LockError> {
         let Read { found, .. } = self.read_line(lock.name()).await?;
         if found.is_empty() {
             return Ok(ForceReleased::Gone);
@@ -240,11 +243,12 @@ impl ZkStore {
             let token = token.strip_suffix(RELEASED).unwrap_or(&token);
             if self
                 .shared
+                .book
                 .places()
                 .get(token)
                 .is_some_and(|p| p.czxid == held.czxid)
             {
-                self.shared.forget(token);
+                self.shared.book.forget(token);
             }
         }
         Ok(if freed {

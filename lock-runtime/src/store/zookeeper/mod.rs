@@ -21,19 +21,19 @@
 //! rising across leader changes; a reader's is the last fenced writer's, which a fenced writer's
 //! release leaves as the lock node's data.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use tokio::sync::Notify;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiReadResult, SessionState};
 
+use super::line::{self, Book, Line, Place as _};
 use super::{
-    Ask, Attempt, Capabilities, DynStore, Flight, ForceReleased, Kind, Lock, LockView, Notices, Release,
-    Released, Renewal, Renewing, Settings, Store, StoreConfig,
+    Ask, Attempt, Capabilities, DynStore, Flight, Kind, Lock, Notices, Release, Released, Renewal, Renewing,
+    Settings, Store, StoreConfig,
 };
 use crate::background::Background;
 use crate::view::RELEASED;
@@ -47,13 +47,10 @@ mod pulse;
 mod requests;
 mod sessions;
 
-use super::decode::percent_decoded;
+use super::decode::userinfo;
 use pulse::Pulse;
 use requests::{ask, ends_session, store_error, Access, Digest, Ensemble};
 use sessions::{Session, Sessions};
-
-/// How often the keeper looks at what is due, at least (deletions due sooner wake it).
-const KEEPER_TICK: Duration = Duration::from_secs(1);
 
 /// The ttl class of the session `build()` opens to check the ensemble and this client's rights.
 const PROBE_TTL_MS: u64 = 10_000;
@@ -157,6 +154,8 @@ impl StoreConfig for ZkConfig {
             Some((user, password)) => Some(Digest::new(user.clone(), password.clone())?),
             None => None,
         };
+        // The struct update fills `tls`, a field only with the `tls` feature.
+        #[allow(clippy::needless_update)]
         let mut access = Access {
             digest,
             ..Access::default()
@@ -221,13 +220,7 @@ pub(crate) fn from_url(url: &str) -> Result<Arc<dyn StoreConfig>, LockError> {
         Some(at) => (&rest[..at], &rest[at..]),
         None => (rest, ""),
     };
-    let (digest, servers) = match authority.rsplit_once('@') {
-        Some((userinfo, servers)) => {
-            let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
-            (Some((percent_decoded(user), percent_decoded(password))), servers)
-        }
-        None => (None, authority),
-    };
+    let (digest, servers) = userinfo(authority);
     let mut hosts: Vec<String> = servers
         .split(',')
         .map(str::trim)
@@ -342,17 +335,19 @@ struct Place {
     permit: Option<u32>,
 }
 
+impl line::Place for Place {
+    fn until(&mut self) -> &mut Option<Instant> {
+        &mut self.until
+    }
+}
+
 /// What the client's tasks share with the store.
 #[derive(Debug)]
 struct Shared {
     ensemble: Ensemble,
     sessions: Sessions,
-    /// Each of this client's nodes, by token.
-    places: Mutex<HashMap<String, Place>>,
-    /// When nodes are due to be deleted, by token (see [`Place::until`]).
-    due: Mutex<BTreeSet<(Instant, String)>>,
-    /// Told when something became due sooner.
-    changed: Notify,
+    /// Each of this client's nodes, by token, and when each held one is due to be deleted.
+    book: Book<Place>,
     /// Each waiter's watch of the node ahead of its own, by token.
     watches: Mutex<HashMap<String, AbortHandle>>,
     /// The permit a semaphore's oldest waiter saw freed (the claim whose deletion woke it), by
@@ -417,60 +412,12 @@ fn looked_in(read: Vec<MultiReadResult>) -> Result<Looked, ZkError> {
     Ok(looked)
 }
 
-impl Shared {
-    fn places(&self) -> MutexGuard<'_, HashMap<String, Place>> {
-        locked(&self.places)
-    }
+impl Line for Shared {
+    type Place = Place;
+    const STORE: &'static str = "ZooKeeper";
 
-    fn due(&self) -> MutexGuard<'_, BTreeSet<(Instant, String)>> {
-        locked(&self.due)
-    }
-
-    /// Takes `token`'s node out of this client's records (and out of the reaper's).
-    fn forget(&self, token: &str) -> Option<Place> {
-        let place = self.places().remove(token)?;
-        if let Some(until) = place.until {
-            self.due().remove(&(until, token.to_owned()));
-        }
-        Some(place)
-    }
-
-    /// Records a node this client created.
-    fn record(&self, token: &str, place: Place) {
-        if let Some(until) = place.until {
-            self.delete_at(token, until);
-        }
-        self.places().insert(token.to_owned(), place);
-    }
-
-    /// Deletes `token`'s node at `until` unless it is renewed by then.
-    /// The keeper looks at least every [`KEEPER_TICK`], so it is told only of what is due
-    /// sooner (an acquire costs no wake-up of its task).
-    fn delete_at(&self, token: &str, until: Instant) {
-        self.due().insert((until, token.to_owned()));
-        if until < Instant::now() + KEEPER_TICK {
-            self.changed.notify_one();
-        }
-    }
-
-    /// Stops `token`'s watch, if it has one (and forgets what it saw).
-    fn unwatch(&self, token: &str) {
-        if let Some(watch) = locked(&self.watches).remove(token) {
-            watch.abort();
-        }
-        locked(&self.freed).remove(token);
-    }
-
-    /// The session `id`, if it is alive.
-    fn session(&self, id: i64) -> Option<Session> {
-        self.sessions.by_id(id)
-    }
-
-    /// Notes what a failed request says of its session.
-    fn failed(&self, session: &Session, error: &ZkError) {
-        if ends_session(error) {
-            self.sessions.forget(session.id);
-        }
+    fn book(&self) -> &Book<Place> {
+        &self.book
     }
 
     /// Deletes `place`'s node if it is still there (and, for a fenced writer, leaves its token
@@ -512,6 +459,28 @@ impl Shared {
             }
         }
     }
+}
+
+impl Shared {
+    /// Stops `token`'s watch, if it has one (and forgets what it saw).
+    fn unwatch(&self, token: &str) {
+        if let Some(watch) = locked(&self.watches).remove(token) {
+            watch.abort();
+        }
+        locked(&self.freed).remove(token);
+    }
+
+    /// The session `id`, if it is alive.
+    fn session(&self, id: i64) -> Option<Session> {
+        self.sessions.by_id(id)
+    }
+
+    /// Notes what a failed request says of its session.
+    fn failed(&self, session: &Session, error: &ZkError) {
+        if ends_session(error) {
+            self.sessions.forget(session.id);
+        }
+    }
 
     /// Watches `session`'s state (once per session): when the servers end it (expired,
     /// closed, or its credentials refused), [`session_ended`](Self::session_ended) is told.
@@ -546,7 +515,7 @@ impl Shared {
     /// or the end of its validity; every waiter on it looks again (its node went too).
     fn session_ended(&self, id: i64, state: SessionState) {
         let (mut held, mut waiting) = (Vec::new(), Vec::new());
-        for (token, place) in self.places().iter().filter(|(_, p)| p.session == id) {
+        for (token, place) in self.book.places().iter().filter(|(_, p)| p.session == id) {
             match place.until {
                 Some(_) if !place.kept => held.push(token.clone()),
                 Some(_) => {}
@@ -569,81 +538,14 @@ impl Shared {
         }
     }
 
-    /// Deletes the nodes whose time is up (their holders' validity ended).
-    async fn reap(&self) {
-        let now = Instant::now();
-        let mut due = Vec::new();
-        {
-            let mut queue = self.due();
-            while queue.first().is_some_and(|(at, _)| *at <= now) {
-                if let Some((_, token)) = queue.pop_first() {
-                    due.push(token);
-                }
-            }
-        }
-        let mut ended = Vec::new();
-        {
-            let mut places = self.places();
-            for token in due {
-                match places.get(&token).and_then(|p| p.until) {
-                    Some(until) if until <= now => {
-                        if let Some(place) = places.remove(&token) {
-                            ended.push((token, place));
-                        }
-                    }
-                    Some(until) => {
-                        self.due().insert((until, token));
-                    }
-                    None => {}
-                }
-            }
-        }
-        for (token, place) in ended {
-            match self.delete(&place).await {
-                Ok(_) => {}
-                Err(e @ LockError::Refused { .. }) => {
-                    tracing::warn!(error = %e, "ZooKeeper refuses to delete a lock's node: it stays until its session ends");
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "could not delete a ZooKeeper lock whose ttl ended; trying again");
-                    self.delete_soon(&token, place);
-                }
-            }
-        }
-    }
-
-    /// `place` could not be deleted (the ensemble was unreachable): the reaper tries again
-    /// soon, until it is or its session ends.
-    fn delete_soon(&self, token: &str, place: Place) {
-        let again = Instant::now() + Duration::from_millis(100);
-        self.places().entry(token.to_owned()).or_insert(Place {
-            until: Some(again),
-            ..place
-        });
-        self.delete_at(token, again);
-    }
-
     /// Deletes nodes whose time is up and closes idle sessions, until the client goes.
     async fn keep(self: Arc<Self>) {
         loop {
-            let now = Instant::now();
-            let next = [self.sessions.next_idle(), self.due().first().map(|(at, _)| *at)]
-                .into_iter()
-                .flatten()
-                .min();
-            match next {
-                Some(at) if at <= now => {}
-                next => {
-                    let at = next.map_or(now + KEEPER_TICK, |at| at.min(now + KEEPER_TICK));
-                    tokio::select! {
-                        () = tokio::time::sleep_until(at) => {}
-                        () = self.changed.notified() => {}
-                    }
-                    continue;
-                }
+            if !self.book.due_now(self.sessions.next_idle()).await {
+                continue;
             }
             self.reap().await;
-            let in_use: Vec<i64> = self.places().values().map(|p| p.session).collect();
+            let in_use: Vec<i64> = self.book.places().values().map(|p| p.session).collect();
             self.sessions.close_idle(|id| in_use.contains(&id));
         }
     }
@@ -655,9 +557,7 @@ impl ZkStore {
             shared: Arc::new(Shared {
                 ensemble,
                 sessions: Sessions::default(),
-                places: Mutex::new(HashMap::new()),
-                due: Mutex::new(BTreeSet::new()),
-                changed: Notify::new(),
+                book: Book::default(),
                 watches: Mutex::new(HashMap::new()),
                 freed: Mutex::new(HashMap::new()),
                 endings: Mutex::new(HashMap::new()),
@@ -876,7 +776,13 @@ impl ZkStore {
     /// be deleted): the newest such.
     async fn find(&self, session: &Session, lock: &str, mine: &str) -> Result<Option<String>, LockError> {
         let children = synced_children(&self.shared.ensemble, session, lock).await?;
-        let known: Vec<String> = self.shared.places().values().map(|p| p.path.clone()).collect();
+        let known: Vec<String> = self
+            .shared
+            .book
+            .places()
+            .values()
+            .map(|p| p.path.clone())
+            .collect();
         Ok(children
             .into_iter()
             .filter(|c| names::made_by(c, mine))
@@ -896,45 +802,6 @@ impl ZkStore {
         }
     }
 
-    async fn acquire(
-        &self,
-        lock: &Lock,
-        token: &str,
-        ask_: &Ask,
-        flight: &Flight,
-    ) -> Result<Attempt, LockError> {
-        if ask_.permits > 1 {
-            return self.permit_attempt(lock, token, ask_, flight).await;
-        }
-        let known = self.shared.places().get(token).cloned();
-        if let Some(place) = known.filter(|p| p.until.is_none()) {
-            return self.look_again(lock, token, (ask_, flight), place).await;
-        }
-        let sent = Instant::now();
-        let session = self.session(ask_.ttl_ms).await?;
-        let sent = self.confirmed(sent, &session).await;
-        // The release of an attempt whose answer never came follows it on this session.
-        flight.set(session.id as u64);
-        let (path, czxid) = self.create(&session, lock, token, ask_.shared).await?;
-        let place = Place {
-            name: lock.name().to_owned(),
-            path,
-            shared: ask_.shared,
-            czxid,
-            session: session.id,
-            leaves_fence: ask_.fencing && !ask_.shared,
-            until: None,
-            kept: false,
-            permit: None,
-        };
-        // Recorded at once: a release after a lost answer finds it.
-        self.shared.record(token, place.clone());
-        // Read behind its own create on the same session: the server has applied it, so every
-        // node before it that still exists is seen (no `sync` needed).
-        self.decide(lock, token, (ask_, flight), place, (sent, &session), false)
-            .await
-    }
-
     /// Looks at the line `place` is in, and takes the lock, waits behind the node ahead, or
     /// (a try that will not wait) gives the place up.
     async fn decide(
@@ -952,9 +819,9 @@ impl ZkStore {
             Err(e) => {
                 if !ask_.join {
                     // Not known to hold: given back (by the reaper, if not now).
-                    self.shared.forget(token);
+                    self.shared.book.forget(token);
                     if self.shared.delete(&place).await.is_err() {
-                        self.shared.delete_soon(token, place);
+                        self.shared.book.delete_soon(token, place);
                     }
                 }
                 return Err(e);
@@ -972,10 +839,10 @@ impl ZkStore {
             .into_iter()
             .find(|claim| mine_seq.is_none_or(|mine| claim.seq < mine));
         if let Some(claim) = claimed_before {
-            self.shared.forget(token);
+            self.shared.book.forget(token);
             self.shared.unwatch(token);
             if self.shared.delete(&place).await.is_err() {
-                self.shared.delete_soon(token, place);
+                self.shared.book.delete_soon(token, place);
             }
             return Err(crate::store::permits_differ(lock.key(), claim.count, 1));
         }
@@ -993,26 +860,21 @@ impl ZkStore {
             Some(Some(ahead)) if ask_.join => {
                 let ahead = format!("{}/{}", lock.name(), ahead.name);
                 self.watch(lock, token, session, ahead);
-                Ok(Attempt::Held {
-                    pttl_ms: None,
-                    behind: true,
-                    claimed: false,
-                    kept: None,
-                })
+                Ok(Attempt::behind())
             }
             Some(Some(_)) => {
-                self.shared.forget(token);
+                self.shared.book.forget(token);
                 if let Err(e) = self.shared.delete(&place).await {
-                    self.shared.delete_soon(token, place);
+                    self.shared.book.delete_soon(token, place);
                     return Err(e);
                 }
                 Ok(Attempt::HELD)
             }
             None => {
                 // Gone already: its session ended (or an operator deleted it). In line again.
-                self.shared.forget(token);
+                self.shared.book.forget(token);
                 if ask_.join {
-                    return Box::pin(self.acquire(lock, token, ask_, flight)).await;
+                    return DynStore::attempt(self, lock, token, ask_, flight).await;
                 }
                 Ok(Attempt::HELD)
             }
@@ -1059,17 +921,12 @@ impl ZkStore {
             place.czxid
         };
         let until = sent + Duration::from_millis(ask_.ttl_ms);
-        self.shared.forget(token);
-        self.shared.record(
-            token,
-            Place {
-                until: Some(until),
-                ..place
-            },
-        );
+        let permit = place.permit;
+        self.shared.book.forget(token);
+        self.shared.book.record(token, place.held_until(until));
         let kept_until = sent + session.keeps;
         Attempt::Acquired {
-            permit: place.permit,
+            permit,
             fence: ask_.fencing.then(|| u64::try_from(fence).unwrap_or(0)),
             kept_until: (kept_until < until).then_some(kept_until),
         }
@@ -1109,167 +966,15 @@ impl ZkStore {
     ) -> Result<Attempt, LockError> {
         let sent = Instant::now();
         let Some(session) = self.shared.session(place.session) else {
-            self.shared.forget(token);
+            self.shared.book.forget(token);
             self.shared.unwatch(token);
-            return Box::pin(self.acquire(lock, token, ask_, flight)).await;
+            return DynStore::attempt(self, lock, token, ask_, flight).await;
         };
         let sent = self.confirmed(sent, &session).await;
         // Behind a `sync`: a server cut off from the leader still answers reads for a while,
         // from a state that may still show this client's node after its session ended.
         self.decide(lock, token, (ask_, flight), place, (sent, &session), true)
             .await
-    }
-
-    async fn renew_locks(&self, locks: &[Renewing<'_>]) -> Result<Vec<Renewal>, LockError> {
-        let sent = Instant::now();
-        self.run_tasks();
-        let mut found = vec![Renewal::Gone; locks.len()];
-        // When each lock's renewal was sent: its session's (later after a stall).
-        let mut sent_at = vec![sent; locks.len()];
-        // By session: one `sync` each, then a read of each node, sent together.
-        let mut by_session: HashMap<i64, Vec<(usize, Place)>> = HashMap::new();
-        for (at, (_, token, _)) in locks.iter().enumerate() {
-            let place = self
-                .shared
-                .places()
-                .get(*token)
-                .cloned()
-                .filter(|p| p.until.is_some() && !p.kept);
-            if let Some(place) = place {
-                by_session.entry(place.session).or_default().push((at, place));
-            }
-        }
-        let checks = by_session.into_iter().map(|(id, places)| async move {
-            let Some(session) = self.shared.session(id) else {
-                return (None, places, sent, Ok(Vec::new()));
-            };
-            let sent = self.confirmed(sent, &session).await;
-            let client = &session.client;
-            let sync = client.sync(&places[0].1.path);
-            let stats = join_all(places.iter().map(|(_, p)| client.check_stat(&p.path)));
-            let checked = match ask(self.ensemble(), async { tokio::join!(sync, stats) }).await {
-                Ok((Ok(()) | Err(ZkError::NoNode), stats)) => Ok(stats),
-                Ok((Err(e), _)) => {
-                    self.shared.failed(&session, &e);
-                    Err(self.error(&e, &places[0].1.path))
-                }
-                Err(e) => Err(e),
-            };
-            (Some(session), places, sent, checked)
-        });
-        // Each session on its own: one that cannot be reached leaves its locks undecided (the
-        // watchdog retries them while they are valid), and the others' are renewed.
-        let mut failed = None;
-        for (session, places, sent, checked) in join_all(checks).await {
-            let Some(session) = session else {
-                continue; // its session ended: every lock on it is gone
-            };
-            for (at, _) in &places {
-                sent_at[*at] = sent;
-            }
-            let stats = match checked {
-                Ok(stats) => stats,
-                Err(e) => {
-                    for (at, _) in &places {
-                        found[*at] = Renewal::Undecided;
-                    }
-                    failed.get_or_insert(e);
-                    continue;
-                }
-            };
-            for ((at, place), stat) in places.iter().zip(stats) {
-                let ttl = Duration::from_millis(locks[*at].2);
-                found[*at] = match stat {
-                    Ok(Some(stat)) if stat.czxid == place.czxid && stat.ephemeral_owner == session.id => {
-                        if session.keeps < ttl {
-                            Renewal::RenewedFor(session.keeps)
-                        } else {
-                            Renewal::Renewed
-                        }
-                    }
-                    Ok(_) => Renewal::Gone,
-                    Err(e) => {
-                        self.shared.failed(&session, &e);
-                        failed.get_or_insert(self.error(&e, &place.path));
-                        Renewal::Undecided
-                    }
-                };
-            }
-        }
-        // Nothing decided, because every session failed: the answer is that failure (an
-        // `extend` reports it as it is).
-        if let Some(e) = failed {
-            if found.iter().all(|r| matches!(r, Renewal::Undecided)) {
-                return Err(e);
-            }
-        }
-        for (at, (_, token, ttl_ms)) in locks.iter().enumerate() {
-            let mut places = self.shared.places();
-            match found[at] {
-                Renewal::Renewed | Renewal::RenewedFor(_) => {
-                    let until = sent_at[at] + Duration::from_millis(*ttl_ms);
-                    if let Some(place) = places.get_mut(*token) {
-                        // Never shortened (as `PEXPIRE … GT` on Redis).
-                        place.until = place.until.map(|was| was.max(until));
-                    }
-                }
-                Renewal::Gone => {
-                    places.remove(*token);
-                }
-                _ => {}
-            }
-        }
-        Ok(found)
-    }
-
-    async fn release_token(
-        &self,
-        lock: &Lock,
-        token: &str,
-        release: Release<'_>,
-    ) -> Result<Released, LockError> {
-        self.shared.unwatch(token);
-        let place = self.shared.forget(token);
-        if release.kind == Kind::Permit {
-            if let Some(flight) = release.after {
-                // A semaphore's attempt whose answer never came may have claimed a permit (a
-                // waiter's, while its queue node is what this client knows of it): every node
-                // of its uuid is deleted, on the session the attempt went on.
-                return self.delete_unknown(lock, token, flight).await;
-            }
-        }
-        let Some(place) = place else {
-            if release.after.is_some() {
-                // An attempt whose answer never came may have made a node: deleted now, and again
-                // once a late request could no longer land.
-                return self
-                    .delete_unknown(lock, token, release.after.unwrap_or(&Flight::default()))
-                    .await;
-            }
-            return Ok(Released::NotOurs);
-        };
-        if place.kept {
-            self.shared.record(token, place);
-            return Ok(Released::NotOurs);
-        }
-        if release.hold_ms > 0 && place.until.is_some() {
-            return self.keep_for(token, place, release.hold_ms).await;
-        }
-        match self.shared.delete(&place).await {
-            // Waiters hear of it through their watches.
-            Ok(true) => Ok(Released::Quiet),
-            Ok(false) => Ok(Released::NotOurs),
-            Err(e) => {
-                // Not known to be gone (the ensemble did not answer): deleted by the reaper,
-                // tried again every 100 ms until it is or its session ends, so a release during a
-                // connection loss still frees the lock once the connection is back (where
-                // Curator leaves the node for good: CURATOR-678). A refusal is not retried.
-                if !matches!(e, LockError::Refused { .. }) {
-                    self.shared.delete_soon(token, place);
-                }
-                Err(e)
-            }
-        }
     }
 
     /// The node of `token`, which this client never heard of (an attempt whose answer never
@@ -1311,7 +1016,7 @@ impl ZkStore {
     /// A release before the minimum hold's end: the node is kept, its data marked released, and
     /// deleted by this client when the hold ends (or with its session, if this client dies).
     async fn keep_for(&self, token: &str, place: Place, hold_ms: u64) -> Result<Released, LockError> {
-        let put_back = |place: Place| self.shared.record(token, place);
+        let put_back = |place: Place| self.shared.book.record(token, place);
         let Some(session) = self.shared.session(place.session) else {
             return Ok(Released::NotOurs);
         };
@@ -1323,7 +1028,7 @@ impl ZkStore {
         .await;
         match set {
             Ok(Ok(_)) => {
-                self.shared.record(
+                self.shared.book.record(
                     token,
                     Place {
                         until: Some(Instant::now() + Duration::from_millis(hold_ms)),
@@ -1344,20 +1049,6 @@ impl ZkStore {
                 Err(e)
             }
         }
-    }
-
-    async fn leave_line(&self, token: &str) -> Result<(), LockError> {
-        self.shared.unwatch(token);
-        let place = self.shared.forget(token);
-        if let Some(place) = place {
-            if let Err(e) = self.shared.delete(&place).await {
-                // Its session would keep it as long as this client lives, holding the line back:
-                // deleted by the reaper, tried again until it is.
-                self.shared.delete_soon(token, place);
-                return Err(e);
-            }
-        }
-        Ok(())
     }
 }
 
@@ -1457,31 +1148,174 @@ impl Store for ZkStore {
         ask_: &Ask,
         flight: &Flight,
     ) -> Result<Attempt, LockError> {
-        self.acquire(lock, token, ask_, flight).await
+        if ask_.permits > 1 {
+            return self.permit_attempt(lock, token, ask_, flight).await;
+        }
+        let known = self.shared.book.places().get(token).cloned();
+        if let Some(place) = known.filter(|p| p.until.is_none()) {
+            return self.look_again(lock, token, (ask_, flight), place).await;
+        }
+        let sent = Instant::now();
+        let session = self.session(ask_.ttl_ms).await?;
+        let sent = self.confirmed(sent, &session).await;
+        // The release of an attempt whose answer never came follows it on this session.
+        flight.set(session.id as u64);
+        let (path, czxid) = self.create(&session, lock, token, ask_.shared).await?;
+        let place = Place {
+            name: lock.name().to_owned(),
+            path,
+            shared: ask_.shared,
+            czxid,
+            session: session.id,
+            leaves_fence: ask_.fencing && !ask_.shared,
+            until: None,
+            kept: false,
+            permit: None,
+        };
+        // Recorded at once: a release after a lost answer finds it.
+        self.shared.book.record(token, place.clone());
+        // Read behind its own create on the same session: the server has applied it, so every
+        // node before it that still exists is seen (no `sync` needed).
+        self.decide(lock, token, (ask_, flight), place, (sent, &session), false)
+            .await
     }
 
     async fn renew(&self, locks: &[Renewing<'_>]) -> Result<Vec<Renewal>, LockError> {
-        self.renew_locks(locks).await
+        let sent = Instant::now();
+        self.run_tasks();
+        let mut found = vec![Renewal::Gone; locks.len()];
+        // When each lock's renewal was sent: its session's (later after a stall).
+        let mut sent_at = vec![sent; locks.len()];
+        // By session: one `sync` each, then a read of each node, sent together.
+        let mut by_session: HashMap<i64, Vec<(usize, Place)>> = HashMap::new();
+        for (at, (_, token, _)) in locks.iter().enumerate() {
+            let place = self
+                .shared
+                .book
+                .places()
+                .get(*token)
+                .cloned()
+                .filter(|p| p.until.is_some() && !p.kept);
+            if let Some(place) = place {
+                by_session.entry(place.session).or_default().push((at, place));
+            }
+        }
+        let checks = by_session.into_iter().map(|(id, places)| async move {
+            let Some(session) = self.shared.session(id) else {
+                return (None, places, sent, Ok(Vec::new()));
+            };
+            let sent = self.confirmed(sent, &session).await;
+            let client = &session.client;
+            let sync = client.sync(&places[0].1.path);
+            let stats = join_all(places.iter().map(|(_, p)| client.check_stat(&p.path)));
+            let checked = match ask(self.ensemble(), async { tokio::join!(sync, stats) }).await {
+                Ok((Ok(()) | Err(ZkError::NoNode), stats)) => Ok(stats),
+                Ok((Err(e), _)) => {
+                    self.shared.failed(&session, &e);
+                    Err(self.error(&e, &places[0].1.path))
+                }
+                Err(e) => Err(e),
+            };
+            (Some(session), places, sent, checked)
+        });
+        // Each session on its own: one that cannot be reached leaves its locks undecided (the
+        // watchdog retries them while they are valid), and the others' are renewed.
+        let mut failed = None;
+        for (session, places, sent, checked) in join_all(checks).await {
+            let Some(session) = session else {
+                continue; // its session ended: every lock on it is gone
+            };
+            for (at, _) in &places {
+                sent_at[*at] = sent;
+            }
+            let stats = match checked {
+                Ok(stats) => stats,
+                Err(e) => {
+                    for (at, _) in &places {
+                        found[*at] = Renewal::Undecided;
+                    }
+                    failed.get_or_insert(e);
+                    continue;
+                }
+            };
+            for ((at, place), stat) in places.iter().zip(stats) {
+                let ttl = Duration::from_millis(locks[*at].2);
+                found[*at] = match stat {
+                    Ok(Some(stat)) if stat.czxid == place.czxid && stat.ephemeral_owner == session.id => {
+                        if session.keeps < ttl {
+                            Renewal::RenewedFor(session.keeps)
+                        } else {
+                            Renewal::Renewed
+                        }
+                    }
+                    Ok(_) => Renewal::Gone,
+                    Err(e) => {
+                        self.shared.failed(&session, &e);
+                        failed.get_or_insert(self.error(&e, &place.path));
+                        Renewal::Undecided
+                    }
+                };
+            }
+        }
+        // Nothing decided, because every session failed: the answer is that failure (an
+        // `extend` reports it as it is).
+        if let Some(e) = failed {
+            if found.iter().all(|r| matches!(r, Renewal::Undecided)) {
+                return Err(e);
+            }
+        }
+        self.shared.book.renewed(locks, &found, |at| sent_at[at]);
+        Ok(found)
     }
 
     async fn release(&self, lock: &Lock, token: &str, release: Release<'_>) -> Result<Released, LockError> {
-        self.release_token(lock, token, release).await
+        self.shared.unwatch(token);
+        let place = self.shared.book.forget(token);
+        if release.kind == Kind::Permit {
+            if let Some(flight) = release.after {
+                // A semaphore's attempt whose answer never came may have claimed a permit (a
+                // waiter's, while its queue node is what this client knows of it): every node
+                // of its uuid is deleted, on the session the attempt went on.
+                return self.delete_unknown(lock, token, flight).await;
+            }
+        }
+        let Some(place) = place else {
+            if release.after.is_some() {
+                // An attempt whose answer never came may have made a node: deleted now, and again
+                // once a late request could no longer land.
+                return self
+                    .delete_unknown(lock, token, release.after.unwrap_or(&Flight::default()))
+                    .await;
+            }
+            return Ok(Released::NotOurs);
+        };
+        if place.kept {
+            self.shared.book.record(token, place);
+            return Ok(Released::NotOurs);
+        }
+        if release.hold_ms > 0 && place.until.is_some() {
+            return self.keep_for(token, place, release.hold_ms).await;
+        }
+        match self.shared.delete(&place).await {
+            // Waiters hear of it through their watches.
+            Ok(true) => Ok(Released::Quiet),
+            Ok(false) => Ok(Released::NotOurs),
+            Err(e) => {
+                // Not known to be gone (the ensemble did not answer): deleted by the reaper,
+                // tried again every 100 ms until it is or its session ends, so a release during a
+                // connection loss still frees the lock once the connection is back (where
+                // Curator leaves the node for good: CURATOR-678). A refusal is not retried.
+                if !matches!(e, LockError::Refused { .. }) {
+                    self.shared.book.delete_soon(token, place);
+                }
+                Err(e)
+            }
+        }
     }
 
     async fn leave(&self, _: &Lock, token: &str, _: bool) -> Result<(), LockError> {
-        self.leave_line(token).await
-    }
-
-    async fn inspect(&self, lock: &Lock) -> Result<LockView, LockError> {
-        self.read_one(lock).await
-    }
-
-    async fn list(&self, pattern: &str) -> Result<Vec<LockView>, LockError> {
-        self.held(pattern).await
-    }
-
-    async fn force_release(&self, lock: &Lock, seen: &LockView) -> Result<ForceReleased, LockError> {
-        self.force(lock, seen).await
+        self.shared.unwatch(token);
+        self.shared.leave(token).await
     }
 }
 

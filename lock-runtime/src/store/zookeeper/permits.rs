@@ -31,19 +31,12 @@ use zookeeper_client::EventType;
 use super::names::{self, Permits, Standing};
 use super::sessions::Session;
 use super::{Looked, Place, ZkStore};
+use crate::store::line::Line;
 use crate::store::{permits_differ, Ask, Attempt, Flight, Lock};
 use crate::LockError;
 
 /// How many permits one attempt claims when the one it claimed was taken meanwhile.
 const TRIES: usize = 4;
-
-/// A refusal for a waiter: it waits to be woken (by a watch, or its nap).
-const WAITING: Attempt = Attempt::Held {
-    pttl_ms: None,
-    behind: true,
-    claimed: false,
-    kept: None,
-};
 
 /// What a look at a semaphore's nodes says to do next.
 enum Next {
@@ -147,7 +140,7 @@ impl ZkStore {
                     if let Some(queued) = queued.take() {
                         // Out of the queue: the next waiter wakes. The caller need not wait
                         // for that: the delete goes out now, its answer is read meanwhile.
-                        self.shared.forget(token);
+                        self.shared.book.forget(token);
                         self.give_up_soon(token, queued);
                     }
                     return Ok(self.taken(token, place, ask_, (sent, &session), None));
@@ -161,7 +154,7 @@ impl ZkStore {
             let standing = mine.as_deref().map(|mine| permits.standing(mine, count));
             if let Some(Standing::Gone) = standing {
                 // Its queue node went (an operator deleted it): a newcomer again.
-                self.shared.forget(token);
+                self.shared.book.forget(token);
                 queued = None;
             }
             next = next_step(
@@ -195,7 +188,7 @@ impl ZkStore {
             permit: None,
             ..self.claim_place(lock, session, (path, czxid, 0))
         };
-        self.shared.record(token, place.clone());
+        self.shared.book.record(token, place.clone());
         Ok((place, children))
     }
 
@@ -204,6 +197,7 @@ impl ZkStore {
     async fn queued_on(&self, token: &str, ask_: &Ask) -> Result<(Option<Place>, Session), LockError> {
         let mut queued = self
             .shared
+            .book
             .places()
             .get(token)
             .filter(|p| p.until.is_none())
@@ -212,7 +206,7 @@ impl ZkStore {
             return Ok((queued, session));
         }
         if queued.take().is_some() {
-            self.shared.forget(token);
+            self.shared.book.forget(token);
             self.shared.unwatch(token);
         }
         Ok((None, self.session(ask_.ttl_ms).await?))
@@ -232,7 +226,7 @@ impl ZkStore {
             Next::Claim(_) | Next::Look | Next::Queue => None,
             Next::Behind(ahead) => {
                 self.watch(lock, token, session, ahead.clone());
-                Some(WAITING)
+                Some(Attempt::behind())
             }
             Next::LostRaces => {
                 // It lost every race for a permit free for it (newcomers claimed them first):
@@ -240,7 +234,7 @@ impl ZkStore {
                 // leave that permit idle meanwhile. Each race lost is another caller's permit
                 // taken, so this ends.
                 self.shared.notices.turn(lock.name(), token.as_bytes(), None);
-                Some(WAITING)
+                Some(Attempt::behind())
             }
             Next::ForAClaim { rank } => {
                 let holding = permits.holding.iter().map(|c| c.name.as_str());
@@ -250,7 +244,7 @@ impl ZkStore {
                     .map(|name| format!("{}/{name}", lock.name()))
                     .collect();
                 self.watch_claims((lock, token), session, watched, *rank == 0);
-                Some(WAITING)
+                Some(Attempt::behind())
             }
             Next::Refused => Some(Attempt::HELD),
         }
@@ -283,6 +277,7 @@ impl ZkStore {
     /// Whether another waiter of this client queues at the lock named `name`.
     fn queues_at(&self, name: &str) -> bool {
         self.shared
+            .book
             .places()
             .values()
             .any(|p| p.name == name && p.until.is_none() && p.permit.is_none())
@@ -291,6 +286,7 @@ impl ZkStore {
     /// Whether this client holds permit `permit` of the lock named `name`.
     fn holds_permit(&self, name: &str, permit: u32) -> bool {
         self.shared
+            .book
             .places()
             .values()
             .any(|p| p.name == name && p.permit == Some(permit) && p.until.is_some())
@@ -323,7 +319,7 @@ impl ZkStore {
     async fn give_up(&self, token: &str, place: Place) {
         if self.shared.delete(&place).await.is_err() {
             let leftover = format!("{token}\0{}", place.path);
-            self.shared.delete_soon(&leftover, place);
+            self.shared.book.delete_soon(&leftover, place);
         }
     }
 
@@ -333,7 +329,7 @@ impl ZkStore {
         let leftover = format!("{token}\0{}", place.path);
         tokio::spawn(async move {
             if shared.delete(&place).await.is_err() {
-                shared.delete_soon(&leftover, place);
+                shared.book.delete_soon(&leftover, place);
             }
         });
     }

@@ -1,0 +1,331 @@
+//! What the queue stores (etcd, ZooKeeper) share: each store keeps a place in a lock's line for
+//! each of its callers (a key on a session lease, an ephemeral sequential node), and this client
+//! deletes a held place when its holder's validity ends, as Redis expires a key at its ttl.
+//! [`Book`] is that bookkeeping, the same for both: the places by token, when each held one is
+//! due, the reaper's pick and the keeper's wait. What a place is, and how it is deleted, is the
+//! store's.
+
+use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::store::{Renewal, Renewing};
+use crate::LockError;
+
+/// How often the keeper looks at least (for sessions and places due later than it was told).
+pub(crate) const KEEPER_TICK: Duration = Duration::from_secs(1);
+
+/// A place that could not be deleted is tried again this soon.
+const RETRY: Duration = Duration::from_millis(100);
+
+/// One of this client's places, as the [`Book`] needs to know it.
+pub(crate) trait Place {
+    /// Held: deleted then unless renewed. `None`: a waiter's place, kept as long as the client.
+    fn until(&mut self) -> &mut Option<Instant>;
+
+    /// The same place, held until `until`.
+    fn held_until(mut self, until: Instant) -> Self
+    where
+        Self: Sized,
+    {
+        *self.until() = Some(until);
+        self
+    }
+}
+
+/// A queue store's side of the steps every such store takes the same way: its [`Book`], and
+/// how it deletes one of its places.
+pub(crate) trait Line: Send + Sync {
+    /// What the store knows of one of its places.
+    type Place: Place + Send;
+
+    /// The store's name, for logs.
+    const STORE: &'static str;
+
+    /// This client's places.
+    fn book(&self) -> &Book<Self::Place>;
+
+    /// Deletes `place` if it is still the one this client put: whether it was there.
+    fn delete(&self, place: &Self::Place) -> impl Future<Output = Result<bool, LockError>> + Send;
+
+    /// Deletes the places whose time is up (their holders' validity ended), as Redis expires a
+    /// key at its ttl; one that cannot be deleted now is tried again soon.
+    fn reap(&self) -> impl Future<Output = ()> + Send {
+        async move {
+            for (token, place) in self.book().ended(Instant::now()) {
+                if let Err(e) = self.delete(&place).await {
+                    self.book().not_deleted(&token, place, &e, Self::STORE);
+                }
+            }
+        }
+    }
+
+    /// Takes `token`'s place out of its line (a waiter that stops waiting). A place that could
+    /// not be deleted would be kept by its session as long as this client lives, holding the
+    /// line back: the reaper deletes it, trying again until it is.
+    fn leave(&self, token: &str) -> impl Future<Output = Result<(), LockError>> + Send {
+        async move {
+            if let Some(place) = self.book().forget(token) {
+                if let Err(e) = self.delete(&place).await {
+                    self.book().delete_soon(token, place);
+                    return Err(e);
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// This client's places in line, by their callers' tokens, and when each held one is due to be
+/// deleted.
+#[derive(Debug)]
+pub(crate) struct Book<P> {
+    places: Mutex<HashMap<String, P>>,
+    /// When places are due to be deleted, by token (see [`Place::until`]).
+    due: Mutex<BTreeSet<(Instant, String)>>,
+    /// Told when something became due sooner than the keeper's next look.
+    changed: Notify,
+}
+
+fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every update is one step, so a poisoned map is still consistent.
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl<P> Default for Book<P> {
+    fn default() -> Self {
+        Book {
+            places: Mutex::new(HashMap::new()),
+            due: Mutex::new(BTreeSet::new()),
+            changed: Notify::new(),
+        }
+    }
+}
+
+impl<P: Place> Book<P> {
+    /// The places, by token (one step at a time: the lock is not held across an await).
+    pub(crate) fn places(&self) -> MutexGuard<'_, HashMap<String, P>> {
+        locked(&self.places)
+    }
+
+    /// Records `token`'s place (a held one is deleted at its `until` unless renewed).
+    pub(crate) fn record(&self, token: &str, mut place: P) {
+        if let Some(until) = *place.until() {
+            self.delete_at(token, until);
+        }
+        self.places().insert(token.to_owned(), place);
+    }
+
+    /// Takes `token`'s place out of this client's records (and out of the reaper's).
+    pub(crate) fn forget(&self, token: &str) -> Option<P> {
+        let mut place = self.places().remove(token)?;
+        if let Some(until) = *place.until() {
+            locked(&self.due).remove(&(until, token.to_owned()));
+        }
+        Some(place)
+    }
+
+    /// Deletes `token`'s place at `until` unless it is renewed by then. The keeper looks at
+    /// least every [`KEEPER_TICK`], so it is told only of what is due sooner (an acquire costs
+    /// no wake-up of its task).
+    pub(crate) fn delete_at(&self, token: &str, until: Instant) {
+        locked(&self.due).insert((until, token.to_owned()));
+        if until < Instant::now() + KEEPER_TICK {
+            self.changed.notify_one();
+        }
+    }
+
+    /// Notes what a renewal found of each of `locks` (the `at`th sent at `sent_at(at)`): a
+    /// renewed place is held its ttl from then (never shortened, as `PEXPIRE … GT` on Redis), a
+    /// gone one forgotten.
+    pub(crate) fn renewed(
+        &self,
+        locks: &[Renewing<'_>],
+        found: &[Renewal],
+        sent_at: impl Fn(usize) -> Instant,
+    ) {
+        let mut places = self.places();
+        for (at, ((_, token, ttl_ms), found)) in locks.iter().zip(found).enumerate() {
+            match found {
+                Renewal::Renewed | Renewal::RenewedFor(_) => {
+                    let until = sent_at(at) + Duration::from_millis(*ttl_ms);
+                    if let Some(held) = places.get_mut(*token).map(P::until) {
+                        *held = held.map(|was| was.max(until));
+                    }
+                }
+                Renewal::Gone => {
+                    places.remove(*token);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// The places whose time is up at `now`, taken out of the records (for the store to
+    /// delete). A place renewed since it was put in the queue is put back at its new time.
+    pub(crate) fn ended(&self, now: Instant) -> Vec<(String, P)> {
+        let mut due = Vec::new();
+        {
+            let mut queue = locked(&self.due);
+            while queue.first().is_some_and(|(at, _)| *at <= now) {
+                if let Some((_, token)) = queue.pop_first() {
+                    due.push(token);
+                }
+            }
+        }
+        let mut ended = Vec::new();
+        let mut places = self.places();
+        for token in due {
+            match places.get_mut(&token).and_then(|p| *p.until()) {
+                Some(until) if until <= now => {
+                    if let Some(place) = places.remove(&token) {
+                        ended.push((token, place));
+                    }
+                }
+                Some(until) => {
+                    locked(&self.due).insert((until, token));
+                }
+                None => {}
+            }
+        }
+        ended
+    }
+
+    /// `place` could not be deleted (`error`): the reaper tries again soon, and again, until it
+    /// is, or its session ends it. A store that refuses the deletion (the client lost the right)
+    /// would refuse it again: the place is left to its session, with a warning.
+    pub(crate) fn not_deleted(&self, token: &str, place: P, error: &LockError, store: &str) {
+        if matches!(error, LockError::Refused { .. }) {
+            tracing::warn!(%error, store, "the store refuses to delete a lock's place in line: it stays until its session ends");
+            return;
+        }
+        tracing::debug!(%error, store, "could not delete a lock's place in line; trying again");
+        self.delete_soon(token, place);
+    }
+
+    /// `place` could not be deleted: the reaper tries again soon (a place lives as long as its
+    /// session: this client).
+    pub(crate) fn delete_soon(&self, token: &str, place: P) {
+        let again = Instant::now() + RETRY;
+        self.places()
+            .entry(token.to_owned())
+            .or_insert_with(|| place.held_until(again));
+        self.delete_at(token, again);
+    }
+
+    /// Wakes the keeper now (it has something new to look after: a session, say).
+    pub(crate) fn wake_keeper(&self) {
+        self.changed.notify_one();
+    }
+
+    /// Whether a place is due now, or else `also` (the store's own next task, a session's
+    /// renewal say) is: if neither, waits until the sooner of them, the next tick, or a place
+    /// due sooner, and answers `false` (the keeper then asks again).
+    pub(crate) async fn due_now(&self, also: Option<Instant>) -> bool {
+        let next = [also, locked(&self.due).first().map(|(at, _)| *at)]
+            .into_iter()
+            .flatten()
+            .min();
+        let now = Instant::now();
+        match next {
+            Some(at) if at <= now => true,
+            next => {
+                let at = next.map_or(now + KEEPER_TICK, |at| at.min(now + KEEPER_TICK));
+                tokio::select! {
+                    () = tokio::time::sleep_until(at) => {}
+                    () = self.changed.notified() => {}
+                }
+                false
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Clone, PartialEq)]
+    struct Spot(Option<Instant>);
+
+    impl Place for Spot {
+        fn until(&mut self) -> &mut Option<Instant> {
+            &mut self.0
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn held_places_end_at_their_time_and_waiters_never() {
+        let book = Book::default();
+        let now = Instant::now();
+        book.record("a", Spot(Some(now + Duration::from_millis(10))));
+        book.record("b", Spot(Some(now + Duration::from_millis(20))));
+        book.record("waiter", Spot(None));
+        assert!(book.ended(now).is_empty());
+        let ended = book.ended(now + Duration::from_millis(15));
+        assert_eq!(
+            ended,
+            vec![("a".to_owned(), Spot(Some(now + Duration::from_millis(10))))]
+        );
+        // Renewed: put back at its new time, not ended.
+        book.places()
+            .insert("b".into(), Spot(Some(now + Duration::from_millis(40))));
+        assert!(book.ended(now + Duration::from_millis(25)).is_empty());
+        assert_eq!(book.ended(now + Duration::from_millis(40)).len(), 1);
+        assert!(book.ended(now + Duration::from_secs(3600)).is_empty());
+        assert!(book.places().contains_key("waiter"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_forgotten_place_is_not_reaped() {
+        let book = Book::default();
+        let now = Instant::now();
+        book.record("a", Spot(Some(now)));
+        assert_eq!(book.forget("a"), Some(Spot(Some(now))));
+        assert!(book.ended(now + Duration::from_secs(1)).is_empty());
+        assert!(book.forget("a").is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_place_not_deleted_is_tried_again_soon_unless_refused() {
+        let book = Book::default();
+        let now = Instant::now();
+        let unavailable = LockError::unavailable("down");
+        book.not_deleted("a", Spot(None), &unavailable, "test");
+        assert_eq!(book.places().get("a"), Some(&Spot(Some(now + RETRY))));
+        assert_eq!(book.ended(now + RETRY).len(), 1);
+        let refused = LockError::Refused {
+            reason: "no right",
+            source: "denied".into(),
+        };
+        book.not_deleted("b", Spot(None), &refused, "test");
+        assert!(book.places().get("b").is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_keeper_wakes_for_what_is_due_sooner_than_its_tick() {
+        let book = std::sync::Arc::new(Book::default());
+        let start = Instant::now();
+        // Nothing due: it sleeps a tick.
+        assert!(!book.due_now(None).await);
+        assert_eq!(Instant::now() - start, KEEPER_TICK);
+        // Something due sooner than the tick, recorded while it sleeps: it wakes for it.
+        let keeper = {
+            let book = std::sync::Arc::clone(&book);
+            tokio::spawn(async move { book.due_now(None).await })
+        };
+        tokio::task::yield_now().await;
+        let soon = Instant::now() + Duration::from_millis(5);
+        book.record("a", Spot(Some(soon)));
+        assert!(!keeper.await.unwrap());
+        assert!(Instant::now() < soon + KEEPER_TICK / 2);
+        tokio::time::sleep_until(soon).await;
+        assert!(book.due_now(None).await);
+        // The store's own next task counts too.
+        assert!(book.due_now(Some(Instant::now())).await);
+    }
+}
