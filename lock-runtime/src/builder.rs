@@ -19,6 +19,12 @@ impl LockClient {
     }
 }
 
+/// Every way of giving the builder its store, as its messages list them: `.store`, `.url`, then
+/// each store's own methods (checked against the URL table, which names them per store:
+/// `store/url.rs`).
+pub(crate) const STORE_METHODS: &str = ".store(…), .url(…), .redis_client(…), .cluster(…), \
+     .sentinel(…), .redlock(…), .postgres(…), .mysql(…), .etcd(…) or .zookeeper(…)";
+
 /// Configures a [`LockClient`].
 ///
 /// ```no_run
@@ -247,19 +253,15 @@ impl LockClientBuilder {
         };
         let place = match self.places.as_slice() {
             [] => {
-                return Err(LockError::invalid_options(
-                    "no store given to the builder: say where the locks live (.store(…), .url(…), \
-                     .cluster(…), .sentinel(…), .redis_client(…), .redlock(…), .postgres(…), \
-                     .mysql(…), .etcd(…) or .zookeeper(…))",
-                ))
+                return Err(LockError::invalid_options(format!(
+                    "no store given to the builder: say where the locks live ({STORE_METHODS})"
+                )))
             }
             [place] => place,
             _ => {
-                return Err(LockError::invalid_options(
-                    "give the builder one store (.store(…), .url(…), .cluster(…), .sentinel(…), \
-                     .redis_client(…), .redlock(…), .postgres(…), .mysql(…), .etcd(…) or \
-                     .zookeeper(…)), not several",
-                ))
+                return Err(LockError::invalid_options(format!(
+                    "give the builder one store ({STORE_METHODS}), not several"
+                )))
             }
         };
         let owner = self.owner_label()?;

@@ -72,9 +72,21 @@ mod view;
 mod wakeups;
 mod watchdog;
 
+/// What is Redis's own, for code that reads a Redis store itself (a dashboard, a cleanup job,
+/// tests): the names a lock owns there.
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use store::redis::keys;
+pub mod redis {
+    pub use crate::store::redis::keys;
+}
+
+/// The names a lock owns in Redis: the old name of [`redis::keys`].
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+#[deprecated(since = "0.1.0", note = "moved to lock_runtime::redis::keys")]
+pub mod keys {
+    pub use crate::store::redis::keys::*;
+}
 
 /// Fenced writes in PostgreSQL: the old name of [`fencing::postgres`].
 #[cfg(feature = "postgres")]

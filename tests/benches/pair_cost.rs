@@ -53,7 +53,7 @@ impl Contender {
     /// Pairs on `key` until `until`.
     async fn pairs(&self, key: &str, until: Instant) -> u64 {
         // What the library names the lock and its waiting mark for `key` (default prefix).
-        let names = lock_runtime::keys::LockKeys::new(lock_runtime::DEFAULT_PREFIX, key);
+        let names = lock_runtime::redis::keys::LockKeys::new(lock_runtime::DEFAULT_PREFIX, key);
         let (lock, mark) = (names.lock().to_owned(), names.waiting());
         let mut done = 0;
         while Instant::now() < until {

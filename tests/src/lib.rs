@@ -307,7 +307,7 @@ impl RedisServer {
     /// listening: it then sleeps until a release wakes it (or its nap ends). A fencing waiter
     /// or a reader marks the lock at its first attempt already, before it listens.
     pub async fn waiter_refused(&self, key: &str) {
-        let mark = lock_runtime::keys::LockKeys::new(lock_runtime::DEFAULT_PREFIX, key).waiting();
+        let mark = lock_runtime::redis::keys::LockKeys::new(lock_runtime::DEFAULT_PREFIX, key).waiting();
         let raw = self.raw().await;
         eventually(5 * SECOND, "a refused waiter marked the lock", || {
             let (mut raw, mark) = (raw.clone(), mark.as_str());
@@ -790,7 +790,7 @@ impl Target {
         if !self.has_marks() {
             return None;
         }
-        let mark = lock_runtime::keys::LockKeys::new(self.client.prefix(), key).waiting();
+        let mark = lock_runtime::redis::keys::LockKeys::new(self.client.prefix(), key).waiting();
         let mut found = 0;
         for url in &self.marks_on {
             let mut conn = redis::Client::open(url.as_str())

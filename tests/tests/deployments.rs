@@ -175,7 +175,7 @@ async fn on_a_cluster_a_refused_waiter_leaves_no_waiting_mark() {
     let cluster = RedisCluster::shared();
     let (holder, waiter) = (cluster_client(cluster).await, cluster_client(cluster).await);
     let key = "unmarked";
-    let names = lock_runtime::keys::LockKeys::new(lock_runtime::DEFAULT_PREFIX, key);
+    let names = lock_runtime::redis::keys::LockKeys::new(lock_runtime::DEFAULT_PREFIX, key);
     let owner = cluster.node(cluster.primary_of_key(names.lock()));
     // Not released: the waiter's script attempts are refused until the lock expires.
     let guard = holder.acquire(key, &ttl(1_000)).await.unwrap();

@@ -195,7 +195,7 @@ async fn an_expired_writers_late_release_or_renewal_spares_the_readers() {
     let db = pool(&server).await;
     for late in ["release", "extend"] {
         let key = format!("shelf:{late}");
-        let lock_key = lock_runtime::keys::LockKeys::new(lock_runtime::DEFAULT_PREFIX, &key);
+        let lock_key = lock_runtime::redis::keys::LockKeys::new(lock_runtime::DEFAULT_PREFIX, &key);
         let ttl_ms = 600;
         let taken_at = Instant::now();
         let writer = c.acquire(&key, &ttl(ttl_ms)).await.unwrap();
@@ -293,7 +293,7 @@ async fn readers_held_back_by_a_writers_claim_are_woken_by_its_release() {
     let write = writer.await.unwrap().unwrap();
     // The row still says a waiter wants to hear the release (the readers' mark).
     let db = PgPool::connect(&lock_tests::shared_postgres_url()).await.unwrap();
-    let lock_key = lock_runtime::keys::LockKeys::new(c.prefix(), "prices");
+    let lock_key = lock_runtime::redis::keys::LockKeys::new(c.prefix(), "prices");
     let marked: bool = sqlx::query_scalar("SELECT marked FROM lock_runtime_locks WHERE key = $1")
         .bind(lock_key.lock())
         .fetch_one(&db)
@@ -317,7 +317,7 @@ async fn renewals_of_shares_in_opposite_orders_never_deadlock() {
     let keys: Vec<String> = ["a", "b", "c"]
         .iter()
         .map(|k| {
-            lock_runtime::keys::LockKeys::new(t.client().prefix(), k)
+            lock_runtime::redis::keys::LockKeys::new(t.client().prefix(), k)
                 .lock()
                 .to_owned()
         })

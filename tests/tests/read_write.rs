@@ -499,7 +499,7 @@ async fn a_waiting_writers_claim_is_kept_for_a_second() {
     let t = Target::redis().await;
     let (c, other) = (t.client(), t.other_client().await);
     let mut raw = t.server().unwrap().raw().await;
-    let writers = lock_runtime::keys::LockKeys::new(lock_runtime::DEFAULT_PREFIX, "claims").writers();
+    let writers = lock_runtime::redis::keys::LockKeys::new(lock_runtime::DEFAULT_PREFIX, "claims").writers();
     let holding = c.acquire("claims", &read(60_000)).await.unwrap();
     let writer = lock_tests::spawn_waiter(other.clone(), "claims", Duration::from_secs(30));
     until_new_readers_are_refused(&c, "claims").await;

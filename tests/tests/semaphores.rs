@@ -614,7 +614,7 @@ async fn on_redis_a_fair_semaphores_release_hands_its_permit_to_the_head_of_the_
     let two = permits(2, 30_000).fair(true).fencing(true);
     let first = a.acquire("sem:hand", &two).await.unwrap();
     let second = a.acquire("sem:hand", &two).await.unwrap();
-    let names = lock_runtime::keys::LockKeys::new(lock_runtime::DEFAULT_PREFIX, "sem:hand");
+    let names = lock_runtime::redis::keys::LockKeys::new(lock_runtime::DEFAULT_PREFIX, "sem:hand");
     let mut raw = server.raw().await;
     // A place nobody keeps asking for, first in line: only the release can give it a permit.
     let (secs, _): (u64, u64) = ::redis::cmd("TIME").query_async(&mut raw).await.unwrap();

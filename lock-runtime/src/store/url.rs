@@ -6,11 +6,15 @@ use std::sync::Arc;
 use super::{Refused, StoreConfig};
 use crate::{LockClientBuilder, LockError};
 
-/// A store's schemes, the cargo feature it needs (and whether it is on), and how a URL of it
-/// becomes a description.
+/// A store's schemes, the builder's methods that name it, the cargo feature it needs (and
+/// whether it is on), and how a URL of it becomes a description.
 struct Scheme {
     schemes: &'static [&'static str],
     store: &'static str,
+    /// The builder's methods for this store (each defined in the store's folder), as the
+    /// builder's messages must name them (checked by a test).
+    #[cfg_attr(not(test), allow(dead_code))]
+    builder: &'static [&'static str],
     feature: Option<(&'static str, bool)>,
     config: fn(&str) -> Result<Arc<dyn StoreConfig>, LockError>,
 }
@@ -20,6 +24,7 @@ const SCHEMES: &[Scheme] = &[
     Scheme {
         schemes: &["redis", "rediss", "redis+unix", "unix", "valkey", "valkeys"],
         store: "Redis",
+        builder: &[".redis_client", ".cluster", ".sentinel", ".redlock"],
         feature: Some(("redis", cfg!(feature = "redis"))),
         #[cfg(feature = "redis")]
         config: super::redis::config::from_url,
@@ -29,6 +34,7 @@ const SCHEMES: &[Scheme] = &[
     Scheme {
         schemes: &["postgres", "postgresql"],
         store: "PostgreSQL",
+        builder: &[".postgres"],
         feature: Some(("postgres", cfg!(feature = "postgres"))),
         #[cfg(feature = "postgres")]
         config: super::postgres::from_url,
@@ -38,6 +44,7 @@ const SCHEMES: &[Scheme] = &[
     Scheme {
         schemes: &["mysql", "mariadb"],
         store: "MySQL",
+        builder: &[".mysql"],
         feature: Some(("mysql", cfg!(feature = "mysql"))),
         #[cfg(feature = "mysql")]
         config: super::mysql::from_url,
@@ -47,6 +54,7 @@ const SCHEMES: &[Scheme] = &[
     Scheme {
         schemes: &["etcd"],
         store: "etcd",
+        builder: &[".etcd"],
         feature: Some(("etcd", cfg!(feature = "etcd"))),
         #[cfg(feature = "etcd")]
         config: super::etcd::from_url,
@@ -56,6 +64,7 @@ const SCHEMES: &[Scheme] = &[
     Scheme {
         schemes: &["zk", "zookeeper", "zks"],
         store: "ZooKeeper",
+        builder: &[".zookeeper"],
         feature: Some(("zookeeper", cfg!(feature = "zookeeper"))),
         #[cfg(feature = "zookeeper")]
         config: super::zookeeper::from_url,
@@ -141,6 +150,19 @@ fn known() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The builder's messages name every store's builder methods, as the table lists them, and
+    /// nothing else: a store added to the table without them in the message fails here.
+    #[test]
+    fn the_builder_names_the_builder_methods_of_every_store_in_the_table() {
+        let named: Vec<&str> = crate::builder::STORE_METHODS
+            .split(['(', ' '])
+            .filter(|word| word.starts_with('.'))
+            .collect();
+        let mut expected = vec![".store", ".url"];
+        expected.extend(SCHEMES.iter().flat_map(|s| s.builder.iter().copied()));
+        assert_eq!(named, expected, "{}", crate::builder::STORE_METHODS);
+    }
 
     #[test]
     fn a_scheme_it_does_not_know_is_named_with_the_ones_it_does() {

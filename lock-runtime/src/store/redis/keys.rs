@@ -18,7 +18,7 @@
 //! | `p{k}:released` | the channel (not a key) a release is announced on | — |
 //!
 //! ```
-//! use lock_runtime::keys::LockKeys;
+//! use lock_runtime::redis::keys::LockKeys;
 //!
 //! let keys = LockKeys::new("lock:", "order:42");
 //! assert_eq!(keys.lock(), "lock:{order:42}");
@@ -195,6 +195,14 @@ fn helper(lock: &str, suffix: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::LockKeys;
+
+    /// `lock_runtime::keys`, the old path, still names the same module.
+    #[test]
+    #[allow(deprecated)]
+    fn the_old_path_is_the_same_module() {
+        let old = crate::keys::LockKeys::new("lock:", "order:42");
+        assert_eq!(old.fence(), LockKeys::new("lock:", "order:42").fence());
+    }
 
     #[test]
     fn the_names_are_the_documented_data_model() {
