@@ -12,7 +12,7 @@ use crate::core::{give_back, release_in_background, Abandoned, Core};
 use crate::error::ShutDown;
 use crate::guard::LockGuard;
 use crate::state::LockState;
-use crate::store::{Ask, Attempt, Capabilities, Flight, Kind, Lock, Release, SetAttempt};
+use crate::store::{Ask, Attempt, Capabilities, Flight, Kind, Lock, Release, SetAttempt, Waking};
 use crate::telemetry::{self, Labels};
 use crate::wakeups::Registration;
 use crate::{LockError, LockMode, LockOptions, FAIR_PLACE_KEPT};
@@ -200,14 +200,18 @@ impl<'a> Call<'a> {
         let (fair, semaphore) = (options.is_fair(), options.is_semaphore());
         let shared = options.get_mode() == LockMode::Shared;
         let capabilities = core.store.capabilities();
-        let queues = will_wait && capabilities.queues;
+        let (queues, polls) = match capabilities.waking {
+            Waking::Queued { .. } => (will_wait, false),
+            Waking::Polled => (false, will_wait),
+            Waking::Announced { .. } => (false, false),
+        };
         let shape = Shape {
             will_wait,
             fair,
             shared,
             semaphore,
             queues,
-            polls: will_wait && capabilities.polls,
+            polls,
             fair_early: fair && will_wait && !queues,
         };
         let kind = Kind::of(fair, shared, semaphore);
@@ -306,7 +310,8 @@ impl<'a> Call<'a> {
 
     /// How long the next nap lasts, by how the waiter is woken.
     fn nap(&mut self, polling_head: bool, keeps_place: bool) -> Duration {
-        match (polling_head, self.shape.queues && self.capabilities.watched) {
+        let watched = self.shape.queues && self.capabilities.waking == Waking::Queued { watched: true };
+        match (polling_head, watched) {
             (true, _) => nap(self.pttl_ms, keeps_place).min(poll_nap(&mut self.refusals, keeps_place)),
             // The store's watch wakes it: a nap is only a safety net.
             (_, true) => WATCHED_NAP.mul_f64(rand::random_range(0.85..=1.0)),
@@ -329,7 +334,7 @@ impl<'a> Call<'a> {
         let usable = handed.kept == kept
             && Instant::now() + lease / 2 < sent + lease
             && !(self.options.is_fencing() && handed.fence == 0)
-            && self.capabilities.hand_over;
+            && self.capabilities.waking == Waking::Announced { hands_over: true };
         usable.then_some((handed.fence, handed.permit, sent))
     }
 
@@ -774,7 +779,7 @@ fn nap(pttl_ms: Option<u64>, fair: bool) -> Duration {
 }
 
 /// How long a waiter queued in a store that wakes it reliably
-/// ([`watched`](crate::store::Capabilities::watched)) sleeps before it looks again unwoken: a
+/// ([`Waking::Queued`] `{ watched: true }`) sleeps before it looks again unwoken: a
 /// safety net only, counted in `lock_wait_naps_total` when it ends a wait (a semaphore's waiter
 /// too: the oldest one watches every claim that holds, and one that lost its races for a free
 /// permit looks again at once).
@@ -785,7 +790,7 @@ const WATCHED_NAP: Duration = Duration::from_secs(30);
 const FAIR_NAP: Duration = Duration::from_millis(300);
 
 /// A waiter's naps where no release of another client reaches it (the store
-/// [`polls`](crate::store::Capabilities::polls)): the first after 8 ms, doubling to at most
+/// is [`Waking::Polled`]): the first after 8 ms, doubling to at most
 /// 256 ms, each less up to 15% of jitter, and never past the holder's expiry. A lock given back
 /// by another client is found within 256 ms; a waiter costs at most about four attempts a
 /// second.

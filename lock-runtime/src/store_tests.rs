@@ -11,7 +11,7 @@ use crate::core::Core;
 use crate::store::memory::MemoryStore;
 use crate::store::{
     Ask, Attempt, Capabilities, Flight, ForceReleased, Lock, LockView, Offered, Release, Released, Renewal,
-    Renewing, Store, StoreAdmin, Timeouts,
+    Renewing, Store, StoreAdmin, Timeouts, Waking,
 };
 use crate::wakeups::Wakeups;
 use crate::{LockClient, LockError, LockMode, LockOptions};
@@ -187,10 +187,7 @@ async fn options_a_store_does_not_offer_are_refused_before_any_request() {
         fair: Offered::No("it keeps no line"),
         shared: Offered::No("it keeps no shares"),
         permits: Offered::No("it keeps no permits"),
-        hand_over: false,
-        queues: false,
-        polls: false,
-        watched: false,
+        waking: Waking::Announced { hands_over: false },
     });
     for options in [
         ttl().fencing(true),

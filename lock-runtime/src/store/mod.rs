@@ -361,6 +361,7 @@ impl Attempt {
 
     /// Refused, in line behind the place ahead of its own, which it watches: the release that
     /// lets it in is that place's, not any other.
+    #[cfg_attr(not(any(feature = "etcd", feature = "zookeeper")), allow(dead_code))]
     pub(crate) const fn behind() -> Attempt {
         Attempt::Held {
             pttl_ms: None,
@@ -552,24 +553,34 @@ pub(crate) struct Capabilities {
     pub(crate) shared: Offered,
     /// Semaphores: more than one permit per key.
     pub(crate) permits: Offered,
-    /// A fair release hands the lock to the next in line, who may hold it without asking (not
-    /// where every acquire must be acknowledged by replicas: the release's write was not
-    /// waited for, so the waiter asks, and its attempt is acknowledged).
-    pub(crate) hand_over: bool,
+    /// How its waiters learn that they may try again.
+    pub(crate) waking: Waking,
+}
+
+/// How a store's waiters learn that they may try again: the one thing about waiting that
+/// differs between stores (the client's wait loop does the rest the same for every store).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Waking {
+    /// Every release is announced to every client listening for the lock (Redis pub/sub,
+    /// PostgreSQL `NOTIFY`, in process): a waiter listens once refused, and a fair release names
+    /// the head of the line ([`Notices::turn`]). `hands_over`: that release hands the lock to
+    /// the head, who may hold it without asking (not where every acquire must be acknowledged
+    /// by replicas: the release's write was not waited for, so the waiter asks, and its attempt
+    /// is acknowledged).
+    Announced { hands_over: bool },
     /// Every waiting call queues in the store (fair or not): its first attempt takes a place in
     /// line, which lasts as long as the client does, and the store wakes it by its token
     /// ([`Notices::turn`]) when the place ahead of it goes; its next attempt only looks. The
     /// client registers such a waiter before its first attempt, and does not re-ask to keep
-    /// the place.
-    pub(crate) queues: bool,
+    /// the place. `watched`: the store wakes it whatever happens ahead of it (ZooKeeper: the
+    /// node ahead deleted or changed, the session ended, or the watch failed all wake it), so
+    /// it naps only as a safety net ([`WATCHED_NAP`](crate::acquire)), not every 2 s.
+    Queued { watched: bool },
     /// Another client's release does not reach this client's waiters (MySQL has no
     /// notifications): a waiter tries again on a short backoff ([`POLL_NAPS`](crate::acquire)),
     /// not only at the holder's expiry.
-    pub(crate) polls: bool,
-    /// A queued waiter is woken by its store whatever happens ahead of it (ZooKeeper: the
-    /// node ahead deleted or changed, the session ended, or the watch failed all wake it): it
-    /// naps only as a safety net ([`WATCHED_NAP`](crate::acquire)), not every 2 s.
-    pub(crate) watched: bool,
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    Polled,
 }
 
 impl Capabilities {
@@ -580,10 +591,7 @@ impl Capabilities {
         fair: Offered::Yes,
         shared: Offered::Yes,
         permits: Offered::Yes,
-        hand_over: true,
-        queues: false,
-        polls: false,
-        watched: false,
+        waking: Waking::Announced { hands_over: true },
     };
 
     /// Refuses options this store does not offer, saying why.

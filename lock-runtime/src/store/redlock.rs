@@ -23,7 +23,7 @@ use super::redis::urls::{client_for_url, no_insecure_urls};
 use super::redis::{keys, RedisStore};
 use super::{
     Ask, Attempt, Capabilities, DynStore, Flight, ForceReleased, Kind, Lock, LockView, Offered, Release,
-    Released, Renewal, Renewing, Settings, Store, StoreAdmin, StoreConfig, Timeouts,
+    Released, Renewal, Renewing, Settings, Store, StoreAdmin, StoreConfig, Timeouts, Waking,
 };
 use crate::error::TimedOut;
 use crate::redact::hide_credentials;
@@ -483,10 +483,7 @@ impl Store for RedlockStore {
                 "each master would count its holders on its own: with more than one permit, \
                  more callers than permits can each win a majority of masters",
             ),
-            hand_over: false,
-            queues: false,
-            polls: false,
-            watched: false,
+            waking: Waking::Announced { hands_over: false },
         }
     }
 

@@ -2,14 +2,18 @@
 //! within the response timeout, on a connection closed if the request is abandoned; errors in
 //! one line; milliseconds as the databases' signed integers.
 
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use sqlx::pool::PoolOptions;
 use sqlx::{ConnectOptions, Connection, Pool};
+use tokio::sync::OnceCell;
 
 use crate::background::Background;
 use crate::error::TimedOut;
+use crate::store::Timeouts;
 use crate::LockError;
 
 /// The options a pool of `DB` connects with.
@@ -84,36 +88,185 @@ where
     }
 }
 
-/// A store over a pool of sqlx connections, as [`ask!`] uses it.
-pub(crate) trait SqlStore {
+/// Every this many acquires (and at the first), a client sweeps rows nothing needs any more, in
+/// the background.
+const SWEEP_EVERY: usize = 1024;
+
+/// When a client sweeps: at its first acquire and every [`SWEEP_EVERY`] after.
+#[derive(Debug, Default)]
+pub(crate) struct Sweeps(AtomicUsize);
+
+impl Sweeps {
+    /// One acquire more: whether it sweeps.
+    pub(crate) fn due(&self) -> bool {
+        self.0.fetch_add(1, Ordering::Relaxed).is_multiple_of(SWEEP_EVERY)
+    }
+}
+
+/// What every SQL store holds the same way: how it connects, its pool, whether its schema is
+/// there, and when it sweeps.
+pub(crate) struct SqlCore<DB: sqlx::Database> {
+    pub(crate) options: Options<DB>,
+    pub(crate) timeouts: Timeouts,
+    /// The pool, made on the runtime that first needs it.
+    pool: LazyPool<DB>,
+    /// The schema is there (checked once per client).
+    schema: OnceCell<()>,
+    pub(crate) sweeps: Sweeps,
+    /// Where the database is, for errors (`host:port/database`, and what else names it).
+    pub(crate) place: String,
+}
+
+impl<DB: sqlx::Database> SqlCore<DB> {
+    pub(crate) fn new(options: Options<DB>, timeouts: Timeouts, place: String) -> Self {
+        SqlCore {
+            options,
+            timeouts,
+            pool: LazyPool::new(),
+            schema: OnceCell::new(),
+            sweeps: Sweeps::default(),
+            place,
+        }
+    }
+
+    /// The client goes: so does its pool's runtime task.
+    pub(crate) fn stop(&self) {
+        self.pool.stop();
+    }
+}
+
+impl<DB: sqlx::Database> std::fmt::Debug for SqlCore<DB> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqlCore")
+            .field("place", &self.place)
+            .field("timeouts", &self.timeouts)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What went wrong with a SQL database, in one line naming it: the source of
+/// [`LockError::Unavailable`] and [`LockError::Refused`] on PostgreSQL and MySQL.
+#[derive(Debug, thiserror::Error)]
+#[error("{database} at {place}: {what}")]
+pub(crate) struct SqlError {
+    database: &'static str,
+    place: String,
+    what: String,
+}
+
+/// A store over a pool of sqlx connections: what differs between the SQL databases (the
+/// dialect: its error classes, its schema, where it is), under one flow for the rest (a pool
+/// ready with its schema, errors naming the database, and each request through [`ask!`]).
+pub(crate) trait SqlStore: Sync {
+    /// The database's connections.
+    type Db: sqlx::Database;
+
     /// The most connections its pool opens: a request whose connection the server ended is sent
     /// again at most this many times (each on another connection, the pool dropping the dead).
     const POOL_SIZE: u32;
+
+    /// The database, as messages name it.
+    const DATABASE: &'static str;
 
     /// The server ended the connection before the request ran (a restart, a terminated
     /// session), so it can be sent again on another.
     fn ended_by_server(&self, e: &sqlx::Error) -> bool;
 
+    /// Why the database refuses this client, when only a configuration change can fix it.
+    fn refusal(e: &sqlx::Error) -> Option<&'static str>;
+
+    /// What the store holds the same way as every SQL store.
+    fn core(&self) -> &SqlCore<Self::Db>;
+
+    /// The pool of this runtime (made lazily, so building a client needs no runtime).
+    fn pool(&self) -> Pool<Self::Db> {
+        let core = self.core();
+        core.pool
+            .get(&core.options, Self::POOL_SIZE, core.timeouts.connect)
+    }
+
+    /// Makes the schema (tables, and what else the store runs) if it is not there.
+    fn make_schema(&self, pool: &Pool<Self::Db>) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    /// The pool, with the schema there (checked once per client, within the timeouts).
+    fn ready(&self) -> impl Future<Output = Result<Pool<Self::Db>, LockError>> + Send {
+        async move {
+            let pool = self.pool();
+            let schema = &self.core().schema;
+            if schema.get().is_none() {
+                let made = schema.get_or_try_init(|| async {
+                    match self.make_schema(&pool).await {
+                        Ok(()) => Ok(()),
+                        Err(e) => Err(self.failed(e).await),
+                    }
+                });
+                let timeouts = &self.core().timeouts;
+                bounded(timeouts.connect + timeouts.response, made).await?;
+            }
+            Ok(pool)
+        }
+    }
+
+    /// `e`, naming the database. The pool retries a refused connection until its acquire
+    /// timeout and then says only that it timed out: one connection of its own then says why.
+    fn failed(&self, e: sqlx::Error) -> impl Future<Output = LockError> + Send {
+        async move {
+            if let sqlx::Error::PoolTimedOut = e {
+                let core = self.core();
+                if let Some((why, what)) = why_unconnected(&core.options, core.timeouts.connect).await {
+                    return self.error_of(&why, what);
+                }
+            }
+            let what = one_line(&e);
+            self.error_of(&e, what)
+        }
+    }
+
+    /// `e` (said as `what`): refused when only a configuration change can fix it, else
+    /// unavailable.
+    fn error_of(&self, e: &sqlx::Error, what: String) -> LockError {
+        let source = self.error(what);
+        match Self::refusal(e) {
+            Some(reason) => LockError::Refused {
+                reason,
+                source: source.into(),
+            },
+            None => LockError::unavailable(source),
+        }
+    }
+
     /// A request that got no answer within `after`: [`LockError::Unavailable`] naming the
     /// database.
-    fn timed_out(&self, after: Duration) -> LockError;
+    fn timed_out(&self, after: Duration) -> LockError {
+        LockError::unavailable(self.error(TimedOut { after }.to_string()))
+    }
+
+    /// `what` went wrong, naming the database.
+    fn error(&self, what: String) -> SqlError {
+        SqlError {
+            database: Self::DATABASE,
+            place: self.core().place.clone(),
+            what,
+        }
+    }
 }
 
 /// Runs one request (an expression over `conn`, a connection of the pool) within the
-/// response timeout. `$self` is a [`SqlStore`] with `ready()` (the pool, its schema there),
-/// `timeouts` and `failed(e)` (the error naming the database). The pool does not ping a
+/// response timeout. `$self` is a [`SqlStore`] (its pool ready, its errors naming it). The pool does not ping a
 /// connection before handing it out (a round trip per request): a request that finds its
 /// connection was ended by the server (its statement never ran) is sent again on another, the
 /// pool dropping the dead one; a request abandoned unanswered closes its connection (see
 /// [`Checkout`]).
 macro_rules! ask {
     ($self:ident, |$conn:ident| $request:expr) => {{
-        let pool = $self.ready().await?;
+        let pool = $crate::store::sql::SqlStore::ready($self).await?;
         let answer = async {
             let mut ended = 0;
             loop {
-                let mut checkout =
-                    $crate::store::sql::Checkout::new(pool.acquire().await?, $self.timeouts.response);
+                let mut checkout = $crate::store::sql::Checkout::new(
+                    pool.acquire().await?,
+                    $crate::store::sql::SqlStore::core($self).timeouts.response,
+                );
                 let answer = match checkout.get() {
                     Some($conn) => $request.await,
                     None => Err(sqlx::Error::PoolClosed),
@@ -130,12 +283,17 @@ macro_rules! ask {
                 }
             }
         };
-        match tokio::time::timeout($self.timeouts.response, answer).await {
+        match tokio::time::timeout(
+            $crate::store::sql::SqlStore::core($self).timeouts.response,
+            answer,
+        )
+        .await
+        {
             Ok(Ok(answer)) => Ok(answer),
-            Ok(Err(e)) => Err($self.failed(e).await),
+            Ok(Err(e)) => Err($crate::store::sql::SqlStore::failed($self, e).await),
             Err(_) => Err($crate::store::sql::SqlStore::timed_out(
                 $self,
-                $self.timeouts.response,
+                $crate::store::sql::SqlStore::core($self).timeouts.response,
             )),
         }
     }};

@@ -41,7 +41,7 @@ use super::decode::userinfo;
 use super::line::{self, Book, Line, Place as _};
 use super::{
     Ask, Attempt, Capabilities, DynStore, Flight, Kind, Lock, Notices, Release, Released, Renewal, Renewing,
-    SetAttempt, Settings, Store, StoreConfig,
+    SetAttempt, Settings, Store, StoreConfig, Waking,
 };
 use crate::background::Background;
 use crate::redact::hide_credentials;
@@ -290,6 +290,10 @@ impl line::Place for Place {
     fn until(&mut self) -> &mut Option<Instant> {
         &mut self.until
     }
+
+    fn kept(&self) -> bool {
+        self.kept
+    }
 }
 
 /// What the client's tasks share with the store.
@@ -459,6 +463,57 @@ impl Line for Shared {
             .txn(Txn::new().when([still_ours]).and_then(then))
             .await?
             .succeeded())
+    }
+
+    /// Not known to be gone: deleted at its validity's end, or its session ends it.
+    fn not_released(&self, token: &str, place: Place, _: &LockError) {
+        let until = place.until.unwrap_or_else(Instant::now);
+        self.book.record(token, place.held_until(until));
+    }
+
+    /// A release before the minimum hold's end: the place is kept, marked released, on a lease
+    /// of that long (so it stays if this client dies), and deleted by this client when the hold
+    /// ends.
+    async fn keep_for(&self, token: &str, place: Place, hold_ms: u64) -> Result<Released, LockError> {
+        let put_back = |place: Place| self.book.places().insert(token.to_owned(), place);
+        let (lease, _) = match self.pool.grant(seconds(hold_ms)).await {
+            Ok(granted) => granted,
+            Err(e) => {
+                put_back(place);
+                return Err(e);
+            }
+        };
+        let kept = Txn::new()
+            .when([Compare::create_revision(
+                place.key.clone(),
+                CompareOp::Equal,
+                place.created,
+            )])
+            .and_then([TxnOp::put(
+                place.key.clone(),
+                format!("{token}{RELEASED}"),
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        let until = Instant::now() + Duration::from_millis(hold_ms);
+        match self.pool.txn(kept).await {
+            Ok(answer) if answer.succeeded() => {
+                self.book.record(
+                    token,
+                    Place {
+                        lease,
+                        until: Some(until),
+                        kept: true,
+                        ..place
+                    },
+                );
+                Ok(Released::Quiet)
+            }
+            Ok(_) => Ok(Released::NotOurs),
+            Err(e) => {
+                put_back(place);
+                Err(e)
+            }
+        }
     }
 }
 
@@ -848,51 +903,6 @@ impl EtcdStore {
             Released::NotOurs
         })
     }
-
-    /// A release before the minimum hold's end: the place is kept, marked released, on a lease
-    /// of that long (so it stays if this client dies), and deleted by this client when the hold
-    /// ends.
-    async fn keep_for(&self, token: &str, place: Place, hold_ms: u64) -> Result<Released, LockError> {
-        let put_back = |place: Place| self.shared.book.places().insert(token.to_owned(), place);
-        let (lease, _) = match self.pool().grant(seconds(hold_ms)).await {
-            Ok(granted) => granted,
-            Err(e) => {
-                put_back(place);
-                return Err(e);
-            }
-        };
-        let kept = Txn::new()
-            .when([Compare::create_revision(
-                place.key.clone(),
-                CompareOp::Equal,
-                place.created,
-            )])
-            .and_then([TxnOp::put(
-                place.key.clone(),
-                format!("{token}{RELEASED}"),
-                Some(PutOptions::new().with_lease(lease)),
-            )]);
-        let until = Instant::now() + Duration::from_millis(hold_ms);
-        match self.pool().txn(kept).await {
-            Ok(answer) if answer.succeeded() => {
-                self.shared.book.record(
-                    token,
-                    Place {
-                        lease,
-                        until: Some(until),
-                        kept: true,
-                        ..place
-                    },
-                );
-                Ok(Released::Quiet)
-            }
-            Ok(_) => Ok(Released::NotOurs),
-            Err(e) => {
-                put_back(place);
-                Err(e)
-            }
-        }
-    }
 }
 
 impl Drop for EtcdStore {
@@ -917,8 +927,7 @@ impl Store for EtcdStore {
         Capabilities {
             name: "etcd",
             // The next in line holds once the place ahead is deleted; it looks (a read).
-            hand_over: false,
-            queues: true,
+            waking: Waking::Queued { watched: false },
             ..Capabilities::ALL
         }
     }
@@ -1205,24 +1214,7 @@ impl Store for EtcdStore {
             }
             return Ok(Released::NotOurs);
         };
-        if place.kept {
-            self.shared.book.places().insert(token.to_owned(), place);
-            return Ok(Released::NotOurs);
-        }
-        if release.hold_ms > 0 && place.until.is_some() {
-            return self.keep_for(token, place, release.hold_ms).await;
-        }
-        match self.shared.delete(&place).await {
-            // Waiters hear of it through their watches.
-            Ok(true) => Ok(Released::Quiet),
-            Ok(false) => Ok(Released::NotOurs),
-            Err(e) => {
-                // Not known to be gone: deleted at its validity's end, or its session ends it.
-                let until = place.until.unwrap_or_else(Instant::now);
-                self.shared.book.record(token, place.held_until(until));
-                Err(e)
-            }
-        }
+        self.shared.give_back(token, place, release.hold_ms).await
     }
 
     async fn leave(&self, _: &Lock, token: &str, _: bool) -> Result<(), LockError> {

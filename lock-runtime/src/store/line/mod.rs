@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::store::{Renewal, Renewing};
+use crate::store::{Released, Renewal, Renewing};
 use crate::LockError;
 
 /// How often the keeper looks at least (for sessions and places due later than it was told).
@@ -26,6 +26,9 @@ const RETRY: Duration = Duration::from_millis(100);
 pub(crate) trait Place {
     /// Held: deleted then unless renewed. `None`: a waiter's place, kept as long as the client.
     fn until(&mut self) -> &mut Option<Instant>;
+
+    /// Given back, and kept for its minimum hold.
+    fn kept(&self) -> bool;
 
     /// The same place, held until `until`.
     fn held_until(mut self, until: Instant) -> Self
@@ -51,6 +54,48 @@ pub(crate) trait Line: Send + Sync {
 
     /// Deletes `place` if it is still the one this client put: whether it was there.
     fn delete(&self, place: &Self::Place) -> impl Future<Output = Result<bool, LockError>> + Send;
+
+    /// Keeps `token`'s `place`, given back before its minimum hold's end, `hold_ms` longer,
+    /// marked released (so it stays if this client dies), and deletes it then.
+    fn keep_for(
+        &self,
+        token: &str,
+        place: Self::Place,
+        hold_ms: u64,
+    ) -> impl Future<Output = Result<Released, LockError>> + Send;
+
+    /// `place`'s deletion, for its release, failed with `error`: what the store does with it
+    /// (it is not known to be gone).
+    fn not_released(&self, token: &str, place: Self::Place, error: &LockError);
+
+    /// Gives `token`'s `place` back (taken out of the book by the caller): one kept for its
+    /// minimum hold stays so; one given back before that hold's end is kept for `hold_ms`;
+    /// anything else is deleted, and its waiters hear of it through their watches.
+    fn give_back(
+        &self,
+        token: &str,
+        place: Self::Place,
+        hold_ms: u64,
+    ) -> impl Future<Output = Result<Released, LockError>> + Send {
+        async move {
+            let mut place = place;
+            if place.kept() {
+                self.book().record(token, place);
+                return Ok(Released::NotOurs);
+            }
+            if hold_ms > 0 && place.until().is_some() {
+                return self.keep_for(token, place, hold_ms).await;
+            }
+            match self.delete(&place).await {
+                Ok(true) => Ok(Released::Quiet),
+                Ok(false) => Ok(Released::NotOurs),
+                Err(e) => {
+                    self.not_released(token, place, &e);
+                    Err(e)
+                }
+            }
+        }
+    }
 
     /// Deletes the places whose time is up (their holders' validity ended), as Redis expires a
     /// key at its ttl; one that cannot be deleted now is tried again soon.
@@ -255,6 +300,10 @@ mod tests {
     impl Place for Spot {
         fn until(&mut self) -> &mut Option<Instant> {
             &mut self.0
+        }
+
+        fn kept(&self) -> bool {
+            false
         }
     }
 

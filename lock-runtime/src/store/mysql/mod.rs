@@ -21,24 +21,22 @@
 //!
 //! MySQL has no notifications: this client's waiters are woken by its own releases at once;
 //! the first of another client's waiters polls on a backoff from 8 ms to 256 ms (and at the
-//! holder's expiry; the store says it [`polls`](super::Capabilities::polls)), the rest wait for
+//! holder's expiry; the store says it is [`Polled`](super::Waking::Polled)), the rest wait for
 //! their own client's releases. Fair mode, read-write locks and fair semaphores need more than
 //! one statement: each of their requests is one short transaction ([`tx`], [`line`],
 //! [`shares`]).
 
+use std::future::Future;
 use std::str::FromStr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool};
-use tokio::sync::OnceCell;
 
-use super::sql::{ask, bounded, millis, one_line, unsigned, why_unconnected, Checkout, LazyPool, SqlStore};
+use super::sql::{ask, millis, unsigned, Checkout, SqlCore, SqlStore};
 use super::{
     Ask, Attempt, Capabilities, DynStore, Flight, Kind, Lock, Notices, Offered, Release, Released, Renewal,
-    Renewing, SetAttempt, Settings, Store, StoreConfig, Timeouts,
+    Renewing, SetAttempt, Settings, Store, StoreConfig, Waking,
 };
-use crate::error::TimedOut;
 use crate::redact::hide_credentials;
 use crate::{LockClientBuilder, LockError};
 
@@ -216,9 +214,6 @@ const UNNEEDED: &str = concat!(
     " LIMIT ?"
 );
 
-/// Every this many acquires (and at the first), the client sweeps rows nothing needs any more,
-/// in the background.
-const SWEEP_EVERY: usize = 1024;
 /// The most rows one sweep deletes.
 const SWEEP_ROWS: u32 = 1000;
 
@@ -284,18 +279,11 @@ impl LockClientBuilder {
 /// Locks in one MySQL or MariaDB database.
 #[derive(Debug)]
 pub(crate) struct MysqlStore {
-    options: MySqlConnectOptions,
-    timeouts: Timeouts,
-    /// The pool, made on the runtime that first needs it.
-    pool: LazyPool<sqlx::MySql>,
-    /// The table is there (checked once per client).
-    schema: OnceCell<()>,
+    /// Its pool and what else every SQL store holds (the place it names: `host:port/database`).
+    sql: SqlCore<sqlx::MySql>,
     /// Each row's name starts with it.
     prefix: String,
-    /// Where the database is, for errors (`host:port/database`).
-    address: String,
     notices: Notices,
-    acquires: AtomicUsize,
     /// This client's semaphore permits, by token.
     permits: permits::Permits,
     /// This client's shares of read-write locks, by token.
@@ -329,51 +317,22 @@ impl MysqlStore {
         };
         let address = format!("{}:{}/{database}", options.get_host(), options.get_port());
         Ok(MysqlStore {
-            options,
-            timeouts,
-            pool: LazyPool::new(),
-            schema: OnceCell::new(),
+            sql: SqlCore::new(options, timeouts, address),
             prefix,
-            address,
             notices,
-            acquires: AtomicUsize::new(0),
             permits: permits::Permits::default(),
             shares: shares::Shares::default(),
         })
     }
 
-    /// The pool of this runtime (made lazily, so building a client needs no runtime).
-    fn pool(&self) -> MySqlPool {
-        self.pool.get(&self.options, POOL_SIZE, self.timeouts.connect)
-    }
-
-    /// The pool, with the table there (checked once per client, within the timeouts).
-    async fn ready(&self) -> Result<MySqlPool, LockError> {
-        let pool = self.pool();
-        if self.schema.get().is_none() {
-            let made = self.schema.get_or_try_init(|| async {
-                match make_schema(&pool).await {
-                    Ok(()) => Ok(()),
-                    Err(e) => Err(self.failed(e).await),
-                }
-            });
-            bounded(self.timeouts.connect + self.timeouts.response, made).await?;
-        }
-        Ok(pool)
-    }
-
-    /// At a client's first acquire and every [`SWEEP_EVERY`] after, deletes rows nothing needs
+    /// At a client's first acquire and every 1,024 after ([`Sweeps`]), deletes rows nothing needs
     /// any more, in the background, within the response timeout.
     fn sweep_now_and_then(&self) {
-        if !self
-            .acquires
-            .fetch_add(1, Ordering::Relaxed)
-            .is_multiple_of(SWEEP_EVERY)
-        {
+        if !self.sql.sweeps.due() {
             return;
         }
         let pool = self.pool();
-        let response = self.timeouts.response;
+        let response = self.sql.timeouts.response;
         tokio::spawn(async move {
             let sweep = async {
                 let mut checkout = Checkout::new(pool.acquire().await?, response);
@@ -390,106 +349,6 @@ impl MysqlStore {
                 Err(_) => tracing::debug!("sweeping expired lock rows timed out"),
             }
         });
-    }
-
-    /// Every lock of a set for its token, or none, in one statement ([`take_set`]); the fencing
-    /// tokens taken, when asked for, in a second (a write answers no values here), and the lock
-    /// that refused a caller that will not wait, likewise (one that will goes on key by key). A
-    /// fenced set whose tokens cannot all be read back as this caller's (a lock forced free or
-    /// lapsed in between) is given back and refused: no guard is handed out without its tokens.
-    async fn take_set(&self, locks: &[Lock], tokens: &[String], ask: &Ask) -> Result<SetAttempt, LockError> {
-        self.sweep_now_and_then();
-        let statement = take_set(locks.len());
-        // The rows in the primary key's order.
-        let mut order: Vec<usize> = (0..locks.len()).collect();
-        order.sort_by_key(|&at| locks[at].name().as_bytes());
-        let taken = ask!(self, |conn| {
-            // Prepared on the server for the small sets most callers name (one statement per
-            // size and connection, far below the server's `max_prepared_stmt_count`: parsing
-            // it each time cost a set a quarter of its speed); larger ones go as text.
-            let mut query = sqlx::query(&statement).persistent(locks.len() <= PREPARED_SETS);
-            for &at in &order {
-                query = query
-                    .bind(locks[at].name().as_bytes())
-                    .bind(tokens[at].as_bytes())
-                    .bind(millis(ask.ttl_ms))
-                    .bind(ask.fencing);
-            }
-            for case in 0..5 {
-                for &at in &order {
-                    query = query
-                        .bind(locks[at].name().as_bytes())
-                        .bind(tokens[at].as_bytes());
-                }
-                if case == 0 {
-                    query = query.bind(ask.fencing);
-                }
-            }
-            async {
-                match query.bind(millis(ask.ttl_ms)).execute(conn).await {
-                    Ok(_) => Ok(true),
-                    Err(e) if set_refused(&e) => Ok(false),
-                    Err(e) => Err(e),
-                }
-            }
-        })?;
-        if taken && !ask.fencing {
-            return Ok(SetAttempt::taken(vec![None; locks.len()]));
-        }
-        if !taken && ask.join {
-            return Ok(SetAttempt::Refused { at: 0, pttl_ms: None });
-        }
-        let statement = rows_of(locks.len(), taken);
-        type Row = (Vec<u8>, Option<Vec<u8>>, Option<i64>, i64);
-        let rows: Vec<Row> = ask!(self, |conn| {
-            let mut query = sqlx::query_as(&statement).persistent(false);
-            for &at in &order {
-                query = query.bind(locks[at].name().as_bytes());
-            }
-            query.fetch_all(conn)
-        })?;
-        let row_of = |lock: &Lock| rows.iter().find(|row| row.0 == lock.name().as_bytes());
-        if taken {
-            let fences: Vec<Option<u64>> = locks
-                .iter()
-                .zip(tokens)
-                .map(|(lock, token)| {
-                    row_of(lock)
-                        .filter(|row| row.1.as_deref() == Some(token.as_bytes()))
-                        .and_then(|row| row.2)
-                        .map(unsigned)
-                })
-                .collect();
-            let Some(missing) = fences.iter().position(Option::is_none) else {
-                return Ok(SetAttempt::taken(fences));
-            };
-            for (lock, token) in locks.iter().zip(tokens) {
-                self.release_lock(lock, token, 0).await?;
-            }
-            return Ok(SetAttempt::Refused {
-                at: missing,
-                pttl_ms: None,
-            });
-        }
-        // A key a semaphore holds: refused as a single lock is.
-        for lock in locks {
-            let header = row_of(lock)
-                .filter(|row| row.3 > 0)
-                .and_then(|row| row.1.as_deref().and_then(permits::count_of));
-            if let Some(count) = header {
-                return Err(crate::store::permits_differ(lock.key(), count, 1));
-            }
-        }
-        // The first lock of the set someone holds (none: they went meanwhile).
-        let held = locks.iter().enumerate().find_map(|(at, lock)| {
-            row_of(lock)
-                .filter(|row| row.1.is_some() && row.3 > 0)
-                .map(|row| (at, row.3))
-        });
-        Ok(SetAttempt::Refused {
-            at: held.map_or(0, |(at, _)| at),
-            pttl_ms: held.map(|(_, left)| unsigned(left)),
-        })
     }
 
     async fn renew_one(&self, lock: &Lock, token: &str, ttl_ms: u64) -> Result<Renewal, LockError> {
@@ -528,7 +387,7 @@ impl MysqlStore {
 
 impl Drop for MysqlStore {
     fn drop(&mut self) {
-        self.pool.stop();
+        self.sql.stop();
     }
 }
 
@@ -598,45 +457,52 @@ async fn make_schema(pool: &MySqlPool) -> Result<(), sqlx::Error> {
     Ok(())
 }
 
-/// What went wrong with the database, in one line naming it: the source of
-/// [`LockError::Unavailable`] and [`LockError::Refused`] on MySQL.
-#[derive(Debug, thiserror::Error)]
-#[error("MySQL at {address}: {what}")]
-pub(crate) struct MysqlError {
-    address: String,
-    what: String,
-}
-
-impl MysqlStore {
-    /// `e`, naming the database. The pool retries a refused connection until its acquire
-    /// timeout and then says only that it timed out: one connection of its own then says why.
-    async fn failed(&self, e: sqlx::Error) -> LockError {
-        if let sqlx::Error::PoolTimedOut = e {
-            if let Some((why, what)) = why_unconnected(&self.options, self.timeouts.connect).await {
-                return self.error_of(&why, what);
-            }
-        }
-        let what = one_line(&e);
-        self.error_of(&e, what)
-    }
-
-    fn error_of(&self, e: &sqlx::Error, what: String) -> LockError {
-        let source = MysqlError {
-            address: self.address.clone(),
-            what,
-        };
-        match refusal(e) {
-            Some(reason) => LockError::Refused {
-                reason,
-                source: source.into(),
-            },
-            None => LockError::unavailable(source),
-        }
-    }
-}
-
 impl SqlStore for MysqlStore {
+    type Db = sqlx::MySql;
     const POOL_SIZE: u32 = POOL_SIZE;
+    const DATABASE: &'static str = "MySQL";
+
+    fn refusal(e: &sqlx::Error) -> Option<&'static str> {
+        match number(e)? {
+            // ER_ACCESS_DENIED_ERROR, ER_ACCESS_DENIED_NO_PASSWORD_ERROR (a user without a password
+            // that the server does not know, or that needs one), ER_PASSWORD_ANONYMOUS_USER
+            1045 | 1698 | 1131 => Some("wrong user or password: fix the credentials in the MySQL URL"),
+            // ER_NOT_SUPPORTED_AUTH_MODE
+            1251 => Some(
+                "the MySQL user's authentication plugin is one the client does not speak: give the \
+                 user mysql_native_password or caching_sha2_password",
+            ),
+            // ER_MUST_CHANGE_PASSWORD, ER_MUST_CHANGE_PASSWORD_LOGIN
+            1820 | 1862 => Some("the MySQL user's password has expired: set a new one"),
+            // ER_ACCOUNT_HAS_BEEN_LOCKED (MySQL 8, MariaDB)
+            3118 | 4151 => {
+                Some("the MySQL user's account is locked: unlock it (ALTER USER … ACCOUNT UNLOCK)")
+            }
+            // ER_BAD_DB_ERROR
+            1049 => Some("the database in the MySQL URL does not exist"),
+            // ER_BINLOG_STMT_MODE_AND_ROW_ENGINE: READ COMMITTED with statement-based logging
+            1665 => Some(
+                "the server logs statements (binlog_format=STATEMENT), which InnoDB refuses at READ \
+                 COMMITTED, the level of the store's transactions: set binlog_format to ROW or MIXED",
+            ),
+            // ER_DBACCESS_DENIED_ERROR, ER_TABLEACCESS_DENIED_ERROR, ER_COLUMNACCESS_DENIED_ERROR,
+            // ER_SPECIFIC_ACCESS_DENIED_ERROR
+            1044 | 1142 | 1143 | 1227 => Some(
+                "the MySQL user lacks a right locking needs (see the guide, docs/deployments.md, \"MySQL\": \
+                 CREATE on the database for the first client, then SELECT, INSERT, UPDATE and DELETE \
+                 on lock_runtime_locks, lock_runtime_line and lock_runtime_shares)",
+            ),
+            _ => None,
+        }
+    }
+
+    fn core(&self) -> &SqlCore<sqlx::MySql> {
+        &self.sql
+    }
+
+    fn make_schema(&self, pool: &MySqlPool) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
+        make_schema(pool)
+    }
 
     /// Its connection was killed (`KILL`, a restart), or the request was rolled back: a
     /// deadlock's victim (or a Galera certification failure), a lock wait that timed out, a
@@ -648,13 +514,6 @@ impl SqlStore for MysqlStore {
         // (MariaDB), ER_TRANSACTION_ROLLBACK_DURING_COMMIT (MySQL Group Replication),
         // ER_CLIENT_INTERACTION_TIMEOUT
         matches!(number(e), Some(1053 | 1205 | 1213 | 1927 | 3101 | 4031))
-    }
-
-    fn timed_out(&self, after: std::time::Duration) -> LockError {
-        LockError::unavailable(MysqlError {
-            address: self.address.clone(),
-            what: TimedOut { after }.to_string(),
-        })
     }
 }
 
@@ -668,39 +527,6 @@ fn number(e: &sqlx::Error) -> Option<u16> {
     }
 }
 
-/// Why the database refuses this client, when only a configuration change can fix it.
-fn refusal(e: &sqlx::Error) -> Option<&'static str> {
-    match number(e)? {
-        // ER_ACCESS_DENIED_ERROR, ER_ACCESS_DENIED_NO_PASSWORD_ERROR (a user without a password
-        // that the server does not know, or that needs one), ER_PASSWORD_ANONYMOUS_USER
-        1045 | 1698 | 1131 => Some("wrong user or password: fix the credentials in the MySQL URL"),
-        // ER_NOT_SUPPORTED_AUTH_MODE
-        1251 => Some(
-            "the MySQL user's authentication plugin is one the client does not speak: give the \
-             user mysql_native_password or caching_sha2_password",
-        ),
-        // ER_MUST_CHANGE_PASSWORD, ER_MUST_CHANGE_PASSWORD_LOGIN
-        1820 | 1862 => Some("the MySQL user's password has expired: set a new one"),
-        // ER_ACCOUNT_HAS_BEEN_LOCKED (MySQL 8, MariaDB)
-        3118 | 4151 => Some("the MySQL user's account is locked: unlock it (ALTER USER … ACCOUNT UNLOCK)"),
-        // ER_BAD_DB_ERROR
-        1049 => Some("the database in the MySQL URL does not exist"),
-        // ER_BINLOG_STMT_MODE_AND_ROW_ENGINE: READ COMMITTED with statement-based logging
-        1665 => Some(
-            "the server logs statements (binlog_format=STATEMENT), which InnoDB refuses at READ \
-             COMMITTED, the level of the store's transactions: set binlog_format to ROW or MIXED",
-        ),
-        // ER_DBACCESS_DENIED_ERROR, ER_TABLEACCESS_DENIED_ERROR, ER_COLUMNACCESS_DENIED_ERROR,
-        // ER_SPECIFIC_ACCESS_DENIED_ERROR
-        1044 | 1142 | 1143 | 1227 => Some(
-            "the MySQL user lacks a right locking needs (see the guide, docs/deployments.md, \"MySQL\": \
-             CREATE on the database for the first client, then SELECT, INSERT, UPDATE and DELETE \
-             on lock_runtime_locks, lock_runtime_line and lock_runtime_shares)",
-        ),
-        _ => None,
-    }
-}
-
 impl Store for MysqlStore {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
@@ -709,10 +535,7 @@ impl Store for MysqlStore {
             fair: Offered::Yes,
             shared: Offered::Yes,
             permits: Offered::Yes,
-            hand_over: false,
-            queues: false,
-            polls: true,
-            watched: false,
+            waking: Waking::Polled,
         }
     }
 
@@ -793,7 +616,11 @@ impl Store for MysqlStore {
         })
     }
 
-    /// One statement ([`take_set`]).
+    /// Every lock of a set for its token, or none, in one statement ([`take_set`]); the fencing
+    /// tokens taken, when asked for, in a second (a write answers no values here), and the lock
+    /// that refused a caller that will not wait, likewise (one that will goes on key by key). A
+    /// fenced set whose tokens cannot all be read back as this caller's (a lock forced free or
+    /// lapsed in between) is given back and refused: no guard is handed out without its tokens.
     async fn attempt_set(
         &self,
         locks: &[Lock],
@@ -801,7 +628,98 @@ impl Store for MysqlStore {
         ask: &Ask,
         _: &Flight,
     ) -> Result<Option<SetAttempt>, LockError> {
-        self.take_set(locks, tokens, ask).await.map(Some)
+        self.sweep_now_and_then();
+        let statement = take_set(locks.len());
+        // The rows in the primary key's order.
+        let mut order: Vec<usize> = (0..locks.len()).collect();
+        order.sort_by_key(|&at| locks[at].name().as_bytes());
+        let taken = ask!(self, |conn| {
+            // Prepared on the server for the small sets most callers name (one statement per
+            // size and connection, far below the server's `max_prepared_stmt_count`: parsing
+            // it each time cost a set a quarter of its speed); larger ones go as text.
+            let mut query = sqlx::query(&statement).persistent(locks.len() <= PREPARED_SETS);
+            for &at in &order {
+                query = query
+                    .bind(locks[at].name().as_bytes())
+                    .bind(tokens[at].as_bytes())
+                    .bind(millis(ask.ttl_ms))
+                    .bind(ask.fencing);
+            }
+            for case in 0..5 {
+                for &at in &order {
+                    query = query
+                        .bind(locks[at].name().as_bytes())
+                        .bind(tokens[at].as_bytes());
+                }
+                if case == 0 {
+                    query = query.bind(ask.fencing);
+                }
+            }
+            async {
+                match query.bind(millis(ask.ttl_ms)).execute(conn).await {
+                    Ok(_) => Ok(true),
+                    Err(e) if set_refused(&e) => Ok(false),
+                    Err(e) => Err(e),
+                }
+            }
+        })?;
+        if taken && !ask.fencing {
+            return Ok(Some(SetAttempt::taken(vec![None; locks.len()])));
+        }
+        if !taken && ask.join {
+            return Ok(Some(SetAttempt::Refused { at: 0, pttl_ms: None }));
+        }
+        let statement = rows_of(locks.len(), taken);
+        type Row = (Vec<u8>, Option<Vec<u8>>, Option<i64>, i64);
+        let rows: Vec<Row> = ask!(self, |conn| {
+            let mut query = sqlx::query_as(&statement).persistent(false);
+            for &at in &order {
+                query = query.bind(locks[at].name().as_bytes());
+            }
+            query.fetch_all(conn)
+        })?;
+        let row_of = |lock: &Lock| rows.iter().find(|row| row.0 == lock.name().as_bytes());
+        if taken {
+            let fences: Vec<Option<u64>> = locks
+                .iter()
+                .zip(tokens)
+                .map(|(lock, token)| {
+                    row_of(lock)
+                        .filter(|row| row.1.as_deref() == Some(token.as_bytes()))
+                        .and_then(|row| row.2)
+                        .map(unsigned)
+                })
+                .collect();
+            let Some(missing) = fences.iter().position(Option::is_none) else {
+                return Ok(Some(SetAttempt::taken(fences)));
+            };
+            for (lock, token) in locks.iter().zip(tokens) {
+                self.release_lock(lock, token, 0).await?;
+            }
+            return Ok(Some(SetAttempt::Refused {
+                at: missing,
+                pttl_ms: None,
+            }));
+        }
+        // A key a semaphore holds: refused as a single lock is.
+        for lock in locks {
+            let header = row_of(lock)
+                .filter(|row| row.3 > 0)
+                .and_then(|row| row.1.as_deref().and_then(permits::count_of));
+            if let Some(count) = header {
+                return Err(crate::store::permits_differ(lock.key(), count, 1));
+            }
+        }
+        // The first lock of the set someone holds (none: they went meanwhile).
+        let held = locks.iter().enumerate().find_map(|(at, lock)| {
+            row_of(lock)
+                .filter(|row| row.1.is_some() && row.3 > 0)
+                .map(|row| (at, row.3))
+        });
+        Ok(Some(SetAttempt::Refused {
+            at: held.map_or(0, |(at, _)| at),
+            pttl_ms: held.map(|(_, left)| unsigned(left)),
+        }))
     }
 
     /// Many locks in one statement; when not every one was renewed, each again on its own to

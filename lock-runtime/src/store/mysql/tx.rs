@@ -47,12 +47,12 @@ impl MysqlStore {
         T: Send,
     {
         let pool = self.ready().await?;
-        let idle = self.timeouts.response.as_secs_f64().ceil().max(1.0);
+        let idle = self.sql.timeouts.response.as_secs_f64().ceil().max(1.0);
         let begin = BEGIN.replace("{}", &format!("{idle:.0}"));
         let answer = async {
             let mut ended = 0;
             loop {
-                let mut checkout = Checkout::new(pool.acquire().await?, self.timeouts.response);
+                let mut checkout = Checkout::new(pool.acquire().await?, self.sql.timeouts.response);
                 let answer = match checkout.get() {
                     Some(conn) => run(conn, &begin, args, &work).await,
                     None => Err(sqlx::Error::PoolClosed),
@@ -68,10 +68,10 @@ impl MysqlStore {
                 }
             }
         };
-        match tokio::time::timeout(self.timeouts.response, answer).await {
+        match tokio::time::timeout(self.sql.timeouts.response, answer).await {
             Ok(Ok(answer)) => Ok(answer),
             Ok(Err(e)) => Err(self.failed(e).await),
-            Err(_) => Err(self.timed_out(self.timeouts.response)),
+            Err(_) => Err(self.timed_out(self.sql.timeouts.response)),
         }
     }
 }

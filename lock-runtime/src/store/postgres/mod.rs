@@ -7,16 +7,15 @@
 //! for the few microseconds the statement runs, and no connection or transaction is held while a
 //! lock is held. A connection from the pool serves each request.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::future::Future;
 use std::sync::Arc;
 
 use sqlx::postgres::{PgConnectOptions, PgPool};
-use tokio::sync::OnceCell;
 
-use super::sql::{ask, bounded, millis, one_line, unsigned, why_unconnected, Checkout, LazyPool, SqlStore};
+use super::sql::{ask, millis, unsigned, Checkout, SqlCore, SqlStore};
 use super::{
     Ask, Attempt, Capabilities, DynStore, Flight, Kind, Lock, Notices, Release, Released, Renewal, Renewing,
-    SetAttempt, Settings, Store, StoreConfig, Timeouts,
+    SetAttempt, Settings, Store, StoreConfig,
 };
 use crate::options::FAIR_PLACE_KEPT;
 use crate::redact::hide_credentials;
@@ -64,9 +63,6 @@ fn schema_mark() -> String {
 /// Serialises clients that make the schema at once: the ASCII of "lockrtv1".
 const SCHEMA_LOCK: i64 = 0x6c6f_636b_7274_7631;
 
-/// Every this many acquires (and at the first), the client sweeps rows nothing needs any more,
-/// in the background.
-const SWEEP_EVERY: usize = 1024;
 /// The most rows one batch of a sweep deletes.
 const SWEEP_ROWS: i32 = 1000;
 /// The most batches one sweep runs.
@@ -242,24 +238,18 @@ impl LockClientBuilder {
 /// Locks in one PostgreSQL database.
 #[derive(Debug)]
 pub(crate) struct PostgresStore {
-    options: PgConnectOptions,
-    timeouts: Timeouts,
-    /// The pool, made on the runtime that first needs it.
-    pool: LazyPool<sqlx::Postgres>,
-    /// The schema is there (checked once per client).
-    schema: OnceCell<()>,
+    /// Its pool and what else every SQL store holds (the place it names: `host:port/database
+    /// (schema …)`).
+    sql: SqlCore<sqlx::Postgres>,
     /// Each row's key starts with it.
     prefix: String,
     /// Where the tables and functions live.
     schema_name: String,
-    /// Where the database is, for errors (`host:port/database`).
-    address: String,
     notices: Notices,
     listener: listener::Listener,
     /// What this client's releases say when they announce themselves, so its own listener
     /// skips them (its waiters are woken without the database).
     announcement: String,
-    acquires: AtomicUsize,
 }
 
 impl PostgresStore {
@@ -301,53 +291,24 @@ impl PostgresStore {
             ("default_transaction_isolation", "read\\ committed".to_owned()),
         ]);
         Ok(PostgresStore {
-            options,
-            timeouts,
-            pool: LazyPool::new(),
-            schema: OnceCell::new(),
+            sql: SqlCore::new(options, timeouts, format!("{address} (schema {schema})")),
             prefix,
             schema_name: schema.to_owned(),
-            address,
             notices,
             listener: listener::Listener::default(),
             announcement: format!("c:{:016x}", rand::random::<u64>()),
-            acquires: AtomicUsize::new(0),
         })
     }
 
-    /// The pool of this runtime (made lazily, so building a client needs no runtime).
-    fn pool(&self) -> PgPool {
-        self.pool.get(&self.options, POOL_SIZE, self.timeouts.connect)
-    }
-
-    /// The pool, with the schema there (checked once per client, within the timeouts).
-    async fn ready(&self) -> Result<PgPool, LockError> {
-        let pool = self.pool();
-        if self.schema.get().is_none() {
-            let made = self.schema.get_or_try_init(|| async {
-                match make_schema(&pool, &self.schema_name).await {
-                    Ok(()) => Ok(()),
-                    Err(e) => Err(self.failed(e).await),
-                }
-            });
-            bounded(self.timeouts.connect + self.timeouts.response, made).await?;
-        }
-        Ok(pool)
-    }
-
-    /// At a client's first acquire and every [`SWEEP_EVERY`] after, deletes rows nothing needs
+    /// At a client's first acquire and every 1,024 after ([`Sweeps`]), deletes rows nothing needs
     /// any more, in the background: batches of [`SWEEP_ROWS`] while batches come back full (at
     /// most [`SWEEP_BATCHES`]), so a load of keys locked once does not outgrow the sweep.
     fn sweep_now_and_then(&self) {
-        if !self
-            .acquires
-            .fetch_add(1, Ordering::Relaxed)
-            .is_multiple_of(SWEEP_EVERY)
-        {
+        if !self.sql.sweeps.due() {
             return;
         }
         let pool = self.pool();
-        let response = self.timeouts.response;
+        let response = self.sql.timeouts.response;
         tokio::spawn(async move {
             for _ in 0..SWEEP_BATCHES {
                 // Each batch within the response timeout, on a connection closed if abandoned.
@@ -383,7 +344,7 @@ impl PostgresStore {
     /// wait longer than its caller's wait has left (the response timeout bounds every other)
     /// tells the server to give up within it.
     fn lock_wait(&self, ask: &Ask) -> Option<std::time::Duration> {
-        ask.wait_left.filter(|left| *left < self.timeouts.response)
+        ask.wait_left.filter(|left| *left < self.sql.timeouts.response)
     }
 
     /// [`lock_wait`](Self::lock_wait) as the functions' `lock_ms`: 0, no bound of its own; else
@@ -423,57 +384,6 @@ impl PostgresStore {
                 ask.permits,
             )
             .kept(kept.map(unsigned)),
-        })
-    }
-
-    /// Every lock of a set for its token, or none, in one statement (`lock_runtime_v1_take_set`).
-    /// A key held by a semaphore is refused as a single lock's try is (`InvalidOptions` naming
-    /// both counts); a caller that will wait gives up a wait for a locked row within its wait.
-    async fn take_set(&self, locks: &[Lock], tokens: &[String], ask: &Ask) -> Result<SetAttempt, LockError> {
-        self.sweep_now_and_then();
-        let names: Vec<&str> = locks.iter().map(Lock::name).collect();
-        let lock_ms = self.lock_ms(ask);
-        type Row = (Option<Vec<i64>>, Option<i32>, Option<i64>, Option<i32>);
-        let answer: Option<Row> = ask!(self, |conn| async {
-            let asked = sqlx::query_as(TAKE_SET)
-                .bind(&names)
-                .bind(tokens)
-                .bind(millis(ask.ttl_ms))
-                .bind(ask.fencing)
-                .bind(lock_ms)
-                .fetch_one(conn)
-                .await;
-            match asked {
-                Err(e) if lock_not_available(&e) => Ok(None),
-                answer => answer.map(Some),
-            }
-        })?;
-        let Some((fences, refused, left, held_permits)) = answer else {
-            // A row stayed locked by another session past the caller's wait: nothing changed.
-            return Ok(SetAttempt::Refused { at: 0, pttl_ms: None });
-        };
-        Ok(match refused {
-            Some(at) => {
-                let at = usize::try_from(at)
-                    .ok()
-                    .and_then(|at| at.checked_sub(1))
-                    .unwrap_or(0);
-                if let (Some(held), Some(lock)) = (held_permits, locks.get(at)) {
-                    let held = u32::try_from(held).unwrap_or_default();
-                    return Err(crate::store::permits_differ(lock.key(), held, 1));
-                }
-                SetAttempt::Refused {
-                    at,
-                    pttl_ms: left.map(unsigned),
-                }
-            }
-            None => SetAttempt::taken(
-                fences
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|f| ask.fencing.then(|| unsigned(f)))
-                    .collect(),
-            ),
         })
     }
 
@@ -533,7 +443,7 @@ impl Drop for PostgresStore {
     /// The listening connection goes with the client (its task would keep it open).
     fn drop(&mut self) {
         self.listener.stop();
-        self.pool.stop();
+        self.sql.stop();
     }
 }
 
@@ -594,47 +504,39 @@ async fn schema_ready(conn: &mut sqlx::PgConnection, schema: &str) -> Result<(bo
         .await
 }
 
-/// What went wrong with the database, in one line naming it: the source of
-/// [`LockError::Unavailable`] and [`LockError::Refused`] on PostgreSQL.
-#[derive(Debug, thiserror::Error)]
-#[error("PostgreSQL at {address} (schema {schema}): {what}")]
-pub(crate) struct PostgresError {
-    address: String,
-    schema: String,
-    what: String,
-}
-
-impl PostgresStore {
-    /// `e`, naming the database. The pool retries a refused connection until its acquire
-    /// timeout and then says only that it timed out: one connection of its own then says why.
-    async fn failed(&self, e: sqlx::Error) -> LockError {
-        if let sqlx::Error::PoolTimedOut = e {
-            if let Some((why, what)) = why_unconnected(&self.options, self.timeouts.connect).await {
-                return self.error_of(&why, what);
-            }
-        }
-        let what = one_line(&e);
-        self.error_of(&e, what)
-    }
-
-    fn error_of(&self, e: &sqlx::Error, what: String) -> LockError {
-        let source = PostgresError {
-            address: self.address.clone(),
-            schema: self.schema_name.clone(),
-            what,
-        };
-        match refusal(e) {
-            Some(reason) => LockError::Refused {
-                reason,
-                source: source.into(),
-            },
-            None => LockError::unavailable(source),
-        }
-    }
-}
-
 impl SqlStore for PostgresStore {
+    type Db = sqlx::Postgres;
     const POOL_SIZE: u32 = POOL_SIZE;
+    const DATABASE: &'static str = "PostgreSQL";
+
+    fn refusal(e: &sqlx::Error) -> Option<&'static str> {
+        match e {
+            sqlx::Error::Database(db) => match db.code().as_deref() {
+                // invalid_authorization_specification, invalid_password
+                Some("28000" | "28P01") => {
+                    Some("wrong user or password: fix the credentials in the PostgreSQL URL")
+                }
+                // invalid_catalog_name
+                Some("3D000") => Some("the database in the PostgreSQL URL does not exist"),
+                // insufficient_privilege
+                Some("42501") => Some(
+                    "the PostgreSQL role lacks a right locking needs (see the guide, docs/deployments.md, \"PostgreSQL\": \
+                     CREATE on the schema for the first client, then the lock tables, sequences and \
+                     functions)",
+                ),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    fn core(&self) -> &SqlCore<sqlx::Postgres> {
+        &self.sql
+    }
+
+    fn make_schema(&self, pool: &PgPool) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
+        make_schema(pool, &self.schema_name)
+    }
 
     /// Its session was terminated: a restart, a failover, `pg_terminate_backend`.
     fn ended_by_server(&self, e: &sqlx::Error) -> bool {
@@ -644,14 +546,6 @@ impl SqlStore for PostgresStore {
             sqlx::Error::Database(db) => matches!(db.code().as_deref(), Some("57P01" | "57P02")),
             _ => false,
         }
-    }
-
-    fn timed_out(&self, after: std::time::Duration) -> LockError {
-        LockError::unavailable(PostgresError {
-            address: self.address.clone(),
-            schema: self.schema_name.clone(),
-            what: crate::error::TimedOut { after }.to_string(),
-        })
     }
 }
 
@@ -690,28 +584,6 @@ async fn counted<T>(
 /// The statement gave up waiting for a row lock (its `lock_timeout`): it changed nothing.
 fn lock_not_available(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
-}
-
-/// Why the database refuses this client, when only a configuration change can fix it.
-fn refusal(e: &sqlx::Error) -> Option<&'static str> {
-    match e {
-        sqlx::Error::Database(db) => match db.code().as_deref() {
-            // invalid_authorization_specification, invalid_password
-            Some("28000" | "28P01") => {
-                Some("wrong user or password: fix the credentials in the PostgreSQL URL")
-            }
-            // invalid_catalog_name
-            Some("3D000") => Some("the database in the PostgreSQL URL does not exist"),
-            // insufficient_privilege
-            Some("42501") => Some(
-                "the PostgreSQL role lacks a right locking needs (see the guide, docs/deployments.md, \"PostgreSQL\": \
-                 CREATE on the schema for the first client, then the lock tables, sequences and \
-                 functions)",
-            ),
-            _ => None,
-        },
-        _ => None,
-    }
 }
 
 impl Store for PostgresStore {
@@ -870,7 +742,9 @@ impl Store for PostgresStore {
         })
     }
 
-    /// One statement (`lock_runtime_v1_take_set`).
+    /// Every lock of a set for its token, or none, in one statement (`lock_runtime_v1_take_set`).
+    /// A key held by a semaphore is refused as a single lock's try is (`InvalidOptions` naming
+    /// both counts); a caller that will wait gives up a wait for a locked row within its wait.
     async fn attempt_set(
         &self,
         locks: &[Lock],
@@ -878,7 +752,51 @@ impl Store for PostgresStore {
         ask: &Ask,
         _: &Flight,
     ) -> Result<Option<SetAttempt>, LockError> {
-        self.take_set(locks, tokens, ask).await.map(Some)
+        self.sweep_now_and_then();
+        let names: Vec<&str> = locks.iter().map(Lock::name).collect();
+        let lock_ms = self.lock_ms(ask);
+        type Row = (Option<Vec<i64>>, Option<i32>, Option<i64>, Option<i32>);
+        let answer: Option<Row> = ask!(self, |conn| async {
+            let asked = sqlx::query_as(TAKE_SET)
+                .bind(&names)
+                .bind(tokens)
+                .bind(millis(ask.ttl_ms))
+                .bind(ask.fencing)
+                .bind(lock_ms)
+                .fetch_one(conn)
+                .await;
+            match asked {
+                Err(e) if lock_not_available(&e) => Ok(None),
+                answer => answer.map(Some),
+            }
+        })?;
+        let Some((fences, refused, left, held_permits)) = answer else {
+            // A row stayed locked by another session past the caller's wait: nothing changed.
+            return Ok(Some(SetAttempt::Refused { at: 0, pttl_ms: None }));
+        };
+        Ok(Some(match refused {
+            Some(at) => {
+                let at = usize::try_from(at)
+                    .ok()
+                    .and_then(|at| at.checked_sub(1))
+                    .unwrap_or(0);
+                if let (Some(held), Some(lock)) = (held_permits, locks.get(at)) {
+                    let held = u32::try_from(held).unwrap_or_default();
+                    return Err(crate::store::permits_differ(lock.key(), held, 1));
+                }
+                SetAttempt::Refused {
+                    at,
+                    pttl_ms: left.map(unsigned),
+                }
+            }
+            None => SetAttempt::taken(
+                fences
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|f| ask.fencing.then(|| unsigned(f)))
+                    .collect(),
+            ),
+        }))
     }
 
     async fn renew(&self, locks: &[Renewing<'_>]) -> Result<Vec<Renewal>, LockError> {
@@ -923,7 +841,7 @@ impl Store for PostgresStore {
         let listening = self
             .listener
             .ensure(|| self.pool(), &self.notices, &self.announcement);
-        if tokio::time::timeout(self.timeouts.response, listening)
+        if tokio::time::timeout(self.sql.timeouts.response, listening)
             .await
             .is_ok()
         {

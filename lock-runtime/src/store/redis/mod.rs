@@ -21,7 +21,7 @@ use self::servers::Servers;
 use self::subscriber::Subscriber;
 use crate::store::{
     Ask, Attempt, Capabilities, Flight, Kind, Lock, Release, Released, Renewal, Renewing, SetAttempt,
-    Settings, Store,
+    Settings, Store, Waking,
 };
 use crate::LockError;
 
@@ -568,7 +568,9 @@ impl Store for RedisStore {
         Capabilities {
             // A lock handed over by a fair release was not acknowledged by replicas: with
             // replica acknowledgement, the waiter asks, and its attempt is.
-            hand_over: !self.acknowledged.waits(),
+            waking: Waking::Announced {
+                hands_over: !self.acknowledged.waits(),
+            },
             ..Capabilities::ALL
         }
     }

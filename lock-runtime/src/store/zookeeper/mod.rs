@@ -33,7 +33,7 @@ use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiReadResult, Se
 use super::line::{self, Book, Line, Place as _};
 use super::{
     Ask, Attempt, Capabilities, DynStore, Flight, Kind, Lock, Notices, Release, Released, Renewal, Renewing,
-    Settings, Store, StoreConfig,
+    Settings, Store, StoreConfig, Waking,
 };
 use crate::background::Background;
 use crate::view::RELEASED;
@@ -339,6 +339,10 @@ impl line::Place for Place {
     fn until(&mut self) -> &mut Option<Instant> {
         &mut self.until
     }
+
+    fn kept(&self) -> bool {
+        self.kept
+    }
 }
 
 /// What the client's tasks share with the store.
@@ -456,6 +460,54 @@ impl Line for Shared {
             Err(e) => {
                 self.failed(&session, &e);
                 Err(store_error(&self.ensemble, &e, &place.path))
+            }
+        }
+    }
+
+    /// Not known to be gone (the ensemble did not answer): deleted by the reaper, tried again
+    /// every 100 ms until it is or its session ends, so a release during a connection loss
+    /// still frees the lock once the connection is back (where Curator leaves the node for
+    /// good: CURATOR-678). A refusal is not retried.
+    fn not_released(&self, token: &str, place: Place, error: &LockError) {
+        if !matches!(error, LockError::Refused { .. }) {
+            self.book.delete_soon(token, place);
+        }
+    }
+
+    /// A release before the minimum hold's end: the node is kept, its data marked released, and
+    /// deleted by this client when the hold ends (or with its session, if this client dies).
+    async fn keep_for(&self, token: &str, place: Place, hold_ms: u64) -> Result<Released, LockError> {
+        let put_back = |place: Place| self.book.record(token, place);
+        let Some(session) = self.session(place.session) else {
+            return Ok(Released::NotOurs);
+        };
+        let marked = format!("{token}{RELEASED}");
+        let set = ask(
+            &self.ensemble,
+            session.client.set_data(&place.path, marked.as_bytes(), None),
+        )
+        .await;
+        match set {
+            Ok(Ok(_)) => {
+                self.book.record(
+                    token,
+                    Place {
+                        until: Some(Instant::now() + Duration::from_millis(hold_ms)),
+                        kept: true,
+                        ..place
+                    },
+                );
+                Ok(Released::Quiet)
+            }
+            Ok(Err(ZkError::NoNode)) => Ok(Released::NotOurs),
+            Ok(Err(e)) => {
+                let error = store_error(&self.ensemble, &e, &place.path);
+                put_back(place);
+                Err(error)
+            }
+            Err(e) => {
+                put_back(place);
+                Err(e)
             }
         }
     }
@@ -1012,44 +1064,6 @@ impl ZkStore {
             }
         }
     }
-
-    /// A release before the minimum hold's end: the node is kept, its data marked released, and
-    /// deleted by this client when the hold ends (or with its session, if this client dies).
-    async fn keep_for(&self, token: &str, place: Place, hold_ms: u64) -> Result<Released, LockError> {
-        let put_back = |place: Place| self.shared.book.record(token, place);
-        let Some(session) = self.shared.session(place.session) else {
-            return Ok(Released::NotOurs);
-        };
-        let marked = format!("{token}{RELEASED}");
-        let set = ask(
-            self.ensemble(),
-            session.client.set_data(&place.path, marked.as_bytes(), None),
-        )
-        .await;
-        match set {
-            Ok(Ok(_)) => {
-                self.shared.book.record(
-                    token,
-                    Place {
-                        until: Some(Instant::now() + Duration::from_millis(hold_ms)),
-                        kept: true,
-                        ..place
-                    },
-                );
-                Ok(Released::Quiet)
-            }
-            Ok(Err(ZkError::NoNode)) => Ok(Released::NotOurs),
-            Ok(Err(e)) => {
-                let error = self.error(&e, &place.path);
-                put_back(place);
-                Err(error)
-            }
-            Err(e) => {
-                put_back(place);
-                Err(e)
-            }
-        }
-    }
 }
 
 /// The children of `lock` (none if it does not exist), read behind a `sync` in one round trip:
@@ -1113,10 +1127,7 @@ impl Store for ZkStore {
         Capabilities {
             name: "zookeeper",
             // The next in line holds once the node ahead is deleted; it looks (a read).
-            hand_over: false,
-            queues: true,
-            // Every waiter's watch wakes it (see `watch`).
-            watched: true,
+            waking: Waking::Queued { watched: true },
             ..Capabilities::ALL
         }
     }
@@ -1289,28 +1300,7 @@ impl Store for ZkStore {
             }
             return Ok(Released::NotOurs);
         };
-        if place.kept {
-            self.shared.book.record(token, place);
-            return Ok(Released::NotOurs);
-        }
-        if release.hold_ms > 0 && place.until.is_some() {
-            return self.keep_for(token, place, release.hold_ms).await;
-        }
-        match self.shared.delete(&place).await {
-            // Waiters hear of it through their watches.
-            Ok(true) => Ok(Released::Quiet),
-            Ok(false) => Ok(Released::NotOurs),
-            Err(e) => {
-                // Not known to be gone (the ensemble did not answer): deleted by the reaper,
-                // tried again every 100 ms until it is or its session ends, so a release during a
-                // connection loss still frees the lock once the connection is back (where
-                // Curator leaves the node for good: CURATOR-678). A refusal is not retried.
-                if !matches!(e, LockError::Refused { .. }) {
-                    self.shared.book.delete_soon(token, place);
-                }
-                Err(e)
-            }
-        }
+        self.shared.give_back(token, place, release.hold_ms).await
     }
 
     async fn leave(&self, _: &Lock, token: &str, _: bool) -> Result<(), LockError> {
