@@ -446,16 +446,16 @@ impl Line for Shared {
                 .await?;
             return Ok(deleted.deleted() > 0);
         }
-        let mut then = vec![TxnOp::delete(place.key.clone(), None)];
-        if place.fenced && !place.shared && place.created > 0 {
-            let names = Names::for_lock(&place.name);
-            let lease = self.fence_lease().await?;
-            then.push(TxnOp::put(
-                names.fence(),
+        // A fenced writer's place (the early return above took every other).
+        let lease = self.fence_lease().await?;
+        let then = [
+            TxnOp::delete(place.key.clone(), None),
+            TxnOp::put(
+                Names::for_lock(&place.name).fence(),
                 fence_value(place.created),
                 Some(PutOptions::new().with_lease(lease)),
-            ));
-        }
+            ),
+        ];
         // The token is left only by the writer that holds it (not by a place deleted already).
         let still_ours = Compare::create_revision(place.key.clone(), CompareOp::Equal, place.created);
         Ok(self
@@ -475,7 +475,9 @@ impl Line for Shared {
     /// of that long (so it stays if this client dies), and deleted by this client when the hold
     /// ends.
     async fn keep_for(&self, token: &str, place: Place, hold_ms: u64) -> Result<Released, LockError> {
-        let put_back = |place: Place| self.book.places().insert(token.to_owned(), place);
+        // Not kept: back in the book and the reaper's queue, deleted at its validity's end (as
+        // `not_released`), not left on the session for the client's life.
+        let put_back = |place: Place| self.book.record(token, place);
         let (lease, _) = match self.pool.grant(seconds(hold_ms)).await {
             Ok(granted) => granted,
             Err(e) => {
