@@ -377,4 +377,120 @@ mod tests {
         // The store's own next task counts too.
         assert!(book.due_now(Some(Instant::now())).await);
     }
+
+    /// A place with a hold, and a store whose deletion answers as told, recording what it was
+    /// asked.
+    #[derive(Debug, Clone, PartialEq)]
+    struct Held {
+        until: Option<Instant>,
+        kept: bool,
+    }
+
+    impl Place for Held {
+        fn until(&mut self) -> &mut Option<Instant> {
+            &mut self.until
+        }
+
+        fn kept(&self) -> bool {
+            self.kept
+        }
+    }
+
+    #[derive(Default)]
+    struct Told {
+        book: Book<Held>,
+        /// What the next deletion answers: `Some(found)`, or `None` for an unavailable store.
+        answer: Mutex<Option<bool>>,
+        asked: Mutex<Vec<&'static str>>,
+    }
+
+    impl Line for Told {
+        type Place = Held;
+        const STORE: &'static str = "test";
+
+        fn book(&self) -> &Book<Held> {
+            &self.book
+        }
+
+        async fn delete(&self, _: &Held) -> Result<bool, LockError> {
+            locked(&self.asked).push("delete");
+            locked(&self.answer).ok_or_else(|| LockError::unavailable("down"))
+        }
+
+        async fn keep_for(&self, _: &str, _: Held, hold_ms: u64) -> Result<Released, LockError> {
+            assert_eq!(hold_ms, 250);
+            locked(&self.asked).push("keep_for");
+            Ok(Released::Quiet)
+        }
+
+        fn not_released(&self, _: &str, _: Held, _: &LockError) {
+            locked(&self.asked).push("not_released");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_place_given_back_is_kept_held_longer_or_deleted() {
+        let line = Told::default();
+        let now = Instant::now();
+        let held = |kept| Held {
+            until: Some(now + Duration::from_secs(1)),
+            kept,
+        };
+        // Kept for its minimum hold already: it stays, and the reaper deletes it at its end.
+        assert_eq!(
+            line.give_back("kept", held(true), 0).await.unwrap(),
+            Released::NotOurs
+        );
+        assert!(line.book.places().contains_key("kept"));
+        assert_eq!(line.book.ended(now + Duration::from_secs(1)).len(), 1);
+        // Given back before its minimum hold's end: kept that much longer, not deleted.
+        assert_eq!(
+            line.give_back("early", held(false), 250).await.unwrap(),
+            Released::Quiet
+        );
+        // Else deleted: whether it was there says whether it was ours.
+        *locked(&line.answer) = Some(true);
+        assert_eq!(
+            line.give_back("a", held(false), 0).await.unwrap(),
+            Released::Quiet
+        );
+        *locked(&line.answer) = Some(false);
+        assert_eq!(
+            line.give_back("b", held(false), 0).await.unwrap(),
+            Released::NotOurs
+        );
+        // A deletion that failed is the store's to follow up.
+        *locked(&line.answer) = None;
+        assert!(line.give_back("c", held(false), 0).await.is_err());
+        assert_eq!(
+            *locked(&line.asked),
+            ["keep_for", "delete", "delete", "delete", "not_released"]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_that_leaves_and_could_not_be_deleted_is_reaped_soon() {
+        let line = Told::default();
+        line.book.record(
+            "waiter",
+            Held {
+                until: None,
+                kept: false,
+            },
+        );
+        assert!(line.leave("waiter").await.is_err());
+        let again = Instant::now() + RETRY;
+        assert_eq!(line.book.ended(again).len(), 1);
+        // Left (deleted): nothing of it stays.
+        line.book.record(
+            "other",
+            Held {
+                until: None,
+                kept: false,
+            },
+        );
+        *locked(&line.answer) = Some(true);
+        line.leave("other").await.unwrap();
+        assert!(line.book.places().is_empty());
+    }
 }
