@@ -314,9 +314,16 @@ impl EtcdCluster {
 }
 
 impl Drop for EtcdCluster {
+    /// Thaws and kills every member still running. A member that exited already (one that
+    /// could not bind its port, in a start `spawn` tries again) is only reaped: asserting its
+    /// thaw panicked here, in the drop of the failed start, so the retry never came.
     fn drop(&mut self) {
         for i in 0..self.members.len() {
-            self.resume(i);
+            if let Some(child) = &mut self.members[i].child {
+                if matches!(child.try_wait(), Ok(None)) {
+                    super::process::signal(child.id(), "-CONT");
+                }
+            }
             self.kill(i);
         }
     }
