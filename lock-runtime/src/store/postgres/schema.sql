@@ -219,6 +219,9 @@ DECLARE
     free integer;
     taken integer;
     first_end bigint;
+    -- A bit per permit, none set.
+    none_held varbit := repeat('0', n)::varbit;
+    held_bits varbit;
     arrived bigint;
     f bigint;
 BEGIN
@@ -250,14 +253,13 @@ BEGIN
         got_permit := mine.permit;
         RETURN;
     END IF;
-    SELECT count(*), min(expires_ms) INTO taken, first_end FROM lock_runtime_permits WHERE key = k;
-    IF taken < n THEN
-        -- The lowest permit no live holder has: one pass over the holders (an anti-join the
-        -- planner hashes), not one per permit; none to look for when every one is taken.
-        SELECT min(g.p) INTO free FROM generate_series(0, n - 1) AS g(p)
-            LEFT JOIN lock_runtime_permits AS h ON h.key = k AND h.permit = g.p
-            WHERE h.permit IS NULL;
-    END IF;
+    -- How many are taken and the lowest permit no holder has, in one pass over the holders:
+    -- each sets its bit in a string of n (at most 1,024 bits: 128 bytes), and the first bit not
+    -- set is the permit (not a look per permit, nor a join with every permit's number). The
+    -- first holder's end is read off the index by end, only when refused.
+    SELECT count(*), bit_or(set_bit(none_held, h.permit, 1)) FILTER (WHERE h.permit < n)
+        INTO taken, held_bits FROM lock_runtime_permits AS h WHERE h.key = k;
+    free := nullif(position(B'0' IN coalesce(held_bits, none_held)), 0) - 1;
     IF fair THEN
         -- The row is locked: the line of its key changes under it only.
         DELETE FROM lock_runtime_line WHERE key = q AND kept_until <= at_ms;
@@ -266,6 +268,7 @@ BEGIN
             WHERE key = q AND (arrived IS NULL OR arrival < arrived);
     END IF;
     IF free IS NULL OR ahead >= n - taken THEN
+        SELECT min(expires_ms) INTO first_end FROM lock_runtime_permits WHERE key = k;
         IF fair AND joining THEN
             kept_stamp := nextval('lock_runtime_arrivals');
             INSERT INTO lock_runtime_line AS l (key, token, arrival, kept_until, stamp)
