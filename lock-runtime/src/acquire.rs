@@ -12,10 +12,10 @@ use crate::core::{give_back, release_in_background, Abandoned, Core};
 use crate::error::ShutDown;
 use crate::guard::LockGuard;
 use crate::state::LockState;
-use crate::store::{Ask, Attempt, Capabilities, Flight, Kind, Lock, Release, SetAttempt, Waking};
+use crate::store::{Ask, Attempt, Capabilities, Flight, Kind, Lock, Mode, Release, SetAttempt, Waking};
 use crate::telemetry::{self, Labels};
 use crate::wakeups::Registration;
-use crate::{LockError, LockMode, LockOptions, FAIR_PLACE_KEPT};
+use crate::{LockError, LockOptions, FAIR_PLACE_KEPT};
 
 /// The longest a waiter sleeps between attempts: it is woken by the holder's release, or at the
 /// holder's expiry, and at the latest after this, in case a release message was missed.
@@ -132,9 +132,8 @@ impl Acquire<'_> {
 struct Shape {
     /// It has a wait (else one attempt decides it).
     will_wait: bool,
-    fair: bool,
-    shared: bool,
-    semaphore: bool,
+    /// What it asks to hold, and how waiters take turns.
+    mode: Mode,
     /// A waiting call whose store queues every waiter (etcd, ZooKeeper): its first attempt
     /// takes its place in line, and the store wakes it by its token when the one ahead goes.
     queues: bool,
@@ -197,8 +196,8 @@ impl<'a> Call<'a> {
     fn new(core: &'a Arc<Core>, key: &'a str, lock: &Lock, options: &'a LockOptions) -> Self {
         let called = Instant::now();
         let will_wait = !options.get_wait().is_zero();
-        let (fair, semaphore) = (options.is_fair(), options.is_semaphore());
-        let shared = options.get_mode() == LockMode::Shared;
+        let mode = Mode::of(options);
+        let (fair, semaphore) = (mode.fair(), mode.semaphore());
         let capabilities = core.store.capabilities();
         let (queues, polls) = match capabilities.waking {
             Waking::Queued { .. } => (will_wait, false),
@@ -207,14 +206,12 @@ impl<'a> Call<'a> {
         };
         let shape = Shape {
             will_wait,
-            fair,
-            shared,
-            semaphore,
+            mode,
             queues,
             polls,
             fair_early: fair && will_wait && !queues,
         };
-        let kind = Kind::of(fair, shared, semaphore);
+        let kind = mode.kind();
         let token = crate::holder::new_value(&core.owner);
         let place = if queues {
             Some(QueuePlace::new(core, lock, &token))
@@ -262,7 +259,7 @@ impl<'a> Call<'a> {
     /// attempt's time (one clock read fewer on the common path).
     #[inline]
     fn outcome(&self, result: Result<LockGuard, LockError>) -> Result<LockGuard, LockError> {
-        let labels = Labels::new(self.shape.shared, self.key, self.core.metrics_key_class);
+        let labels = Labels::new(self.shape.mode.shared(), self.key, self.core.metrics_key_class);
         let whole = if self.deciding.at_once {
             self.deciding.attempt
         } else {
@@ -280,7 +277,7 @@ impl<'a> Call<'a> {
     /// A fair waiter or a claiming writer keeps its place by asking again before it lapses (a
     /// place in a queueing store's line lasts as long as this client).
     fn keeps_place(&self) -> bool {
-        (self.shape.fair || self.claimed) && !self.shape.queues
+        (self.shape.mode.fair() || self.claimed) && !self.shape.queues
     }
 
     /// The wait before the next attempt, for a registered waiter (registered early: once in
@@ -370,10 +367,8 @@ impl<'a> Call<'a> {
                 .wakeup
                 .as_ref()
                 .is_some_and(|w| !shape.fair_early || w.is_in_line()),
-            fair: shape.fair,
+            mode: shape.mode,
             join: shape.will_wait,
-            shared: shape.shared,
-            permits: self.options.get_permits(),
             claimed: self.claimed,
             wait_left: shape
                 .will_wait
@@ -409,7 +404,7 @@ impl<'a> Call<'a> {
         match self.wakeup.take() {
             // A reader passes the wake-up on: the next waiter may be a reader too (where the
             // store queues, it wakes each waiter itself).
-            Some(wakeup) if self.shape.shared && !self.shape.queues => drop(wakeup),
+            Some(wakeup) if self.shape.mode.shared() && !self.shape.queues => drop(wakeup),
             Some(wakeup) => wakeup.acquired(),
             None => {}
         }
@@ -462,7 +457,7 @@ impl<'a> Call<'a> {
         self.deciding.at_once = false;
         self.pttl_ms = left;
         self.last_kept = kept.map(|kept| (kept, started));
-        if self.shape.polls && self.shape.fair {
+        if self.shape.polls && self.shape.mode.fair() {
             // A fair waiter that reached the head of the line polls from the shortest nap
             // again: the lock is its own as soon as the holder goes.
             if self.was_behind && !behind {
@@ -493,14 +488,14 @@ impl<'a> Call<'a> {
             .filter(|w| shape.fair_early && !w.is_in_line())
         {
             wakeup.in_line();
-            if shape.semaphore {
+            if shape.mode.semaphore() {
                 wakeups.spread(lock.name());
             }
             self.sleep_first = behind;
         } else if self.wakeup.is_none() {
-            let name = shape.fair.then_some(self.token.as_str());
+            let name = shape.mode.fair().then_some(self.token.as_str());
             self.wakeup = Some(wakeups.register(lock.name(), name));
-            if shape.semaphore {
+            if shape.mode.semaphore() {
                 wakeups.spread(lock.name());
             }
             self.sleep_first = behind;
@@ -636,7 +631,7 @@ impl<'a> PendingAcquire<'a> {
             lock,
             token,
             kind,
-            may_claim: ask.join && !ask.fair && !ask.shared,
+            may_claim: ask.join && !ask.mode.fair() && !ask.mode.shared(),
             settled: false,
             of_set: false,
             flight: Flight::default(),

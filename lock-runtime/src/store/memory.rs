@@ -288,13 +288,13 @@ impl MemoryStore {
     }
 
     pub(crate) fn acquire(&self, lock: &str, token: &str, ask: &Ask) -> Result<Attempt, LockError> {
-        if ask.permits > 1 {
+        if ask.mode.permits() > 1 {
             return self.take_permit(lock, token, ask);
         }
         if let Some(held) = self.store().permits(lock, Instant::now()).map(|p| p.permits) {
-            return Err(super::permits_differ(self.key_of(lock), held, ask.permits));
+            return Err(super::permits_differ(self.key_of(lock), held, ask.mode.permits()));
         }
-        if ask.shared {
+        if ask.mode.shared() {
             return Ok(self.share(lock, token, ask));
         }
         Ok(self.exclusive(lock, token, ask))
@@ -312,8 +312,8 @@ impl MemoryStore {
         let mut store = self.store();
         store.sweep(now);
         match store.held_count(lock, now) {
-            Some(held) if held != ask.permits => {
-                return Err(super::permits_differ(self.key_of(lock), held, ask.permits))
+            Some(held) if held != ask.mode.permits() => {
+                return Err(super::permits_differ(self.key_of(lock), held, ask.mode.permits()))
             }
             _ => {}
         }
@@ -321,7 +321,7 @@ impl MemoryStore {
             .semaphores
             .entry(lock.to_owned())
             .or_insert_with(|| Permits {
-                permits: ask.permits,
+                permits: ask.mode.permits(),
                 holders: HashMap::new(),
             });
         if let Some(held) = permits.holders.get_mut(token).filter(|h| !h.released) {
@@ -338,7 +338,7 @@ impl MemoryStore {
         // A fair semaphore's waiters ahead of the caller in its line (as permit.lua's: its own,
         // not a fair lock's).
         let line = permits_line(lock);
-        let ahead = match ask.fair {
+        let ahead = match ask.mode.fair() {
             true => {
                 let queue = store.queues.entry(line.clone()).or_default();
                 queue.purge(now);
@@ -352,7 +352,7 @@ impl MemoryStore {
         let free = match free {
             Some(free) if ahead < free_count as usize => free,
             _ => {
-                if ask.fair && ask.join {
+                if ask.mode.fair() && ask.join {
                     let store = &mut *store;
                     let queue = store.queues.entry(line).or_default();
                     let kept = now + FAIR_PLACE_KEPT;
@@ -368,11 +368,11 @@ impl MemoryStore {
                 return Ok(Attempt::no_permit(
                     first_end.map(|at| ms_until(at, now)),
                     u64::try_from(ahead).unwrap_or(u64::MAX),
-                    ask.permits,
+                    ask.mode.permits(),
                 ));
             }
         };
-        if ask.fair {
+        if ask.mode.fair() {
             if let Some(queue) = store.queues.get_mut(&line) {
                 queue.leave(token);
             }
@@ -421,7 +421,7 @@ impl MemoryStore {
             }
             holder = Some(last);
         }
-        if ask.fair {
+        if ask.mode.fair() {
             let store = &mut *store;
             let queue = store.queues.entry(lock.to_owned()).or_default();
             let purged = queue.purge(now);

@@ -241,14 +241,68 @@ pub(crate) enum Kind {
     Permit,
 }
 
-impl Kind {
-    /// A lock taken with these options (validated: a shared lock is never fair).
-    pub(crate) fn of(fair: bool, shared: bool, semaphore: bool) -> Kind {
-        match (fair, shared) {
-            _ if semaphore => Kind::Permit,
-            (_, true) => Kind::Shared,
-            (true, false) => Kind::Fair,
-            (false, false) => Kind::Plain,
+/// What an attempt asks to hold and how its waiters take turns: every combination the options
+/// allow, and no other (a shared lock is never fair; a semaphore is never shared).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// An exclusive lock; its waiters come in no set order.
+    Exclusive,
+    /// An exclusive lock whose waiters queue in the store: the head of the line comes first.
+    Fair,
+    /// A share of a read-write lock ([`LockMode::Shared`]).
+    Shared,
+    /// One of `count` (more than 1) permits of a semaphore, whose attempt takes any free permit
+    /// (in one request where the store allows) and is refused with `InvalidOptions` when the
+    /// key is held with another count; with `fair`, its waiters queue in the store.
+    Permits { count: u32, fair: bool },
+}
+
+impl Mode {
+    /// The mode of a call with these options (validated: a shared lock is never fair, nor a
+    /// semaphore).
+    pub(crate) fn of(options: &LockOptions) -> Mode {
+        let fair = options.is_fair();
+        match options.get_mode() {
+            _ if options.is_semaphore() => Mode::Permits {
+                count: options.get_permits(),
+                fair,
+            },
+            LockMode::Shared => Mode::Shared,
+            LockMode::Exclusive if fair => Mode::Fair,
+            LockMode::Exclusive => Mode::Exclusive,
+        }
+    }
+
+    /// Its waiters queue in the store, and the head of the line comes first.
+    pub(crate) fn fair(self) -> bool {
+        matches!(self, Mode::Fair | Mode::Permits { fair: true, .. })
+    }
+
+    /// A share of a read-write lock.
+    pub(crate) fn shared(self) -> bool {
+        self == Mode::Shared
+    }
+
+    /// How many holders the key admits at once: 1 for a lock, more for a semaphore.
+    pub(crate) fn permits(self) -> u32 {
+        match self {
+            Mode::Permits { count, .. } => count,
+            _ => 1,
+        }
+    }
+
+    /// A semaphore's permit.
+    pub(crate) fn semaphore(self) -> bool {
+        matches!(self, Mode::Permits { .. })
+    }
+
+    /// Which release a token taken in this mode needs.
+    pub(crate) fn kind(self) -> Kind {
+        match self {
+            Mode::Exclusive => Kind::Plain,
+            Mode::Fair => Kind::Fair,
+            Mode::Shared => Kind::Shared,
+            Mode::Permits { .. } => Kind::Permit,
         }
     }
 }
@@ -261,17 +315,11 @@ pub(crate) struct Ask {
     /// The caller listens for releases: a refusal should say how long the holder has left (a
     /// first attempt may skip that, to cost one request).
     pub(crate) waiting: bool,
-    /// Waiters queue in the store, and the head of the line comes first.
-    pub(crate) fair: bool,
-    /// The caller will wait: with `fair`, a refused attempt takes (or keeps) a place in line;
-    /// without, refused by readers, it claims the writers' turn.
+    /// What it asks to hold, and how waiters take turns.
+    pub(crate) mode: Mode,
+    /// The caller will wait: fair, a refused attempt takes (or keeps) a place in line; not
+    /// fair, refused by readers, it claims the writers' turn.
     pub(crate) join: bool,
-    /// A share of a read-write lock ([`LockMode::Shared`]).
-    pub(crate) shared: bool,
-    /// How many holders the key admits at once: 1 for a lock, more for a semaphore (whose
-    /// attempt takes any free permit, in one request where the store allows, and is refused
-    /// with `InvalidOptions` when the key is held with another count).
-    pub(crate) permits: u32,
     /// An earlier attempt of this call claimed the writers' turn: taking the lock ends the claim.
     pub(crate) claimed: bool,
     /// What is left of the caller's wait when it will wait (`join`): a store whose attempt can
@@ -288,10 +336,8 @@ impl Ask {
             ttl_ms,
             fencing,
             waiting: false,
-            fair: false,
+            mode: Mode::Exclusive,
             join: false,
-            shared: false,
-            permits: 1,
             claimed: false,
             wait_left: None,
         }
@@ -834,5 +880,57 @@ impl<S: Store + StoreAdmin> DynStore for S {
 
     fn unlisten(&self, name: &str) {
         Store::unlisten(self, name);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{Kind, Mode};
+    use crate::{LockMode, LockOptions};
+
+    /// Each combination the options allow is one mode, and says what the stores read off it.
+    #[test]
+    fn the_options_make_one_mode_each() {
+        let base = LockOptions::new(Duration::from_secs(1));
+        let cases = [
+            (base.clone(), Mode::Exclusive, (false, false, 1, Kind::Plain)),
+            (base.clone().fair(true), Mode::Fair, (true, false, 1, Kind::Fair)),
+            (
+                base.clone().mode(LockMode::Shared),
+                Mode::Shared,
+                (false, true, 1, Kind::Shared),
+            ),
+            (
+                base.clone().permits(3),
+                Mode::Permits {
+                    count: 3,
+                    fair: false,
+                },
+                (false, false, 3, Kind::Permit),
+            ),
+            (
+                base.clone().permits(3).fair(true),
+                Mode::Permits { count: 3, fair: true },
+                (true, false, 3, Kind::Permit),
+            ),
+            // One permit is the ordinary lock.
+            (
+                base.clone().permits(1).fair(true),
+                Mode::Fair,
+                (true, false, 1, Kind::Fair),
+            ),
+        ];
+        for (options, mode, (fair, shared, permits, kind)) in cases {
+            let made = Mode::of(&options);
+            assert_eq!(made, mode, "{options:?}");
+            assert_eq!(
+                (made.fair(), made.shared(), made.permits(), made.kind()),
+                (fair, shared, permits, kind),
+                "{mode:?}"
+            );
+            assert_eq!(made.semaphore(), permits > 1, "{mode:?}");
+        }
     }
 }

@@ -960,7 +960,7 @@ impl Store for EtcdStore {
     }
 
     async fn attempt(&self, lock: &Lock, token: &str, ask: &Ask, _: &Flight) -> Result<Attempt, LockError> {
-        if ask.permits > 1 {
+        if ask.mode.permits() > 1 {
             return self.permit_attempt(lock, token, ask).await;
         }
         let known = self.shared.book.places().get(token).cloned();
@@ -970,7 +970,7 @@ impl Store for EtcdStore {
         let names = Names::for_lock(lock.name());
         let sent = Instant::now();
         let session = self.session(ask.ttl_ms).await?;
-        let key = names.place(id_of(token), ask.shared);
+        let key = names.place(id_of(token), ask.mode.shared());
         let put = TxnOp::put(key.clone(), token, Some(PutOptions::new().with_lease(session.id)));
         let answer = self.pool().txn(acquire_txn(&names, (&key, put), ask)).await?;
         let responses = answer.op_responses();
@@ -995,7 +995,7 @@ impl Store for EtcdStore {
                 let place = Place {
                     name: lock.name().to_owned(),
                     key,
-                    shared: ask.shared,
+                    shared: ask.mode.shared(),
                     created: kv.create_revision(),
                     lease: kv.lease(),
                     fenced: ask.fencing,
@@ -1019,11 +1019,11 @@ impl Store for EtcdStore {
         let mut place = Place {
             name: lock.name().to_owned(),
             key,
-            shared: ask.shared,
+            shared: ask.mode.shared(),
             created,
             lease: session.id,
             fenced: ask.fencing,
-            after_writer: if ask.shared {
+            after_writer: if ask.mode.shared() {
                 before.first().map_or(0, |kv| kv.create_revision())
             } else {
                 0
@@ -1233,9 +1233,13 @@ impl Store for EtcdStore {
 /// refused where a semaphore's permit is held at the key (one read, to name its count), and a
 /// reader reads the fencing token the last writer left.
 fn acquire_txn(names: &Names, (key, put): (&[u8], TxnOp), ask: &Ask) -> Txn {
-    let (line_start, line_end) = if ask.shared { names.writers() } else { names.line() };
+    let (line_start, line_end) = if ask.mode.shared() {
+        names.writers()
+    } else {
+        names.line()
+    };
     // A reader's fencing token may be the one the last writer left.
-    let fence = ask.shared.then(|| TxnOp::get(names.fence(), None));
+    let fence = ask.mode.shared().then(|| TxnOp::get(names.fence(), None));
     // A semaphore's permits held at the key (read with the attempt): the key is not a
     // lock's, and the acquire is refused naming both counts.
     let (permits, permits_end) = names.permits();
@@ -1252,7 +1256,7 @@ fn acquire_txn(names: &Names, (key, put): (&[u8], TxnOp), ask: &Ask) -> Txn {
         let ahead = GetOptions::new()
             .with_range(line_end.clone())
             .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(if ask.shared { 1 } else { 2 })
+            .with_limit(if ask.mode.shared() { 1 } else { 2 })
             .with_keys_only();
         let no_permits =
             Compare::create_revision(permits.clone(), CompareOp::Equal, 0).with_range(permits_end.clone());

@@ -42,7 +42,7 @@ fn count_at(answer: &[TxnOpResponse], position: usize) -> i64 {
 }
 
 impl EtcdStore {
-    /// One attempt at any free permit of a semaphore of `ask.permits` (see the module doc).
+    /// One attempt at any free permit of a semaphore of `ask.mode.permits()` (see the module doc).
     pub(super) async fn permit_attempt(
         &self,
         lock: &Lock,
@@ -50,7 +50,7 @@ impl EtcdStore {
         ask: &Ask,
     ) -> Result<Attempt, LockError> {
         let names = Names::for_lock(lock.name());
-        let count = ask.permits;
+        let count = ask.mode.permits();
         let sent = Instant::now();
         let session = self.session(ask.ttl_ms).await?;
         let mut queued = self

@@ -287,7 +287,7 @@ pub(super) fn exclusive<'c>(conn: &'c mut MySqlConnection, a: &'c Asked<'_>) -> 
         if claimed {
             keep_place(conn, &claims_line(name), token).await?;
         }
-        if ask.fair {
+        if ask.mode.fair() {
             let head = head(conn, name).await?;
             let others_first = head.as_deref().is_some_and(|h| h != token.as_bytes());
             if holder.is_some() || others_first {
@@ -343,7 +343,7 @@ pub(super) fn exclusive<'c>(conn: &'c mut MySqlConnection, a: &'c Asked<'_>) -> 
 pub(super) fn fair_permit<'c>(conn: &'c mut MySqlConnection, a: &'c Asked<'_>) -> Step<'c, Outcome> {
     Box::pin(async move {
         let (name, token, ask) = (a.lock.name(), a.token, a.ask);
-        let count = ask.permits;
+        let count = ask.mode.permits();
         let row = lock_row(conn, name).await?;
         match row.count() {
             Some(held) if held != count => return Ok(Outcome::Counted(held)),
@@ -430,14 +430,14 @@ impl MysqlStore {
         } = outcome
         {
             let held = Held {
-                row: Lock::new(lock.key(), permit_row(lock.name(), ask.permits, permit)),
+                row: Lock::new(lock.key(), permit_row(lock.name(), ask.mode.permits(), permit)),
                 header: lock.name().to_owned(),
-                marker: super::permits::marker(ask.permits),
+                marker: super::permits::marker(ask.mode.permits()),
                 fair: true,
             };
             self.permits.hold(token, held);
         }
-        outcome.attempt(lock.key(), ask.permits)
+        outcome.attempt(lock.key(), ask.mode.permits())
     }
 
     /// The waiter a fair release admits: the head of the lock's line (the lock is free), or the

@@ -34,8 +34,8 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlPool};
 
 use super::sql::{ask, millis, unsigned, Checkout, SqlCore, SqlStore};
 use super::{
-    Ask, Attempt, Capabilities, DynStore, Flight, Kind, Lock, Notices, Offered, Release, Released, Renewal,
-    Renewing, SetAttempt, Settings, Store, StoreConfig, Waking,
+    Ask, Attempt, Capabilities, DynStore, Flight, Kind, Lock, Mode, Notices, Offered, Release, Released,
+    Renewal, Renewing, SetAttempt, Settings, Store, StoreConfig, Waking,
 };
 use crate::redact::hide_credentials;
 use crate::{LockClientBuilder, LockError};
@@ -552,7 +552,10 @@ impl Store for MysqlStore {
         let ask = Ask::once(1000, false);
         let token = format!("rights-check {:016x}", rand::random::<u64>());
         let probe = Lock::new("rights-check", format!("{}rights-check", self.prefix));
-        let shared = Ask { shared: true, ..ask };
+        let shared = Ask {
+            mode: Mode::Shared,
+            ..ask
+        };
         self.share_attempt(&probe, &token, &shared).await?;
         self.release_share(&probe, &token).await?;
         self.leave_lines(&probe, &token, false).await?;
@@ -563,14 +566,14 @@ impl Store for MysqlStore {
     }
 
     async fn attempt(&self, lock: &Lock, token: &str, ask: &Ask, _: &Flight) -> Result<Attempt, LockError> {
-        if ask.permits > 1 {
+        if ask.mode.permits() > 1 {
             return self.permit_attempt(lock, token, ask).await;
         }
         self.sweep_now_and_then();
-        if ask.shared {
+        if ask.mode.shared() {
             return self.share_attempt(lock, token, ask).await;
         }
-        if ask.fair {
+        if ask.mode.fair() {
             return self.exclusive_attempt(lock, token, ask).await;
         }
         let taken = ask!(self, |conn| sqlx::query(TAKE)

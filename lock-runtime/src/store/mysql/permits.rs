@@ -317,8 +317,12 @@ pub(super) async fn claim(
     ask: &Ask,
     permit: u32,
 ) -> Result<u64, sqlx::Error> {
-    let row = permit_row(lock.name(), ask.permits, permit);
-    let (header, marker, ttl) = (lock.name().as_bytes(), marker(ask.permits), millis(ask.ttl_ms));
+    let row = permit_row(lock.name(), ask.mode.permits(), permit);
+    let (header, marker, ttl) = (
+        lock.name().as_bytes(),
+        marker(ask.mode.permits()),
+        millis(ask.ttl_ms),
+    );
     let done = sqlx::query(CLAIM)
         .bind(header)
         .bind(marker.as_slice())
@@ -343,7 +347,7 @@ pub(super) async fn claim(
 }
 
 impl MysqlStore {
-    /// One attempt at any free permit of a semaphore of `ask.permits` (see the module doc).
+    /// One attempt at any free permit of a semaphore of `ask.mode.permits()` (see the module doc).
     pub(super) async fn permit_attempt(
         &self,
         lock: &Lock,
@@ -351,10 +355,10 @@ impl MysqlStore {
         ask: &Ask,
     ) -> Result<Attempt, LockError> {
         self.sweep_now_and_then();
-        if ask.fair {
+        if ask.mode.fair() {
             return self.fair_permit_attempt(lock, token, ask).await;
         }
-        let count = ask.permits;
+        let count = ask.mode.permits();
         let marker = marker(count);
         // The lowest permit this client does not hold of the key: free, when no other client
         // holds one.

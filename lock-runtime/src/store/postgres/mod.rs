@@ -14,8 +14,8 @@ use sqlx::postgres::{PgConnectOptions, PgPool};
 
 use super::sql::{ask, millis, unsigned, Checkout, SqlCore, SqlStore};
 use super::{
-    Ask, Attempt, Capabilities, DynStore, Flight, Kind, Lock, Notices, Release, Released, Renewal, Renewing,
-    SetAttempt, Settings, Store, StoreConfig,
+    Ask, Attempt, Capabilities, DynStore, Flight, Kind, Lock, Mode, Notices, Release, Released, Renewal,
+    Renewing, SetAttempt, Settings, Store, StoreConfig,
 };
 use crate::options::FAIR_PLACE_KEPT;
 use crate::redact::hide_credentials;
@@ -362,16 +362,16 @@ impl PostgresStore {
                 .bind(lock.name())
                 .bind(token)
                 .bind(millis(ask.ttl_ms))
-                .bind(i32::try_from(ask.permits).unwrap_or(i32::MAX))
+                .bind(i32::try_from(ask.mode.permits()).unwrap_or(i32::MAX))
                 .bind(ask.fencing)
                 .bind(ask.waiting)
-                .bind(ask.fair)
+                .bind(ask.mode.fair())
                 .bind(ask.join)
                 .bind(place_ms)
                 .fetch_one(conn)
         ))?;
         let (got, fence, permit, left, ahead, kept) =
-            answer.map_err(|held| crate::store::permits_differ(lock.key(), held, ask.permits))?;
+            answer.map_err(|held| crate::store::permits_differ(lock.key(), held, ask.mode.permits()))?;
         Ok(match (got, permit) {
             (true, Some(permit)) => Attempt::permit(
                 fence.filter(|_| ask.fencing).map(unsigned),
@@ -381,7 +381,7 @@ impl PostgresStore {
             _ => Attempt::no_permit(
                 left.map(unsigned),
                 ahead.map_or(0, |a| unsigned(a.into())),
-                ask.permits,
+                ask.mode.permits(),
             )
             .kept(kept.map(unsigned)),
         })
@@ -612,7 +612,7 @@ impl Store for PostgresStore {
         let _: i64 = ask!(self, |conn| sqlx::query_scalar(PROBE_FENCE).fetch_one(conn))?;
         Store::attempt(self, &probe, &holder, &ask, &Flight::default()).await?;
         let queued = Ask {
-            fair: true,
+            mode: Mode::Fair,
             join: true,
             ..ask
         };
@@ -625,7 +625,13 @@ impl Store for PostgresStore {
         checked?;
         // A semaphore's permit: its holder's row.
         let permits = Lock::new("rights-check-permits", Store::name(self, "rights-check-permits"));
-        let two = Ask { permits: 2, ..ask };
+        let two = Ask {
+            mode: Mode::Permits {
+                count: 2,
+                fair: false,
+            },
+            ..ask
+        };
         Store::attempt(self, &permits, &holder, &two, &Flight::default()).await?;
         self.release_lock(&permits, &holder, 0, Kind::Permit).await?;
         Ok(())
@@ -634,10 +640,10 @@ impl Store for PostgresStore {
     async fn attempt(&self, lock: &Lock, token: &str, ask: &Ask, _: &Flight) -> Result<Attempt, LockError> {
         self.sweep_now_and_then();
         let ttl = millis(ask.ttl_ms);
-        if ask.permits > 1 {
+        if ask.mode.permits() > 1 {
             return self.permit(lock, token, ask).await;
         }
-        if ask.shared {
+        if ask.mode.shared() {
             let answer: Result<(bool, Option<i64>, Option<i64>), u32> = ask!(self, |conn| counted(
                 sqlx::query_as(SHARE)
                     .bind(lock.name())
@@ -662,7 +668,7 @@ impl Store for PostgresStore {
         let lock_wait = self.lock_wait(ask);
         // A waiter's attempt (it has been refused before) goes to the function at once: the
         // function tries the same statement first, and a refusal then costs one request.
-        if !ask.fair && !ask.claimed && !ask.waiting && lock_wait.is_none() {
+        if !ask.mode.fair() && !ask.claimed && !ask.waiting && lock_wait.is_none() {
             let taken: Option<Option<i64>> = ask!(self, |conn| sqlx::query_scalar(TAKE)
                 .bind(lock.name())
                 .bind(token)
@@ -702,7 +708,7 @@ impl Store for PostgresStore {
                 .bind(ttl)
                 .bind(ask.fencing)
                 .bind(ask.waiting)
-                .bind(ask.fair)
+                .bind(ask.mode.fair())
                 .bind(ask.join)
                 .bind(ask.claimed)
                 .bind(place_ms)

@@ -179,16 +179,16 @@ impl RedisStore {
         flight: &Flight,
     ) -> Result<Attempt, LockError> {
         self.rights_checked().await?;
-        if ask.permits > 1 {
+        if ask.mode.permits() > 1 {
             return self.permit(lock, token, ask, flight).await;
         }
-        if ask.shared {
+        if ask.mode.shared() {
             return self.share(lock, token, ask, flight).await;
         }
-        if !ask.fencing && !ask.waiting && !ask.fair {
+        if !ask.fencing && !ask.waiting && !ask.mode.fair() {
             return self.try_set(lock, token, ask.ttl_ms, flight).await;
         }
-        let ((answer, acked), kind): ((Vec<i64>, _), _) = if ask.fair {
+        let ((answer, acked), kind): ((Vec<i64>, _), _) = if ask.mode.fair() {
             let fair = acquire::Fair {
                 lock,
                 token,
@@ -237,14 +237,14 @@ impl RedisStore {
             token,
             ttl_ms: ask.ttl_ms,
             fencing: ask.fencing,
-            permits: ask.permits,
+            permits: ask.mode.permits(),
             marks: ask.join && self.deployment.marks(),
-            fair: ask.fair,
+            fair: ask.mode.fair(),
             join: ask.join,
         };
         let (answer, acked): (Vec<i64>, _) = self.run_acknowledged(Some(flight), || permit.call()).await?;
-        let attempt = scripts::permit::attempt(&answer, ask.fencing, ask.permits)
-            .map_err(|held| self.permits_differ(lock, held, ask.permits))?;
+        let attempt = scripts::permit::attempt(&answer, ask.fencing, ask.mode.permits())
+            .map_err(|held| self.permits_differ(lock, held, ask.mode.permits()))?;
         self.unless_replicated(attempt, acked, lock, token, Kind::Permit)
             .await
     }

@@ -1159,7 +1159,7 @@ impl Store for ZkStore {
         ask_: &Ask,
         flight: &Flight,
     ) -> Result<Attempt, LockError> {
-        if ask_.permits > 1 {
+        if ask_.mode.permits() > 1 {
             return self.permit_attempt(lock, token, ask_, flight).await;
         }
         let known = self.shared.book.places().get(token).cloned();
@@ -1171,14 +1171,14 @@ impl Store for ZkStore {
         let sent = self.confirmed(sent, &session).await;
         // The release of an attempt whose answer never came follows it on this session.
         flight.set(session.id as u64);
-        let (path, czxid) = self.create(&session, lock, token, ask_.shared).await?;
+        let (path, czxid) = self.create(&session, lock, token, ask_.mode.shared()).await?;
         let place = Place {
             name: lock.name().to_owned(),
             path,
-            shared: ask_.shared,
+            shared: ask_.mode.shared(),
             czxid,
             session: session.id,
-            leaves_fence: ask_.fencing && !ask_.shared,
+            leaves_fence: ask_.fencing && !ask_.mode.shared(),
             until: None,
             kept: false,
             permit: None,

@@ -58,7 +58,7 @@ enum Next {
 }
 
 impl ZkStore {
-    /// One attempt at any free permit of a semaphore of `ask_.permits` (see the module doc).
+    /// One attempt at any free permit of a semaphore of `ask_.mode.permits()` (see the module doc).
     pub(super) async fn permit_attempt(
         &self,
         lock: &Lock,
@@ -66,7 +66,7 @@ impl ZkStore {
         ask_: &Ask,
         flight: &Flight,
     ) -> Result<Attempt, LockError> {
-        let count = ask_.permits;
+        let count = ask_.mode.permits();
         let sent = Instant::now();
         let (mut queued, session) = self.queued_on(token, ask_).await?;
         let sent = self.confirmed(sent, &session).await;
@@ -88,7 +88,7 @@ impl ZkStore {
         let freed = super::locked(&self.shared.freed).remove(token);
         let mut next = match (&queued, freed) {
             (None, _) if ask_.join && self.queues_at(lock.name()) => Next::Queue,
-            (None, _) if !ask_.fair => Next::Claim(unheld),
+            (None, _) if !ask_.mode.fair() => Next::Claim(unheld),
             (Some(_), Some(permit)) if permit < count => Next::Claim(permit),
             _ => Next::Look,
         };
@@ -414,7 +414,7 @@ fn next_step(
     ask_: &Ask,
     (queued, claims): (bool, usize),
 ) -> Next {
-    let barred = ask_.fair && !queued && !permits.queue.is_empty();
+    let barred = ask_.mode.fair() && !queued && !permits.queue.is_empty();
     match (standing, permits.free(count)) {
         (Some(Standing::Behind(ahead)), _) => Next::Behind(format!("{name}/{ahead}")),
         (Some(Standing::Admitted(permit)), _) if claims < TRIES => Next::Claim(permit),
