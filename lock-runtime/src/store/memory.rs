@@ -288,7 +288,7 @@ impl MemoryStore {
     }
 
     pub(crate) fn acquire(&self, lock: &str, token: &str, ask: &Ask) -> Result<Attempt, LockError> {
-        if ask.mode.permits() > 1 {
+        if ask.mode.semaphore() {
             return self.take_permit(lock, token, ask);
         }
         if let Some(held) = self.store().permits(lock, Instant::now()).map(|p| p.permits) {

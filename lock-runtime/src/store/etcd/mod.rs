@@ -960,7 +960,7 @@ impl Store for EtcdStore {
     }
 
     async fn attempt(&self, lock: &Lock, token: &str, ask: &Ask, _: &Flight) -> Result<Attempt, LockError> {
-        if ask.mode.permits() > 1 {
+        if ask.mode.semaphore() {
             return self.permit_attempt(lock, token, ask).await;
         }
         let known = self.shared.book.places().get(token).cloned();

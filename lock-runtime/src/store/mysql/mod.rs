@@ -566,7 +566,7 @@ impl Store for MysqlStore {
     }
 
     async fn attempt(&self, lock: &Lock, token: &str, ask: &Ask, _: &Flight) -> Result<Attempt, LockError> {
-        if ask.mode.permits() > 1 {
+        if ask.mode.semaphore() {
             return self.permit_attempt(lock, token, ask).await;
         }
         self.sweep_now_and_then();

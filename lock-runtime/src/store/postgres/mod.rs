@@ -640,7 +640,7 @@ impl Store for PostgresStore {
     async fn attempt(&self, lock: &Lock, token: &str, ask: &Ask, _: &Flight) -> Result<Attempt, LockError> {
         self.sweep_now_and_then();
         let ttl = millis(ask.ttl_ms);
-        if ask.mode.permits() > 1 {
+        if ask.mode.semaphore() {
             return self.permit(lock, token, ask).await;
         }
         if ask.mode.shared() {

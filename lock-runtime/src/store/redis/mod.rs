@@ -179,7 +179,7 @@ impl RedisStore {
         flight: &Flight,
     ) -> Result<Attempt, LockError> {
         self.rights_checked().await?;
-        if ask.mode.permits() > 1 {
+        if ask.mode.semaphore() {
             return self.permit(lock, token, ask, flight).await;
         }
         if ask.mode.shared() {

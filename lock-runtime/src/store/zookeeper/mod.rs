@@ -1159,7 +1159,7 @@ impl Store for ZkStore {
         ask_: &Ask,
         flight: &Flight,
     ) -> Result<Attempt, LockError> {
-        if ask_.mode.permits() > 1 {
+        if ask_.mode.semaphore() {
             return self.permit_attempt(lock, token, ask_, flight).await;
         }
         let known = self.shared.book.places().get(token).cloned();
