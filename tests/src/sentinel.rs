@@ -18,9 +18,10 @@ const MASTER_NAME: &str = "mymaster";
 const PROBE_KEY: &str = "__lock_tests_sentinel_probe__";
 
 /// A primary, its replicas and the sentinels monitoring it as [`master_name`](Self::master_name)
-/// (`down-after-milliseconds` 1000, `failover-timeout` 5000, `parallel-syncs` 1, quorum a
+/// (`down-after-milliseconds` 2000, `failover-timeout` 5000, `parallel-syncs` 1, quorum a
 /// majority of the sentinels): every process a [`RedisServer`] in its own temp dir, killed on
-/// drop.
+/// drop. With 1000, a new primary that answered no ping for a second on a loaded two-core
+/// machine was failed over again, and a short run could end before the second failover did.
 ///
 /// Data nodes keep the index they were started with: node 0 is the first primary, nodes
 /// `1..=replicas` its replicas. Which one is primary changes with failovers: ask
@@ -306,7 +307,7 @@ fn spawn_sentinel(primary: u16, quorum: usize) -> RedisServer {
             "port {port}\n\
              bind 127.0.0.1\n\
              sentinel monitor {MASTER_NAME} 127.0.0.1 {primary} {quorum}\n\
-             sentinel down-after-milliseconds {MASTER_NAME} 1000\n\
+             sentinel down-after-milliseconds {MASTER_NAME} 2000\n\
              sentinel failover-timeout {MASTER_NAME} 5000\n\
              sentinel parallel-syncs {MASTER_NAME} 1\n"
         );

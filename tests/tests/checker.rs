@@ -167,7 +167,7 @@ fn sentinel_failover_with_replica_acknowledgement() {
             "--fault",
             "failover",
         ],
-        10,
+        12,
     );
 }
 
