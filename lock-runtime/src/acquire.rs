@@ -12,7 +12,9 @@ use crate::core::{give_back, release_in_background, Abandoned, Core};
 use crate::error::ShutDown;
 use crate::guard::LockGuard;
 use crate::state::LockState;
-use crate::store::{Ask, Attempt, Capabilities, Flight, Kind, Lock, Mode, Release, SetAttempt, Waking};
+use crate::store::{
+    lease_granted, Ask, Attempt, Capabilities, Flight, Kind, Lock, Mode, Release, SetAttempt, Waking,
+};
 use crate::telemetry::{self, Labels};
 use crate::wakeups::Registration;
 use crate::{LockError, LockOptions, FAIR_PLACE_KEPT};
@@ -350,7 +352,7 @@ impl<'a> Call<'a> {
         self.deciding = Decided::default(); // no request decided it
         let acquired = Attempt::Acquired {
             fence: self.options.is_fencing().then_some(fence),
-            kept_until: None,
+            granted_until: None,
             permit,
         };
         (acquired, Instant::now(), (sent, self.place_lease()))
@@ -382,10 +384,9 @@ impl<'a> Call<'a> {
     #[inline]
     fn lease_of(&self, answer: &Attempt, started: Instant) -> Duration {
         match answer {
-            Attempt::Acquired {
-                kept_until: Some(until),
-                ..
-            } => until.saturating_duration_since(started).min(self.options.ttl()),
+            Attempt::Acquired { granted_until, .. } => {
+                lease_granted(*granted_until, started, self.options.ttl())
+            }
             _ => self.options.ttl(),
         }
     }
@@ -570,14 +571,10 @@ pub(crate) async fn take_set_at_once(
             let key = locks.get(at).map_or("", Lock::key);
             return Ok(SetTaken::Refused(key.to_owned()));
         }
-        Some(SetAttempt::Taken { fences, kept_until }) => {
-            // Kept for less than the ttl whatever happens to this client (as for one lock).
-            let lease = match kept_until {
-                Some(until) => until.saturating_duration_since(started).min(options.ttl()),
-                None => options.ttl(),
-            };
-            (fences, lease)
-        }
+        Some(SetAttempt::Taken {
+            fences,
+            granted_until,
+        }) => (fences, lease_granted(granted_until, started, options.ttl())),
     };
     let lease = (started, lease);
     let mut guards: Vec<LockGuard> = locks

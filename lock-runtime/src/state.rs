@@ -10,7 +10,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::options::drift;
-use crate::store::{Kind, Lock, Renewal};
+use crate::store::{lease_granted, Kind, Lock, Renewal};
 use crate::telemetry::{self, Labels};
 use crate::{LockError, LockOptions, OnLost};
 
@@ -169,16 +169,13 @@ impl LockState {
 
     /// What a renewal's answer for this lock, asked for `lease` in a request sent at `sent`,
     /// does to it: one reading of [`Renewal`] for the watchdog and an explicit extend alike.
-    /// Renewed, its validity moves to `sent` plus the lease (or what the store granted, if
-    /// less); gone or taken, it is marked lost; undecided or not replicated, nothing moves.
+    /// Renewed, its validity moves to `sent` plus the lease (or to where the store keeps it,
+    /// if sooner); gone or taken, it is marked lost; undecided or not replicated, nothing moves.
     pub(crate) fn apply(&self, renewal: Renewal, sent: Instant, lease: Duration) -> Applied {
         match renewal {
-            Renewal::Renewed | Renewal::RenewedFor(_) => {
-                let granted = match renewal {
-                    Renewal::RenewedFor(kept) => Some(kept),
-                    _ => None,
-                };
-                let valid = self.renewed(sent, granted.map_or(lease, |kept| lease.min(kept)));
+            Renewal::Renewed { granted_until } => {
+                let valid = self.renewed(sent, lease_granted(granted_until, sent, lease));
+                let granted = granted_until.map(|until| until.saturating_duration_since(sent));
                 Applied::Renewed { valid, granted }
             }
             Renewal::Gone => Applied::Gone {

@@ -212,7 +212,7 @@ impl Watchdog {
             Ok(renewed) => telemetry::renewed(
                 renewed
                     .iter()
-                    .filter(|r| matches!(r, Renewal::Renewed | Renewal::RenewedFor(_)))
+                    .filter(|r| matches!(r, Renewal::Renewed { .. }))
                     .count() as u64,
             ),
             Err(_) => telemetry::renewal_failed(),
@@ -230,7 +230,9 @@ impl Watchdog {
                     // than that (a ZooKeeper session shorter than the ttl): a lock without the
                     // watchdog ends where the store's grant ended (docs/deployments.md), so its
                     // validity does not move.
-                    Renewal::RenewedFor(kept) if watched.once && kept < state.ttl => {
+                    Renewal::Renewed {
+                        granted_until: Some(until),
+                    } if watched.once && until < sent + state.ttl => {
                         tracing::debug!(key = %state.key(), "lock kept by its store for less than its ttl; without the watchdog it ends then");
                         gone.push(*id);
                     }

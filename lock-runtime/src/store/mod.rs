@@ -344,17 +344,31 @@ impl Ask {
     }
 }
 
+/// Until when a store keeps what it granted (a lock taken, or renewed) whatever happens to this
+/// client, when that is sooner than the lease asked for from the request's send: etcd's session
+/// lease, last renewed a while ago; a ZooKeeper session timeout shorter than the ttl. `None`:
+/// the whole lease. The lock is valid no longer, and renewed a third of the way there.
+pub(crate) type GrantedUntil = Option<tokio::time::Instant>;
+
+/// What a store that keeps a lock until `kept` says of a lease that would end at `asked`.
+#[cfg_attr(not(any(feature = "etcd", feature = "zookeeper")), allow(dead_code))]
+pub(crate) fn granted_until(kept: tokio::time::Instant, asked: tokio::time::Instant) -> GrantedUntil {
+    (kept < asked).then_some(kept)
+}
+
+/// The lease a grant leaves from `sent`: `lease`, or less where the store keeps the lock for less.
+pub(crate) fn lease_granted(granted: GrantedUntil, sent: tokio::time::Instant, lease: Duration) -> Duration {
+    granted.map_or(lease, |until| lease.min(until.saturating_duration_since(sent)))
+}
+
 /// The result of one acquire attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Attempt {
-    /// Ours; `fence` is the new fencing token when one was asked for. `kept_until`: the store
-    /// keeps the lock until then whatever happens to this client, when that is sooner than the
-    /// ttl from the attempt's send (etcd: a session lease last renewed a while ago); the lock is
-    /// valid until then, and renewed a third of the way there.
-    /// `permit`: the permit taken, for a semaphore.
+    /// Ours; `fence` is the new fencing token when one was asked for; `granted_until`: see
+    /// [`GrantedUntil`]. `permit`: the permit taken, for a semaphore.
     Acquired {
         fence: Option<u64>,
-        kept_until: Option<tokio::time::Instant>,
+        granted_until: GrantedUntil,
         permit: Option<u32>,
     },
     /// Held by someone (or something) else; `pttl_ms` is its remaining life when it has one.
@@ -378,7 +392,7 @@ impl Attempt {
     pub(crate) fn acquired(fence: Option<u64>) -> Attempt {
         Attempt::Acquired {
             fence,
-            kept_until: None,
+            granted_until: None,
             permit: None,
         }
     }
@@ -387,7 +401,7 @@ impl Attempt {
     pub(crate) fn permit(fence: Option<u64>, permit: u32) -> Attempt {
         Attempt::Acquired {
             fence,
-            kept_until: None,
+            granted_until: None,
             permit: Some(permit),
         }
     }
@@ -449,10 +463,10 @@ impl Attempt {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum SetAttempt {
     /// Every lock taken, each for its token: each one's fencing token when asked for, in order.
-    /// `kept_until`: as for [`Attempt::Acquired`], for every lock of the set.
+    /// `granted_until`: as for [`Attempt::Acquired`], for every lock of the set.
     Taken {
         fences: Vec<Option<u64>>,
-        kept_until: Option<tokio::time::Instant>,
+        granted_until: GrantedUntil,
     },
     /// Nothing taken: the lock at this index is held (for how long yet, when known).
     Refused { at: usize, pttl_ms: Option<u64> },
@@ -463,7 +477,7 @@ impl SetAttempt {
     pub(crate) fn taken(fences: Vec<Option<u64>>) -> SetAttempt {
         SetAttempt::Taken {
             fences,
-            kept_until: None,
+            granted_until: None,
         }
     }
 }
@@ -471,19 +485,15 @@ impl SetAttempt {
 /// What one renewal found for one lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Renewal {
-    /// Still ours, and its lease set (acknowledged by the replicas asked for, if any).
-    Renewed,
+    /// Still ours, and its lease set (acknowledged by the replicas asked for, if any), or kept
+    /// only until `granted_until` (see [`GrantedUntil`]): the holder's validity moves no
+    /// further, and the next renewal comes a third of the way there.
+    Renewed { granted_until: GrantedUntil },
     /// Gone or someone else's: the lock is lost.
     Gone,
     /// No answer either way for this lock: its Cluster shard failed while others answered, or
     /// a RedLock majority neither renewed it nor found it gone. Retried while the lock is valid.
     Undecided,
-    /// Renewed, but the store keeps the lock only this long from the renewal's send, less than
-    /// the lease asked for (ZooKeeper: the session timeout the servers granted is shorter than
-    /// the ttl): the holder's validity moves that far, and the next renewal comes a third of
-    /// the way there.
-    #[cfg_attr(not(feature = "zookeeper"), allow(dead_code))]
-    RenewedFor(Duration),
     /// Renewed, but fewer replicas than `wait_for_replicas` asked for acknowledged it: the
     /// holder's validity does not move (a failover to a replica could bring back the earlier
     /// expiry). Retried while the acknowledged validity lasts.
@@ -491,10 +501,13 @@ pub(crate) enum Renewal {
 }
 
 impl Renewal {
+    /// Renewed for the whole lease asked for.
+    pub(crate) const RENEWED: Renewal = Renewal::Renewed { granted_until: None };
+
     /// A store's yes or no.
     pub(crate) fn from_ours(ours: bool) -> Renewal {
         if ours {
-            Renewal::Renewed
+            Renewal::RENEWED
         } else {
             Renewal::Gone
         }
@@ -887,8 +900,27 @@ impl<S: Store + StoreAdmin> DynStore for S {
 mod tests {
     use std::time::Duration;
 
-    use super::{Kind, Mode};
+    use super::{granted_until, lease_granted, Kind, Mode};
     use crate::{LockMode, LockOptions};
+
+    /// A grant shorter than the lease asked for bounds it; a longer one, or none, leaves it.
+    #[test]
+    fn a_grant_bounds_the_lease_only_when_sooner() {
+        let sent = tokio::time::Instant::now();
+        let lease = Duration::from_secs(10);
+        let asked = sent + lease;
+        let short = sent + Duration::from_secs(4);
+        assert_eq!(granted_until(short, asked), Some(short));
+        assert_eq!(granted_until(asked, asked), None);
+        assert_eq!(granted_until(sent + Duration::from_secs(30), asked), None);
+        assert_eq!(lease_granted(Some(short), sent, lease), Duration::from_secs(4));
+        assert_eq!(lease_granted(None, sent, lease), lease);
+        // Counted from the request's send: a grant already over leaves nothing.
+        assert_eq!(
+            lease_granted(Some(sent), sent + Duration::from_secs(1), lease),
+            Duration::ZERO
+        );
+    }
 
     /// Each combination the options allow is one mode, and says what the stores read off it.
     #[test]

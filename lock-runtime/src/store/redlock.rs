@@ -340,10 +340,10 @@ impl RedlockStore {
                     answered += 1;
                     for (i, ours) in per_lock.into_iter().enumerate().take(locks.len()) {
                         match ours {
-                            Renewal::Renewed => renewed[i] += 1,
-                            Renewal::Gone => gone[i] += 1,
                             // Redis masters renew for the whole lease asked.
-                            Renewal::Undecided | Renewal::NotReplicated { .. } | Renewal::RenewedFor(_) => {}
+                            Renewal::Renewed { .. } => renewed[i] += 1,
+                            Renewal::Gone => gone[i] += 1,
+                            Renewal::Undecided | Renewal::NotReplicated { .. } => {}
                         }
                     }
                 }
@@ -358,7 +358,7 @@ impl RedlockStore {
             .zip(gone)
             .map(|(renewed, gone)| {
                 if renewed >= self.quorum {
-                    Renewal::Renewed
+                    Renewal::RENEWED
                 } else if gone >= self.quorum {
                     Renewal::Gone
                 } else {

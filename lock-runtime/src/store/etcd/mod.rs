@@ -40,8 +40,8 @@ use tokio::time::Instant;
 use super::decode::userinfo;
 use super::line::{self, Book, Line, Place as _};
 use super::{
-    Ask, Attempt, Capabilities, DynStore, Flight, Kind, Lock, Notices, Release, Released, Renewal, Renewing,
-    SetAttempt, Settings, Store, StoreConfig, Waking,
+    granted_until, Ask, Attempt, Capabilities, DynStore, Flight, Kind, Lock, Notices, Release, Released,
+    Renewal, Renewing, SetAttempt, Settings, Store, StoreConfig, Waking,
 };
 use crate::background::Background;
 use crate::redact::hide_credentials;
@@ -638,11 +638,10 @@ impl EtcdStore {
         let until = sent + Duration::from_millis(ask.ttl_ms);
         let permit = place.permit;
         self.shared.book.record(token, place.held_until(until));
-        let kept_until = (session.kept_until < until).then_some(session.kept_until);
         Attempt::Acquired {
             permit,
             fence: ask.fencing.then_some(token_of(fence)),
-            kept_until,
+            granted_until: granted_until(session.kept_until, until),
         }
     }
 
@@ -790,7 +789,7 @@ impl EtcdStore {
                 }
                 self.shared.sessions.renewed(lease, sent);
                 self.known_on(place, lease);
-                return Ok(Renewal::Renewed);
+                return Ok(Renewal::RENEWED);
             }
             let session = self.session(ttl_ms).await?;
             let moved = Txn::new()
@@ -812,7 +811,7 @@ impl EtcdStore {
             if moved.succeeded() {
                 self.known_on(place, session.id);
                 return Ok(if renewed {
-                    Renewal::Renewed
+                    Renewal::RENEWED
                 } else {
                     Renewal::Undecided
                 });
@@ -1121,7 +1120,7 @@ impl Store for EtcdStore {
         }
         let created = revision(&answer);
         let mut fences = Vec::with_capacity(locks.len());
-        let mut kept_until = None;
+        let mut granted = None;
         for ((name, key), token) in places.into_iter().zip(tokens) {
             let place = Place {
                 name,
@@ -1136,16 +1135,17 @@ impl Store for EtcdStore {
                 permit: None,
             };
             if let Attempt::Acquired {
-                fence,
-                kept_until: kept,
-                ..
+                fence, granted_until, ..
             } = self.taken(token, place, ask, (sent, session), 0)
             {
                 fences.push(fence);
-                kept_until = kept_until.or(kept);
+                granted = granted.or(granted_until);
             }
         }
-        Ok(Some(SetAttempt::Taken { fences, kept_until }))
+        Ok(Some(SetAttempt::Taken {
+            fences,
+            granted_until: granted,
+        }))
     }
 
     async fn renew(&self, locks: &[Renewing<'_>]) -> Result<Vec<Renewal>, LockError> {

@@ -196,7 +196,7 @@ impl<P: Place> Book<P> {
         let mut places = self.places();
         for (at, ((_, token, ttl_ms), found)) in locks.iter().zip(found).enumerate() {
             match found {
-                Renewal::Renewed | Renewal::RenewedFor(_) => {
+                Renewal::Renewed { .. } => {
                     let until = sent_at(at) + Duration::from_millis(*ttl_ms);
                     if let Some(held) = places.get_mut(*token).map(P::until) {
                         *held = held.map(|was| was.max(until));

@@ -774,7 +774,7 @@ impl Store for MysqlStore {
         })?;
         if renewed.rows_affected() == plain.len() as u64 {
             for (at, _) in &plain {
-                found[*at] = Renewal::Renewed;
+                found[*at] = Renewal::RENEWED;
             }
             return Ok(found);
         }

@@ -818,7 +818,7 @@ impl Store for PostgresStore {
         for position in renewed {
             let at = usize::try_from(position).ok().and_then(|p| p.checked_sub(1));
             if let Some(slot) = at.and_then(|at| found.get_mut(at)) {
-                *slot = Renewal::Renewed;
+                *slot = Renewal::RENEWED;
             }
         }
         Ok(found)

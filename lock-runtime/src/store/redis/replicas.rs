@@ -133,7 +133,7 @@ impl Acknowledged {
             .into_iter()
             .map(|r| match (r == 1, short) {
                 (false, _) => Renewal::Gone,
-                (true, None) => Renewal::Renewed,
+                (true, None) => Renewal::RENEWED,
                 (true, Some((acked, wanted))) => Renewal::NotReplicated { acked, wanted },
             })
             .collect()

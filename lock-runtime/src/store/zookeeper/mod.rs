@@ -32,8 +32,8 @@ use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiReadResult, Se
 
 use super::line::{self, Book, Line, Place as _};
 use super::{
-    Ask, Attempt, Capabilities, DynStore, Flight, Kind, Lock, Notices, Release, Released, Renewal, Renewing,
-    Settings, Store, StoreConfig, Waking,
+    granted_until, Ask, Attempt, Capabilities, DynStore, Flight, Kind, Lock, Notices, Release, Released,
+    Renewal, Renewing, Settings, Store, StoreConfig, Waking,
 };
 use crate::background::Background;
 use crate::view::RELEASED;
@@ -976,11 +976,10 @@ impl ZkStore {
         let permit = place.permit;
         self.shared.book.forget(token);
         self.shared.book.record(token, place.held_until(until));
-        let kept_until = sent + session.keeps;
         Attempt::Acquired {
             permit,
             fence: ask_.fencing.then(|| u64::try_from(fence).unwrap_or(0)),
-            kept_until: (kept_until < until).then_some(kept_until),
+            granted_until: granted_until(sent + session.keeps, until),
         }
     }
 
@@ -1253,10 +1252,8 @@ impl Store for ZkStore {
                 let ttl = Duration::from_millis(locks[*at].2);
                 found[*at] = match stat {
                     Ok(Some(stat)) if stat.czxid == place.czxid && stat.ephemeral_owner == session.id => {
-                        if session.keeps < ttl {
-                            Renewal::RenewedFor(session.keeps)
-                        } else {
-                            Renewal::Renewed
+                        Renewal::Renewed {
+                            granted_until: granted_until(sent + session.keeps, sent + ttl),
                         }
                     }
                     Ok(_) => Renewal::Gone,
