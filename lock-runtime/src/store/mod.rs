@@ -485,9 +485,9 @@ impl SetAttempt {
 /// What one renewal found for one lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Renewal {
-    /// Still ours, and its lease set (acknowledged by the replicas asked for, if any), or kept
-    /// only until `granted_until` (see [`GrantedUntil`]): the holder's validity moves no
-    /// further, and the next renewal comes a third of the way there.
+    /// Still ours, and its lease set (acknowledged by the replicas asked for, if any); with
+    /// `granted_until` (see [`GrantedUntil`]) the store keeps it only until then, so the
+    /// holder's validity moves only that far and the next renewal comes a third of the way there.
     Renewed { granted_until: GrantedUntil },
     /// Gone or someone else's: the lock is lost.
     Gone,
