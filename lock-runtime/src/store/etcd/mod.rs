@@ -38,7 +38,7 @@ use futures_util::future::join_all;
 use tokio::time::Instant;
 
 use super::decode::userinfo;
-use super::line::{self, Book, Line, Place as _};
+use super::line::{Book, Line, Placed};
 use super::{
     granted_until, Ask, Attempt, Capabilities, DynStore, Flight, Kind, Lock, Notices, Release, Released,
     Renewal, Renewing, SetAttempt, Settings, Store, StoreConfig, Waking,
@@ -275,25 +275,9 @@ struct Place {
     fenced: bool,
     /// A reader's fencing token: the last writer's token known before its place.
     after_writer: i64,
-    /// Held: this client deletes it then unless renewed (its ttl from the last request that
-    /// took or renewed it, or its minimum hold). `None`: a waiter's place, kept as long as the
-    /// client.
-    until: Option<Instant>,
-    /// Given back, and kept for its minimum hold (on a lease of its own).
-    kept: bool,
     /// The permit a semaphore's holder holds (its key is the permit's, not named by its
     /// token).
     permit: Option<u32>,
-}
-
-impl line::Place for Place {
-    fn until(&mut self) -> &mut Option<Instant> {
-        &mut self.until
-    }
-
-    fn kept(&self) -> bool {
-        self.kept
-    }
 }
 
 /// What the client's tasks share with the store.
@@ -466,25 +450,20 @@ impl Line for Shared {
     }
 
     /// Not known to be gone: deleted at its validity's end, or its session ends it.
-    fn not_released(&self, token: &str, place: Place, _: &LockError) {
+    fn not_released(&self, token: &str, place: Placed<Place>, _: &LockError) {
         let until = place.until.unwrap_or_else(Instant::now);
-        self.book.record(token, place.held_until(until));
+        self.book.record(token, Placed::held(place.of, until));
     }
 
-    /// A release before the minimum hold's end: the place is kept, marked released, on a lease
-    /// of that long (so it stays if this client dies), and deleted by this client when the hold
-    /// ends.
-    async fn keep_for(&self, token: &str, place: Place, hold_ms: u64) -> Result<Released, LockError> {
-        // Not kept: back in the book and the reaper's queue, deleted at its validity's end (as
-        // `not_released`), not left on the session for the client's life.
-        let put_back = |place: Place| self.book.record(token, place);
-        let (lease, _) = match self.pool.grant(seconds(hold_ms)).await {
-            Ok(granted) => granted,
-            Err(e) => {
-                put_back(place);
-                return Err(e);
-            }
-        };
+    /// A release before the minimum hold's end: the place is marked released, on a lease of
+    /// that long (so it stays if this client dies).
+    async fn mark_released(
+        &self,
+        token: &str,
+        place: &Place,
+        hold_ms: u64,
+    ) -> Result<Option<Place>, LockError> {
+        let (lease, _) = self.pool.grant(seconds(hold_ms)).await?;
         let kept = Txn::new()
             .when([Compare::create_revision(
                 place.key.clone(),
@@ -496,26 +475,15 @@ impl Line for Shared {
                 format!("{token}{RELEASED}"),
                 Some(PutOptions::new().with_lease(lease)),
             )]);
-        let until = Instant::now() + Duration::from_millis(hold_ms);
-        match self.pool.txn(kept).await {
-            Ok(answer) if answer.succeeded() => {
-                self.book.record(
-                    token,
-                    Place {
-                        lease,
-                        until: Some(until),
-                        kept: true,
-                        ..place
-                    },
-                );
-                Ok(Released::Quiet)
-            }
-            Ok(_) => Ok(Released::NotOurs),
-            Err(e) => {
-                put_back(place);
-                Err(e)
-            }
-        }
+        let marked = self.pool.txn(kept).await?.succeeded();
+        Ok(marked.then(|| Place {
+            lease,
+            ..place.clone()
+        }))
+    }
+
+    fn unwatch(&self, token: &str) {
+        self.watcher.cancel(&self.pool, &self.notices, token);
     }
 }
 
@@ -632,12 +600,10 @@ impl EtcdStore {
         } else {
             place.created
         };
-        self.shared
-            .watcher
-            .cancel(self.pool(), &self.shared.notices, token);
+        self.shared.unwatch(token);
         let until = sent + Duration::from_millis(ask.ttl_ms);
         let permit = place.permit;
-        self.shared.book.record(token, place.held_until(until));
+        self.shared.book.record(token, Placed::held(place, until));
         Attempt::Acquired {
             permit,
             fence: ask.fencing.then_some(token_of(fence)),
@@ -962,7 +928,7 @@ impl Store for EtcdStore {
         if ask.mode.semaphore() {
             return self.permit_attempt(lock, token, ask).await;
         }
-        let known = self.shared.book.places().get(token).cloned();
+        let known = self.shared.book.places().get(token).map(|p| p.of.clone());
         if let Some(place) = known.filter(|p| p.created > 0) {
             return self.look_again(lock, token, ask, place).await;
         }
@@ -999,11 +965,9 @@ impl Store for EtcdStore {
                     lease: kv.lease(),
                     fenced: ask.fencing,
                     after_writer: 0,
-                    until: None,
-                    kept: false,
                     permit: None,
                 };
-                self.shared.book.record(token, place.clone());
+                self.shared.book.record(token, Placed::waiting(place.clone()));
                 return self.look_again(lock, token, ask, place).await;
             }
             return Ok(Attempt::HELD);
@@ -1027,8 +991,6 @@ impl Store for EtcdStore {
             } else {
                 0
             },
-            until: None,
-            kept: false,
             permit: None,
         };
         match before.first() {
@@ -1036,7 +998,7 @@ impl Store for EtcdStore {
             Some(kv) => {
                 let (ahead_key, read) = (kv.key().to_vec(), revision(&answer));
                 place.after_writer = place.after_writer.max(last_fence);
-                self.shared.book.record(token, place);
+                self.shared.book.record(token, Placed::waiting(place));
                 self.wait_behind(lock, token, ahead_key, read);
                 Ok(Attempt::behind())
             }
@@ -1130,8 +1092,6 @@ impl Store for EtcdStore {
                 lease: session.id,
                 fenced: ask.fencing,
                 after_writer: 0,
-                until: None,
-                kept: false,
                 permit: None,
             };
             if let Attempt::Acquired {
@@ -1161,8 +1121,8 @@ impl Store for EtcdStore {
                 .book
                 .places()
                 .get(*token)
-                .cloned()
-                .filter(|p| p.until.is_some() && !p.kept)
+                .filter(|p| p.holds())
+                .map(|p| p.of.clone())
             else {
                 continue;
             };
@@ -1195,34 +1155,16 @@ impl Store for EtcdStore {
         Ok(found)
     }
 
+    /// An attempt whose answer never came may have put a place, or (a semaphore's, while its
+    /// place in the queue is what this client knows of it) taken a permit: looked for by its
+    /// token, now and once more when a late request could no longer land.
     async fn release(&self, lock: &Lock, token: &str, release: Release<'_>) -> Result<Released, LockError> {
-        self.shared
-            .watcher
-            .cancel(self.pool(), &self.shared.notices, token);
-        let place = self.shared.book.forget(token);
-        if release.kind == Kind::Permit && release.after.is_some() {
-            // A semaphore's attempt whose answer never came may have taken a permit (a waiter's,
-            // while its place in the queue is what this client knows of it): looked for by its
-            // token, now and once more later.
-            return self.delete_unknown(lock, token, true).await;
-        }
-        let Some(place) = place else {
-            if release.after.is_some() {
-                // An attempt whose answer never came may have put a place: deleted now, and again
-                // once a late request could no longer land.
-                return self
-                    .delete_unknown(lock, token, release.kind == Kind::Permit)
-                    .await;
-            }
-            return Ok(Released::NotOurs);
-        };
-        self.shared.give_back(token, place, release.hold_ms).await
+        let permits = release.kind == Kind::Permit;
+        let unknown = || self.delete_unknown(lock, token, permits);
+        self.shared.release(token, &release, unknown).await
     }
 
     async fn leave(&self, _: &Lock, token: &str, _: bool) -> Result<(), LockError> {
-        self.shared
-            .watcher
-            .cancel(self.pool(), &self.shared.notices, token);
         self.shared.leave(token).await
     }
 }

@@ -26,7 +26,7 @@ use tokio::time::Instant;
 
 use super::names::{Names, Part};
 use super::sessions::Session;
-use super::{id_of, newest_first, read_at, revision, EtcdStore, Place};
+use super::{id_of, newest_first, read_at, revision, EtcdStore, Place, Placed};
 use crate::store::{permits_differ, Ask, Attempt, Lock};
 use crate::LockError;
 
@@ -59,7 +59,7 @@ impl EtcdStore {
             .places()
             .get(token)
             .filter(|p| p.until.is_none() && p.permit.is_none())
-            .cloned();
+            .map(|p| p.of.clone());
         // The lowest permit this client does not hold of the key: free, when no other client
         // holds one.
         let mut guess = (0..count)
@@ -83,8 +83,6 @@ impl EtcdStore {
                     lease: session.id,
                     fenced: ask.fencing,
                     after_writer: 0,
-                    until: None,
-                    kept: false,
                     permit: Some(guess),
                 };
                 return Ok(self.taken(token, place, ask, (sent, session), 0));
@@ -244,11 +242,9 @@ impl EtcdStore {
             // A place in the queue leaves no fencing token when it goes (a lock's writer does).
             fenced: false,
             after_writer: 0,
-            until: None,
-            kept: false,
             permit: None,
         };
-        self.shared.book.record(token, place);
+        self.shared.book.record(token, Placed::waiting(place));
         match ahead {
             Some(ahead) => {
                 self.wait_behind(lock, token, ahead, revision(&answer));

@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::store::{Released, Renewal, Renewing};
+use crate::store::{Kind, Release, Released, Renewal, Renewing};
 use crate::LockError;
 
 /// How often the keeper looks at least (for sessions and places due later than it was told).
@@ -22,29 +22,73 @@ pub(crate) const KEEPER_TICK: Duration = Duration::from_secs(1);
 /// A place that could not be deleted is tried again this soon.
 const RETRY: Duration = Duration::from_millis(100);
 
-/// One of this client's places, as the [`Book`] needs to know it.
-pub(crate) trait Place {
+/// One of this client's places, as the [`Book`] keeps it: what the store knows of it (`of`,
+/// reached through `Deref`), and how long it is held.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Placed<P> {
+    /// What the store knows of the place (its key or node, its session, …).
+    pub(crate) of: P,
     /// Held: deleted then unless renewed. `None`: a waiter's place, kept as long as the client.
-    fn until(&mut self) -> &mut Option<Instant>;
-
+    pub(crate) until: Option<Instant>,
     /// Given back, and kept for its minimum hold.
-    fn kept(&self) -> bool;
+    pub(crate) kept: bool,
+}
 
-    /// The same place, held until `until`.
-    fn held_until(mut self, until: Instant) -> Self
-    where
-        Self: Sized,
-    {
-        *self.until() = Some(until);
-        self
+impl<P> Placed<P> {
+    /// A waiter's place.
+    pub(crate) fn waiting(of: P) -> Self {
+        Placed {
+            of,
+            until: None,
+            kept: false,
+        }
+    }
+
+    /// A holder's place, deleted at `until` unless renewed.
+    pub(crate) fn held(of: P, until: Instant) -> Self {
+        Placed {
+            of,
+            until: Some(until),
+            kept: false,
+        }
+    }
+
+    /// A place given back and kept for its minimum hold, until `until`.
+    pub(crate) fn kept_until(of: P, until: Instant) -> Self {
+        Placed {
+            of,
+            until: Some(until),
+            kept: true,
+        }
+    }
+
+    /// Held, and not given back: what a renewal renews.
+    pub(crate) fn holds(&self) -> bool {
+        self.until.is_some() && !self.kept
     }
 }
 
-/// A queue store's side of the steps every such store takes the same way: its [`Book`], and
-/// how it deletes one of its places.
+impl<P> std::ops::Deref for Placed<P> {
+    type Target = P;
+
+    fn deref(&self) -> &P {
+        &self.of
+    }
+}
+
+impl<P> std::ops::DerefMut for Placed<P> {
+    fn deref_mut(&mut self) -> &mut P {
+        &mut self.of
+    }
+}
+
+/// A queue store's side of the steps every such store takes the same way: the store says how
+/// it deletes, marks and watches one of its places ([`delete`](Line::delete),
+/// [`mark_released`](Line::mark_released), [`unwatch`](Line::unwatch), …); the release, the
+/// minimum hold, the reaper and a waiter's leaving are the same for each.
 pub(crate) trait Line: Send + Sync {
     /// What the store knows of one of its places.
-    type Place: Place + Send;
+    type Place: Send;
 
     /// The store's name, for logs.
     const STORE: &'static str;
@@ -55,38 +99,80 @@ pub(crate) trait Line: Send + Sync {
     /// Deletes `place` if it is still the one this client put: whether it was there.
     fn delete(&self, place: &Self::Place) -> impl Future<Output = Result<bool, LockError>> + Send;
 
-    /// Keeps `token`'s `place`, given back before its minimum hold's end, `hold_ms` longer,
-    /// marked released (so it stays if this client dies), and deletes it then.
-    fn keep_for(
+    /// Marks `token`'s `place`, given back before its minimum hold's end, released, kept at
+    /// least `hold_ms` by the store even if this client dies (on a lease of that long, say):
+    /// the place as it is now, or `None` if it was no longer there.
+    fn mark_released(
         &self,
         token: &str,
-        place: Self::Place,
+        place: &Self::Place,
         hold_ms: u64,
-    ) -> impl Future<Output = Result<Released, LockError>> + Send;
+    ) -> impl Future<Output = Result<Option<Self::Place>, LockError>> + Send;
+
+    /// Stops `token`'s watch of the place ahead of its own, if it has one.
+    fn unwatch(&self, token: &str);
+
+    /// The release of `token`'s lock: its watch stopped, then what an attempt whose answer
+    /// never came may have put deleted by the store (`unknown`: a semaphore's, always, as its
+    /// permit is not named by its token; a lock's, when this client knows no place of it), or
+    /// the place this client knows given back ([`give_back`](Line::give_back)).
+    fn release<F>(
+        &self,
+        token: &str,
+        release: &Release<'_>,
+        unknown: impl FnOnce() -> F + Send,
+    ) -> impl Future<Output = Result<Released, LockError>> + Send
+    where
+        F: Future<Output = Result<Released, LockError>> + Send,
+    {
+        async move {
+            self.unwatch(token);
+            let place = self.book().forget(token);
+            let abandoned = release.after.is_some();
+            match place {
+                _ if abandoned && release.kind == Kind::Permit => unknown().await,
+                None if abandoned => unknown().await,
+                None => Ok(Released::NotOurs),
+                Some(place) => self.give_back(token, place, release.hold_ms).await,
+            }
+        }
+    }
 
     /// `place`'s deletion, for its release, failed with `error`: what the store does with it
     /// (it is not known to be gone).
-    fn not_released(&self, token: &str, place: Self::Place, error: &LockError);
+    fn not_released(&self, token: &str, place: Placed<Self::Place>, error: &LockError);
 
     /// Gives `token`'s `place` back (taken out of the book by the caller): one kept for its
-    /// minimum hold stays so; one given back before that hold's end is kept for `hold_ms`;
-    /// anything else is deleted, and its waiters hear of it through their watches.
+    /// minimum hold stays so; one given back before that hold's end is marked released and
+    /// kept `hold_ms` longer (counted from the store's answer), then deleted (not marked, it
+    /// goes back to the book as it was: deleted at its holder's validity's end); anything else
+    /// is deleted, and its waiters hear of it through their watches.
     fn give_back(
         &self,
         token: &str,
-        place: Self::Place,
+        place: Placed<Self::Place>,
         hold_ms: u64,
     ) -> impl Future<Output = Result<Released, LockError>> + Send {
         async move {
-            let mut place = place;
-            if place.kept() {
+            if place.kept {
                 self.book().record(token, place);
                 return Ok(Released::NotOurs);
             }
-            if hold_ms > 0 && place.until().is_some() {
-                return self.keep_for(token, place, hold_ms).await;
+            if hold_ms > 0 && place.until.is_some() {
+                return match self.mark_released(token, &place.of, hold_ms).await {
+                    Ok(Some(kept)) => {
+                        let until = Instant::now() + Duration::from_millis(hold_ms);
+                        self.book().record(token, Placed::kept_until(kept, until));
+                        Ok(Released::Quiet)
+                    }
+                    Ok(None) => Ok(Released::NotOurs),
+                    Err(e) => {
+                        self.book().record(token, place);
+                        Err(e)
+                    }
+                };
             }
-            match self.delete(&place).await {
+            match self.delete(&place.of).await {
                 Ok(true) => Ok(Released::Quiet),
                 Ok(false) => Ok(Released::NotOurs),
                 Err(e) => {
@@ -102,21 +188,22 @@ pub(crate) trait Line: Send + Sync {
     fn reap(&self) -> impl Future<Output = ()> + Send {
         async move {
             for (token, place) in self.book().ended(Instant::now()) {
-                if let Err(e) = self.delete(&place).await {
-                    self.book().not_deleted(&token, place, &e, Self::STORE);
+                if let Err(e) = self.delete(&place.of).await {
+                    self.book().not_deleted(&token, place.of, &e, Self::STORE);
                 }
             }
         }
     }
 
-    /// Takes `token`'s place out of its line (a waiter that stops waiting). A place that could
+    /// Takes `token`'s place out of its line (a waiter that stops waiting), its watch stopped. A place that could
     /// not be deleted would be kept by its session as long as this client lives, holding the
     /// line back: the reaper deletes it, trying again until it is.
     fn leave(&self, token: &str) -> impl Future<Output = Result<(), LockError>> + Send {
         async move {
+            self.unwatch(token);
             if let Some(place) = self.book().forget(token) {
-                if let Err(e) = self.delete(&place).await {
-                    self.book().delete_soon(token, place);
+                if let Err(e) = self.delete(&place.of).await {
+                    self.book().delete_soon(token, place.of);
                     return Err(e);
                 }
             }
@@ -129,8 +216,8 @@ pub(crate) trait Line: Send + Sync {
 /// deleted.
 #[derive(Debug)]
 pub(crate) struct Book<P> {
-    places: Mutex<HashMap<String, P>>,
-    /// When places are due to be deleted, by token (see [`Place::until`]).
+    places: Mutex<HashMap<String, Placed<P>>>,
+    /// When places are due to be deleted, by token (see [`Placed::until`]).
     due: Mutex<BTreeSet<(Instant, String)>>,
     /// Told when something became due sooner than the keeper's next look.
     changed: Notify,
@@ -151,24 +238,24 @@ impl<P> Default for Book<P> {
     }
 }
 
-impl<P: Place> Book<P> {
+impl<P> Book<P> {
     /// The places, by token (one step at a time: the lock is not held across an await).
-    pub(crate) fn places(&self) -> MutexGuard<'_, HashMap<String, P>> {
+    pub(crate) fn places(&self) -> MutexGuard<'_, HashMap<String, Placed<P>>> {
         locked(&self.places)
     }
 
     /// Records `token`'s place (a held one is deleted at its `until` unless renewed).
-    pub(crate) fn record(&self, token: &str, mut place: P) {
-        if let Some(until) = *place.until() {
+    pub(crate) fn record(&self, token: &str, place: Placed<P>) {
+        if let Some(until) = place.until {
             self.delete_at(token, until);
         }
         self.places().insert(token.to_owned(), place);
     }
 
     /// Takes `token`'s place out of this client's records (and out of the reaper's).
-    pub(crate) fn forget(&self, token: &str) -> Option<P> {
-        let mut place = self.places().remove(token)?;
-        if let Some(until) = *place.until() {
+    pub(crate) fn forget(&self, token: &str) -> Option<Placed<P>> {
+        let place = self.places().remove(token)?;
+        if let Some(until) = place.until {
             locked(&self.due).remove(&(until, token.to_owned()));
         }
         Some(place)
@@ -198,8 +285,8 @@ impl<P: Place> Book<P> {
             match found {
                 Renewal::Renewed { .. } => {
                     let until = sent_at(at) + Duration::from_millis(*ttl_ms);
-                    if let Some(held) = places.get_mut(*token).map(P::until) {
-                        *held = held.map(|was| was.max(until));
+                    if let Some(place) = places.get_mut(*token) {
+                        place.until = place.until.map(|was| was.max(until));
                     }
                 }
                 Renewal::Gone => {
@@ -212,7 +299,7 @@ impl<P: Place> Book<P> {
 
     /// The places whose time is up at `now`, taken out of the records (for the store to
     /// delete). A place renewed since it was put in the queue is put back at its new time.
-    pub(crate) fn ended(&self, now: Instant) -> Vec<(String, P)> {
+    pub(crate) fn ended(&self, now: Instant) -> Vec<(String, Placed<P>)> {
         let mut due = Vec::new();
         {
             let mut queue = locked(&self.due);
@@ -225,7 +312,7 @@ impl<P: Place> Book<P> {
         let mut ended = Vec::new();
         let mut places = self.places();
         for token in due {
-            match places.get_mut(&token).and_then(|p| *p.until()) {
+            match places.get(&token).and_then(|p| p.until) {
                 Some(until) if until <= now => {
                     if let Some(place) = places.remove(&token) {
                         ended.push((token, place));
@@ -258,7 +345,7 @@ impl<P: Place> Book<P> {
         let again = Instant::now() + RETRY;
         self.places()
             .entry(token.to_owned())
-            .or_insert_with(|| place.held_until(again));
+            .or_insert_with(|| Placed::held(place, again));
         self.delete_at(token, again);
     }
 
@@ -293,17 +380,14 @@ impl<P: Place> Book<P> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Flight;
 
-    #[derive(Debug, Clone, PartialEq)]
-    struct Spot(Option<Instant>);
-
-    impl Place for Spot {
-        fn until(&mut self) -> &mut Option<Instant> {
-            &mut self.0
-        }
-
-        fn kept(&self) -> bool {
-            false
+    /// A place held until a time (`None`: a waiter's).
+    fn spot(until: Option<Instant>) -> Placed<()> {
+        Placed {
+            of: (),
+            until,
+            kept: false,
         }
     }
 
@@ -311,18 +395,18 @@ mod tests {
     async fn held_places_end_at_their_time_and_waiters_never() {
         let book = Book::default();
         let now = Instant::now();
-        book.record("a", Spot(Some(now + Duration::from_millis(10))));
-        book.record("b", Spot(Some(now + Duration::from_millis(20))));
-        book.record("waiter", Spot(None));
+        book.record("a", spot(Some(now + Duration::from_millis(10))));
+        book.record("b", spot(Some(now + Duration::from_millis(20))));
+        book.record("waiter", spot(None));
         assert!(book.ended(now).is_empty());
         let ended = book.ended(now + Duration::from_millis(15));
         assert_eq!(
             ended,
-            vec![("a".to_owned(), Spot(Some(now + Duration::from_millis(10))))]
+            vec![("a".to_owned(), spot(Some(now + Duration::from_millis(10))))]
         );
         // Renewed: put back at its new time, not ended.
         book.places()
-            .insert("b".into(), Spot(Some(now + Duration::from_millis(40))));
+            .insert("b".into(), spot(Some(now + Duration::from_millis(40))));
         assert!(book.ended(now + Duration::from_millis(25)).is_empty());
         assert_eq!(book.ended(now + Duration::from_millis(40)).len(), 1);
         assert!(book.ended(now + Duration::from_secs(3600)).is_empty());
@@ -333,8 +417,8 @@ mod tests {
     async fn a_forgotten_place_is_not_reaped() {
         let book = Book::default();
         let now = Instant::now();
-        book.record("a", Spot(Some(now)));
-        assert_eq!(book.forget("a"), Some(Spot(Some(now))));
+        book.record("a", spot(Some(now)));
+        assert_eq!(book.forget("a"), Some(spot(Some(now))));
         assert!(book.ended(now + Duration::from_secs(1)).is_empty());
         assert!(book.forget("a").is_none());
     }
@@ -344,14 +428,14 @@ mod tests {
         let book = Book::default();
         let now = Instant::now();
         let unavailable = LockError::unavailable("down");
-        book.not_deleted("a", Spot(None), &unavailable, "test");
-        assert_eq!(book.places().get("a"), Some(&Spot(Some(now + RETRY))));
+        book.not_deleted("a", (), &unavailable, "test");
+        assert_eq!(book.places().get("a"), Some(&spot(Some(now + RETRY))));
         assert_eq!(book.ended(now + RETRY).len(), 1);
         let refused = LockError::Refused {
             reason: "no right",
             source: "denied".into(),
         };
-        book.not_deleted("b", Spot(None), &refused, "test");
+        book.not_deleted("b", (), &refused, "test");
         assert!(book.places().get("b").is_none());
     }
 
@@ -369,7 +453,7 @@ mod tests {
         };
         tokio::task::yield_now().await;
         let soon = Instant::now() + Duration::from_millis(5);
-        book.record("a", Spot(Some(soon)));
+        book.record("a", spot(Some(soon)));
         assert!(!keeper.await.unwrap());
         assert!(Instant::now() < soon + KEEPER_TICK / 2);
         tokio::time::sleep_until(soon).await;
@@ -380,50 +464,38 @@ mod tests {
 
     /// A place with a hold, and a store whose deletion answers as told, recording what it was
     /// asked.
-    #[derive(Debug, Clone, PartialEq)]
-    struct Held {
-        until: Option<Instant>,
-        kept: bool,
-    }
-
-    impl Place for Held {
-        fn until(&mut self) -> &mut Option<Instant> {
-            &mut self.until
-        }
-
-        fn kept(&self) -> bool {
-            self.kept
-        }
-    }
-
     #[derive(Default)]
     struct Told {
-        book: Book<Held>,
+        book: Book<()>,
         /// What the next deletion answers: `Some(found)`, or `None` for an unavailable store.
         answer: Mutex<Option<bool>>,
         asked: Mutex<Vec<&'static str>>,
     }
 
     impl Line for Told {
-        type Place = Held;
+        type Place = ();
         const STORE: &'static str = "test";
 
-        fn book(&self) -> &Book<Held> {
+        fn book(&self) -> &Book<()> {
             &self.book
         }
 
-        async fn delete(&self, _: &Held) -> Result<bool, LockError> {
+        async fn delete(&self, _: &()) -> Result<bool, LockError> {
             locked(&self.asked).push("delete");
             locked(&self.answer).ok_or_else(|| LockError::unavailable("down"))
         }
 
-        async fn keep_for(&self, _: &str, _: Held, hold_ms: u64) -> Result<Released, LockError> {
+        async fn mark_released(&self, _: &str, _: &(), hold_ms: u64) -> Result<Option<()>, LockError> {
             assert_eq!(hold_ms, 250);
-            locked(&self.asked).push("keep_for");
-            Ok(Released::Quiet)
+            locked(&self.asked).push("mark_released");
+            Ok(Some(()))
         }
 
-        fn not_released(&self, _: &str, _: Held, _: &LockError) {
+        fn unwatch(&self, _: &str) {
+            locked(&self.asked).push("unwatch");
+        }
+
+        fn not_released(&self, _: &str, _: Placed<()>, _: &LockError) {
             locked(&self.asked).push("not_released");
         }
     }
@@ -432,7 +504,8 @@ mod tests {
     async fn a_place_given_back_is_kept_held_longer_or_deleted() {
         let line = Told::default();
         let now = Instant::now();
-        let held = |kept| Held {
+        let held = |kept| Placed {
+            of: (),
             until: Some(now + Duration::from_secs(1)),
             kept,
         };
@@ -464,33 +537,75 @@ mod tests {
         assert!(line.give_back("c", held(false), 0).await.is_err());
         assert_eq!(
             *locked(&line.asked),
-            ["keep_for", "delete", "delete", "delete", "not_released"]
+            ["mark_released", "delete", "delete", "delete", "not_released"]
         );
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_waiter_that_leaves_and_could_not_be_deleted_is_reaped_soon() {
         let line = Told::default();
-        line.book.record(
-            "waiter",
-            Held {
-                until: None,
-                kept: false,
-            },
-        );
+        line.book.record("waiter", Placed::waiting(()));
         assert!(line.leave("waiter").await.is_err());
         let again = Instant::now() + RETRY;
         assert_eq!(line.book.ended(again).len(), 1);
         // Left (deleted): nothing of it stays.
-        line.book.record(
-            "other",
-            Held {
-                until: None,
-                kept: false,
-            },
-        );
+        line.book.record("other", Placed::waiting(()));
         *locked(&line.answer) = Some(true);
         line.leave("other").await.unwrap();
         assert!(line.book.places().is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_release_gives_back_the_known_place_or_looks_for_an_unknown_one() {
+        let line = Told::default();
+        *locked(&line.answer) = Some(true);
+        let flight = Flight::default();
+        let release = |kind, after| Release {
+            hold_ms: 0,
+            kind,
+            after,
+        };
+        let unknown = || async {
+            locked(&line.asked).push("unknown");
+            Ok(Released::Freed)
+        };
+        let (plain, plain_abandoned, permit_abandoned) = (
+            release(Kind::Plain, None),
+            release(Kind::Plain, Some(&flight)),
+            release(Kind::Permit, Some(&flight)),
+        );
+        // Known and answered: given back (deleted).
+        line.book.record("a", Placed::held((), Instant::now()));
+        let given = line.release("a", &plain, unknown);
+        assert_eq!(given.await.unwrap(), Released::Quiet);
+        // Not known: not ours, unless an attempt's answer never came.
+        let given = line.release("b", &plain, unknown);
+        assert_eq!(given.await.unwrap(), Released::NotOurs);
+        let given = line.release("b", &plain_abandoned, unknown);
+        assert_eq!(given.await.unwrap(), Released::Freed);
+        // A semaphore's abandoned attempt is looked for even with a place known (its queue
+        // place), and that place is forgotten.
+        line.book.record("c", Placed::waiting(()));
+        let given = line.release("c", &permit_abandoned, unknown);
+        assert_eq!(given.await.unwrap(), Released::Freed);
+        assert!(line.book.places().is_empty());
+        assert_eq!(
+            *locked(&line.asked),
+            ["unwatch", "delete", "unwatch", "unwatch", "unknown", "unwatch", "unknown"]
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_place_kept_for_its_hold_is_deleted_when_the_hold_ends() {
+        let line = Told::default();
+        let held = Placed::held((), Instant::now() + Duration::from_secs(30));
+        let kept = line.give_back("a", held, 250).await.unwrap();
+        assert_eq!(kept, Released::Quiet);
+        let hold_end = Instant::now() + Duration::from_millis(250);
+        assert_eq!(
+            line.book.places().get("a").map(|p| (p.until, p.kept)),
+            Some((Some(hold_end), true))
+        );
+        assert_eq!(line.book.ended(hold_end).len(), 1);
     }
 }

@@ -30,10 +30,10 @@ use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiReadResult, SessionState};
 
-use super::line::{self, Book, Line, Place as _};
+use super::line::{Book, Line, Placed};
 use super::{
-    granted_until, Ask, Attempt, Capabilities, DynStore, Flight, Kind, Lock, Notices, Release, Released,
-    Renewal, Renewing, Settings, Store, StoreConfig, Waking,
+    granted_until, Ask, Attempt, Capabilities, DynStore, Flight, Lock, Notices, Release, Released, Renewal,
+    Renewing, Settings, Store, StoreConfig, Waking,
 };
 use crate::background::Background;
 use crate::view::RELEASED;
@@ -326,23 +326,8 @@ struct Place {
     /// A fenced exclusive caller whose token is not on the lock's node yet: taking the lock
     /// leaves it there (see [`ZkStore::leave_fence`]), else its release does.
     leaves_fence: bool,
-    /// Held: this client deletes it then unless renewed (its ttl from the last request that
-    /// took or renewed it, or its minimum hold). `None`: a waiter's node.
-    until: Option<Instant>,
-    /// Given back, and kept for its minimum hold.
-    kept: bool,
     /// The permit a semaphore's holder claims (its node is that claim).
     permit: Option<u32>,
-}
-
-impl line::Place for Place {
-    fn until(&mut self) -> &mut Option<Instant> {
-        &mut self.until
-    }
-
-    fn kept(&self) -> bool {
-        self.kept
-    }
 }
 
 /// What the client's tasks share with the store.
@@ -468,52 +453,31 @@ impl Line for Shared {
     /// every 100 ms until it is or its session ends, so a release during a connection loss
     /// still frees the lock once the connection is back (where Curator leaves the node for
     /// good: CURATOR-678). A refusal is not retried.
-    fn not_released(&self, token: &str, place: Place, error: &LockError) {
+    fn not_released(&self, token: &str, place: Placed<Place>, error: &LockError) {
         if !matches!(error, LockError::Refused { .. }) {
-            self.book.delete_soon(token, place);
+            self.book.delete_soon(token, place.of);
         }
     }
 
-    /// A release before the minimum hold's end: the node is kept, its data marked released, and
-    /// deleted by this client when the hold ends (or with its session, if this client dies).
-    async fn keep_for(&self, token: &str, place: Place, hold_ms: u64) -> Result<Released, LockError> {
-        let put_back = |place: Place| self.book.record(token, place);
+    /// A release before the minimum hold's end: the node's data is marked released (it stays
+    /// with its session if this client dies).
+    async fn mark_released(&self, token: &str, place: &Place, _: u64) -> Result<Option<Place>, LockError> {
         let Some(session) = self.session(place.session) else {
-            return Ok(Released::NotOurs);
+            return Ok(None);
         };
         let marked = format!("{token}{RELEASED}");
         let set = ask(
             &self.ensemble,
             session.client.set_data(&place.path, marked.as_bytes(), None),
         )
-        .await;
+        .await?;
         match set {
-            Ok(Ok(_)) => {
-                self.book.record(
-                    token,
-                    Place {
-                        until: Some(Instant::now() + Duration::from_millis(hold_ms)),
-                        kept: true,
-                        ..place
-                    },
-                );
-                Ok(Released::Quiet)
-            }
-            Ok(Err(ZkError::NoNode)) => Ok(Released::NotOurs),
-            Ok(Err(e)) => {
-                let error = store_error(&self.ensemble, &e, &place.path);
-                put_back(place);
-                Err(error)
-            }
-            Err(e) => {
-                put_back(place);
-                Err(e)
-            }
+            Ok(_) => Ok(Some(place.clone())),
+            Err(ZkError::NoNode) => Ok(None),
+            Err(e) => Err(store_error(&self.ensemble, &e, &place.path)),
         }
     }
-}
 
-impl Shared {
     /// Stops `token`'s watch, if it has one (and forgets what it saw).
     fn unwatch(&self, token: &str) {
         if let Some(watch) = locked(&self.watches).remove(token) {
@@ -521,7 +485,9 @@ impl Shared {
         }
         locked(&self.freed).remove(token);
     }
+}
 
+impl Shared {
     /// The session `id`, if it is alive.
     fn session(&self, id: i64) -> Option<Session> {
         self.sessions.by_id(id)
@@ -975,7 +941,7 @@ impl ZkStore {
         let until = sent + Duration::from_millis(ask_.ttl_ms);
         let permit = place.permit;
         self.shared.book.forget(token);
-        self.shared.book.record(token, place.held_until(until));
+        self.shared.book.record(token, Placed::held(place, until));
         Attempt::Acquired {
             permit,
             fence: ask_.fencing.then(|| u64::try_from(fence).unwrap_or(0)),
@@ -1162,7 +1128,7 @@ impl Store for ZkStore {
             return self.permit_attempt(lock, token, ask_, flight).await;
         }
         let known = self.shared.book.places().get(token).cloned();
-        if let Some(place) = known.filter(|p| p.until.is_none()) {
+        if let Some(place) = known.filter(|p| p.until.is_none()).map(|p| p.of) {
             return self.look_again(lock, token, (ask_, flight), place).await;
         }
         let sent = Instant::now();
@@ -1178,12 +1144,10 @@ impl Store for ZkStore {
             czxid,
             session: session.id,
             leaves_fence: ask_.fencing && !ask_.mode.shared(),
-            until: None,
-            kept: false,
             permit: None,
         };
         // Recorded at once: a release after a lost answer finds it.
-        self.shared.book.record(token, place.clone());
+        self.shared.book.record(token, Placed::waiting(place.clone()));
         // Read behind its own create on the same session: the server has applied it, so every
         // node before it that still exists is seen (no `sync` needed).
         self.decide(lock, token, (ask_, flight), place, (sent, &session), false)
@@ -1204,8 +1168,8 @@ impl Store for ZkStore {
                 .book
                 .places()
                 .get(*token)
-                .cloned()
-                .filter(|p| p.until.is_some() && !p.kept);
+                .filter(|p| p.holds())
+                .map(|p| p.of.clone());
             if let Some(place) = place {
                 by_session.entry(place.session).or_default().push((at, place));
             }
@@ -1276,32 +1240,17 @@ impl Store for ZkStore {
         Ok(found)
     }
 
+    /// An attempt whose answer never came may have made a node, or (a semaphore's, while its
+    /// queue node is what this client knows of it) claimed a permit: every node of its uuid is
+    /// deleted, on the session the attempt went on.
     async fn release(&self, lock: &Lock, token: &str, release: Release<'_>) -> Result<Released, LockError> {
-        self.shared.unwatch(token);
-        let place = self.shared.book.forget(token);
-        if release.kind == Kind::Permit {
-            if let Some(flight) = release.after {
-                // A semaphore's attempt whose answer never came may have claimed a permit (a
-                // waiter's, while its queue node is what this client knows of it): every node
-                // of its uuid is deleted, on the session the attempt went on.
-                return self.delete_unknown(lock, token, flight).await;
-            }
-        }
-        let Some(place) = place else {
-            if release.after.is_some() {
-                // An attempt whose answer never came may have made a node: deleted now, and again
-                // once a late request could no longer land.
-                return self
-                    .delete_unknown(lock, token, release.after.unwrap_or(&Flight::default()))
-                    .await;
-            }
-            return Ok(Released::NotOurs);
-        };
-        self.shared.give_back(token, place, release.hold_ms).await
+        let none = Flight::default();
+        let sent_on = release.after.unwrap_or(&none);
+        let unknown = || self.delete_unknown(lock, token, sent_on);
+        self.shared.release(token, &release, unknown).await
     }
 
     async fn leave(&self, _: &Lock, token: &str, _: bool) -> Result<(), LockError> {
-        self.shared.unwatch(token);
         self.shared.leave(token).await
     }
 }

@@ -30,7 +30,7 @@ use zookeeper_client::EventType;
 
 use super::names::{self, Permits, Standing};
 use super::sessions::Session;
-use super::{Looked, Place, ZkStore};
+use super::{Looked, Place, Placed, ZkStore};
 use crate::store::line::Line;
 use crate::store::{permits_differ, Ask, Attempt, Flight, Lock};
 use crate::LockError;
@@ -188,7 +188,7 @@ impl ZkStore {
             permit: None,
             ..self.claim_place(lock, session, (path, czxid, 0))
         };
-        self.shared.book.record(token, place.clone());
+        self.shared.book.record(token, Placed::waiting(place.clone()));
         Ok((place, children))
     }
 
@@ -201,7 +201,7 @@ impl ZkStore {
             .places()
             .get(token)
             .filter(|p| p.until.is_none())
-            .cloned();
+            .map(|p| p.of.clone());
         if let Some(session) = queued.as_ref().and_then(|q| self.shared.session(q.session)) {
             return Ok((queued, session));
         }
@@ -307,8 +307,6 @@ impl ZkStore {
             session: session.id,
             // A claim's token is its own czxid: nothing is left on the lock's node.
             leaves_fence: false,
-            until: None,
-            kept: false,
             permit: Some(permit),
         }
     }
