@@ -496,7 +496,8 @@ async fn released_locks_leave_no_row_and_fenced_ones_keep_their_token() {
 
 /// A client's first acquire sweeps, in the background, the rows nothing needs: an expired
 /// unfenced lock's at once, a fenced lock's an hour after it expired; a recently expired fenced
-/// lock's row (its last token) stays.
+/// lock's row (its last token) stays. More than one batch of them (1,000 rows) are swept in
+/// batches, one after another.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sweep_deletes_only_rows_nothing_needs() {
     let server = MariadbServer::spawn();
@@ -505,6 +506,11 @@ async fn the_sweep_deletes_only_rows_nothing_needs() {
         "INSERT INTO lock_runtime_locks (name, token, expires_ms, fence) VALUES \
          ('old{plain}', 'x', 1, NULL), ('old{fenced}', NULL, 1, 7), \
          ('new{fenced}', NULL, (TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6)) DIV 1000) - 1000, 8)",
+    );
+    // MariaDB's sequence engine: 2,500 crashed holders' rows.
+    server.sql(
+        "INSERT INTO lock_runtime_locks (name, token, expires_ms, fence) \
+         SELECT CONCAT('old{crashed:', seq, '}'), 'x', 1, NULL FROM seq_1_to_2500",
     );
     let c = client(&server).await;
     c.acquire("sweeper", &ttl(1000))

@@ -92,6 +92,9 @@ where
 /// the background.
 const SWEEP_EVERY: usize = 1024;
 
+/// The most batches one sweep runs (each of at most a store's own number of rows).
+const SWEEP_BATCHES: usize = 20;
+
 /// When a client sweeps: at its first acquire and every [`SWEEP_EVERY`] after.
 #[derive(Debug, Default)]
 pub(crate) struct Sweeps(AtomicUsize);
@@ -187,6 +190,52 @@ pub(crate) trait SqlStore: Sync {
 
     /// Makes the schema (tables, and what else the store runs) if it is not there.
     fn make_schema(&self, pool: &Pool<Self::Db>) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    /// Deletes one batch of rows nothing needs any more (a lock's row long free, a place or a
+    /// share that lapsed): whether the batch came back full, so that another follows.
+    fn sweep_batch(
+        conn: &mut <Self::Db as sqlx::Database>::Connection,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + '_;
+
+    /// At a client's first acquire and every [`SWEEP_EVERY`] after ([`Sweeps`]), deletes rows
+    /// nothing needs any more, in the background: batches while they come back full (at most
+    /// [`SWEEP_BATCHES`]), so a load of keys locked once does not outgrow the sweep; each batch
+    /// within the response timeout, on a connection closed if abandoned.
+    fn sweep_now_and_then(&self)
+    where
+        Self: 'static,
+    {
+        if !self.core().sweeps.due() {
+            return;
+        }
+        let pool = self.pool();
+        let response = self.core().timeouts.response;
+        tokio::spawn(async move {
+            for _ in 0..SWEEP_BATCHES {
+                let batch = async {
+                    let mut checkout = Checkout::new(pool.acquire().await?, response);
+                    let Some(conn) = checkout.get() else {
+                        return Err(sqlx::Error::PoolClosed);
+                    };
+                    let full = Self::sweep_batch(conn).await;
+                    checkout.answered();
+                    full
+                };
+                match tokio::time::timeout(response, batch).await {
+                    Ok(Ok(true)) => {}
+                    Ok(Ok(false)) => return,
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, database = Self::DATABASE, "sweeping expired lock rows failed");
+                        return;
+                    }
+                    Err(_) => {
+                        tracing::debug!(database = Self::DATABASE, "sweeping expired lock rows timed out");
+                        return;
+                    }
+                }
+            }
+        });
+    }
 
     /// The pool, with the schema there (checked once per client, within the timeouts).
     fn ready(&self) -> impl Future<Output = Result<Pool<Self::Db>, LockError>> + Send {

@@ -32,7 +32,7 @@ use std::sync::Arc;
 
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool};
 
-use super::sql::{ask, millis, unsigned, Checkout, SqlCore, SqlStore};
+use super::sql::{ask, millis, unsigned, SqlCore, SqlStore};
 use super::{
     Ask, Attempt, Capabilities, DynStore, Flight, Kind, Lock, Mode, Notices, Offered, Release, Released,
     Renewal, Renewing, SetAttempt, Settings, Store, StoreConfig, Waking,
@@ -325,32 +325,6 @@ impl MysqlStore {
         })
     }
 
-    /// At a client's first acquire and every 1,024 after ([`Sweeps`]), deletes rows nothing needs
-    /// any more, in the background, within the response timeout.
-    fn sweep_now_and_then(&self) {
-        if !self.sql.sweeps.due() {
-            return;
-        }
-        let pool = self.pool();
-        let response = self.sql.timeouts.response;
-        tokio::spawn(async move {
-            let sweep = async {
-                let mut checkout = Checkout::new(pool.acquire().await?, response);
-                let Some(conn) = checkout.get() else {
-                    return Err(sqlx::Error::PoolClosed);
-                };
-                let swept = sweep_rows(conn).await;
-                checkout.answered();
-                swept
-            };
-            match tokio::time::timeout(response, sweep).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => tracing::debug!(error = %e, "sweeping expired lock rows failed"),
-                Err(_) => tracing::debug!("sweeping expired lock rows timed out"),
-            }
-        });
-    }
-
     async fn renew_one(&self, lock: &Lock, token: &str, ttl_ms: u64) -> Result<Renewal, LockError> {
         let renewed = ask!(self, |conn| sqlx::query(RENEW)
             .bind(millis(ttl_ms))
@@ -391,10 +365,10 @@ impl Drop for MysqlStore {
     }
 }
 
-/// Deletes up to [`SWEEP_ROWS`] rows nothing needs: found by a plain read, deleted by their
-/// keys with the condition checked again (a row taken meanwhile stays), so only those rows are
-/// locked, each for a moment.
-async fn sweep_rows(conn: &mut sqlx::MySqlConnection) -> Result<(), sqlx::Error> {
+/// Deletes up to [`SWEEP_ROWS`] rows nothing needs of each table: found by a plain read, deleted
+/// by their keys with the condition checked again (a row taken meanwhile stays), so only those
+/// rows are locked, each for a moment. Whether any table's batch came back full.
+async fn sweep_rows(conn: &mut sqlx::MySqlConnection) -> Result<bool, sqlx::Error> {
     let names: Vec<Vec<u8>> = sqlx::query_scalar(UNNEEDED)
         .bind(SWEEP_ROWS)
         .fetch_all(&mut *conn)
@@ -411,14 +385,20 @@ async fn sweep_rows(conn: &mut sqlx::MySqlConnection) -> Result<(), sqlx::Error>
         }
         query.execute(&mut *conn).await?;
     }
-    sweep_lapsed(conn, "lock_runtime_line", "kept_until").await?;
-    sweep_lapsed(conn, "lock_runtime_shares", "expires_ms").await
+    let full = |n: usize| n >= SWEEP_ROWS as usize;
+    let places = sweep_lapsed(&mut *conn, "lock_runtime_line", "kept_until").await?;
+    let shares = sweep_lapsed(conn, "lock_runtime_shares", "expires_ms").await?;
+    Ok(full(names.len()) || full(places) || full(shares))
 }
 
 /// Deletes up to [`SWEEP_ROWS`] rows of `table` (the lines, the shares) whose `end` passed a
 /// minute ago (a request on their key deletes them sooner): found by a plain read, deleted by
-/// their ids with the condition checked again.
-async fn sweep_lapsed(conn: &mut sqlx::MySqlConnection, table: &str, end: &str) -> Result<(), sqlx::Error> {
+/// their ids with the condition checked again. How many it found.
+async fn sweep_lapsed(
+    conn: &mut sqlx::MySqlConnection,
+    table: &str,
+    end: &str,
+) -> Result<usize, sqlx::Error> {
     let lapsed = format!("{end} < {} - 60000", now_ms!());
     let ids: Vec<i64> = sqlx::query_scalar(&format!("SELECT id FROM {table} WHERE {lapsed} LIMIT ?"))
         .persistent(false)
@@ -426,8 +406,9 @@ async fn sweep_lapsed(conn: &mut sqlx::MySqlConnection, table: &str, end: &str) 
         .fetch_all(&mut *conn)
         .await?;
     if ids.is_empty() {
-        return Ok(());
+        return Ok(0);
     }
+    let found = ids.len();
     let statement = format!(
         "DELETE FROM {table} WHERE id IN ({}) AND {lapsed}",
         vec!["?"; ids.len()].join(", ")
@@ -437,7 +418,7 @@ async fn sweep_lapsed(conn: &mut sqlx::MySqlConnection, table: &str, end: &str) 
         query = query.bind(id);
     }
     query.execute(conn).await?;
-    Ok(())
+    Ok(found)
 }
 
 /// Makes the tables unless they are there (checked first, so a client without `CREATE` works once
@@ -502,6 +483,12 @@ impl SqlStore for MysqlStore {
 
     fn make_schema(&self, pool: &MySqlPool) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
         make_schema(pool)
+    }
+
+    fn sweep_batch(
+        conn: &mut sqlx::MySqlConnection,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + '_ {
+        sweep_rows(conn)
     }
 
     /// Its connection was killed (`KILL`, a restart), or the request was rolled back: a

@@ -31,7 +31,7 @@ use std::sync::{Mutex, MutexGuard};
 
 use super::tx::Step;
 use super::MysqlStore;
-use crate::store::sql::{ask, millis, unsigned};
+use crate::store::sql::{ask, millis, unsigned, SqlStore as _};
 use crate::store::{permits_differ, Ask, Attempt, Lock, Released};
 use crate::LockError;
 

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use sqlx::postgres::{PgConnectOptions, PgPool};
 
-use super::sql::{ask, millis, unsigned, Checkout, SqlCore, SqlStore};
+use super::sql::{ask, millis, unsigned, SqlCore, SqlStore};
 use super::{
     Ask, Attempt, Capabilities, DynStore, Flight, Kind, Lock, Mode, Notices, Release, Released, Renewal,
     Renewing, SetAttempt, Settings, Store, StoreConfig,
@@ -65,8 +65,6 @@ const SCHEMA_LOCK: i64 = 0x6c6f_636b_7274_7631;
 
 /// The most rows one batch of a sweep deletes.
 const SWEEP_ROWS: i32 = 1000;
-/// The most batches one sweep runs.
-const SWEEP_BATCHES: usize = 20;
 
 /// How many connections a client's pool opens at most (one of them listens for releases).
 const POOL_SIZE: u32 = 10;
@@ -300,46 +298,6 @@ impl PostgresStore {
         })
     }
 
-    /// At a client's first acquire and every 1,024 after ([`Sweeps`]), deletes rows nothing needs
-    /// any more, in the background: batches of [`SWEEP_ROWS`] while batches come back full (at
-    /// most [`SWEEP_BATCHES`]), so a load of keys locked once does not outgrow the sweep.
-    fn sweep_now_and_then(&self) {
-        if !self.sql.sweeps.due() {
-            return;
-        }
-        let pool = self.pool();
-        let response = self.sql.timeouts.response;
-        tokio::spawn(async move {
-            for _ in 0..SWEEP_BATCHES {
-                // Each batch within the response timeout, on a connection closed if abandoned.
-                let batch = async {
-                    let mut checkout = Checkout::new(pool.acquire().await?, response);
-                    let Some(conn) = checkout.get() else {
-                        return Err(sqlx::Error::PoolClosed);
-                    };
-                    let gone = sqlx::query_scalar::<_, i64>(SWEEP)
-                        .bind(SWEEP_ROWS)
-                        .fetch_one(conn)
-                        .await;
-                    checkout.answered();
-                    gone
-                };
-                match tokio::time::timeout(response, batch).await {
-                    Ok(Ok(gone)) if gone >= i64::from(SWEEP_ROWS) => {}
-                    Ok(Ok(_)) => return,
-                    Ok(Err(e)) => {
-                        tracing::debug!(error = %e, "sweeping expired lock rows failed");
-                        return;
-                    }
-                    Err(_) => {
-                        tracing::debug!("sweeping expired lock rows timed out");
-                        return;
-                    }
-                }
-            }
-        });
-    }
-
     /// How long an attempt may wait for a row another session has locked: an attempt that could
     /// wait longer than its caller's wait has left (the response timeout bounds every other)
     /// tells the server to give up within it.
@@ -536,6 +494,11 @@ impl SqlStore for PostgresStore {
 
     fn make_schema(&self, pool: &PgPool) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
         make_schema(pool, &self.schema_name)
+    }
+
+    async fn sweep_batch(conn: &mut sqlx::PgConnection) -> Result<bool, sqlx::Error> {
+        let gone: i64 = sqlx::query_scalar(SWEEP).bind(SWEEP_ROWS).fetch_one(conn).await?;
+        Ok(gone >= i64::from(SWEEP_ROWS))
     }
 
     /// Its session was terminated: a restart, a failover, `pg_terminate_backend`.
