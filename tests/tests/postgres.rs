@@ -1352,3 +1352,36 @@ async fn the_release_of_an_abandoned_acquire_is_sent_again_after_it_failed() {
     })
     .await;
 }
+
+/// A semaphore's attempt takes the lowest permit no holder has, wherever the gaps are (the
+/// first, inside, the last), and is refused once every permit is held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_takes_the_lowest_free_permit() {
+    let t = lock_tests::Target::postgres().await;
+    let (c, key) = (t.client(), "lowest-free");
+    let options = ttl(30_000).permits(20);
+    let mut held = std::collections::BTreeMap::new();
+    for _ in 0..20 {
+        let guard = c.acquire(key, &options).await.unwrap();
+        held.insert(guard.permit().unwrap(), guard);
+    }
+    assert_eq!(
+        held.keys().copied().collect::<Vec<_>>(),
+        (0..20).collect::<Vec<_>>()
+    );
+    let refused = c.acquire(key, &options).await;
+    assert!(matches!(refused, Err(LockError::Busy { .. })), "{refused:?}");
+    for permit in [13, 4, 19, 0, 5] {
+        assert!(held.remove(&permit).unwrap().release().await.unwrap());
+    }
+    let mut taken = Vec::new();
+    for _ in 0..5 {
+        let guard = c.acquire(key, &options).await.unwrap();
+        taken.push(guard.permit().unwrap());
+        held.insert(guard.permit().unwrap(), guard);
+    }
+    assert_eq!(taken, [0, 4, 5, 13, 19]);
+    for (_, guard) in held {
+        assert!(guard.release().await.unwrap());
+    }
+}

@@ -219,9 +219,11 @@ DECLARE
     free integer;
     taken integer;
     first_end bigint;
-    -- A bit per permit, none set.
-    none_held varbit := repeat('0', n)::varbit;
-    held_bits varbit;
+    -- The permits held, sorted, and a search of them.
+    held_permits integer[];
+    lo integer;
+    hi integer;
+    mid integer;
     arrived bigint;
     f bigint;
 BEGIN
@@ -254,12 +256,25 @@ BEGIN
         RETURN;
     END IF;
     -- How many are taken and the lowest permit no holder has, in one pass over the holders:
-    -- each sets its bit in a string of n (at most 1,024 bits: 128 bytes), and the first bit not
-    -- set is the permit (not a look per permit, nor a join with every permit's number). The
-    -- first holder's end is read off the index by end, only when refused.
-    SELECT count(*), bit_or(set_bit(none_held, h.permit, 1)) FILTER (WHERE h.permit < n)
-        INTO taken, held_bits FROM lock_runtime_permits AS h WHERE h.key = k;
-    free := nullif(position(B'0' IN coalesce(held_bits, none_held)), 0) - 1;
+    -- their permits, sorted, match their places (permit i at place i + 1) up to the first free
+    -- one, which a halving search finds (not a look per permit, nor a join with every permit's
+    -- number). A key whose permits are all taken skips the search. The first holder's end is
+    -- read off the index by end, only when refused.
+    SELECT count(*), array_agg(DISTINCT h.permit ORDER BY h.permit) FILTER (WHERE h.permit < n)
+        INTO taken, held_permits FROM lock_runtime_permits AS h WHERE h.key = k;
+    IF taken < n THEN
+        lo := 1;
+        hi := coalesce(cardinality(held_permits), 0) + 1;
+        WHILE lo < hi LOOP
+            mid := (lo + hi) / 2;
+            IF held_permits[mid] = mid - 1 THEN
+                lo := mid + 1;
+            ELSE
+                hi := mid;
+            END IF;
+        END LOOP;
+        free := lo - 1;
+    END IF;
     IF fair THEN
         -- The row is locked: the line of its key changes under it only.
         DELETE FROM lock_runtime_line WHERE key = q AND kept_until <= at_ms;
