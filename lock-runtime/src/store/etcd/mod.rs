@@ -601,16 +601,13 @@ impl EtcdStore {
             place.created
         };
         self.shared.unwatch(token);
-        let asked = sent + Duration::from_millis(ask.ttl_ms);
-        let granted = granted_until(session.kept_until, asked);
+        let until = sent + Duration::from_millis(ask.ttl_ms);
         let permit = place.permit;
-        // Deleted when the holder's validity ends: at the grant, if the session is kept for less.
-        let until = granted.unwrap_or(asked);
         self.shared.book.record(token, Placed::held(place, until));
         Attempt::Acquired {
             permit,
             fence: ask.fencing.then_some(token_of(fence)),
-            granted_until: granted,
+            granted_until: granted_until(session.kept_until, until),
         }
     }
 

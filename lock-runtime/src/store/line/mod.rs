@@ -272,9 +272,8 @@ impl<P> Book<P> {
     }
 
     /// Notes what a renewal found of each of `locks` (the `at`th sent at `sent_at(at)`): a
-    /// renewed place is held its ttl from then, or until the store's grant if that is sooner
-    /// (the holder's validity ends then), never shortened (as `PEXPIRE … GT` on Redis); a gone
-    /// one is forgotten.
+    /// renewed place is held its ttl from then (never shortened, as `PEXPIRE … GT` on Redis), a
+    /// gone one forgotten.
     pub(crate) fn renewed(
         &self,
         locks: &[Renewing<'_>],
@@ -284,9 +283,8 @@ impl<P> Book<P> {
         let mut places = self.places();
         for (at, ((_, token, ttl_ms), found)) in locks.iter().zip(found).enumerate() {
             match found {
-                Renewal::Renewed { granted_until } => {
-                    let asked = sent_at(at) + Duration::from_millis(*ttl_ms);
-                    let until = granted_until.map_or(asked, |granted| granted.min(asked));
+                Renewal::Renewed { .. } => {
+                    let until = sent_at(at) + Duration::from_millis(*ttl_ms);
                     if let Some(place) = places.get_mut(*token) {
                         place.until = place.until.map(|was| was.max(until));
                     }
@@ -609,39 +607,5 @@ mod tests {
             Some((Some(hold_end), true))
         );
         assert_eq!(line.book.ended(hold_end).len(), 1);
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_renewal_holds_a_place_its_ttl_or_to_a_sooner_grant_never_shorter() {
-        let book = Book::default();
-        let sent = Instant::now();
-        let ms = Duration::from_millis;
-        for token in ["full", "granted", "later"] {
-            book.record(token, spot(Some(sent + ms(100))));
-        }
-        let lock = crate::store::Lock::new("k", "k".to_owned());
-        let locks: Vec<Renewing<'_>> = vec![
-            (&lock, "full", 1000),
-            (&lock, "granted", 1000),
-            (&lock, "later", 1000),
-        ];
-        let found = [
-            Renewal::RENEWED,
-            Renewal::Renewed {
-                granted_until: Some(sent + ms(400)),
-            },
-            Renewal::Renewed {
-                granted_until: Some(sent + ms(50)),
-            },
-        ];
-        book.renewed(&locks, &found, |_| sent);
-        let until = |token: &str| book.places().get(token).and_then(|p| p.until);
-        assert_eq!(until("full"), Some(sent + ms(1000)));
-        assert_eq!(
-            until("granted"),
-            Some(sent + ms(400)),
-            "the holder's validity ends at the grant"
-        );
-        assert_eq!(until("later"), Some(sent + ms(100)), "never shortened");
     }
 }

@@ -938,17 +938,14 @@ impl ZkStore {
         } else {
             place.czxid
         };
-        let asked = sent + Duration::from_millis(ask_.ttl_ms);
-        let granted = granted_until(sent + session.keeps, asked);
+        let until = sent + Duration::from_millis(ask_.ttl_ms);
         let permit = place.permit;
         self.shared.book.forget(token);
-        // Deleted when the holder's validity ends: at the grant, if the session keeps it for less.
-        let until = granted.unwrap_or(asked);
         self.shared.book.record(token, Placed::held(place, until));
         Attempt::Acquired {
             permit,
             fence: ask_.fencing.then(|| u64::try_from(fence).unwrap_or(0)),
-            granted_until: granted,
+            granted_until: granted_until(sent + session.keeps, until),
         }
     }
 
