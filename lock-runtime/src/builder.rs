@@ -343,6 +343,8 @@ mod tests {
         }
     }
 
+    // A Redis URL is the builder's simplest store to name.
+    #[cfg(feature = "redis")]
     #[test]
     fn builder_debug_hides_credentials() {
         let shown = format!(
@@ -353,6 +355,8 @@ mod tests {
         assert!(shown.contains("redis://<credentials>@host:6379/0"), "{shown}");
     }
 
+    // A Redis URL is the builder's simplest store to name.
+    #[cfg(feature = "redis")]
     #[test]
     fn prefixes_every_store_can_hold() {
         let build = |prefix: &str| {
