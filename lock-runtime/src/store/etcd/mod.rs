@@ -1160,7 +1160,7 @@ impl Store for EtcdStore {
     /// token, now and once more when a late request could no longer land.
     async fn release(&self, lock: &Lock, token: &str, release: Release<'_>) -> Result<Released, LockError> {
         let permits = release.kind == Kind::Permit;
-        let unknown = || self.delete_unknown(lock, token, permits);
+        let unknown = |_: &Flight| self.delete_unknown(lock, token, permits);
         self.shared.release(token, &release, unknown).await
     }
 

@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::store::{Kind, Release, Released, Renewal, Renewing};
+use crate::store::{Flight, Kind, Release, Released, Renewal, Renewing};
 use crate::LockError;
 
 /// How often the keeper looks at least (for sessions and places due later than it was told).
@@ -113,14 +113,15 @@ pub(crate) trait Line: Send + Sync {
     fn unwatch(&self, token: &str);
 
     /// The release of `token`'s lock: its watch stopped, then what an attempt whose answer
-    /// never came may have put deleted by the store (`unknown`: a semaphore's, always, as its
-    /// permit is not named by its token; a lock's, when this client knows no place of it), or
-    /// the place this client knows given back ([`give_back`](Line::give_back)).
-    fn release<F>(
+    /// never came may have put deleted by the store (`unknown`, told the route that attempt
+    /// took: a semaphore's, always, as its permit is not named by its token; a lock's, when
+    /// this client knows no place of it), or the place this client knows given back
+    /// ([`give_back`](Line::give_back)).
+    fn release<'a, F>(
         &self,
         token: &str,
-        release: &Release<'_>,
-        unknown: impl FnOnce() -> F + Send,
+        release: &Release<'a>,
+        unknown: impl FnOnce(&'a Flight) -> F + Send,
     ) -> impl Future<Output = Result<Released, LockError>> + Send
     where
         F: Future<Output = Result<Released, LockError>> + Send,
@@ -128,12 +129,11 @@ pub(crate) trait Line: Send + Sync {
         async move {
             self.unwatch(token);
             let place = self.book().forget(token);
-            let abandoned = release.after.is_some();
-            match place {
-                _ if abandoned && release.kind == Kind::Permit => unknown().await,
-                None if abandoned => unknown().await,
-                None => Ok(Released::NotOurs),
-                Some(place) => self.give_back(token, place, release.hold_ms).await,
+            match (release.after, place) {
+                (Some(flight), _) if release.kind == Kind::Permit => unknown(flight).await,
+                (Some(flight), None) => unknown(flight).await,
+                (None, None) => Ok(Released::NotOurs),
+                (_, Some(place)) => self.give_back(token, place, release.hold_ms).await,
             }
         }
     }
@@ -195,9 +195,9 @@ pub(crate) trait Line: Send + Sync {
         }
     }
 
-    /// Takes `token`'s place out of its line (a waiter that stops waiting), its watch stopped. A place that could
-    /// not be deleted would be kept by its session as long as this client lives, holding the
-    /// line back: the reaper deletes it, trying again until it is.
+    /// Takes `token`'s place out of its line (a waiter that stops waiting), its watch stopped. A
+    /// place that could not be deleted would be kept by its session as long as this client
+    /// lives, holding the line back: the reaper deletes it, trying again until it is.
     fn leave(&self, token: &str) -> impl Future<Output = Result<(), LockError>> + Send {
         async move {
             self.unwatch(token);
@@ -380,33 +380,23 @@ impl<P> Book<P> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Flight;
-
-    /// A place held until a time (`None`: a waiter's).
-    fn spot(until: Option<Instant>) -> Placed<()> {
-        Placed {
-            of: (),
-            until,
-            kept: false,
-        }
-    }
 
     #[tokio::test(start_paused = true)]
     async fn held_places_end_at_their_time_and_waiters_never() {
         let book = Book::default();
         let now = Instant::now();
-        book.record("a", spot(Some(now + Duration::from_millis(10))));
-        book.record("b", spot(Some(now + Duration::from_millis(20))));
-        book.record("waiter", spot(None));
+        book.record("a", Placed::held((), now + Duration::from_millis(10)));
+        book.record("b", Placed::held((), now + Duration::from_millis(20)));
+        book.record("waiter", Placed::waiting(()));
         assert!(book.ended(now).is_empty());
         let ended = book.ended(now + Duration::from_millis(15));
         assert_eq!(
             ended,
-            vec![("a".to_owned(), spot(Some(now + Duration::from_millis(10))))]
+            vec![("a".to_owned(), Placed::held((), now + Duration::from_millis(10)))]
         );
         // Renewed: put back at its new time, not ended.
         book.places()
-            .insert("b".into(), spot(Some(now + Duration::from_millis(40))));
+            .insert("b".into(), Placed::held((), now + Duration::from_millis(40)));
         assert!(book.ended(now + Duration::from_millis(25)).is_empty());
         assert_eq!(book.ended(now + Duration::from_millis(40)).len(), 1);
         assert!(book.ended(now + Duration::from_secs(3600)).is_empty());
@@ -417,8 +407,8 @@ mod tests {
     async fn a_forgotten_place_is_not_reaped() {
         let book = Book::default();
         let now = Instant::now();
-        book.record("a", spot(Some(now)));
-        assert_eq!(book.forget("a"), Some(spot(Some(now))));
+        book.record("a", Placed::held((), now));
+        assert_eq!(book.forget("a"), Some(Placed::held((), now)));
         assert!(book.ended(now + Duration::from_secs(1)).is_empty());
         assert!(book.forget("a").is_none());
     }
@@ -429,7 +419,7 @@ mod tests {
         let now = Instant::now();
         let unavailable = LockError::unavailable("down");
         book.not_deleted("a", (), &unavailable, "test");
-        assert_eq!(book.places().get("a"), Some(&spot(Some(now + RETRY))));
+        assert_eq!(book.places().get("a"), Some(&Placed::held((), now + RETRY)));
         assert_eq!(book.ended(now + RETRY).len(), 1);
         let refused = LockError::Refused {
             reason: "no right",
@@ -453,7 +443,7 @@ mod tests {
         };
         tokio::task::yield_now().await;
         let soon = Instant::now() + Duration::from_millis(5);
-        book.record("a", spot(Some(soon)));
+        book.record("a", Placed::held((), soon));
         assert!(!keeper.await.unwrap());
         assert!(Instant::now() < soon + KEEPER_TICK / 2);
         tokio::time::sleep_until(soon).await;
@@ -485,9 +475,12 @@ mod tests {
             locked(&self.answer).ok_or_else(|| LockError::unavailable("down"))
         }
 
+        /// Answers after 50 ms, so that what counts from its answer can be told from what
+        /// counts from its request.
         async fn mark_released(&self, _: &str, _: &(), hold_ms: u64) -> Result<Option<()>, LockError> {
             assert_eq!(hold_ms, 250);
             locked(&self.asked).push("mark_released");
+            tokio::time::sleep(Duration::from_millis(50)).await;
             Ok(Some(()))
         }
 
@@ -565,7 +558,7 @@ mod tests {
             kind,
             after,
         };
-        let unknown = || async {
+        let unknown = |_: &Flight| async {
             locked(&line.asked).push("unknown");
             Ok(Released::Freed)
         };
@@ -598,10 +591,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_place_kept_for_its_hold_is_deleted_when_the_hold_ends() {
         let line = Told::default();
-        let held = Placed::held((), Instant::now() + Duration::from_secs(30));
+        let asked = Instant::now();
+        let held = Placed::held((), asked + Duration::from_secs(30));
         let kept = line.give_back("a", held, 250).await.unwrap();
         assert_eq!(kept, Released::Quiet);
-        let hold_end = Instant::now() + Duration::from_millis(250);
+        // Counted from the store's answer, 50 ms after the request.
+        let hold_end = asked + Duration::from_millis(50 + 250);
         assert_eq!(
             line.book.places().get("a").map(|p| (p.until, p.kept)),
             Some((Some(hold_end), true))

@@ -1244,9 +1244,7 @@ impl Store for ZkStore {
     /// queue node is what this client knows of it) claimed a permit: every node of its uuid is
     /// deleted, on the session the attempt went on.
     async fn release(&self, lock: &Lock, token: &str, release: Release<'_>) -> Result<Released, LockError> {
-        let none = Flight::default();
-        let sent_on = release.after.unwrap_or(&none);
-        let unknown = || self.delete_unknown(lock, token, sent_on);
+        let unknown = |sent_on| self.delete_unknown(lock, token, sent_on);
         self.shared.release(token, &release, unknown).await
     }
 
