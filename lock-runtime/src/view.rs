@@ -98,6 +98,25 @@ pub enum Fence {
     Other(String),
 }
 
+impl Fence {
+    /// A store's counter as read (an etcd revision, a ZooKeeper zxid, a SQL column), `None`
+    /// when there is none or it is negative (not one this library wrote).
+    #[cfg_attr(
+        not(any(
+            feature = "etcd",
+            feature = "zookeeper",
+            feature = "postgres",
+            feature = "mysql"
+        )),
+        allow(dead_code)
+    )]
+    pub(crate) fn counter(counter: Option<i64>) -> Fence {
+        counter
+            .and_then(|c| u64::try_from(c).ok())
+            .map_or(Fence::None, Fence::Token)
+    }
+}
+
 /// What a release kept for its minimum hold appends to its holder's value.
 pub(crate) const RELEASED: &str = ":released";
 
@@ -151,6 +170,36 @@ impl Holding {
         Holding::Foreign {
             kind: "string".to_owned(),
             value: Some(excerpt(text)),
+        }
+    }
+
+    /// Whether `value`, found held at the lock, is one this holding shows: the holder's, one
+    /// reader's or one permit holder's value, or (what this library did not write) the same
+    /// excerpt. A forced release frees only what its caller saw.
+    #[cfg_attr(not(any(feature = "etcd", feature = "zookeeper")), allow(dead_code))]
+    pub(crate) fn shows(&self, value: &str) -> bool {
+        match self {
+            Holding::Free => false,
+            Holding::Exclusive { value: shown, .. } => shown == value,
+            Holding::Shared { readers } | Holding::Permits { holders: readers, .. } => {
+                readers.iter().any(|r| r.value == value)
+            }
+            Holding::Foreign { value: shown, .. } => shown.as_deref() == Some(excerpt(value).as_str()),
+        }
+    }
+
+    /// The longest lease among shared holders or permit holders (`None` for other holdings,
+    /// whose lease the store reads with the value).
+    #[cfg_attr(
+        not(any(feature = "etcd", feature = "postgres", feature = "mysql")),
+        allow(dead_code)
+    )]
+    pub(crate) fn longest_share(&self) -> Option<Duration> {
+        match self {
+            Holding::Shared { readers } | Holding::Permits { holders: readers, .. } => {
+                readers.iter().map(|r| r.remaining).max()
+            }
+            _ => None,
         }
     }
 
@@ -288,6 +337,35 @@ mod tests {
             Holding::of_value(b"nothex billing-1"),
             Holding::Foreign { .. }
         ));
+    }
+
+    #[test]
+    fn a_holding_shows_only_the_values_it_was_read_with() {
+        let one = format!("{ID} billing-1");
+        let other = format!("{ID} billing-2");
+        let held = Holding::of_value(one.as_bytes());
+        assert!(held.shows(&one) && !held.shows(&other));
+        let second = Duration::from_secs(1);
+        let permits = Holding::permits(3, vec![Reader::of_permit(&other, 2, second)]);
+        assert!(permits.shows(&other) && !permits.shows(&one));
+        let readers = Holding::shared(vec![Reader::of(&one, second), Reader::of(&other, second)]);
+        assert!(readers.shows(&one) && readers.shows(&other));
+        let foreign = Holding::of_value(b"hello\n");
+        assert!(foreign.shows("hello\n") && !foreign.shows("hello"));
+        assert!(!Holding::Free.shows(&one));
+    }
+
+    #[test]
+    fn shares_lease_the_longest_and_counters_read_as_fences() {
+        let (short, long) = (Duration::from_millis(5), Duration::from_millis(900));
+        let readers = Holding::shared(vec![Reader::of("a", long), Reader::of("b", short)]);
+        assert_eq!(readers.longest_share(), Some(long));
+        let none_held = Holding::permits(4, Vec::new());
+        assert_eq!(none_held.longest_share(), None);
+        assert_eq!(Holding::of_value(ID.as_bytes()).longest_share(), None);
+        assert_eq!(Fence::counter(Some(17)), Fence::Token(17));
+        assert_eq!(Fence::counter(Some(-1)), Fence::None);
+        assert_eq!(Fence::counter(None), Fence::None);
     }
 
     #[test]

@@ -792,6 +792,18 @@ pub enum ForceReleased {
     Changed,
 }
 
+impl ForceReleased {
+    /// A forced release that freed nothing, told by the lock as read after it: `Changed` when
+    /// someone holds it now, `Gone` when it is free.
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+    pub(crate) fn not_freed(now: &LockView) -> ForceReleased {
+        match now.is_held() {
+            true => ForceReleased::Changed,
+            false => ForceReleased::Gone,
+        }
+    }
+}
+
 /// What a store's request answers, boxed as a `dyn Future + Send` at the seam: a caller's future
 /// then holds a pointer, not the store's state machines (redis-rs's are deep), so proving a
 /// user's spawned task `Send` (and laying out its future) stops at the box. Without it, ordinary

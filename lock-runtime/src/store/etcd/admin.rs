@@ -148,14 +148,13 @@ impl EtcdStore {
                 ));
             }
             let newest = keys.permits.iter().map(|(_, _, kv)| kv.create_revision()).max();
+            let holding = Holding::permits(count, holders);
             return Ok(LockView {
                 key,
                 name,
-                remaining: holders.iter().map(|h| h.remaining).max(),
-                holding: Holding::permits(count, holders),
-                fence: newest
-                    .and_then(|f| u64::try_from(f).ok())
-                    .map_or(Fence::None, Fence::Token),
+                remaining: holding.longest_share(),
+                holding,
+                fence: Fence::counter(newest),
                 queued: u64::try_from(keys.queued).unwrap_or(u64::MAX),
                 writers: 0,
                 read_at,
@@ -164,11 +163,11 @@ impl EtcdStore {
         let fence_kept = keys.fence;
         let (holders, waiters) = keys.split();
         let waiting_writers = waiters.iter().filter(|(_, writer, _)| *writer).count();
-        let (holding, remaining, fence) = match holders.as_slice() {
-            [] => (Holding::Free, None, fence_kept),
+        let (remaining, holding, fence) = match holders.as_slice() {
+            [] => (None, Holding::Free, fence_kept),
             [(created, true, kv)] => (
-                Holding::of_value(kv.value()),
                 Some(self.remaining(kv).await?),
+                Holding::of_value(kv.value()),
                 Some(*created),
             ),
             readers => {
@@ -177,8 +176,8 @@ impl EtcdStore {
                     let left = self.remaining(kv).await?;
                     shares.push(Reader::of(&String::from_utf8_lossy(kv.value()), left));
                 }
-                let remaining = shares.iter().map(|r| r.remaining).max();
-                (Holding::shared(shares), remaining, fence_kept)
+                let holding = Holding::shared(shares);
+                (holding.longest_share(), holding, fence_kept)
             }
         };
         let shared = matches!(holding, Holding::Shared { .. });
@@ -187,9 +186,7 @@ impl EtcdStore {
             name,
             holding,
             remaining,
-            fence: fence
-                .and_then(|f| u64::try_from(f).ok())
-                .map_or(Fence::None, Fence::Token),
+            fence: Fence::counter(fence),
             queued: u64::try_from(waiters.len()).unwrap_or(u64::MAX),
             writers: if shared {
                 u64::try_from(waiting_writers).unwrap_or(u64::MAX)
@@ -240,20 +237,13 @@ impl StoreAdmin for EtcdStore {
             .collect();
         let (mut holders, _) = keys.split();
         holders.extend(permits.iter());
-        let shown = |kv: &KeyValue| {
-            let value = String::from_utf8_lossy(kv.value());
-            match &seen.holding {
-                Holding::Exclusive { value: shown, .. } => *shown == value,
-                Holding::Shared { readers } | Holding::Permits { holders: readers, .. } => {
-                    readers.iter().any(|r| r.value == value)
-                }
-                _ => false,
-            }
-        };
         if holders.is_empty() {
             return Ok(ForceReleased::Gone);
         }
-        if !holders.iter().all(|(_, _, kv)| shown(kv)) {
+        if !holders
+            .iter()
+            .all(|(_, _, kv)| seen.holding.shows(&String::from_utf8_lossy(kv.value())))
+        {
             return Ok(ForceReleased::Changed);
         }
         // In transactions of at most etcd's operations (a semaphore may have more holders).

@@ -125,20 +125,16 @@ impl MysqlStore {
         let name = String::from_utf8(name).ok()?;
         let key = crate::store::user_key(&self.prefix, &name)?.to_owned();
         let count = token.as_deref().and_then(count_of);
-        let (holding, remaining) = match (token, count) {
-            (Some(token), _) if token == SHARES => {
-                let readers = readers.remove(&name).unwrap_or_default();
-                let remaining = readers.iter().map(|r| r.remaining).max();
-                match readers.is_empty() {
-                    true => (Holding::Free, None),
-                    false => (Holding::shared(readers), remaining),
-                }
-            }
-            (Some(_), Some(count)) => {
-                let holders = permits.remove(&name).unwrap_or_default();
-                let remaining = holders.iter().map(|h| h.remaining).max();
-                (Holding::permits(count, holders), remaining)
-            }
+        // The lease read with the value for one holder; the longest share's for the others.
+        let (holding, lease) = match (token, count) {
+            (Some(token), _) if token == SHARES => match readers.remove(&name) {
+                Some(readers) if !readers.is_empty() => (Holding::shared(readers), None),
+                _ => (Holding::Free, None),
+            },
+            (Some(_), Some(count)) => (
+                Holding::permits(count, permits.remove(&name).unwrap_or_default()),
+                None,
+            ),
             (Some(value), None) => (
                 Holding::of_value(&value),
                 Some(Duration::from_millis(unsigned(left))),
@@ -147,14 +143,14 @@ impl MysqlStore {
         };
         let (queued, writers) = waiters(lines, &name);
         Some(LockView {
-            key,
-            name,
-            holding,
-            remaining,
-            fence: fence.map_or(Fence::None, |f| Fence::Token(unsigned(f))),
+            remaining: lease.or_else(|| holding.longest_share()),
+            fence: Fence::counter(fence),
             queued,
             writers,
             read_at,
+            key,
+            name,
+            holding,
         })
     }
 
@@ -165,10 +161,7 @@ impl MysqlStore {
             self.notices.released(lock.name());
             return Ok(ForceReleased::Freed);
         }
-        Ok(match StoreAdmin::inspect(self, lock).await?.is_held() {
-            true => ForceReleased::Changed,
-            false => ForceReleased::Gone,
-        })
+        Ok(ForceReleased::not_freed(&StoreAdmin::inspect(self, lock).await?))
     }
 }
 

@@ -106,41 +106,33 @@ impl PostgresStore {
         ) = row;
         let key = crate::store::user_key(&self.prefix, &name)?.to_owned();
         let millis = |n: i64| Duration::from_millis(unsigned(n));
-        let (holding, remaining) = match token {
+        // The lease read with the value for one holder; the longest share's for the others.
+        let (holding, lease) = match token {
             Some(value) => (Holding::of_value(value.as_bytes()), left.map(millis)),
             None if !readers.is_empty() => {
-                let readers: Vec<Reader> = readers
-                    .iter()
-                    .zip(reader_left)
-                    .map(|(value, left)| Reader::of(value, millis(left)))
-                    .collect();
-                let remaining = readers.iter().map(|r| r.remaining).max();
-                (Holding::shared(readers), remaining)
+                let readers = readers.iter().zip(reader_left);
+                let readers = readers.map(|(value, left)| Reader::of(value, millis(left)));
+                (Holding::shared(readers.collect()), None)
             }
             None if !held.is_empty() => {
-                let holders: Vec<Reader> = held
-                    .iter()
-                    .zip(held_left)
-                    .zip(held_permit)
-                    .map(|((value, left), permit)| {
-                        Reader::of_permit(value, u32::try_from(permit).unwrap_or_default(), millis(left))
-                    })
-                    .collect();
-                let remaining = holders.iter().map(|h| h.remaining).max();
+                let holders = held.iter().zip(held_left).zip(held_permit);
+                let holders = holders.map(|((value, left), permit)| {
+                    Reader::of_permit(value, u32::try_from(permit).unwrap_or_default(), millis(left))
+                });
                 let count = u32::try_from(permits.unwrap_or_default()).unwrap_or_default();
-                (Holding::permits(count, holders), remaining)
+                (Holding::permits(count, holders.collect()), None)
             }
             None => (Holding::Free, None),
         };
         Some(LockView {
-            key,
-            name,
-            holding,
-            remaining,
-            fence: fence.map_or(Fence::None, |f| Fence::Token(unsigned(f))),
+            remaining: lease.or_else(|| holding.longest_share()),
+            fence: Fence::counter(fence),
             queued: unsigned(queued),
             writers: unsigned(writers),
             read_at,
+            key,
+            name,
+            holding,
         })
     }
 }
@@ -216,12 +208,7 @@ impl StoreAdmin for PostgresStore {
         if freed == 1 {
             return Ok(ForceReleased::Freed);
         }
-        let now = StoreAdmin::inspect(self, lock).await?;
-        Ok(if now.is_held() {
-            ForceReleased::Changed
-        } else {
-            ForceReleased::Gone
-        })
+        Ok(ForceReleased::not_freed(&StoreAdmin::inspect(self, lock).await?))
     }
 }
 

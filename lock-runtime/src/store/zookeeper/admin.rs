@@ -125,9 +125,7 @@ impl ZkStore {
                 name: lock.to_owned(),
                 holding: Holding::permits(permits, holders),
                 remaining,
-                fence: newest
-                    .and_then(|f| u64::try_from(f).ok())
-                    .map_or(Fence::None, Fence::Token),
+                fence: Fence::counter(newest),
                 queued: count(queued),
                 writers: 0,
                 read_at,
@@ -163,9 +161,7 @@ impl ZkStore {
             name: lock.to_owned(),
             holding,
             remaining,
-            fence: fence
-                .and_then(|f| u64::try_from(f).ok())
-                .map_or(Fence::None, Fence::Token),
+            fence: Fence::counter(fence),
             queued: count(waiting.len()),
             writers: if shared {
                 count(waiting.iter().filter(|c| !c.shared).count())
@@ -213,19 +209,7 @@ impl StoreAdmin for ZkStore {
         if found.is_empty() {
             return Ok(ForceReleased::Gone);
         }
-        let shown = |held: &Held| {
-            let value = String::from_utf8_lossy(&held.data);
-            match &seen.holding {
-                Holding::Exclusive { value: shown, .. } => *shown == value,
-                Holding::Shared { readers } | Holding::Permits { holders: readers, .. } => {
-                    readers.iter().any(|r| r.value == value)
-                }
-                Holding::Foreign { value: shown, .. } => {
-                    shown.as_deref() == Some(crate::view::excerpt(&value).as_str())
-                }
-                Holding::Free => false,
-            }
-        };
+        let shown = |held: &Held| seen.holding.shows(&String::from_utf8_lossy(&held.data));
         if !found.iter().all(|(_, held)| shown(held)) {
             return Ok(ForceReleased::Changed);
         }
