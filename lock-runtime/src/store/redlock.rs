@@ -151,21 +151,6 @@ impl RedlockStore {
         }
     }
 
-    /// Connects to every master; fails unless a majority is reachable.
-    pub(crate) async fn connect(&self) -> Result<(), LockError> {
-        let answers = futures_util::future::join_all(self.masters.iter().map(|m| m.connect())).await;
-        let reached = answers.iter().filter(|a| a.is_ok()).count();
-        if reached >= self.quorum {
-            return Ok(());
-        }
-        // A refusal (credentials, ACL) says more than a timeout.
-        let mut errors: Vec<LockError> = answers.into_iter().filter_map(Result::err).collect();
-        if let Some(i) = errors.iter().position(|e| matches!(e, LockError::Refused { .. })) {
-            return Err(errors.swap_remove(i));
-        }
-        Err(self.no_quorum(reached, errors.pop()))
-    }
-
     fn no_quorum(&self, answered: usize, last: Option<LockError>) -> LockError {
         LockError::unavailable(NoQuorum {
             answered,
@@ -183,7 +168,111 @@ impl RedlockStore {
             .min(self.timeouts.response)
     }
 
-    pub(crate) async fn acquire(&self, lock: &str, token: &str, ask: &Ask) -> Result<Attempt, LockError> {
+    /// Keeps the attempts still on their way for `token`'s release, which waits for them.
+    fn keep_stragglers(&self, token: &str, tasks: Vec<Attempted>) {
+        // Every master answered (the common case): Redis ran each attempt, and a release comes
+        // after them anyway.
+        if tasks
+            .iter()
+            .all(|t| t.answered.load(std::sync::atomic::Ordering::Acquire))
+        {
+            return;
+        }
+        let mut waiting = locked(&self.stragglers);
+        // Locks released by now (or never to be, their guard dropped without a runtime) leave
+        // only finished tasks behind: their connections need no pin any more.
+        waiting.retain(|_, tasks| tasks.iter().any(|t| !t.task.is_finished()));
+        waiting.insert(token.to_owned(), tasks);
+    }
+
+    /// Token-checked release on every master, errors ignored (a master that is down keeps the
+    /// key until its ttl): how a failed acquire cleans up.
+    async fn release_everywhere(&self, lock: &str, token: &str, attempts: Vec<Attempted>) {
+        let bound = self.timeouts.response;
+        let releases = self.masters.iter().zip(attempts).map(|(m, attempt)| async move {
+            // After the attempt ended (each is bounded), on its connection.
+            let _ = attempt.task.await;
+            let release = m.release_lock(lock, token, 0, Kind::Plain, Some(&attempt.flight));
+            tokio::time::timeout(bound, release).await
+        });
+        futures_util::future::join_all(releases).await;
+    }
+}
+
+/// One master's attempt of an acquire: its task, and the connection it went on.
+#[derive(Debug)]
+struct Attempted {
+    task: JoinHandle<()>,
+    flight: Arc<Flight>,
+    /// Its master answered it (then Redis ran it: nothing of it is still on the way).
+    answered: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// One acquire's per-master attempts, in master order: kept for the token's release when the
+/// lock is taken or the acquire is dropped undecided, so that the release goes to each master
+/// only after that master's attempt ended, and on the connection it went on.
+struct Stragglers<'a> {
+    backend: &'a RedlockStore,
+    token: &'a str,
+    tasks: Vec<Attempted>,
+}
+
+impl Stragglers<'_> {
+    fn register(&mut self) {
+        self.backend
+            .keep_stragglers(self.token, std::mem::take(&mut self.tasks));
+    }
+}
+
+impl Drop for Stragglers<'_> {
+    fn drop(&mut self) {
+        if !self.tasks.is_empty() {
+            self.register();
+        }
+    }
+}
+
+impl Store for RedlockStore {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            name: "RedLock",
+            fencing: Offered::No("no single counter"),
+            fair: Offered::No("no single line"),
+            shared: Offered::No(
+                "shares on a majority of masters could not keep writers out across a master's restart",
+            ),
+            permits: Offered::No(
+                "each master would count its holders on its own: with more than one permit, \
+                 more callers than permits can each win a majority of masters",
+            ),
+            waking: Waking::Announced { hands_over: false },
+        }
+    }
+
+    fn name(&self, key: &str) -> String {
+        keys::name(&self.prefix, key)
+    }
+
+    /// Connects to every master; fails unless a majority is reachable.
+    async fn connect(&self) -> Result<(), LockError> {
+        let answers = futures_util::future::join_all(self.masters.iter().map(|m| m.connect())).await;
+        let reached = answers.iter().filter(|a| a.is_ok()).count();
+        if reached >= self.quorum {
+            return Ok(());
+        }
+        // A refusal (credentials, ACL) says more than a timeout.
+        let mut errors: Vec<LockError> = answers.into_iter().filter_map(Result::err).collect();
+        if let Some(i) = errors.iter().position(|e| matches!(e, LockError::Refused { .. })) {
+            return Err(errors.swap_remove(i));
+        }
+        Err(self.no_quorum(reached, errors.pop()))
+    }
+
+    /// Sent to every master at once, each given a tenth of the ttl (at least 50 ms, at most the
+    /// response timeout); decided by the first majority to answer, held only while that majority
+    /// answered within the lock's validity.
+    async fn attempt(&self, lock: &Lock, token: &str, ask: &Ask, _: &Flight) -> Result<Attempt, LockError> {
+        let lock = lock.name();
         let started = Instant::now();
         let bound = self.per_master(ask.ttl_ms);
         // Each master's attempt is a task of its own: the outcome is decided by the first
@@ -286,39 +375,9 @@ impl RedlockStore {
         Err(self.no_quorum(yes + held, last_error))
     }
 
-    /// Keeps the attempts still on their way for `token`'s release, which waits for them.
-    fn keep_stragglers(&self, token: &str, tasks: Vec<Attempted>) {
-        // Every master answered (the common case): Redis ran each attempt, and a release comes
-        // after them anyway.
-        if tasks
-            .iter()
-            .all(|t| t.answered.load(std::sync::atomic::Ordering::Acquire))
-        {
-            return;
-        }
-        let mut waiting = locked(&self.stragglers);
-        // Locks released by now (or never to be, their guard dropped without a runtime) leave
-        // only finished tasks behind: their connections need no pin any more.
-        waiting.retain(|_, tasks| tasks.iter().any(|t| !t.task.is_finished()));
-        waiting.insert(token.to_owned(), tasks);
-    }
-
-    /// Token-checked release on every master, errors ignored (a master that is down keeps the
-    /// key until its ttl): how a failed acquire cleans up.
-    async fn release_everywhere(&self, lock: &str, token: &str, attempts: Vec<Attempted>) {
-        let bound = self.timeouts.response;
-        let releases = self.masters.iter().zip(attempts).map(|(m, attempt)| async move {
-            // After the attempt ended (each is bounded), on its connection.
-            let _ = attempt.task.await;
-            let release = m.release_lock(lock, token, 0, Kind::Plain, Some(&attempt.flight));
-            tokio::time::timeout(bound, release).await
-        });
-        futures_util::future::join_all(releases).await;
-    }
-
     /// Per lock: renewed on a majority, gone on a majority, or undecided (too few answers either
     /// way): retried while the lock is valid.
-    pub(crate) async fn renew_many(&self, locks: &[Renewing<'_>]) -> Result<Vec<Renewal>, LockError> {
+    async fn renew(&self, locks: &[Renewing<'_>]) -> Result<Vec<Renewal>, LockError> {
         // A slow master (paused, or reconnecting) must not hold up the renewal on the others
         // past the locks' validity: it is given what an acquire is.
         let shortest = locks.iter().map(|(_, _, ttl_ms)| *ttl_ms).min().unwrap_or(0);
@@ -371,7 +430,11 @@ impl RedlockStore {
     /// On every master (each given the response timeout: one that is down or reconnecting does
     /// not hold up the answer longer); `true` when a majority still held it, `false` when a
     /// majority no longer did.
-    pub(crate) async fn release(&self, lock: &str, token: &str, hold_ms: u64) -> Result<Released, LockError> {
+    ///
+    /// A release after an acquire whose answer never came waits for each master's attempt
+    /// (the stragglers) instead of following it on its connection.
+    async fn release(&self, lock: &Lock, token: &str, release: Release<'_>) -> Result<Released, LockError> {
+        let (lock, hold_ms) = (lock.name(), release.hold_ms);
         let bound = self.timeouts.response;
         // As for an acquire: one task per master, decided by the first majority to answer.
         let (tx, mut answers) = mpsc::unbounded_channel();
@@ -430,87 +493,11 @@ impl RedlockStore {
     /// subscriptions (a release between them and the next attempt is then heard); a master that
     /// takes longer (down, reconnecting) subscribes in the background, and meanwhile the others,
     /// or the waiter's timer, wake it.
-    pub(crate) async fn listen(&self, name: &str) {
+    async fn listen(&self, lock: &Lock) {
+        let name = lock.name();
         let subscribing: Vec<_> = self.masters.iter().map(|m| m.listen_detached(name)).collect();
         let all = join_all(subscribing);
         let _ = tokio::time::timeout(LISTEN_WAIT.min(self.timeouts.response), all).await;
-    }
-}
-
-/// One master's attempt of an acquire: its task, and the connection it went on.
-#[derive(Debug)]
-struct Attempted {
-    task: JoinHandle<()>,
-    flight: Arc<Flight>,
-    /// Its master answered it (then Redis ran it: nothing of it is still on the way).
-    answered: Arc<std::sync::atomic::AtomicBool>,
-}
-
-/// One acquire's per-master attempts, in master order: kept for the token's release when the
-/// lock is taken or the acquire is dropped undecided, so that the release goes to each master
-/// only after that master's attempt ended, and on the connection it went on.
-struct Stragglers<'a> {
-    backend: &'a RedlockStore,
-    token: &'a str,
-    tasks: Vec<Attempted>,
-}
-
-impl Stragglers<'_> {
-    fn register(&mut self) {
-        self.backend
-            .keep_stragglers(self.token, std::mem::take(&mut self.tasks));
-    }
-}
-
-impl Drop for Stragglers<'_> {
-    fn drop(&mut self) {
-        if !self.tasks.is_empty() {
-            self.register();
-        }
-    }
-}
-
-impl Store for RedlockStore {
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            name: "RedLock",
-            fencing: Offered::No("no single counter"),
-            fair: Offered::No("no single line"),
-            shared: Offered::No(
-                "shares on a majority of masters could not keep writers out across a master's restart",
-            ),
-            permits: Offered::No(
-                "each master would count its holders on its own: with more than one permit, \
-                 more callers than permits can each win a majority of masters",
-            ),
-            waking: Waking::Announced { hands_over: false },
-        }
-    }
-
-    fn name(&self, key: &str) -> String {
-        keys::name(&self.prefix, key)
-    }
-
-    async fn connect(&self) -> Result<(), LockError> {
-        RedlockStore::connect(self).await
-    }
-
-    async fn attempt(&self, lock: &Lock, token: &str, ask: &Ask, _: &Flight) -> Result<Attempt, LockError> {
-        self.acquire(lock.name(), token, ask).await
-    }
-
-    async fn renew(&self, locks: &[Renewing<'_>]) -> Result<Vec<Renewal>, LockError> {
-        self.renew_many(locks).await
-    }
-
-    /// A release after an acquire whose answer never came waits for each master's attempt
-    /// (the stragglers) instead of following it on its connection.
-    async fn release(&self, lock: &Lock, token: &str, release: Release<'_>) -> Result<Released, LockError> {
-        RedlockStore::release(self, lock.name(), token, release.hold_ms).await
-    }
-
-    async fn listen(&self, lock: &Lock) {
-        RedlockStore::listen(self, lock.name()).await;
     }
 
     fn unlisten(&self, name: &str) {
