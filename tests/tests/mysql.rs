@@ -434,13 +434,21 @@ async fn misconfigured_clients_are_refused_with_what_to_fix() {
         matches!(&denied, Err(LockError::Refused { reason, .. }) if reason.contains("lacks a right")),
         "{denied:?}"
     );
-    // Made by a client that may; then the rights the guide names are enough.
+    // Made by a client that may; then the rights the guide names are enough, and each is
+    // needed: without INSERT on the line (a fair waiter's place) the client is refused when it
+    // connects, not at its first fair acquire.
     client(&server).await;
     server.sql(
         "GRANT SELECT, INSERT, UPDATE, DELETE ON test.lock_runtime_locks TO 'locker'@'127.0.0.1'; \
-         GRANT SELECT, INSERT, UPDATE, DELETE ON test.lock_runtime_line TO 'locker'@'127.0.0.1'; \
+         GRANT SELECT, UPDATE, DELETE ON test.lock_runtime_line TO 'locker'@'127.0.0.1'; \
          GRANT SELECT, INSERT, UPDATE, DELETE ON test.lock_runtime_shares TO 'locker'@'127.0.0.1';",
     );
+    let no_place = builder(&url).build().await;
+    assert!(
+        matches!(&no_place, Err(LockError::Refused { reason, .. }) if reason.contains("lacks a right")),
+        "{no_place:?}"
+    );
+    server.sql("GRANT INSERT ON test.lock_runtime_line TO 'locker'@'127.0.0.1';");
     let granted = builder(&url).build().await.unwrap();
     let guard = granted
         .acquire("granted", &ttl(1000).fencing(true))

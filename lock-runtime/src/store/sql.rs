@@ -13,8 +13,61 @@ use tokio::sync::OnceCell;
 
 use crate::background::Background;
 use crate::error::TimedOut;
-use crate::store::Timeouts;
+use crate::store::{Ask, Flight, Kind, Lock, Mode, Release, Store, Timeouts};
 use crate::LockError;
+
+/// Every right locking needs on a SQL store, checked when a client connects (so that a role
+/// without one is refused there, the database naming what it lacks, not at its first fair,
+/// shared or counted acquire): on probe locks no key names (`<prefix>rights-check`, no `{…}`,
+/// so no user's lock or line is touched), a share taken and given back; a lock taken, a fair
+/// waiter's place behind it taken and left, the lock given back; with `own_permits` (a store
+/// that keeps a semaphore's holders apart from its locks' rows), a permit of a semaphore of two
+/// taken and given back. Each through the store's own requests, as a caller would send them.
+/// Another client probing at once is answered as any holder's rival is (refused, or not ours).
+pub(crate) async fn check_rights<S: Store>(
+    store: &S,
+    prefix: &str,
+    own_permits: bool,
+) -> Result<(), LockError> {
+    let token = |role: &str| format!("rights-check {role} {:016x}", rand::random::<u64>());
+    let (holder, waiter, reader) = (token("holder"), token("waiter"), token("reader"));
+    let probe = Lock::new("rights-check", format!("{prefix}rights-check"));
+    let once = Ask::once(1000, false);
+    let ask = |mode: Mode| Ask { mode, ..once };
+    let release = |kind: Kind| Release {
+        hold_ms: 0,
+        kind,
+        after: None,
+    };
+    let flight = Flight::default();
+    store
+        .attempt(&probe, &reader, &ask(Mode::Shared), &flight)
+        .await?;
+    store.release(&probe, &reader, release(Kind::Shared)).await?;
+    store.attempt(&probe, &holder, &once, &flight).await?;
+    let queued = Ask {
+        join: true,
+        ..ask(Mode::Fair)
+    };
+    let waited = async {
+        store.attempt(&probe, &waiter, &queued, &flight).await?;
+        store.leave(&probe, &waiter, false).await
+    }
+    .await;
+    store.release(&probe, &holder, release(Kind::Plain)).await?;
+    waited?;
+    if !own_permits {
+        return Ok(());
+    }
+    let permits = Lock::new("rights-check-permits", format!("{prefix}rights-check-permits"));
+    let two = ask(Mode::Permits {
+        count: 2,
+        fair: false,
+    });
+    store.attempt(&permits, &holder, &two, &flight).await?;
+    store.release(&permits, &holder, release(Kind::Permit)).await?;
+    Ok(())
+}
 
 /// The options a pool of `DB` connects with.
 pub(crate) type Options<DB> = <<DB as sqlx::Database>::Connection as Connection>::Options;

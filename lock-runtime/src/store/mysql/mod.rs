@@ -34,8 +34,8 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlPool};
 
 use super::sql::{ask, millis, unsigned, SqlCore, SqlStore};
 use super::{
-    Ask, Attempt, Capabilities, DynStore, Flight, Kind, Lock, Mode, Notices, Offered, Release, Released,
-    Renewal, Renewing, SetAttempt, Settings, Store, StoreConfig, Waking,
+    Ask, Attempt, Capabilities, DynStore, Flight, Kind, Lock, Notices, Offered, Release, Released, Renewal,
+    Renewing, SetAttempt, Settings, Store, StoreConfig, Waking,
 };
 use crate::redact::hide_credentials;
 use crate::{LockClientBuilder, LockError};
@@ -531,25 +531,11 @@ impl Store for MysqlStore {
         super::name(&self.prefix, key)
     }
 
+    /// The tables, and every right locking needs ([`check_rights`](super::sql::check_rights)):
+    /// a semaphore's permits are rows of the locks' table, so a lock's rights are theirs (and a
+    /// probe semaphore would leave its header row until a later sweep).
     async fn connect(&self) -> Result<(), LockError> {
-        // The tables, and every right locking needs: a share taken and given back (the
-        // shares' INSERT, UPDATE and DELETE in a transaction), a place in line left (DELETE),
-        // a lock taken (INSERT … ON DUPLICATE KEY UPDATE needs both rights) and given back
-        // (DELETE), on a row no key names (no `{…}`), so no user's lock is touched.
-        let ask = Ask::once(1000, false);
-        let token = format!("rights-check {:016x}", rand::random::<u64>());
-        let probe = Lock::new("rights-check", format!("{}rights-check", self.prefix));
-        let shared = Ask {
-            mode: Mode::Shared,
-            ..ask
-        };
-        self.share_attempt(&probe, &token, &shared).await?;
-        self.release_share(&probe, &token).await?;
-        self.leave_lines(&probe, &token, false).await?;
-        // Last: its release deletes the row.
-        Store::attempt(self, &probe, &token, &ask, &Flight::default()).await?;
-        self.release_lock(&probe, &token, 0).await?;
-        Ok(())
+        super::sql::check_rights(self, &self.prefix, false).await
     }
 
     async fn attempt(&self, lock: &Lock, token: &str, ask: &Ask, _: &Flight) -> Result<Attempt, LockError> {

@@ -14,8 +14,8 @@ use sqlx::postgres::{PgConnectOptions, PgPool};
 
 use super::sql::{ask, millis, unsigned, SqlCore, SqlStore};
 use super::{
-    Ask, Attempt, Capabilities, DynStore, Flight, Kind, Lock, Mode, Notices, Release, Released, Renewal,
-    Renewing, SetAttempt, Settings, Store, StoreConfig,
+    Ask, Attempt, Capabilities, DynStore, Flight, Kind, Lock, Notices, Release, Released, Renewal, Renewing,
+    SetAttempt, Settings, Store, StoreConfig,
 };
 use crate::options::FAIR_PLACE_KEPT;
 use crate::redact::hide_credentials;
@@ -562,42 +562,12 @@ impl Store for PostgresStore {
         super::name(&self.prefix, key)
     }
 
+    /// The schema, a fencing token (the sequence's right, which only a fenced acquire would
+    /// meet), and every right locking needs ([`check_rights`](super::sql::check_rights)), a
+    /// semaphore's holder rows (their own table) among them.
     async fn connect(&self) -> Result<(), LockError> {
-        // The schema, and every right locking needs: a fencing token (the sequence), then on a
-        // probe row a lock, a fair waiter's place behind it (the line and its sequence), the
-        // place given up, the lock released, and a semaphore's permit taken and given back (its
-        // holder's row). A role without one of them is
-        // refused here, naming it, not at its first fenced or fair acquire.
-        let holder = format!("{}:rights-check", self.announcement);
-        let waiter = format!("{}:rights-check-waiter", self.announcement);
-        let ask = Ask::once(1000, false);
-        let probe = Lock::new("rights-check", Store::name(self, "rights-check"));
         let _: i64 = ask!(self, |conn| sqlx::query_scalar(PROBE_FENCE).fetch_one(conn))?;
-        Store::attempt(self, &probe, &holder, &ask, &Flight::default()).await?;
-        let queued = Ask {
-            mode: Mode::Fair,
-            join: true,
-            ..ask
-        };
-        let checked = async {
-            Store::attempt(self, &probe, &waiter, &queued, &Flight::default()).await?;
-            Store::leave(self, &probe, &waiter, false).await
-        }
-        .await;
-        self.release_lock(&probe, &holder, 0, Kind::Plain).await?;
-        checked?;
-        // A semaphore's permit: its holder's row.
-        let permits = Lock::new("rights-check-permits", Store::name(self, "rights-check-permits"));
-        let two = Ask {
-            mode: Mode::Permits {
-                count: 2,
-                fair: false,
-            },
-            ..ask
-        };
-        Store::attempt(self, &permits, &holder, &two, &Flight::default()).await?;
-        self.release_lock(&permits, &holder, 0, Kind::Permit).await?;
-        Ok(())
+        super::sql::check_rights(self, &self.prefix, true).await
     }
 
     async fn attempt(&self, lock: &Lock, token: &str, ask: &Ask, _: &Flight) -> Result<Attempt, LockError> {
