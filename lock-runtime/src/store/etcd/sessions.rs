@@ -1,8 +1,10 @@
 //! A client's session leases: one per ttl class (a ttl rounded up to etcd's whole seconds),
 //! granted at its first use and kept alive by the client's keeper, as etcd's own `concurrency`
-//! sessions are. Every key the client writes for a lock (a holder's or a waiter's place in line)
-//! is attached to the session of its ttl, so a client that dies or is cut off loses its locks
-//! within their ttl, when its sessions lapse; nothing else is granted per lock.
+//! sessions are, in the registry every queue store keeps ([`ByClass`]). Every key the client
+//! writes for a lock (a holder's or a waiter's place in line) is attached to the session of its
+//! ttl, so a client that dies or is cut off loses its locks within their ttl, when its sessions
+//! lapse; nothing else is granted per lock. One unused for a minute with no key on it is
+//! revoked.
 //!
 //! The keeper renews each session every third of its ttl, at most a second apart. Each renewal
 //! answered says until when the server keeps the session at least (its send plus the ttl): a
@@ -10,20 +12,16 @@
 //! says is gone (this client was cut off past its ttl) is forgotten: the next use grants a new
 //! one, and the store learns which keys went with it.
 
-use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::pool::Pool;
+use crate::store::line::sessions::{self, class_of, ByClass};
 use crate::LockError;
 
 /// The longest time between two renewals of a session.
 const LONGEST_INTERVAL: Duration = Duration::from_secs(1);
-
-/// A session unused this long, with no key on it, is revoked.
-pub(super) const IDLE: Duration = Duration::from_secs(60);
 
 /// One session lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,8 +35,6 @@ pub(super) struct Session {
     pub(super) kept_until: Instant,
     /// When its next renewal is due.
     due: Instant,
-    /// When a lock last asked for it.
-    used: Instant,
 }
 
 impl Session {
@@ -52,15 +48,21 @@ impl Session {
     }
 }
 
+impl sessions::Session for Session {
+    fn id(&self) -> i64 {
+        self.id
+    }
+}
+
 /// A ttl in etcd's whole seconds, rounded up.
 pub(super) fn seconds(ms: u64) -> i64 {
-    i64::try_from(ms.div_ceil(1000).max(1)).unwrap_or(i64::MAX)
+    i64::try_from(class_of(ms)).unwrap_or(i64::MAX)
 }
 
 /// The sessions of one client, by the ttl class asked for.
 #[derive(Debug, Default)]
 pub(super) struct Sessions {
-    by_class: Mutex<HashMap<i64, Session>>,
+    by_class: ByClass<Session>,
 }
 
 /// What the keeper did with the sessions that were due.
@@ -71,22 +73,13 @@ pub(super) struct Kept {
 }
 
 impl Sessions {
-    fn all(&self) -> MutexGuard<'_, HashMap<i64, Session>> {
-        // Every update is one step, so a poisoned map is still consistent.
-        self.by_class.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// The session for a lock of `ttl_ms` (`true`: granted now, there was none), renewed first
     /// if it has less than half its ttl left (its renewals are late: a lock taken on it would be
     /// short).
     pub(super) async fn for_ttl(&self, pool: &Pool, ttl_ms: u64) -> Result<(Session, bool), LockError> {
-        let class = seconds(ttl_ms);
+        let class = class_of(ttl_ms);
         let now = Instant::now();
-        let known = self.all().get_mut(&class).map(|session| {
-            session.used = now;
-            *session
-        });
-        if let Some(session) = known {
+        if let Some(session) = self.by_class.used(class) {
             if session.kept_until >= now + session.ttl() / 2 {
                 return Ok((session, false));
             }
@@ -95,70 +88,57 @@ impl Sessions {
             }
             self.forget(session.id);
         }
-        let (id, ttl_s) = pool.grant(class).await?;
+        let (id, ttl_s) = pool.grant(seconds(ttl_ms)).await?;
         let granted = Session {
             id,
             ttl_s,
             kept_until: now + Duration::from_secs(u64::try_from(ttl_s).unwrap_or(0)),
             due: now,
-            used: now,
         };
         let granted = Session {
             due: now + granted.interval(),
             ..granted
         };
-        let mut all = self.all();
         // Two first uses at once: the first grant stays, the other lease is left to lapse (it
         // holds nothing).
-        Ok((*all.entry(class).or_insert(granted), true))
+        Ok((self.by_class.add(class, granted), true))
     }
 
     /// The session with lease `id`, if it is one of ours and alive.
     pub(super) fn by_id(&self, id: i64) -> Option<Session> {
-        self.all().values().find(|s| s.id == id).copied()
+        self.by_class.by_id(id)
     }
 
     /// A renewal of lease `id` sent at `sent` was answered: kept until `sent` plus its ttl.
     pub(super) fn renewed(&self, id: i64, sent: Instant) -> Option<Session> {
-        let mut all = self.all();
-        let session = all.values_mut().find(|s| s.id == id)?;
-        session.kept_until = session.kept_until.max(sent + session.ttl());
-        session.due = session.due.max(sent + session.interval());
-        Some(*session)
+        self.by_class.update(id, |session| {
+            session.kept_until = session.kept_until.max(sent + session.ttl());
+            session.due = session.due.max(sent + session.interval());
+            *session
+        })
     }
 
     /// Lease `id` is gone.
     pub(super) fn forget(&self, id: i64) {
-        self.all().retain(|_, s| s.id != id);
+        self.by_class.forget(id);
     }
 
     /// When the next renewal is due.
     pub(super) fn next_due(&self) -> Option<Instant> {
-        self.all().values().map(|s| s.due).min()
+        self.by_class.earliest(|s| s.due)
     }
 
-    /// Renews every session that is due (a failed renewal is tried again soon), forgets those
-    /// etcd no longer has, and revokes those unused for [`IDLE`] with no key on them
-    /// (`in_use`).
+    /// Revokes the sessions idle with no key on them (`in_use`; see
+    /// [`ByClass::take_idle`]), renews every other that is due (a failed renewal is tried again
+    /// soon), and forgets those etcd no longer has.
     pub(super) async fn keep(&self, pool: &Pool, in_use: impl Fn(i64) -> bool) -> Kept {
         let now = Instant::now();
-        let (due, idle): (Vec<Session>, Vec<Session>) = {
-            let all = self.all();
-            let due = all.values().filter(|s| s.due <= now).copied().collect();
-            let idle = all
-                .values()
-                .filter(|s| now.saturating_duration_since(s.used) >= IDLE && !in_use(s.id))
-                .copied()
-                .collect();
-            (due, idle)
-        };
-        for session in &idle {
-            self.forget(session.id);
+        for session in self.by_class.take_idle(in_use) {
             let _ = pool.revoke(session.id).await;
         }
+        let due = self.by_class.those(|s| s.due <= now);
         let renewals = due
             .iter()
-            .filter(|s| !idle.contains(s))
             .map(|session| async move { (session, pool.keep_alive(session.id).await) });
         let mut kept = Kept::default();
         for (session, renewed) in futures_util::future::join_all(renewals).await {
@@ -173,9 +153,9 @@ impl Sessions {
                 }
                 Err(e) => {
                     tracing::debug!(error = %e, "an etcd session lease could not be renewed; trying again");
-                    if let Some(s) = self.all().values_mut().find(|s| s.id == session.id) {
+                    self.by_class.update(session.id, |s| {
                         s.due = now + (s.interval() / 4).max(Duration::from_millis(50));
-                    }
+                    });
                 }
             }
         }
@@ -184,7 +164,7 @@ impl Sessions {
 
     /// Takes every session out (the client is going), to revoke them.
     pub(super) fn take_all(&self) -> Vec<i64> {
-        self.all().drain().map(|(_, s)| s.id).collect()
+        self.by_class.take_all().into_iter().map(|s| s.id).collect()
     }
 }
 
@@ -203,7 +183,6 @@ mod tests {
             ttl_s,
             kept_until: now,
             due: now,
-            used: now,
         };
         assert_eq!(session(3).interval(), LONGEST_INTERVAL);
         assert!(session(2).interval() < LONGEST_INTERVAL);

@@ -5,6 +5,8 @@
 //! due, the reaper's pick and the keeper's wait. What a place is, and how it is deleted, is the
 //! store's.
 
+pub(crate) mod sessions;
+
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::sync::{Mutex, MutexGuard};

@@ -1,6 +1,7 @@
 //! A client's ZooKeeper sessions: one per ttl class (a ttl rounded up to whole seconds), opened
 //! at its first use, so that the nodes of a holder that dies lapse with its session within
-//! about its ttl.
+//! about its ttl; kept in the registry every queue store keeps ([`ByClass`]), and closed when
+//! unused for a minute with no node on them.
 //!
 //! What a lock on a session can count on is bounded by what the *leader* knows: it expires a
 //! session a timeout after it last heard of it, and a follower reports a session's activity only
@@ -41,7 +42,6 @@
 //! is replaced at its next use; the nodes on it went with it, and the holders are told (see
 //! `Shared::session_ended`).
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -50,10 +50,8 @@ use zookeeper_client::{Client, SessionState};
 use super::diagnose;
 use super::pulse::SKIP;
 use super::requests::{connect_error, unavailable, Ensemble};
+use crate::store::line::sessions::{self, class_of, ByClass};
 use crate::LockError;
-
-/// A session unused this long, with no node on it, is closed.
-pub(super) const IDLE: Duration = Duration::from_secs(60);
 
 /// The network's and the servers' share of the margin (see the module doc).
 const SLACK: Duration = Duration::from_millis(100);
@@ -75,8 +73,12 @@ pub(super) struct Session {
     pub(super) confirm: Duration,
     /// When it was opened (its handshake refreshed it at the leader).
     pub(super) opened: Instant,
-    /// When a lock last asked for it.
-    used: Instant,
+}
+
+impl sessions::Session for Session {
+    fn id(&self) -> i64 {
+        self.id
+    }
 }
 
 impl Session {
@@ -87,11 +89,6 @@ impl Session {
             SessionState::Expired | SessionState::Closed | SessionState::AuthFailed
         )
     }
-}
-
-/// A ttl in whole seconds, rounded up.
-pub(super) fn class_of(ttl_ms: u64) -> u64 {
-    ttl_ms.div_ceil(1000).max(1)
 }
 
 /// What the servers' and the client's timing gives a session: see the module doc.
@@ -169,8 +166,7 @@ async fn open(ensemble: &Ensemble, asked: Duration, conn: Duration) -> Result<Cl
 /// The sessions of one client, by class.
 #[derive(Debug, Default)]
 pub(super) struct Sessions {
-    /// Never held across an await.
-    by_class: std::sync::Mutex<HashMap<u64, Session>>,
+    by_class: ByClass<Session>,
     /// Held across a connect, so that two first uses of a class open one session (lookups of
     /// the sessions that are open do not wait for it); guards the servers' tick, once probed.
     connecting: tokio::sync::Mutex<Option<Duration>>,
@@ -179,29 +175,18 @@ pub(super) struct Sessions {
 }
 
 impl Sessions {
-    fn all(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Session>> {
-        // Every update is one step, so a poisoned map is still consistent.
-        self.by_class.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// The session of `class` if it is alive (marked used); one found ended is forgotten.
     fn alive(&self, class: u64) -> Option<Session> {
-        let mut all = self.all();
-        match all.get_mut(&class) {
-            Some(session) if session.is_alive() => {
-                session.used = Instant::now();
-                Some(session.clone())
-            }
-            Some(session) => {
-                tracing::warn!(
-                    session = format_args!("{:#x}", session.id),
-                    "a ZooKeeper session ended (expired, or closed): its locks are lost; opening another"
-                );
-                all.remove(&class);
-                None
-            }
-            None => None,
+        let session = self.by_class.used(class)?;
+        if session.is_alive() {
+            return Some(session);
         }
+        tracing::warn!(
+            session = format_args!("{:#x}", session.id),
+            "a ZooKeeper session ended (expired, or closed): its locks are lost; opening another"
+        );
+        self.by_class.forget(session.id);
+        None
     }
 
     /// The session for locks of `ttl_ms`, opened now if there is none alive.
@@ -236,13 +221,12 @@ impl Sessions {
             confirm: timing.granted(granted).confirm(),
             opened: opening,
             client,
-            used: Instant::now(),
         };
         if session.keeps < Duration::from_secs(class) {
             self.short_grant(class, asked, granted, session.keeps);
         }
-        self.all().insert(class, session.clone());
-        Ok(session)
+        // Opened under `connecting`, after the one there (if any) was found ended and forgotten.
+        Ok(self.by_class.add(class, session))
     }
 
     /// Says once per class that the servers granted less than its locks' ttl: their validity
@@ -271,34 +255,28 @@ impl Sessions {
 
     /// Forgets the session `id` (the server ended it): the next use opens another.
     pub(super) fn forget(&self, id: i64) {
-        self.all().retain(|_, s| s.id != id);
+        self.by_class.forget(id);
     }
 
     /// The session with id `id`, if it is one of ours and alive.
     pub(super) fn by_id(&self, id: i64) -> Option<Session> {
-        self.all().values().find(|s| s.id == id && s.is_alive()).cloned()
+        self.by_class.by_id(id).filter(Session::is_alive)
     }
 
-    /// Closes the sessions unused for [`IDLE`] on which no node of this client is (`in_use`):
-    /// dropping the last handle on a session closes it. A session in use counts as used now.
+    /// Closes the sessions idle with no node of this client on them (`in_use`; see
+    /// [`ByClass::take_idle`]): dropping the last handle on a session closes it.
     pub(super) fn close_idle(&self, in_use: impl Fn(i64) -> bool) {
-        let now = Instant::now();
-        self.all().retain(|_, s| {
-            if in_use(s.id) {
-                s.used = now;
-            }
-            now.saturating_duration_since(s.used) < IDLE
-        });
+        drop(self.by_class.take_idle(in_use));
     }
 
     /// When the next session may become idle.
     pub(super) fn next_idle(&self) -> Option<Instant> {
-        self.all().values().map(|s| s.used + IDLE).min()
+        self.by_class.next_idle()
     }
 
     /// Takes every session out (the client is going): dropping them closes them.
     pub(super) fn take_all(&self) -> Vec<Session> {
-        self.all().drain().map(|(_, s)| s).collect()
+        self.by_class.take_all()
     }
 }
 
