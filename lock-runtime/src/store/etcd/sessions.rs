@@ -173,10 +173,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ttls_round_up_to_whole_seconds_and_renewals_come_at_least_every_second() {
-        assert_eq!(seconds(1), 1);
-        assert_eq!(seconds(1000), 1);
-        assert_eq!(seconds(1001), 2);
+    fn leases_are_asked_in_whole_seconds_and_renewed_at_least_every_second() {
+        assert_eq!(
+            (seconds(1000), seconds(1001), seconds(u64::MAX)),
+            (1, 2, 18_446_744_073_709_552)
+        );
         let now = Instant::now();
         let session = |ttl_s| Session {
             id: 1,
