@@ -432,6 +432,40 @@ async fn a_dead_clients_place_lapses_and_the_next_in_line_takes_the_lock() {
     assert!(guard.release().await.unwrap());
 }
 
+/// A value this library did not write at a holder's place is shown as foreign, and a forced
+/// release frees it only as it was seen (as on ZooKeeper and Redis): changed since, it is spared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreign_holder_is_forced_free_only_as_it_was_seen() {
+    use lock_runtime::admin::{Admin, ForceReleased, Holding};
+
+    let cluster = EtcdCluster::shared();
+    let c = builder(&cluster.endpoints())
+        .prefix("foreign:")
+        .build()
+        .await
+        .unwrap();
+    let admin = Admin::new(c.clone());
+    let mut etcd = etcd_client::Client::connect(cluster.endpoints(), None)
+        .await
+        .unwrap();
+    let place = lock_key("foreign:", "job", b"lw/not-ours");
+    etcd.put(place.clone(), "hello", None).await.unwrap();
+    let seen = admin.show("job").await.unwrap();
+    assert!(
+        matches!(&seen.holding, Holding::Foreign { value: Some(v), .. } if v == "hello"),
+        "{seen:?}"
+    );
+    etcd.put(place.clone(), "changed", None).await.unwrap();
+    assert_eq!(admin.force_release(&seen).await.unwrap(), ForceReleased::Changed);
+    assert_eq!(etcd.get(place.clone(), None).await.unwrap().kvs().len(), 1);
+    let seen = admin.show("job").await.unwrap();
+    assert_eq!(admin.force_release(&seen).await.unwrap(), ForceReleased::Freed);
+    assert!(etcd.get(place, None).await.unwrap().kvs().is_empty());
+    assert!(!admin.show("job").await.unwrap().is_held());
+    let guard = c.acquire("job", &ttl(5000)).await.unwrap();
+    assert!(guard.release().await.unwrap());
+}
+
 /// Clients through fault proxies, one per member of the shared cluster (cut off together).
 struct CutOff {
     proxies: Vec<FaultProxy>,
