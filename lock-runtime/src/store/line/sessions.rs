@@ -80,6 +80,7 @@ impl<S: Session> ByClass<S> {
     }
 
     /// Changes the session with id `id` in place; what `change` answers, if it is one of ours.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // etcd's renewals
     pub(crate) fn update<R>(&self, id: i64, change: impl FnOnce(&mut S) -> R) -> Option<R> {
         let mut all = self.all();
         let kept = all.values_mut().find(|k| k.session.id() == id)?;
@@ -87,6 +88,7 @@ impl<S: Session> ByClass<S> {
     }
 
     /// The sessions for which `pick` says yes.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // etcd's renewals
     pub(crate) fn those(&self, pick: impl Fn(&S) -> bool) -> Vec<S> {
         let all = self.all();
         all.values()
@@ -97,6 +99,7 @@ impl<S: Session> ByClass<S> {
     }
 
     /// The earliest of `when` over the sessions.
+    #[cfg_attr(not(feature = "etcd"), allow(dead_code))] // etcd's renewals
     pub(crate) fn earliest(&self, when: impl Fn(&S) -> Instant) -> Option<Instant> {
         self.all().values().map(|k| when(&k.session)).min()
     }
@@ -125,6 +128,7 @@ impl<S: Session> ByClass<S> {
     }
 
     /// When the next session may become idle.
+    #[cfg_attr(not(feature = "zookeeper"), allow(dead_code))] // ZooKeeper's keeper
     pub(crate) fn next_idle(&self) -> Option<Instant> {
         self.all().values().map(|k| k.used + IDLE).min()
     }
