@@ -13,25 +13,26 @@ use tokio::sync::OnceCell;
 
 use crate::background::Background;
 use crate::error::TimedOut;
-use crate::store::{Ask, Flight, Kind, Lock, Mode, Release, Store, Timeouts};
+use crate::store::{Ask, Attempt, Flight, Kind, Lock, Mode, Release, Store, Timeouts};
 use crate::LockError;
 
 /// Every right locking needs on a SQL store, checked when a client connects (so that a role
 /// without one is refused there, the database naming what it lacks, not at its first fair,
-/// shared or counted acquire): on probe locks no key names (`<prefix>rights-check`, no `{…}`,
-/// so no user's lock or line is touched), a share taken and given back; a lock taken, a fair
-/// waiter's place behind it taken and left, the lock given back; with `own_permits` (a store
-/// that keeps a semaphore's holders apart from its locks' rows), a permit of a semaphore of two
-/// taken and given back. Each through the store's own requests, as a caller would send them.
-/// Another client probing at once is answered as any holder's rival is (refused, or not ours).
+/// shared or counted acquire): on probe locks of this call's own (`<prefix>rights-check-<id>`,
+/// no `{…}`: no user's lock or line is touched, and no other client's probe is in the way, so
+/// every step runs the statements it is meant to), a share taken and given back; a lock taken, a
+/// fair waiter's place behind it taken and left, the lock given back; with `own_permits` (a
+/// store that keeps a semaphore's holders apart from its locks' rows), a permit of a semaphore
+/// of two taken and given back. Each through the store's own requests, as a caller's are sent.
 pub(crate) async fn check_rights<S: Store>(
     store: &S,
     prefix: &str,
     own_permits: bool,
 ) -> Result<(), LockError> {
-    let token = |role: &str| format!("rights-check {role} {:016x}", rand::random::<u64>());
+    let id = format!("{:016x}", rand::random::<u64>());
+    let token = |role: &str| format!("rights-check {role} {id}");
     let (holder, waiter, reader) = (token("holder"), token("waiter"), token("reader"));
-    let probe = Lock::new("rights-check", format!("{prefix}rights-check"));
+    let probe = Lock::new("rights-check", format!("{prefix}rights-check-{id}"));
     let once = Ask::once(1000, false);
     let ask = |mode: Mode| Ask { mode, ..once };
     let release = |kind: Kind| Release {
@@ -50,8 +51,13 @@ pub(crate) async fn check_rights<S: Store>(
         ..ask(Mode::Fair)
     };
     let waited = async {
-        store.attempt(&probe, &waiter, &queued, &flight).await?;
-        store.leave(&probe, &waiter, false).await
+        let answer = store.attempt(&probe, &waiter, &queued, &flight).await?;
+        store.leave(&probe, &waiter, false).await?;
+        if let Attempt::Acquired { .. } = answer {
+            // The holder's lease ran out first (a database slower than the probe's ttl).
+            store.release(&probe, &waiter, release(Kind::Fair)).await?;
+        }
+        Ok::<(), LockError>(())
     }
     .await;
     store.release(&probe, &holder, release(Kind::Plain)).await?;
@@ -59,7 +65,7 @@ pub(crate) async fn check_rights<S: Store>(
     if !own_permits {
         return Ok(());
     }
-    let permits = Lock::new("rights-check-permits", format!("{prefix}rights-check-permits"));
+    let permits = Lock::new("rights-check", format!("{prefix}rights-check-{id}-permits"));
     let two = ask(Mode::Permits {
         count: 2,
         fair: false,
