@@ -990,10 +990,16 @@ async fn an_acquire_behind_a_locked_row_keeps_to_its_wait() {
         .unwrap();
     let waiting_on_locks = || waiting_for_a_lock(&db, "application_name = 'lock-runtime'");
     for (wait, answered_before) in [(SECOND / 2, 3 * SECOND), (6 * SECOND, 6 * SECOND)] {
-        sqlx::query("INSERT INTO lock_runtime_locks (key) VALUES ('lock:{row}') ON CONFLICT DO NOTHING")
-            .execute(&db)
-            .await
-            .unwrap();
+        // Free (no token), and kept from the client's sweep (which deletes free rows whose
+        // lease ended; it runs in the background from the client's first attempt, and under
+        // load could delete the row between this insert and the lock on it).
+        sqlx::query(
+            "INSERT INTO lock_runtime_locks (key, expires_ms) VALUES ('lock:{row}', lock_runtime_v1_now() + 600000) \
+             ON CONFLICT (key) DO UPDATE SET expires_ms = EXCLUDED.expires_ms",
+        )
+        .execute(&db)
+        .await
+        .unwrap();
         let mut tx = db.begin().await.unwrap();
         sqlx::query("SELECT 1 FROM lock_runtime_locks WHERE key = 'lock:{row}' FOR UPDATE")
             .execute(&mut *tx)
