@@ -74,64 +74,84 @@ mod on {
     /// Where the series come from, for recorders that filter by it.
     static METADATA: Metadata<'static> = Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
 
-    /// The label sets without a key class are fixed: kept in statics, so that recording a series
-    /// allocates nothing (every acquire and release records; with no recorder installed, that
-    /// is all it costs).
-    /// The key of metric `$name` for a mode (and an outcome): a `static`, so its labels and
-    /// its hash are made at compile time, not at every acquire and release.
+    /// The key of metric `$name` for a mode: a `static`, so its labels and its hash are made at
+    /// compile time, not at every acquire and release (with no recorder installed, recording
+    /// is all a series costs).
     macro_rules! fixed {
         ($name:literal, $mode:literal) => {{
             static LABELS: [Label; 1] = [Label::from_static_parts("mode", $mode)];
             static KEY: Key = Key::from_static_parts($name, &LABELS);
             &KEY
         }};
-        ($name:literal, $mode:literal, $outcome:expr, [$($o:literal),*]) => {
-            match $outcome {
-                $($o => {
-                    static LABELS: [Label; 2] =
-                        [Label::from_static_parts("mode", $mode), Label::from_static_parts("outcome", $o)];
-                    static KEY: Key = Key::from_static_parts($name, &LABELS);
-                    &KEY
-                })*
-                _ => fixed!($name, $mode),
-            }
-        };
     }
 
-    /// The key of metric `$name` for `$labels` (and `$outcome`, an `Option`): a static one
-    /// unless it carries the key's class.
+    /// The key of metric `$name` for `$labels`: a static one unless it carries the key's class.
     macro_rules! key {
-        ($name:literal, $labels:expr, $outcome:expr) => {{
+        ($name:literal, $labels:expr) => {{
             let labels: &Labels<'_> = $labels;
-            let outcome: Option<&'static str> = $outcome;
-            let fixed: &'static Key = match (labels.mode == "shared", outcome) {
-                (false, None) => fixed!($name, "exclusive"),
-                (true, None) => fixed!($name, "shared"),
-                (false, Some(outcome)) => by_outcome!($name, "exclusive", outcome),
-                (true, Some(outcome)) => by_outcome!($name, "shared", outcome),
+            let fixed: &'static Key = if labels.mode == "shared" {
+                fixed!($name, "shared")
+            } else {
+                fixed!($name, "exclusive")
             };
             with_class(fixed, labels.key_class)
         }};
     }
 
-    macro_rules! by_outcome {
-        ($name:literal, $mode:literal, $outcome:expr) => {
-            fixed!(
-                $name,
-                $mode,
-                $outcome,
-                [
-                    "acquired",
-                    "busy",
-                    "not_replicated",
-                    "unavailable",
-                    "refused",
-                    "invalid",
-                    "lost",
-                    "not_configured"
-                ]
-            )
+    /// The three series of an acquire call (`lock_acquires_total`, `lock_acquire_seconds`,
+    /// `lock_wait_seconds`) for a mode, one per outcome `$o`: statics, picked by one match.
+    macro_rules! acquire_series {
+        ($mode:literal, $outcome:expr, [$($o:literal),*]) => {
+            match $outcome {
+                $($o => {
+                    static LABELS: [Label; 2] =
+                        [Label::from_static_parts("mode", $mode), Label::from_static_parts("outcome", $o)];
+                    static KEYS: [Key; 3] = [
+                        Key::from_static_parts("lock_acquires_total", &LABELS),
+                        Key::from_static_parts("lock_acquire_seconds", &LABELS),
+                        Key::from_static_parts("lock_wait_seconds", &LABELS),
+                    ];
+                    &KEYS
+                })*
+                // Every outcome `failure` names is listed: this one only labels the mode.
+                _ => {
+                    static LABELS: [Label; 1] = [Label::from_static_parts("mode", $mode)];
+                    static KEYS: [Key; 3] = [
+                        Key::from_static_parts("lock_acquires_total", &LABELS),
+                        Key::from_static_parts("lock_acquire_seconds", &LABELS),
+                        Key::from_static_parts("lock_wait_seconds", &LABELS),
+                    ];
+                    &KEYS
+                }
+            }
         };
+    }
+
+    /// An acquire call's three series for `shared` and `outcome`.
+    fn acquire_keys(shared: bool, outcome: &str) -> &'static [Key; 3] {
+        macro_rules! by_mode {
+            ($mode:literal) => {
+                acquire_series!(
+                    $mode,
+                    outcome,
+                    [
+                        "acquired",
+                        "busy",
+                        "not_replicated",
+                        "unavailable",
+                        "refused",
+                        "invalid",
+                        "lost",
+                        "not_configured"
+                    ]
+                )
+            };
+        }
+        if shared {
+            by_mode!("shared")
+        } else {
+            by_mode!("exclusive")
+        }
     }
 
     /// `fixed`, or with the `key_class` label added.
@@ -145,26 +165,31 @@ mod on {
     }
 
     pub(crate) fn acquire(l: &Labels<'_>, outcome: &'static str, attempt: Duration, call: Duration) {
-        let (calls, attempts, waits) = (
-            key!("lock_acquires_total", l, Some(outcome)),
-            key!("lock_acquire_seconds", l, Some(outcome)),
-            key!("lock_wait_seconds", l, Some(outcome)),
-        );
-        metrics::with_recorder(|r| {
-            r.register_counter(&calls, &METADATA).increment(1);
-            r.register_histogram(&attempts, &METADATA)
-                .record(attempt.as_secs_f64());
-            r.register_histogram(&waits, &METADATA).record(call.as_secs_f64());
-        });
+        let [calls, attempts, waits] = acquire_keys(l.mode == "shared", outcome);
+        let record = |calls: &Key, attempts: &Key, waits: &Key| {
+            metrics::with_recorder(|r| {
+                r.register_counter(calls, &METADATA).increment(1);
+                r.register_histogram(attempts, &METADATA)
+                    .record(attempt.as_secs_f64());
+                r.register_histogram(waits, &METADATA).record(call.as_secs_f64());
+            });
+        };
+        match l.key_class {
+            None => record(calls, attempts, waits),
+            Some(class) => {
+                let [calls, attempts, waits] = [calls, attempts, waits].map(|k| with_class(k, Some(class)));
+                record(&calls, &attempts, &waits);
+            }
+        }
     }
 
     pub(crate) fn released(l: &Labels<'_>, held: Duration) {
-        let key = key!("lock_held_seconds", l, None);
+        let key = key!("lock_held_seconds", l);
         metrics::with_recorder(|r| r.register_histogram(&key, &METADATA).record(held.as_secs_f64()));
     }
 
     pub(crate) fn lost(l: &Labels<'_>) {
-        let key = key!("lock_lost_total", l, None);
+        let key = key!("lock_lost_total", l);
         metrics::with_recorder(|r| r.register_counter(&key, &METADATA).increment(1));
     }
 

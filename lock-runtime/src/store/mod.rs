@@ -186,23 +186,42 @@ impl StoreConfig for Refused {
 
 /// One lock as a store names it: the user's key and the store's own name for it
 /// ([`Store::name`]), made once per call.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub(crate) struct Lock {
-    key: String,
     name: String,
+    key: KeyIn,
+}
+
+/// Where a lock's key is kept.
+#[derive(Debug, Clone)]
+enum KeyIn {
+    /// In the name, starting at this byte (a name of the form `…{<key>}`, as [`name`] makes
+    /// them: one string for both, made once per call).
+    Name(usize),
+    /// A string of its own (a name that does not end with the key in braces).
+    Own(String),
 }
 
 impl Lock {
     pub(crate) fn new(key: &str, name: String) -> Lock {
+        let inside = name
+            .strip_suffix('}')
+            .and_then(|before| before.strip_suffix(key))
+            .filter(|before| before.ends_with('{'))
+            .map(str::len);
         Lock {
-            key: key.to_owned(),
+            key: inside.map_or_else(|| KeyIn::Own(key.to_owned()), KeyIn::Name),
             name,
         }
     }
 
     /// The key as the caller gave it.
     pub(crate) fn key(&self) -> &str {
-        &self.key
+        match &self.key {
+            // At a character boundary: the key's own bytes start there.
+            KeyIn::Name(at) => self.name.get(*at..self.name.len() - 1).unwrap_or_default(),
+            KeyIn::Own(key) => key,
+        }
     }
 
     /// The store's name for it: what its release notices name.
@@ -210,6 +229,14 @@ impl Lock {
         &self.name
     }
 }
+
+impl PartialEq for Lock {
+    fn eq(&self, other: &Lock) -> bool {
+        self.name == other.name && self.key() == other.key()
+    }
+}
+
+impl Eq for Lock {}
 
 /// `<prefix>{<key>}`: a lock's name on every store (on Redis the braces make the key a hash
 /// tag, and the lock's other keys start with it). Sized once: made for every acquire.
@@ -912,8 +939,27 @@ impl<S: Store + StoreAdmin> DynStore for S {
 mod tests {
     use std::time::Duration;
 
-    use super::{granted_until, lease_granted, Kind, Mode};
+    use super::{granted_until, lease_granted, name, Kind, Lock, Mode};
     use crate::{LockMode, LockOptions};
+
+    /// A lock keeps its key inside its name where the name ends with it in braces, and the key
+    /// it answers is the one it was made with, whatever the key holds (braces, characters of
+    /// several bytes) and whatever form the name has.
+    #[test]
+    fn a_lock_answers_its_key_and_name_as_made() {
+        for key in ["k", "order:42", "a{b", "a}b", "{", "}", "{}", "ключ", "x{ключ}"] {
+            for prefix in ["lock:", "", "p{", "}"] {
+                let lock = Lock::new(key, name(prefix, key));
+                assert_eq!((lock.key(), lock.name()), (key, name(prefix, key).as_str()));
+            }
+            for other in ["lock:other", "rights-check-1", "p{k}", "{", ""] {
+                let lock = Lock::new(key, other.to_owned());
+                assert_eq!((lock.key(), lock.name()), (key, other));
+                assert_eq!(lock.clone(), lock);
+            }
+        }
+        assert_ne!(Lock::new("a", name("p:", "a")), Lock::new("b", name("p:", "a")));
+    }
 
     /// A grant shorter than the lease asked for bounds it; a longer one, or none, leaves it.
     #[test]

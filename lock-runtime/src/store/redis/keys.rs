@@ -33,7 +33,7 @@ pub use crate::{DEFAULT_PREFIX, MAX_KEY_LEN};
 /// The suffix of the fencing counter.
 const FENCE: &str = ":fence";
 /// The suffix of the waiting mark.
-const WAITING: &str = ":waiting";
+pub(crate) const WAITING: &str = ":waiting";
 /// The suffix of the fair line (by arrival).
 const QUEUE: &str = ":queue";
 /// The suffix of the fair places (by when they lapse).

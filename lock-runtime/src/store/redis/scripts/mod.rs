@@ -30,10 +30,11 @@ pub(crate) mod release;
 pub(crate) mod renew;
 pub(crate) mod share;
 
+use std::io::Write;
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::{Cmd, FromRedisValue, RedisResult, ToRedisArgs};
+use redis::{Cmd, FromRedisValue, RedisResult, RedisWrite, ToRedisArgs};
 
 use super::connection::Conn;
 
@@ -98,12 +99,34 @@ impl Lua {
     /// A call of this script on `keys`, to fill with arguments. The request is written as it is
     /// built (no intermediate copies of the keys and arguments: this is on every release's path).
     pub(crate) fn call<K: AsRef<str>>(&'static self, keys: &[K]) -> Call {
-        let size = keys.iter().map(|k| k.as_ref().len()).sum::<usize>() + 160;
-        let mut cmd = Cmd::with_capacity(keys.len() + 9, size);
-        cmd.arg("EVALSHA").arg(&self.hash).arg(keys.len());
+        let size = keys.iter().map(|k| k.as_ref().len()).sum::<usize>();
+        let mut call = self.begin(keys.len(), size);
         for key in keys {
-            cmd.arg(key.as_ref());
+            call.cmd.arg(key.as_ref());
         }
+        call
+    }
+
+    /// A call of this script on `lock` and its helper key `<lock><suffix>`, the helper's name
+    /// written into the request as it is built, never made on its own (the common release's
+    /// path: its waiting mark).
+    pub(crate) fn call_with_helper(&'static self, lock: &str, suffix: &str) -> Call {
+        let mut call = self.begin(2, 2 * lock.len() + suffix.len());
+        call.cmd.arg(lock);
+        let mut helper = call.cmd.writer_for_next_arg();
+        // Written into the request's own buffer (a `Vec`): it cannot fail.
+        let _ = helper
+            .write_all(lock.as_bytes())
+            .and_then(|()| helper.write_all(suffix.as_bytes()));
+        drop(helper);
+        call
+    }
+
+    /// `EVALSHA <hash> <keys>`, with room for `keys` keys of `size` bytes in all and the
+    /// arguments after them.
+    fn begin(&'static self, keys: usize, size: usize) -> Call {
+        let mut cmd = Cmd::with_capacity(keys + 9, size + 160);
+        cmd.arg("EVALSHA").arg(&self.hash).arg(keys);
         Call { lua: self, cmd }
     }
 }

@@ -28,7 +28,7 @@ impl Unlock<'_> {
     pub(crate) fn call(&self) -> Call {
         let lock = self.lock;
         let mut call = if self.marks {
-            UNLOCK.call(&[lock, keys::waiting(lock).as_str()])
+            UNLOCK.call_with_helper(lock, keys::WAITING)
         } else {
             UNLOCK.call(&[lock])
         };
