@@ -99,30 +99,29 @@ mod on {
     }
 
     /// The three series of an acquire call (`lock_acquires_total`, `lock_acquire_seconds`,
-    /// `lock_wait_seconds`) for a mode, one per outcome `$o`: statics, picked by one match.
+    /// `lock_wait_seconds`) labelled `$label`s: statics.
+    macro_rules! three {
+        ($($label:expr),+) => {{
+            static LABELS: &[Label] = &[$($label),+];
+            static KEYS: [Key; 3] = [
+                Key::from_static_parts("lock_acquires_total", LABELS),
+                Key::from_static_parts("lock_acquire_seconds", LABELS),
+                Key::from_static_parts("lock_wait_seconds", LABELS),
+            ];
+            &KEYS
+        }};
+    }
+
+    /// An acquire call's three series for a mode, one set per outcome `$o`, picked by one match.
     macro_rules! acquire_series {
         ($mode:literal, $outcome:expr, [$($o:literal),*]) => {
             match $outcome {
-                $($o => {
-                    static LABELS: [Label; 2] =
-                        [Label::from_static_parts("mode", $mode), Label::from_static_parts("outcome", $o)];
-                    static KEYS: [Key; 3] = [
-                        Key::from_static_parts("lock_acquires_total", &LABELS),
-                        Key::from_static_parts("lock_acquire_seconds", &LABELS),
-                        Key::from_static_parts("lock_wait_seconds", &LABELS),
-                    ];
-                    &KEYS
-                })*
+                $($o => three!(
+                    Label::from_static_parts("mode", $mode),
+                    Label::from_static_parts("outcome", $o)
+                ),)*
                 // Every outcome `failure` names is listed: this one only labels the mode.
-                _ => {
-                    static LABELS: [Label; 1] = [Label::from_static_parts("mode", $mode)];
-                    static KEYS: [Key; 3] = [
-                        Key::from_static_parts("lock_acquires_total", &LABELS),
-                        Key::from_static_parts("lock_acquire_seconds", &LABELS),
-                        Key::from_static_parts("lock_wait_seconds", &LABELS),
-                    ];
-                    &KEYS
-                }
+                _ => three!(Label::from_static_parts("mode", $mode)),
             }
         };
     }
