@@ -549,7 +549,20 @@ impl Dice {
 }
 
 /// Waits for `condition` to hold, checking every 5 ms, and panics with `what` after `within`.
-pub async fn eventually<F, Fut>(within: Duration, what: &str, mut condition: F)
+pub async fn eventually<F, Fut>(within: Duration, what: &str, condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    assert!(
+        holds_within(within, condition).await,
+        "not within {within:?}: {what}"
+    );
+}
+
+/// [`eventually`] for a test that says more than `what` when it fails: whether `condition`
+/// held within `within`, checked every 5 ms.
+pub async fn holds_within<F, Fut>(within: Duration, mut condition: F) -> bool
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
@@ -557,12 +570,11 @@ where
     let deadline = tokio::time::Instant::now() + within;
     loop {
         if condition().await {
-            return;
+            return true;
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not within {within:?}: {what}"
-        );
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }

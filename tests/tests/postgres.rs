@@ -7,7 +7,9 @@
 use std::time::Duration;
 
 use lock_runtime::{LockClient, LockError};
-use lock_tests::{assert_woken_by_the_release, eventually, in_line, ttl, FaultProxy, PostgresServer, SECOND};
+use lock_tests::{
+    assert_woken_by_the_release, eventually, holds_within, in_line, ttl, FaultProxy, PostgresServer, SECOND,
+};
 use sqlx::postgres::PgPool;
 use sqlx::Connection;
 use tokio::time::Instant;
@@ -1022,28 +1024,24 @@ async fn an_acquire_behind_a_locked_row_keeps_to_its_wait() {
         tx.commit().await.unwrap();
         // Free: whatever the abandoned attempt took, its release came after it (sent again
         // if it failed: under load it may outlast the response timeout behind the row).
-        let deadline = Instant::now() + 10 * SECOND;
-        while c.is_locked("row").await.unwrap() {
-            if Instant::now() >= deadline {
-                // What a failure here needs to be understood (seen once under the full suite's
-                // load, unexplained): the row as it is, and what the server is still running.
-                let row: Option<(Option<String>, i64)> = sqlx::query_as(
-                    "SELECT token, expires_ms - lock_runtime_v1_now() FROM lock_runtime_locks \
-                     WHERE key = 'lock:{row}'",
-                )
-                .fetch_optional(&db)
-                .await
-                .unwrap();
-                let running: Vec<(String, Option<String>, String)> = sqlx::query_as(
-                    "SELECT coalesce(state, ''), wait_event_type, left(query, 120) FROM pg_stat_activity \
-                     WHERE application_name = 'lock-runtime'",
-                )
-                .fetch_all(&db)
-                .await
-                .unwrap();
-                panic!("{wait:?}: the key is not free within 10s: row (token, ms left) {row:?}; the client's sessions {running:?}");
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
+        let freed = holds_within(10 * SECOND, || async { !c.is_locked("row").await.unwrap() }).await;
+        if !freed {
+            // What a failure here needs to be understood (seen once under the full suite's
+            // load, unexplained): the row as it is, and what the server is still running. Read
+            // as well as it can be: an error reading them must not hide the failure.
+            let row: Result<Option<(Option<String>, i64)>, _> = sqlx::query_as(
+                "SELECT token, expires_ms - lock_runtime_v1_now() FROM lock_runtime_locks \
+                 WHERE key = 'lock:{row}'",
+            )
+            .fetch_optional(&db)
+            .await;
+            let running: Result<Vec<(String, Option<String>, String)>, _> = sqlx::query_as(
+                "SELECT coalesce(state, ''), wait_event_type, left(query, 120) FROM pg_stat_activity \
+                 WHERE application_name = 'lock-runtime'",
+            )
+            .fetch_all(&db)
+            .await;
+            panic!("{wait:?}: the key is not free within 10s: row (token, ms left) {row:?}; the client's sessions {running:?}");
         }
         let guard = c.acquire("row", &ttl(5000)).await.unwrap();
         assert!(guard.release().await.unwrap());
