@@ -309,6 +309,68 @@ async fn readers_held_back_by_a_writers_claim_are_woken_by_its_release() {
     assert!(share.release().await.unwrap());
 }
 
+/// A refused attempt commits without waiting for its WAL to be flushed (what it writes, a
+/// place in line, a writer's claim, a waiting mark, grants nothing), and the row lock it holds
+/// is let go sooner: a refused permit (fair, joining the line), a refused exclusive lock and a
+/// refused share each leave `synchronous_commit` off for their transaction. A grant commits as
+/// the server is set to. Each function is called in a transaction of the test's own, which reads
+/// the setting before it rolls back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_commits_without_waiting_for_the_flush_and_a_grant_waits() {
+    let t = lock_tests::Target::postgres().await;
+    let c = t.client();
+    let keys = |key: &str| {
+        lock_runtime::redis::keys::LockKeys::new(c.prefix(), key)
+            .lock()
+            .to_owned()
+    };
+    let permit = ttl(60_000).permits(2);
+    let _permits = (
+        c.acquire("lazy:sem", &permit).await.unwrap(),
+        c.acquire("lazy:sem", &permit).await.unwrap(),
+    );
+    let _lock = c.acquire("lazy:lock", &ttl(60_000)).await.unwrap();
+    let take_permit = "SELECT got FROM lock_runtime_v1_take_permit($1, 'lazy-token', 60000, 2, false, true, true, true, 5000)";
+    let acquire = "SELECT got FROM lock_runtime_v1_acquire($1, 'chan', 'lazy-token', 60000, false, true, true, true, false, 5000, 0)";
+    let share = "SELECT got FROM lock_runtime_v1_share($1, 'lazy-token', 60000, true)";
+    let db = PgPool::connect(&lock_tests::shared_postgres_url()).await.unwrap();
+    let set_to: String = sqlx::query_scalar("SHOW synchronous_commit")
+        .fetch_one(&db)
+        .await
+        .unwrap();
+    assert_ne!(
+        set_to, "off",
+        "the server commits lazily already: nothing to tell apart"
+    );
+    for (what, statement, key, granted, commits) in [
+        ("a refused permit", take_permit, "lazy:sem", false, "off"),
+        ("a refused lock", acquire, "lazy:lock", false, "off"),
+        ("a refused share", share, "lazy:lock", false, "off"),
+        (
+            "a permit granted",
+            take_permit,
+            "lazy:free-sem",
+            true,
+            set_to.as_str(),
+        ),
+        ("a lock granted", acquire, "lazy:free-lock", true, set_to.as_str()),
+    ] {
+        let mut tx = db.begin().await.unwrap();
+        let got: bool = sqlx::query_scalar(statement)
+            .bind(keys(key))
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        assert_eq!(got, granted, "{what}: granted");
+        let setting: String = sqlx::query_scalar("SHOW synchronous_commit")
+            .fetch_one(&mut *tx)
+            .await
+            .unwrap();
+        assert_eq!(setting, commits, "{what}: synchronous_commit for its transaction");
+        tx.rollback().await.unwrap();
+    }
+}
+
 /// Two clients renewing shares of the same keys, listed in opposite orders, never deadlock
 /// (each renewal locks its rows in key order first). Driven through the store's renewal
 /// function directly, so that the orders are the opposite ones every time.

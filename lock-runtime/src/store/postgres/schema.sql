@@ -158,13 +158,24 @@ BEGIN
 END
 $$;
 
--- A refused attempt's changes to the row `r` of `k`: the writers' claims still standing, and the
+-- Commits the statement's transaction without waiting for its WAL to be flushed (or for a
+-- synchronous standby), for a refused attempt: what a refusal writes (a waiter's place in line,
+-- a writer's claim of its turn, the mark that has the release announce itself) orders and wakes
+-- waiters and grants nothing, so the row lock it holds need not outlast a flush. A crash loses
+-- it only together with every later change that read it (their commits flush the WAL before
+-- them): a lost place is taken again by its waiter's next attempt. A grant, a renewal and a
+-- release commit as the server is set to.
+CREATE OR REPLACE FUNCTION lock_runtime_v1_commit_lazily() RETURNS void
+LANGUAGE sql VOLATILE AS $$ SELECT set_config('synchronous_commit', 'off', true) $$;
+
+-- A refused attempt's changes to the row `r` of `k` (committed lazily): the writers' claims still standing, and the
 -- mark that has the release announce itself when the caller waits. Written only when they
 -- change (a refusal that changes nothing writes no row version and no WAL).
 CREATE OR REPLACE FUNCTION lock_runtime_v1_mark(k text, r lock_runtime_locks, live_claims jsonb, waiting boolean)
 RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
+    PERFORM lock_runtime_v1_commit_lazily();
     IF live_claims IS DISTINCT FROM r.claims OR (waiting AND NOT r.marked) THEN
         UPDATE lock_runtime_locks SET claims = live_claims, marked = r.marked OR waiting
             WHERE key = k;
@@ -295,6 +306,7 @@ BEGIN
         IF waiting AND NOT r.marked THEN
             UPDATE lock_runtime_locks SET marked = true WHERE key = k;
         END IF;
+        PERFORM lock_runtime_v1_commit_lazily();
         RETURN;
     END IF;
     IF fair THEN
@@ -482,6 +494,7 @@ BEGIN
     IF r.token IS NOT NULL AND r.expires_ms > at_ms THEN
         left_ms := r.expires_ms - at_ms;
         UPDATE lock_runtime_locks SET marked = marked OR waiting WHERE key = k;
+        PERFORM lock_runtime_v1_commit_lazily();
         RETURN;
     END IF;
     readers := lock_runtime_v1_live(r.shares, at_ms);
@@ -489,6 +502,7 @@ BEGIN
     IF live_claims IS NOT NULL AND NOT coalesce(readers ? tok, false) THEN
         left_ms := lock_runtime_v1_last(live_claims) - at_ms;
         UPDATE lock_runtime_locks SET marked = marked OR waiting, claims = live_claims WHERE key = k;
+        PERFORM lock_runtime_v1_commit_lazily();
         RETURN;
     END IF;
     readers := coalesce(readers, '{}'::jsonb) || jsonb_build_object(tok, at_ms + ttl);
