@@ -99,10 +99,9 @@ impl ZkStore {
                     claims += 1;
                     let prefix = names::claim_prefix(lock.name(), &uuid, count, permit);
                     // A claim is decided by the claims older than itself, which its server
-                    // applied before it: no `sync`.
-                    let ((path, czxid), children) = self
-                        .create_and_look((&session, false), lock, &prefix, token)
-                        .await?;
+                    // applied before it.
+                    let ((path, czxid), children) =
+                        self.create_and_look(&session, lock, &prefix, token).await?;
                     (Some((path, czxid, permit)), children)
                 }
                 Next::Queue => {
@@ -171,8 +170,8 @@ impl ZkStore {
     }
 
     /// Queues the caller: its node `_c_<uuid>-queue-<seq>` made and recorded, and the lock's
-    /// children read behind it and a `sync` (a permit another client gave back just before is
-    /// seen).
+    /// children read behind it (a permit another client gave back before the node was made is
+    /// seen: see [`create_and_look`](Self::create_and_look)).
     async fn queue(
         &self,
         (lock, token): (&Lock, &str),
@@ -180,9 +179,7 @@ impl ZkStore {
         uuid: &str,
     ) -> Result<(Place, Result<Looked, LockError>), LockError> {
         let prefix = names::queue_prefix(lock.name(), uuid);
-        let ((path, czxid), children) = self
-            .create_and_look((session, true), lock, &prefix, token)
-            .await?;
+        let ((path, czxid), children) = self.create_and_look(session, lock, &prefix, token).await?;
         // A waiter's node: no permit (and, as a claim's, no token left when it goes).
         let place = Place {
             permit: None,
@@ -250,26 +247,29 @@ impl ZkStore {
         }
     }
 
-    /// Makes the node `prefix` (a claim, or a queue node) and reads the lock's children behind it
-    /// (with `sync`, behind a `sync`), in one round trip: the requests go out together on the
-    /// session, whose server answers them in order, so the read sees the node. Read again if it
-    /// does not (the create had to make the lock's node first, after the read).
+    /// Makes the node `prefix` (a claim, or a queue node) and reads the lock's children behind it,
+    /// in one round trip: the requests go out together on the session, whose server answers them
+    /// in order, so the read sees the node, and with it every change the leader committed before
+    /// the node (a server applies changes in the leader's order: a `sync` would add a round trip
+    /// to the leader, ahead of every later request of the session, and show only what was
+    /// committed meanwhile, which a watch set after the read hears of). Read again if it does not
+    /// (the create had to make the lock's node first, after the read).
     async fn create_and_look(
         &self,
-        (session, sync): (&Session, bool),
+        session: &Session,
         lock: &Lock,
         prefix: &str,
         token: &str,
     ) -> Result<((String, i64), Result<Looked, LockError>), LockError> {
         let (created, looked) = tokio::join!(
             self.create_at(session, lock, prefix, token),
-            self.look(session, lock.name(), false, sync)
+            self.look(session, lock.name(), false, false)
         );
         let (path, czxid) = created?;
         let name = path.rsplit('/').next().unwrap_or_default();
         let looked = match looked {
             Ok(looked) if looked.children.iter().any(|c| c == name) => Ok(looked),
-            _ => self.look(session, lock.name(), false, sync).await,
+            _ => self.look(session, lock.name(), false, false).await,
         };
         Ok(((path, czxid), looked))
     }
