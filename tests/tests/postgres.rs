@@ -311,10 +311,10 @@ async fn readers_held_back_by_a_writers_claim_are_woken_by_its_release() {
 
 /// A refused attempt commits without waiting for its WAL to be flushed (what it writes, a
 /// place in line, a writer's claim, a waiting mark, grants nothing), and the row lock it holds
-/// is let go sooner: a refused permit (fair, joining the line), a refused exclusive lock and a
-/// refused share each leave `synchronous_commit` off for their transaction. A grant commits as
-/// the server is set to. Each function is called in a transaction of the test's own, which reads
-/// the setting before it rolls back.
+/// is let go sooner: a refused permit (fair or not), a refused lock (fair or not) and a share
+/// refused by a writer or by a waiting writer's claim each leave `synchronous_commit` off for
+/// their transaction. A grant commits as the server is set to. Each function is called in a
+/// transaction of the test's own, which reads the setting before it rolls back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refusal_commits_without_waiting_for_the_flush_and_a_grant_waits() {
     let t = lock_tests::Target::postgres().await;
@@ -330,8 +330,21 @@ async fn a_refusal_commits_without_waiting_for_the_flush_and_a_grant_waits() {
         c.acquire("lazy:sem", &permit).await.unwrap(),
     );
     let _lock = c.acquire("lazy:lock", &ttl(60_000)).await.unwrap();
-    let take_permit = "SELECT got FROM lock_runtime_v1_take_permit($1, 'lazy-token', 60000, 2, false, true, true, true, 5000)";
-    let acquire = "SELECT got FROM lock_runtime_v1_acquire($1, 'chan', 'lazy-token', 60000, false, true, true, true, false, 5000, 0)";
+    // A share, and a writer of another client waiting behind it: its claim of the writers' turn
+    // keeps new readers out.
+    let _share = c
+        .acquire("lazy:claimed", &ttl(60_000).mode(lock_runtime::LockMode::Shared))
+        .await
+        .unwrap();
+    let other = t.other_client().await;
+    let writer = in_line(&other, "lazy:claimed", ttl(60_000).wait(60 * SECOND)).await;
+    // (key, token, ttl, permits, fencing, waiting, fair, joining, place ms)
+    let fair_permit = "SELECT got FROM lock_runtime_v1_take_permit($1, 'lazy-token', 60000, 2, false, true, true, true, 5000)";
+    let permit_not_fair = "SELECT got FROM lock_runtime_v1_take_permit($1, 'lazy-token', 60000, 2, false, true, false, true, 5000)";
+    // (key, channel, token, ttl, fencing, waiting, fair, joining, claimed, place ms, lock ms)
+    let fair_lock = "SELECT got FROM lock_runtime_v1_acquire($1, 'chan', 'lazy-token', 60000, false, true, true, true, false, 5000, 0)";
+    let lock_not_fair = "SELECT got FROM lock_runtime_v1_acquire($1, 'chan', 'lazy-token', 60000, false, true, false, true, false, 5000, 0)";
+    // (key, token, ttl, waiting)
     let share = "SELECT got FROM lock_runtime_v1_share($1, 'lazy-token', 60000, true)";
     let db = PgPool::connect(&lock_tests::shared_postgres_url()).await.unwrap();
     let set_to: String = sqlx::query_scalar("SHOW synchronous_commit")
@@ -342,18 +355,25 @@ async fn a_refusal_commits_without_waiting_for_the_flush_and_a_grant_waits() {
         set_to, "off",
         "the server commits lazily already: nothing to tell apart"
     );
+    let set_to = set_to.as_str();
     for (what, statement, key, granted, commits) in [
-        ("a refused permit", take_permit, "lazy:sem", false, "off"),
-        ("a refused lock", acquire, "lazy:lock", false, "off"),
-        ("a refused share", share, "lazy:lock", false, "off"),
+        ("a refused fair permit", fair_permit, "lazy:sem", false, "off"),
+        ("a refused permit", permit_not_fair, "lazy:sem", false, "off"),
+        ("a refused fair lock", fair_lock, "lazy:lock", false, "off"),
+        ("a refused lock", lock_not_fair, "lazy:lock", false, "off"),
+        ("a share refused by a writer", share, "lazy:lock", false, "off"),
+        ("a share refused by a claim", share, "lazy:claimed", false, "off"),
+        ("a permit granted", permit_not_fair, "lazy:free-sem", true, set_to),
         (
-            "a permit granted",
-            take_permit,
+            "a fair permit granted",
+            fair_permit,
             "lazy:free-sem",
             true,
-            set_to.as_str(),
+            set_to,
         ),
-        ("a lock granted", acquire, "lazy:free-lock", true, set_to.as_str()),
+        ("a lock granted", lock_not_fair, "lazy:free-lock", true, set_to),
+        ("a fair lock granted", fair_lock, "lazy:free-lock", true, set_to),
+        ("a share granted", share, "lazy:free-share", true, set_to),
     ] {
         let mut tx = db.begin().await.unwrap();
         let got: bool = sqlx::query_scalar(statement)
@@ -369,6 +389,7 @@ async fn a_refusal_commits_without_waiting_for_the_flush_and_a_grant_waits() {
         assert_eq!(setting, commits, "{what}: synchronous_commit for its transaction");
         tx.rollback().await.unwrap();
     }
+    writer.abort();
 }
 
 /// Two clients renewing shares of the same keys, listed in opposite orders, never deadlock

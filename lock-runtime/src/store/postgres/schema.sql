@@ -160,17 +160,19 @@ $$;
 
 -- Commits the statement's transaction without waiting for its WAL to be flushed (or for a
 -- synchronous standby), for a refused attempt: what a refusal writes (a waiter's place in line,
--- a writer's claim of its turn, the mark that has the release announce itself) orders and wakes
--- waiters and grants nothing, so the row lock it holds need not outlast a flush. A crash loses
--- it only together with every later change that read it (their commits flush the WAL before
--- them): a lost place is taken again by its waiter's next attempt. A grant, a renewal and a
--- release commit as the server is set to.
+-- a writer's claim of its turn, the mark that has the release announce itself; lapsed rows it
+-- deletes, a notice that a line's head may try) orders and wakes waiters and grants nothing, so
+-- the row lock it holds need not outlast a flush. A crash loses it only together with every
+-- later change that read it (their commits flush the WAL before them): a lost place is taken
+-- again by its waiter's next attempt, a lost deletion is made again, and a head told to try
+-- still takes the lock with a commit of its own. A grant, a renewal and a release commit as the
+-- server is set to.
 CREATE OR REPLACE FUNCTION lock_runtime_v1_commit_lazily() RETURNS void
 LANGUAGE sql VOLATILE AS $$ SELECT set_config('synchronous_commit', 'off', true) $$;
 
--- A refused attempt's changes to the row `r` of `k` (committed lazily): the writers' claims still standing, and the
--- mark that has the release announce itself when the caller waits. Written only when they
--- change (a refusal that changes nothing writes no row version and no WAL).
+-- A refused attempt's changes to the row `r` of `k`, committed lazily: the writers' claims still
+-- standing, and the mark that has the release announce itself when the caller waits. Written
+-- only when they change (a refusal that changes nothing writes no row version and no WAL).
 CREATE OR REPLACE FUNCTION lock_runtime_v1_mark(k text, r lock_runtime_locks, live_claims jsonb, waiting boolean)
 RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
