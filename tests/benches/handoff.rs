@@ -3,14 +3,18 @@
 //! - an uncontended acquire + release through `LockClient`, against the hand-written minimum
 //!   (one `SET NX PX` and one `EVALSHA` compare-and-delete on a plain connection);
 //! - the hand-off: from the holder starting its release to the waiting client holding the lock,
-//!   and how many of those waits ended by a nap rather than by the release's wake-up.
+//!   and how many of those waits ended by a nap rather than by the release's wake-up;
+//! - the hand-off on one key among 8 clients (one task each: acquire with a wait, hold 1 ms,
+//!   release), not fair and fair, on Redis and in memory (8 clones of one in-memory client, as 8
+//!   tasks of a process share it): from a release's start to the next holder's lock, and the
+//!   waits that ended by a nap.
 //!
 //! `cargo bench -p lock-tests --bench handoff` (add `-- N` for N samples, default 1000).
 
 use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockOptions};
-use lock_tests::bench::Naps;
+use lock_tests::bench::{handoffs, Naps};
 use lock_tests::RedisServer;
 
 fn summary(name: &str, mut samples: Vec<Duration>) {
@@ -120,4 +124,22 @@ async fn main() {
     summary("LockClient acquire + release (uncontended)", ours);
     summary("hand-off: release start -> waiter holds", handoff);
     println!("hand-off waits that ended by a nap: {}", naps.take());
+
+    let mut redis = Vec::new();
+    for _ in 0..8 {
+        redis.push(LockClient::connect(&url).await.unwrap());
+    }
+    let memory = vec![LockClient::in_memory(); 8];
+    println!("\nhand-off, 8 clients on one key, {n} hand-offs each (release start -> next holder)");
+    for (store, clients) in [("Redis", &redis), ("memory", &memory)] {
+        handoffs(clients, "warm", 32, false).await;
+        for fair in [false, true] {
+            naps.take();
+            let samples = handoffs(clients, if fair { "fair" } else { "plain" }, n, fair).await;
+            let napped = naps.take();
+            let name = format!("{store}{}", if fair { ", fair" } else { "" });
+            summary(&name, samples);
+            println!("{:<44} {napped} waits ended by a nap", "");
+        }
+    }
 }

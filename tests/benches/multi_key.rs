@@ -1,5 +1,7 @@
 //! Multi-key locks, in interleaved rounds, on a spawned redis-server, PostgreSQL server,
-//! `mariadbd` and 3-member etcd cluster (each takes a set of exclusive locks in one request):
+//! `mariadbd`, 3-member etcd cluster and 3-server ZooKeeper ensemble, and in memory (each takes
+//! a set of exclusive locks in one request; the in-memory store's two clients are clones of one,
+//! as two tasks of a process share it):
 //! 1. one task, sequential: a 2-key set (`acquire_all` + `release`) against two single-key
 //!    acquires and releases in a fixed order (what a careful hand-written transfer does):
 //!    pairs per second;
@@ -13,7 +15,7 @@ use std::time::Duration;
 
 use lock_runtime::{LockClient, LockOptions};
 use lock_tests::bench::{ms, quantile, scale, Naps};
-use lock_tests::{EtcdCluster, MariadbServer, PostgresServer, RedisServer};
+use lock_tests::{EtcdCluster, MariadbServer, PostgresServer, RedisServer, ZkEnsemble};
 use serde_json::json;
 use tokio::time::Instant;
 
@@ -168,6 +170,16 @@ async fn main() {
         let endpoints = cluster.endpoints();
         let clients = two(|| LockClient::builder().etcd(&endpoints).build()).await;
         figures.push(measure("etcd", &clients, &naps, n / 4).await);
+    }
+    {
+        let ensemble = ZkEnsemble::spawn();
+        let hosts = ensemble.hosts();
+        let clients = two(|| LockClient::builder().zookeeper(&hosts).build()).await;
+        figures.push(measure("zookeeper", &clients, &naps, n / 4).await);
+    }
+    {
+        let memory = LockClient::in_memory();
+        figures.push(measure("memory", &[memory.clone(), memory], &naps, n).await);
     }
     println!("{}", serde_json::Value::Array(figures));
 }

@@ -25,7 +25,8 @@
 //! next holder's lock, median and p99 — the next in line is woken by a watch on the node ahead
 //! of its own — and how many of those waits ended by a nap rather than by that watch (the
 //! library's `lock_wait_naps_total{store="zookeeper"}`, read through a debugging recorder; the
-//! goal is 0). Output: the tables, then one JSON line with the same numbers.
+//! goal is 0); then the same with `fair` asked (the same line of nodes: a ZooKeeper lock is
+//! served in order either way). Output: the tables, then one JSON line with the same numbers.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -168,6 +169,8 @@ async fn main() {
     naps.take();
     let mut handoff = handoffs(&clients, "handoff", count, false).await;
     let handoff_naps = naps.take();
+    let mut fair = handoffs(&clients, "fair", count, true).await;
+    let fair_naps = naps.take();
 
     println!(
         "ZooKeeper 3-server ensemble on loopback, {per_round} pairs per contender in each of {ROUNDS} rounds"
@@ -189,6 +192,14 @@ async fn main() {
         ms(h99),
         handoff_naps
     );
+    let (f50, f99) = (quantile(&mut fair, 0.5), quantile(&mut fair, 0.99));
+    println!(
+        "{:<28} {:>8.3}ms {:>8.3}ms {:>22}",
+        "ZooKeeper, 8 clients, fair",
+        ms(f50),
+        ms(f99),
+        fair_naps
+    );
     println!(
         "{}",
         json!({
@@ -197,6 +208,7 @@ async fn main() {
             "ratio_one_task": one_ratio,
             "ratio_64_tasks": wide_ratio,
             "handoff": {"median_ms": ms(h50), "p99_ms": ms(h99), "waits_ended_by_a_nap": handoff_naps},
+            "fair_handoff": {"median_ms": ms(f50), "p99_ms": ms(f99), "waits_ended_by_a_nap": fair_naps},
         })
     );
     drop(ensemble);
