@@ -24,6 +24,9 @@ use super::{free_port, free_ports, TestCerts};
 /// The jars a ZooKeeper server (and Curator) runs with, from Debian's packages.
 const DEBIAN_JARS: &str = "/usr/share/java";
 
+/// How [`ZkEnsemble::ready`] says a server exited before it served.
+const EXITED: &str = "exited before it served";
+
 /// The digest user the servers of [`ZkEnsemble::shared_secure`] require of every session.
 pub const SECURE_USER: &str = "locker";
 
@@ -96,7 +99,11 @@ impl ZkEnsemble {
         loop {
             match ZkEnsemble::try_spawn(setup.clone()) {
                 Ok(ensemble) => return ensemble,
-                Err(why) if tries < 3 && why.contains("Address already in use") => tries += 1,
+                // A port picked free was taken before the server bound it (by another test
+                // process's server): the server exits at once. Fresh ports, a few times.
+                Err(why) if tries < 3 && (why.contains("Address already in use") || why.contains(EXITED)) => {
+                    tries += 1
+                }
                 Err(why) => panic!("{why}"),
             }
         }
@@ -245,6 +252,9 @@ impl ZkEnsemble {
                 data.join("log4j.properties").display()
             ))
             .arg("-Dzookeeper.jmx.log4j.disable=true")
+            // With `slf4j-simple` first on the class path (see `server_classpath`): warnings and
+            // errors to the server's stderr, read by `log`.
+            .arg("-Dorg.slf4j.simpleLogger.defaultLogLevel=warn")
             .arg("-cp")
             .arg(server_classpath())
             .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
@@ -272,7 +282,10 @@ impl ZkEnsemble {
                     .child
                     .as_mut()
                     .is_some_and(|child| matches!(child.try_wait(), Ok(Some(_))));
-                if exited || Instant::now() >= deadline {
+                if exited {
+                    return Err(format!("ZooKeeper server {i} {EXITED}: {}", self.log(i)));
+                }
+                if Instant::now() >= deadline {
                     return Err(format!("ZooKeeper server {i} did not serve: {}", self.log(i)));
                 }
                 std::thread::sleep(Duration::from_millis(50));
@@ -498,6 +511,14 @@ fn server_classpath() -> String {
         "ZooKeeper not found: install it (Debian/Ubuntu: `apt-get install zookeeper`) or point \
          $ZOOKEEPER_CLASSPATH at its jars"
     );
+    // Debian's `/usr/share/java` holds several SLF4J bindings (`slf4j-nop` among them) once
+    // Curator's dependencies are installed, and the first found wins: the one named first
+    // writes the server's errors where `ZkEnsemble::log` reads them (with `slf4j-nop`, a server
+    // that could not bind its port exited without a word).
+    let simple = Path::new(DEBIAN_JARS).join("slf4j-simple.jar");
+    if simple.is_file() {
+        return format!("{}:{DEBIAN_JARS}/*", simple.display());
+    }
     format!("{DEBIAN_JARS}/*")
 }
 
