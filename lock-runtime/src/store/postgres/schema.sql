@@ -158,26 +158,23 @@ BEGIN
 END
 $$;
 
--- Commits the statement's transaction without waiting for its WAL to be flushed (or for a
--- synchronous standby), for a refused attempt: what a refusal writes (a waiter's place in line,
--- a writer's claim of its turn, the mark that has the release announce itself; lapsed rows it
--- deletes, a notice that a line's head may try) orders and wakes waiters and grants nothing, so
--- the row lock it holds need not outlast a flush. A crash loses it only together with every
--- later change that read it (their commits flush the WAL before them): a lost place is taken
--- again by its waiter's next attempt, a lost deletion is made again, and a head told to try
--- still takes the lock with a commit of its own. A grant, a renewal and a release commit as the
--- server is set to.
-CREATE OR REPLACE FUNCTION lock_runtime_v1_commit_lazily() RETURNS void
-LANGUAGE sql VOLATILE AS $$ SELECT set_config('synchronous_commit', 'off', true) $$;
-
--- A refused attempt's changes to the row `r` of `k`, committed lazily: the writers' claims still
--- standing, and the mark that has the release announce itself when the caller waits. Written
--- only when they change (a refusal that changes nothing writes no row version and no WAL).
+-- How every refusal the functions decide ends (a lock's, a share's, a permit's): the row `r` of
+-- `k` gets the writers' claims still standing (`live_claims`; `r.claims` to keep them) and the
+-- mark that has the release announce itself when the caller waits, written only when they
+-- change (a refusal that changes nothing writes no row version and no WAL); and the statement's
+-- transaction commits without waiting for its WAL to be flushed (or for a synchronous standby).
+-- What a refusal writes (a waiter's place in line, a writer's claim of its turn, the mark;
+-- lapsed rows it deletes, a notice that a line's head may try) orders and wakes waiters and
+-- grants nothing, so the row lock it holds need not outlast a flush. A crash loses it only
+-- together with every later change that read it (their commits flush the WAL before them): a
+-- lost place is taken again by its waiter's next attempt, a lost deletion is made again, and a
+-- head told to try still takes the lock with a commit of its own. A grant, a renewal and a
+-- release commit as the server is set to.
 CREATE OR REPLACE FUNCTION lock_runtime_v1_mark(k text, r lock_runtime_locks, live_claims jsonb, waiting boolean)
 RETURNS void
 LANGUAGE plpgsql VOLATILE AS $$
 BEGIN
-    PERFORM lock_runtime_v1_commit_lazily();
+    PERFORM set_config('synchronous_commit', 'off', true);
     IF live_claims IS DISTINCT FROM r.claims OR (waiting AND NOT r.marked) THEN
         UPDATE lock_runtime_locks SET claims = live_claims, marked = r.marked OR waiting
             WHERE key = k;
@@ -305,10 +302,7 @@ BEGIN
                 SET kept_until = EXCLUDED.kept_until, stamp = EXCLUDED.stamp;
         END IF;
         left_ms := first_end - at_ms;
-        IF waiting AND NOT r.marked THEN
-            UPDATE lock_runtime_locks SET marked = true WHERE key = k;
-        END IF;
-        PERFORM lock_runtime_v1_commit_lazily();
+        PERFORM lock_runtime_v1_mark(k, r, r.claims, waiting);
         RETURN;
     END IF;
     IF fair THEN
@@ -495,16 +489,14 @@ BEGIN
     END IF;
     IF r.token IS NOT NULL AND r.expires_ms > at_ms THEN
         left_ms := r.expires_ms - at_ms;
-        UPDATE lock_runtime_locks SET marked = marked OR waiting WHERE key = k;
-        PERFORM lock_runtime_v1_commit_lazily();
+        PERFORM lock_runtime_v1_mark(k, r, r.claims, waiting);
         RETURN;
     END IF;
     readers := lock_runtime_v1_live(r.shares, at_ms);
     live_claims := lock_runtime_v1_live(r.claims, at_ms);
     IF live_claims IS NOT NULL AND NOT coalesce(readers ? tok, false) THEN
         left_ms := lock_runtime_v1_last(live_claims) - at_ms;
-        UPDATE lock_runtime_locks SET marked = marked OR waiting, claims = live_claims WHERE key = k;
-        PERFORM lock_runtime_v1_commit_lazily();
+        PERFORM lock_runtime_v1_mark(k, r, live_claims, waiting);
         RETURN;
     END IF;
     readers := coalesce(readers, '{}'::jsonb) || jsonb_build_object(tok, at_ms + ttl);
