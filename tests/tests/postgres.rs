@@ -14,6 +14,13 @@ use sqlx::postgres::PgPool;
 use sqlx::Connection;
 use tokio::time::Instant;
 
+/// The `key` column of a lock's row: its name, `<prefix>{<key>}`, as every store names it.
+fn row_key(prefix: &str, key: &str) -> String {
+    lock_runtime::redis::keys::LockKeys::new(prefix, key)
+        .lock()
+        .to_owned()
+}
+
 fn builder(url: &str) -> lock_runtime::LockClientBuilder {
     LockClient::builder()
         .postgres(url)
@@ -197,14 +204,14 @@ async fn an_expired_writers_late_release_or_renewal_spares_the_readers() {
     let db = pool(&server).await;
     for late in ["release", "extend"] {
         let key = format!("shelf:{late}");
-        let lock_key = lock_runtime::redis::keys::LockKeys::new(lock_runtime::DEFAULT_PREFIX, &key);
+        let lock_key = row_key(lock_runtime::DEFAULT_PREFIX, &key);
         let ttl_ms = 600;
         let taken_at = Instant::now();
         let writer = c.acquire(&key, &ttl(ttl_ms)).await.unwrap();
         // Before the writer's lease ends, the row is held by a transaction of our own...
         let mut tx = db.begin().await.unwrap();
         sqlx::query("SELECT 1 FROM lock_runtime_locks WHERE key = $1 FOR UPDATE")
-            .bind(lock_key.lock())
+            .bind(&lock_key)
             .execute(&mut *tx)
             .await
             .unwrap();
@@ -231,7 +238,7 @@ async fn an_expired_writers_late_release_or_renewal_spares_the_readers() {
             let ended: bool = sqlx::query_scalar(
                 "SELECT expires_ms < lock_runtime_v1_now() FROM lock_runtime_locks WHERE key = $1",
             )
-            .bind(lock_key.lock())
+            .bind(&lock_key)
             .fetch_one(&db)
             .await
             .unwrap();
@@ -241,7 +248,7 @@ async fn an_expired_writers_late_release_or_renewal_spares_the_readers() {
         // A reader takes a share, in the transaction that holds the row, and commits.
         let (got,): (bool,) =
             sqlx::query_as("SELECT got FROM lock_runtime_v1_share($1, 'reader', 30000, false)")
-                .bind(lock_key.lock())
+                .bind(&lock_key)
                 .fetch_one(&mut *tx)
                 .await
                 .unwrap();
@@ -295,9 +302,9 @@ async fn readers_held_back_by_a_writers_claim_are_woken_by_its_release() {
     let write = writer.await.unwrap().unwrap();
     // The row still says a waiter wants to hear the release (the readers' mark).
     let db = PgPool::connect(&lock_tests::shared_postgres_url()).await.unwrap();
-    let lock_key = lock_runtime::redis::keys::LockKeys::new(c.prefix(), "prices");
+    let lock_key = row_key(c.prefix(), "prices");
     let marked: bool = sqlx::query_scalar("SELECT marked FROM lock_runtime_locks WHERE key = $1")
-        .bind(lock_key.lock())
+        .bind(&lock_key)
         .fetch_one(&db)
         .await
         .unwrap();
@@ -319,11 +326,6 @@ async fn readers_held_back_by_a_writers_claim_are_woken_by_its_release() {
 async fn a_refusal_commits_without_waiting_for_the_flush_and_a_grant_waits() {
     let t = lock_tests::Target::postgres().await;
     let c = t.client();
-    let keys = |key: &str| {
-        lock_runtime::redis::keys::LockKeys::new(c.prefix(), key)
-            .lock()
-            .to_owned()
-    };
     let permit = ttl(60_000).permits(2);
     let _permits = (
         c.acquire("lazy:sem", &permit).await.unwrap(),
@@ -377,7 +379,7 @@ async fn a_refusal_commits_without_waiting_for_the_flush_and_a_grant_waits() {
     ] {
         let mut tx = db.begin().await.unwrap();
         let got: bool = sqlx::query_scalar(statement)
-            .bind(keys(key))
+            .bind(row_key(c.prefix(), key))
             .fetch_one(&mut *tx)
             .await
             .unwrap();
@@ -401,11 +403,7 @@ async fn renewals_of_shares_in_opposite_orders_never_deadlock() {
     let db = PgPool::connect(&lock_tests::shared_postgres_url()).await.unwrap();
     let keys: Vec<String> = ["a", "b", "c"]
         .iter()
-        .map(|k| {
-            lock_runtime::redis::keys::LockKeys::new(t.client().prefix(), k)
-                .lock()
-                .to_owned()
-        })
+        .map(|k| row_key(t.client().prefix(), k))
         .collect();
     for key in &keys {
         for reader in ["ra", "rb"] {
