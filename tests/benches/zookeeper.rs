@@ -167,10 +167,15 @@ async fn main() {
     }
     handoffs(&clients, "warm", WAITERS * 4, false).await;
     naps.take();
-    let mut handoff = handoffs(&clients, "handoff", count, false).await;
-    let handoff_naps = naps.take();
-    let mut fair = handoffs(&clients, "fair", count, true).await;
-    let fair_naps = naps.take();
+    // Not fair, then fair: the row's name, its JSON field, the samples and the naps.
+    let mut measured = Vec::new();
+    for (fair, name, field) in [
+        (false, "ZooKeeper, 8 clients", "handoff"),
+        (true, "ZooKeeper, 8 clients, fair", "fair_handoff"),
+    ] {
+        let samples = handoffs(&clients, field, count, fair).await;
+        measured.push((name, field, samples, naps.take()));
+    }
 
     println!(
         "ZooKeeper 3-server ensemble on loopback, {per_round} pairs per contender in each of {ROUNDS} rounds"
@@ -179,37 +184,22 @@ async fn main() {
     let rows = pair_rows(&names, &mut one, &mut many);
     let (one_ratio, wide_ratio) = (median(&mut one.ratio), median(&mut many.ratio));
     println!("ours / minimum on ZooKeeper: {one_ratio:.2} (one task), {wide_ratio:.2} (64 tasks)");
-    let (h50, h99) = (quantile(&mut handoff, 0.5), quantile(&mut handoff, 0.99));
     println!("\nhand-off, {WAITERS} clients on one key, {count} hand-offs");
     println!(
         "{:<28} {:>10} {:>10} {:>22}",
         "", "median", "p99", "waits ended by a nap"
     );
-    println!(
-        "{:<28} {:>8.3}ms {:>8.3}ms {:>22}",
-        "ZooKeeper, 8 clients",
-        ms(h50),
-        ms(h99),
-        handoff_naps
-    );
-    let (f50, f99) = (quantile(&mut fair, 0.5), quantile(&mut fair, 0.99));
-    println!(
-        "{:<28} {:>8.3}ms {:>8.3}ms {:>22}",
-        "ZooKeeper, 8 clients, fair",
-        ms(f50),
-        ms(f99),
-        fair_naps
-    );
-    println!(
-        "{}",
-        json!({
-            "bench": "zookeeper",
-            "pairs": rows,
-            "ratio_one_task": one_ratio,
-            "ratio_64_tasks": wide_ratio,
-            "handoff": {"median_ms": ms(h50), "p99_ms": ms(h99), "waits_ended_by_a_nap": handoff_naps},
-            "fair_handoff": {"median_ms": ms(f50), "p99_ms": ms(f99), "waits_ended_by_a_nap": fair_naps},
-        })
-    );
+    let mut figures = json!({
+        "bench": "zookeeper",
+        "pairs": rows,
+        "ratio_one_task": one_ratio,
+        "ratio_64_tasks": wide_ratio,
+    });
+    for (name, field, mut samples, napped) in measured {
+        let (p50, p99) = (quantile(&mut samples, 0.5), quantile(&mut samples, 0.99));
+        println!("{name:<28} {:>8.3}ms {:>8.3}ms {napped:>22}", ms(p50), ms(p99));
+        figures[field] = json!({"median_ms": ms(p50), "p99_ms": ms(p99), "waits_ended_by_a_nap": napped});
+    }
+    println!("{figures}");
     drop(ensemble);
 }
