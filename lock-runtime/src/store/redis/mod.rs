@@ -13,10 +13,8 @@ use self::connection::Connection;
 use self::deployment::Deployment;
 use self::replicas::Acknowledged;
 use self::scripts::acquire;
-use self::scripts::permit::Permit;
-use self::scripts::release::{Admitted, Release as ReleaseCall, ReleaseAnswer, Unlock};
-use self::scripts::share::Share;
-use self::scripts::{renew, Call, RIGHTS, SET};
+use self::scripts::release::{Admitted, ReleaseAnswer};
+use self::scripts::{renew, Call, Caller, RIGHTS, SET};
 use self::servers::Servers;
 use self::subscriber::Subscriber;
 use crate::store::{
@@ -188,32 +186,16 @@ impl RedisStore {
         if !ask.fencing && !ask.waiting && !ask.mode.fair() {
             return self.try_set(lock, token, ask.ttl_ms, flight).await;
         }
+        let caller = self.caller(lock, token);
         let ((answer, acked), kind): ((Vec<i64>, _), _) = if ask.mode.fair() {
-            let fair = acquire::Fair {
-                lock,
-                token,
-                ttl_ms: ask.ttl_ms,
-                fencing: ask.fencing,
-                join: ask.join,
-                claimed: ask.claimed,
-                sharded: self.deployment.sharded(),
-            };
             (
-                self.run_acknowledged(Some(flight), || fair.call()).await?,
+                self.run_acknowledged(Some(flight), || caller.fair(ask)).await?,
                 Kind::Fair,
             )
         } else {
-            let exclusive = acquire::Exclusive {
-                lock,
-                token,
-                ttl_ms: ask.ttl_ms,
-                fencing: ask.fencing,
-                join: ask.join,
-                marks: self.deployment.marks(),
-                claimed: ask.claimed,
-            };
             (
-                self.run_acknowledged(Some(flight), || exclusive.call()).await?,
+                self.run_acknowledged(Some(flight), || caller.exclusive(ask))
+                    .await?,
                 Kind::Plain,
             )
         };
@@ -224,6 +206,16 @@ impl RedisStore {
         self.unless_replicated(attempt, acked, lock, token, kind).await
     }
 
+    /// What every attempt and release script is called with: `token` at `lock`, on this
+    /// deployment.
+    fn caller<'a>(&self, lock: &'a str, token: &'a str) -> Caller<'a> {
+        Caller {
+            lock,
+            token,
+            deployment: self.deployment,
+        }
+    }
+
     /// One attempt at any free permit of a semaphore (permit.lua).
     async fn permit(
         &self,
@@ -232,17 +224,9 @@ impl RedisStore {
         ask: &Ask,
         flight: &Flight,
     ) -> Result<Attempt, LockError> {
-        let permit = Permit {
-            lock,
-            token,
-            ttl_ms: ask.ttl_ms,
-            fencing: ask.fencing,
-            permits: ask.mode.permits(),
-            marks: ask.join && self.deployment.marks(),
-            fair: ask.mode.fair(),
-            join: ask.join,
-        };
-        let (answer, acked): (Vec<i64>, _) = self.run_acknowledged(Some(flight), || permit.call()).await?;
+        let caller = self.caller(lock, token);
+        let (answer, acked): (Vec<i64>, _) =
+            self.run_acknowledged(Some(flight), || caller.permit(ask)).await?;
         let attempt = scripts::permit::attempt(&answer, ask.fencing, ask.mode.permits())
             .map_err(|held| self.permits_differ(lock, held, ask.mode.permits()))?;
         self.unless_replicated(attempt, acked, lock, token, Kind::Permit)
@@ -282,14 +266,9 @@ impl RedisStore {
 
     /// One attempt at a share of a read-write lock (share.lua).
     async fn share(&self, lock: &str, token: &str, ask: &Ask, flight: &Flight) -> Result<Attempt, LockError> {
-        let share = Share {
-            lock,
-            token,
-            ttl_ms: ask.ttl_ms,
-            fencing: ask.fencing,
-            marks: ask.join && self.deployment.marks(),
-        };
-        let (answer, acked): (Vec<i64>, _) = self.run_acknowledged(Some(flight), || share.call()).await?;
+        let caller = self.caller(lock, token);
+        let (answer, acked): (Vec<i64>, _) =
+            self.run_acknowledged(Some(flight), || caller.share(ask)).await?;
         if let [2, held, ..] = answer[..] {
             return Err(self.permits_differ(lock, u32::try_from(held).unwrap_or_default(), 1));
         }
@@ -486,25 +465,14 @@ impl RedisStore {
         kind: Kind,
         after: Option<&Flight>,
     ) -> Result<(ReleaseAnswer, Option<Admitted>), LockError> {
-        let (announcement, marks, sharded) = (
-            self.subscriber.announcement.as_str(),
-            self.deployment.marks(),
-            self.deployment.sharded(),
-        );
+        let (caller, announcement) = (self.caller(lock, token), self.subscriber.announcement.as_str());
         // On the acquire connection: a release sent after an acquire whose answer never came
         // (cancelled, timed out) must reach Redis after it.
         let (connection, within) = self.ordered();
         if kind == Kind::Plain && hold_ms == 0 {
-            let unlock = &Unlock {
-                lock,
-                token,
-                announcement,
-                marks,
-                sharded,
-            };
             let released: i64 = connection
                 .request_after(after, within, |mut conn| async move {
-                    unlock.call().invoke(&mut conn).await
+                    caller.unlock(announcement).invoke(&mut conn).await
                 })
                 .await?;
             match ReleaseAnswer::from_answer(released) {
@@ -516,21 +484,14 @@ impl RedisStore {
                 released => return Ok((released, None)),
             }
         }
-        let release = &ReleaseCall {
-            lock,
-            token,
-            hold_ms,
-            announcement,
-            // Only a fair release reads the line (and may take the next holder's fencing
-            // token); it always announces, naming the next in line.
-            fair: kind == Kind::Fair,
-            permit: kind == Kind::Permit,
-            marks,
-            sharded,
-        };
+        // Only a fair release reads the line (and may take the next holder's fencing token);
+        // it always announces, naming the next in line.
         let released: redis::Value = connection
             .request_after(after, within, |mut conn| async move {
-                release.call().invoke(&mut conn).await
+                caller
+                    .release(announcement, hold_ms, kind)
+                    .invoke(&mut conn)
+                    .await
             })
             .await?;
         let (released, admitted) = ReleaseAnswer::read(&released);

@@ -4,88 +4,43 @@
 use std::borrow::Cow;
 
 use super::super::keys;
-use super::{mark_at, Call, ACQUIRE, FAIR};
+use super::{flag, mark_at, Call, Caller, ACQUIRE, FAIR};
 use crate::options::ceil_millis;
-use crate::store::Attempt;
+use crate::store::{Ask, Attempt};
 use crate::FAIR_PLACE_KEPT;
 
-/// `1`/`0`, as the scripts take flags.
-fn flag(on: bool) -> &'static str {
-    if on {
-        "1"
-    } else {
-        "0"
-    }
-}
-
-/// One attempt at an exclusive lock that is not fair (`acquire.lua`).
-#[derive(Debug)]
-pub(crate) struct Exclusive<'a> {
-    /// The lock's key.
-    pub(crate) lock: &'a str,
-    pub(crate) token: &'a str,
-    pub(crate) ttl_ms: u64,
-    pub(crate) fencing: bool,
-    /// The caller will wait: refused by readers, it claims the writers' turn.
-    pub(crate) join: bool,
-    /// With `join`: a refusal marks the lock as waited for (not on a Cluster).
-    pub(crate) marks: bool,
-    /// An earlier attempt of this call claimed the writers' turn.
-    pub(crate) claimed: bool,
-}
-
-impl Exclusive<'_> {
-    /// `KEYS`: the lock, its counter (with fencing), then, when the caller will wait, the
-    /// waiting writers and the waiting mark. `ARGV`: token, ttl, fencing, and, when it will
-    /// wait, where the writers are, how long a claim is kept, whether it claimed before, and
-    /// where the mark is.
-    pub(crate) fn call(&self) -> Call {
+impl Caller<'_> {
+    /// `acquire.lua`. `KEYS`: the lock, its counter (with fencing), then, when the caller will
+    /// wait, the waiting writers and the waiting mark (not on a Cluster). `ARGV`: token, ttl,
+    /// fencing, and, when it will wait, where the writers are, how long a claim is kept,
+    /// whether it claimed before, and where the mark is. Refused by readers, a caller that
+    /// will wait claims the writers' turn.
+    pub(crate) fn exclusive(&self, ask: &Ask) -> Call {
         let lock = self.lock;
-        let mut named = vec![Cow::Borrowed(lock)];
-        if self.fencing {
-            named.push(Cow::Owned(keys::fence(lock)));
-        }
+        let mut named = self.fenced(ask.fencing);
         let (mut writers, mut mark) = (String::new(), String::new());
-        if self.join {
+        if ask.join {
             named.push(Cow::Owned(keys::writers(lock)));
             writers = named.len().to_string();
-            mark = mark_at(&mut named, lock, self.marks);
+            mark = mark_at(&mut named, lock, self.deployment.marks());
         }
         let mut call = ACQUIRE.call(&named);
-        call.arg(self.token).arg(self.ttl_ms).arg(flag(self.fencing));
-        if self.join {
+        call.arg(self.token).arg(ask.ttl_ms).arg(flag(ask.fencing));
+        if ask.join {
             call.arg(writers)
                 .arg(ceil_millis(FAIR_PLACE_KEPT))
-                .arg(flag(self.claimed))
+                .arg(flag(ask.claimed))
                 .arg(mark);
         }
         call
     }
-}
 
-/// One attempt at a fair lock (`fair.lua`).
-#[derive(Debug)]
-pub(crate) struct Fair<'a> {
-    /// The lock's key.
-    pub(crate) lock: &'a str,
-    pub(crate) token: &'a str,
-    pub(crate) ttl_ms: u64,
-    pub(crate) fencing: bool,
-    /// The caller will wait: refused, it takes (or keeps) a place in line, and, refused by
-    /// readers, claims the writers' turn.
-    pub(crate) join: bool,
-    /// An earlier attempt of this call claimed the writers' turn.
-    pub(crate) claimed: bool,
-    /// Announce with `SPUBLISH` (a Cluster).
-    pub(crate) sharded: bool,
-}
-
-impl Fair<'_> {
-    /// `KEYS`: the lock, its counter, the line, the places, and the waiting writers when the
-    /// caller will wait. `ARGV`: token, ttl, fencing, how long a place is kept, join, the
-    /// channel, sharded, and, when it will wait, how long a claim is kept and whether it claimed
-    /// before.
-    pub(crate) fn call(&self) -> Call {
+    /// `fair.lua`. `KEYS`: the lock, its counter, the line, the places, and the waiting
+    /// writers when the caller will wait. `ARGV`: token, ttl, fencing, how long a place is
+    /// kept, join, the channel, sharded (`SPUBLISH` on a Cluster), and, when it will wait, how
+    /// long a claim is kept and whether it claimed before. Refused, a caller that will wait
+    /// takes (or keeps) a place in line, and, refused by readers, claims the writers' turn.
+    pub(crate) fn fair(&self, ask: &Ask) -> Call {
         let lock = self.lock;
         let mut named = vec![
             Cow::Borrowed(lock),
@@ -93,20 +48,20 @@ impl Fair<'_> {
             Cow::Owned(keys::queue(lock)),
             Cow::Owned(keys::kept(lock)),
         ];
-        if self.join {
+        if ask.join {
             named.push(Cow::Owned(keys::writers(lock)));
         }
         let mut call = FAIR.call(&named);
         let kept = ceil_millis(FAIR_PLACE_KEPT);
         call.arg(self.token)
-            .arg(self.ttl_ms)
-            .arg(flag(self.fencing))
+            .arg(ask.ttl_ms)
+            .arg(flag(ask.fencing))
             .arg(kept)
-            .arg(flag(self.join))
+            .arg(flag(ask.join))
             .arg(keys::channel(lock))
-            .arg(flag(self.sharded));
-        if self.join {
-            call.arg(kept).arg(flag(self.claimed));
+            .arg(flag(self.deployment.sharded()));
+        if ask.join {
+            call.arg(kept).arg(flag(ask.claimed));
         }
         call
     }

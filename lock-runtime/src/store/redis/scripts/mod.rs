@@ -37,6 +37,7 @@ use std::time::Duration;
 use redis::{Cmd, FromRedisValue, RedisResult, RedisWrite, ToRedisArgs};
 
 use super::connection::Conn;
+use super::deployment::Deployment;
 
 static ACQUIRE: LazyLock<Lua> = LazyLock::new(|| {
     Lua::new(concat!(
@@ -70,6 +71,43 @@ static INSPECT: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("inspect.
 static FORCE: LazyLock<Lua> = LazyLock::new(|| Lua::new(include_str!("force.lua")));
 static RELEASE: LazyLock<Lua> =
     LazyLock::new(|| Lua::new(concat!(include_str!("fence.lua"), include_str!("release.lua"))));
+
+/// A caller's token at one lock, on one deployment: what every attempt and release script is
+/// called with. Each script builds its own `KEYS` and `ARGV` from it and what the call asks:
+/// an exclusive lock that is not fair ([`exclusive`](Self::exclusive)), a fair one
+/// ([`fair`](Self::fair)), a permit ([`permit`](Self::permit)), a read share
+/// ([`share`](Self::share)); the common release ([`unlock`](Self::unlock)) and any other
+/// ([`release`](Self::release)).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Caller<'a> {
+    /// The lock's key.
+    pub(crate) lock: &'a str,
+    pub(crate) token: &'a str,
+    /// Whether a waiter marks the lock as waited for (so a release announces only then), and
+    /// how a release is announced (`SPUBLISH` on a Cluster).
+    pub(crate) deployment: Deployment,
+}
+
+impl<'a> Caller<'a> {
+    /// The first of an attempt's `KEYS`: the lock, and its counter when the caller asked for
+    /// fencing.
+    fn fenced(&self, fencing: bool) -> Vec<std::borrow::Cow<'a, str>> {
+        let mut named = vec![std::borrow::Cow::Borrowed(self.lock)];
+        if fencing {
+            named.push(std::borrow::Cow::Owned(super::keys::fence(self.lock)));
+        }
+        named
+    }
+}
+
+/// `1`/`0`, as the scripts take flags.
+fn flag(on: bool) -> &'static str {
+    if on {
+        "1"
+    } else {
+        "0"
+    }
+}
 
 /// Names `lock`'s waiting mark after the keys in `named` when `marks`, and says where it is in
 /// `KEYS` as the attempt scripts take it (`''`: not given).

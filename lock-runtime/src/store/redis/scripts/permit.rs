@@ -5,40 +5,22 @@
 use std::borrow::Cow;
 
 use super::super::keys;
-use super::{mark_at, Call, PERMIT};
+use super::{flag, mark_at, Call, Caller, PERMIT};
 use crate::options::{ceil_millis, FAIR_PLACE_KEPT};
+use crate::store::Ask;
 use crate::store::Attempt;
 
-/// One attempt at a permit.
-#[derive(Debug)]
-pub(crate) struct Permit<'a> {
-    /// The lock's key.
-    pub(crate) lock: &'a str,
-    pub(crate) token: &'a str,
-    pub(crate) ttl_ms: u64,
-    pub(crate) fencing: bool,
-    /// How many permits the key has.
-    pub(crate) permits: u32,
-    /// The caller will wait, and the deployment marks: a refusal marks the lock as waited for.
-    pub(crate) marks: bool,
-    /// A fair semaphore: its waiters are served in the order they came (a line).
-    pub(crate) fair: bool,
-    /// The caller will wait: refused, a fair one takes (or keeps) its place in line.
-    pub(crate) join: bool,
-}
-
-impl Permit<'_> {
-    /// `KEYS`: the lock, its counter (with fencing), its mark (when it marks), its line and
-    /// places (fair). `ARGV`: token, ttl, fencing, the count, where the mark is, where the line
-    /// is, how long a place is kept, join.
-    pub(crate) fn call(&self) -> Call {
+impl Caller<'_> {
+    /// `permit.lua`: one attempt at any free permit. `KEYS`: the lock, its counter (with
+    /// fencing), its mark (when the caller will wait and the deployment marks), its line and
+    /// places (a fair semaphore, whose waiters are served in the order they came). `ARGV`:
+    /// token, ttl, fencing, the count, where the mark is, where the line is, how long a place
+    /// is kept, join (refused, a fair waiter takes or keeps its place in line).
+    pub(crate) fn permit(&self, ask: &Ask) -> Call {
         let lock = self.lock;
-        let mut named = vec![Cow::Borrowed(lock)];
-        if self.fencing {
-            named.push(Cow::Owned(keys::fence(lock)));
-        }
-        let mark = mark_at(&mut named, lock, self.marks);
-        let line = match self.fair {
+        let mut named = self.fenced(ask.fencing);
+        let mark = mark_at(&mut named, lock, ask.join && self.deployment.marks());
+        let line = match ask.mode.fair() {
             true => {
                 named.push(Cow::Owned(keys::permits_queue(lock)));
                 named.push(Cow::Owned(keys::permits_kept(lock)));
@@ -48,13 +30,13 @@ impl Permit<'_> {
         };
         let mut call = PERMIT.call(&named);
         call.arg(self.token)
-            .arg(self.ttl_ms)
-            .arg(if self.fencing { "1" } else { "0" })
-            .arg(self.permits)
+            .arg(ask.ttl_ms)
+            .arg(flag(ask.fencing))
+            .arg(ask.mode.permits())
             .arg(mark)
             .arg(line)
             .arg(ceil_millis(FAIR_PLACE_KEPT))
-            .arg(if self.join { "1" } else { "0" });
+            .arg(flag(ask.join));
         call
     }
 }

@@ -5,88 +5,65 @@
 use std::borrow::Cow;
 
 use super::super::keys;
-use super::{Call, RELEASE, UNLOCK};
+use super::{Call, Caller, RELEASE, UNLOCK};
+use crate::store::Kind;
 use crate::wakeups::HandedOver;
 
-/// The common release: a lock that is neither fair nor kept for a minimum hold (`unlock.lua`).
-#[derive(Debug)]
-pub(crate) struct Unlock<'a> {
-    /// The lock's key.
-    pub(crate) lock: &'a str,
-    pub(crate) token: &'a str,
-    /// Told on the channel (this client's id: its own waiters are woken without it).
-    pub(crate) announcement: &'a str,
-    /// The release is announced only if a waiter marked the lock (not on a Cluster).
-    pub(crate) marks: bool,
-    /// Announce with `SPUBLISH` (a Cluster).
-    pub(crate) sharded: bool,
-}
-
-impl Unlock<'_> {
-    /// `KEYS`: the lock, and its waiting mark when the deployment marks. `ARGV`: token,
-    /// announcement, and `1` on a Cluster.
-    pub(crate) fn call(&self) -> Call {
+impl Caller<'_> {
+    /// `unlock.lua`, the common release: a lock that is neither fair nor kept for a minimum
+    /// hold. `KEYS`: the lock, and its waiting mark when the deployment marks. `ARGV`: token,
+    /// `announcement` (told on the channel: this client's id, its own waiters are woken
+    /// without it), and `1` on a Cluster.
+    pub(crate) fn unlock(&self, announcement: &str) -> Call {
         let lock = self.lock;
-        let mut call = if self.marks {
+        let mut call = if self.deployment.marks() {
             UNLOCK.call_with_helper(lock, keys::WAITING)
         } else {
             UNLOCK.call(&[lock])
         };
-        call.arg(self.token).arg(self.announcement);
-        if self.sharded {
+        call.arg(self.token).arg(announcement);
+        if self.deployment.sharded() {
             call.arg("1");
         }
         call
     }
-}
 
-/// Any release (`release.lua`): a fair one, one kept for a minimum hold, a read share, and what
-/// `unlock.lua` could not decide.
-#[derive(Debug)]
-pub(crate) struct Release<'a> {
-    /// The lock's key.
-    pub(crate) lock: &'a str,
-    pub(crate) token: &'a str,
-    /// How long the lock must still be held (its minimum hold); 0 to delete it now.
-    pub(crate) hold_ms: u64,
-    pub(crate) announcement: &'a str,
-    /// Hand the lock to the next in line, and name it.
-    pub(crate) fair: bool,
-    /// A semaphore's permit: a fair semaphore's release hands it to the head of its line.
-    pub(crate) permit: bool,
-    pub(crate) marks: bool,
-    pub(crate) sharded: bool,
-}
-
-impl Release<'_> {
-    /// `KEYS`: the lock; for a fair lock its line, places and counter; for a permit, its
-    /// semaphore's line and places; then its waiting mark when the deployment marks. `ARGV`:
-    /// token, hold, announcement, channel, and (only when one is on) fair (`1`, or `2` for a
-    /// permit) and sharded.
-    pub(crate) fn call(&self) -> Call {
+    /// `release.lua`, any release of a `kind` of lock: a fair one (handed to the next in
+    /// line, named), a permit (a fair semaphore's is handed to the head of its line), one kept
+    /// `hold_ms` more for its minimum hold (0: deleted now), a read share, and what
+    /// [`unlock`](Self::unlock) could not decide. `KEYS`: the lock; for a fair lock its line,
+    /// places and counter; for a permit, its semaphore's line and places; then its waiting
+    /// mark when the deployment marks. `ARGV`: token, hold, announcement, channel, and (only
+    /// when one is on) fair (`1`, or `2` for a permit) and sharded.
+    pub(crate) fn release(&self, announcement: &str, hold_ms: u64, kind: Kind) -> Call {
         let lock = self.lock;
         let mut named = vec![Cow::Borrowed(lock)];
-        if self.fair {
-            named.extend([keys::queue(lock), keys::kept(lock), keys::fence(lock)].map(Cow::Owned));
-        } else if self.permit {
-            named.extend([keys::permits_queue(lock), keys::permits_kept(lock)].map(Cow::Owned));
+        match kind {
+            Kind::Fair => {
+                named.extend([keys::queue(lock), keys::kept(lock), keys::fence(lock)].map(Cow::Owned))
+            }
+            Kind::Permit => {
+                named.extend([keys::permits_queue(lock), keys::permits_kept(lock)].map(Cow::Owned))
+            }
+            Kind::Plain | Kind::Shared => {}
         }
-        if self.marks {
+        if self.deployment.marks() {
             named.push(Cow::Owned(keys::waiting(lock)));
         }
         let mut call = RELEASE.call(&named);
         call.arg(self.token)
-            .arg(self.hold_ms)
-            .arg(self.announcement)
+            .arg(hold_ms)
+            .arg(announcement)
             .arg(keys::channel(lock));
-        if self.fair || self.permit || self.sharded {
-            call.arg(match (self.fair, self.permit) {
-                (true, _) => "1",
-                (false, true) => "2",
-                (false, false) => "0",
+        let sharded = self.deployment.sharded();
+        if matches!(kind, Kind::Fair | Kind::Permit) || sharded {
+            call.arg(match kind {
+                Kind::Fair => "1",
+                Kind::Permit => "2",
+                Kind::Plain | Kind::Shared => "0",
             });
         }
-        if self.sharded {
+        if sharded {
             call.arg("1");
         }
         call

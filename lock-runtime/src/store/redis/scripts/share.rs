@@ -5,35 +5,24 @@
 use std::borrow::Cow;
 
 use super::super::keys;
-use super::{mark_at, Call, SHARE};
+use super::{flag, mark_at, Call, Caller, SHARE};
+use crate::store::Ask;
 
-/// One attempt at a read share.
-#[derive(Debug)]
-pub(crate) struct Share<'a> {
-    /// The lock's key.
-    pub(crate) lock: &'a str,
-    pub(crate) token: &'a str,
-    pub(crate) ttl_ms: u64,
-    /// Read the last writer's token.
-    pub(crate) fencing: bool,
-    /// The caller will wait, and the deployment marks: a refusal marks the lock as waited for.
-    pub(crate) marks: bool,
-}
-
-impl Share<'_> {
-    /// `KEYS`: the lock, the waiting writers, the counter (with fencing), the mark (when it
-    /// marks). `ARGV`: token, ttl, fencing, where the mark is.
-    pub(crate) fn call(&self) -> Call {
+impl Caller<'_> {
+    /// `share.lua`: one attempt at a read share. `KEYS`: the lock, the waiting writers, the
+    /// counter (with fencing: a share reads the last writer's token), the mark (when the caller
+    /// will wait and the deployment marks). `ARGV`: token, ttl, fencing, where the mark is.
+    pub(crate) fn share(&self, ask: &Ask) -> Call {
         let lock = self.lock;
         let mut named = vec![Cow::Borrowed(lock), Cow::Owned(keys::writers(lock))];
-        if self.fencing {
+        if ask.fencing {
             named.push(Cow::Owned(keys::fence(lock)));
         }
-        let mark = mark_at(&mut named, lock, self.marks);
+        let mark = mark_at(&mut named, lock, ask.join && self.deployment.marks());
         let mut call = SHARE.call(&named);
         call.arg(self.token)
-            .arg(self.ttl_ms)
-            .arg(if self.fencing { "1" } else { "0" })
+            .arg(ask.ttl_ms)
+            .arg(flag(ask.fencing))
             .arg(mark);
         call
     }
