@@ -21,35 +21,24 @@ use crate::LockError;
 
 /// Every lock row whose name starts with the prefix (binds: prefix length, prefix), with what
 /// it holds now by the database's clock.
-const ROWS: &str = concat!(
-    "SELECT name, IF(token IS NOT NULL AND expires_ms > ",
-    now_ms!(),
-    ", token, NULL), expires_ms - ",
-    now_ms!(),
+const ROWS: &str = sql!(
+    "SELECT name, IF(token IS NOT NULL AND expires_ms > " now_ms!() ", token, NULL), expires_ms - " now_ms!()
     ", fence FROM lock_runtime_locks WHERE LEFT(name, ?) = ? ORDER BY name"
 );
 /// One lock's row (binds: name).
-const ROW: &str = concat!(
-    "SELECT name, IF(token IS NOT NULL AND expires_ms > ",
-    now_ms!(),
-    ", token, NULL), expires_ms - ",
-    now_ms!(),
+const ROW: &str = sql!(
+    "SELECT name, IF(token IS NOT NULL AND expires_ms > " now_ms!() ", token, NULL), expires_ms - " now_ms!()
     ", fence FROM lock_runtime_locks WHERE name = ?"
 );
 /// Frees a lock if it still holds the value read (binds: name, value, value).
-const FREE_HELD: &str = concat!(
-    "UPDATE lock_runtime_locks SET token = NULL, expires_ms = ",
-    now_ms!(),
-    " WHERE name = ? AND (token = ? OR token = CONCAT(?, ':released')) AND expires_ms > ",
-    now_ms!()
+const FREE_HELD: &str = sql!(
+    "UPDATE lock_runtime_locks SET token = NULL, expires_ms = " now_ms!()
+    " WHERE name = ? AND (token = ? OR token = CONCAT(?, ':released')) AND expires_ms > " now_ms!()
 );
 
 /// The rows of a semaphore's permits (binds: their range's start and end), as [`ROWS`].
-const PERMIT_ROWS: &str = concat!(
-    "SELECT name, IF(token IS NOT NULL AND expires_ms > ",
-    now_ms!(),
-    ", token, NULL), expires_ms - ",
-    now_ms!(),
+const PERMIT_ROWS: &str = sql!(
+    "SELECT name, IF(token IS NOT NULL AND expires_ms > " now_ms!() ", token, NULL), expires_ms - " now_ms!()
     ", fence FROM lock_runtime_locks WHERE name >= ? AND name < ? AND LENGTH(name) = LENGTH(?) + 11 \
      ORDER BY name"
 );
@@ -58,9 +47,8 @@ type Row = (Vec<u8>, Option<Vec<u8>>, i64, Option<i64>);
 
 /// How many live places each line of the keys under a prefix has (binds: prefix length,
 /// prefix): the line's name and its count.
-const LINES: &str = concat!(
-    "SELECT name, COUNT(*) FROM lock_runtime_line WHERE LEFT(name, ?) = ? AND kept_until > ",
-    now_ms!(),
+const LINES: &str = sql!(
+    "SELECT name, COUNT(*) FROM lock_runtime_line WHERE LEFT(name, ?) = ? AND kept_until > " now_ms!()
     " GROUP BY name"
 );
 

@@ -38,22 +38,16 @@ const LOCK_ROW: &str = "INSERT INTO lock_runtime_locks (name, token, expires_ms,
      VALUES (?, NULL, 0, NULL) ON DUPLICATE KEY UPDATE name = name";
 /// The key's row (binds: name): its token, how long its lease has left (at most 0: ended) and
 /// its fencing token.
-pub(super) const ROW: &str = concat!(
-    "SELECT token, expires_ms - ",
-    now_ms!(),
-    ", fence FROM lock_runtime_locks WHERE name = ? FOR UPDATE"
+pub(super) const ROW: &str = sql!(
+    "SELECT token, expires_ms - " now_ms!() ", fence FROM lock_runtime_locks WHERE name = ? FOR UPDATE"
 );
 /// Places that lapsed (binds: line).
-const PURGE: &str = concat!(
-    "DELETE FROM lock_runtime_line WHERE name = ? AND kept_until <= ",
-    now_ms!()
-);
+const PURGE: &str = sql!("DELETE FROM lock_runtime_line WHERE name = ? AND kept_until <= " now_ms!());
 /// The head of a line (binds: line).
 const HEAD: &str = "SELECT token FROM lock_runtime_line WHERE name = ? ORDER BY id LIMIT 1";
 /// The live waiter at a rank of a line (binds: line, rank).
-const AT_RANK: &str = concat!(
-    "SELECT token FROM lock_runtime_line WHERE name = ? AND kept_until > ",
-    now_ms!(),
+const AT_RANK: &str = sql!(
+    "SELECT token FROM lock_runtime_line WHERE name = ? AND kept_until > " now_ms!()
     " ORDER BY id LIMIT 1 OFFSET ?"
 );
 /// A waiter's place (binds: line, token).
@@ -61,44 +55,31 @@ const PLACE: &str = "SELECT id FROM lock_runtime_line WHERE name = ? AND token =
 /// How many waiters are ahead of a place (binds: line, the place's number).
 const AHEAD: &str = "SELECT COUNT(*) FROM lock_runtime_line WHERE name = ? AND id < ?";
 /// Keeps a place (binds: ms, line, token).
-const KEEP: &str = concat!(
-    "UPDATE lock_runtime_line SET kept_until = ",
-    now_ms!(),
-    " + ? WHERE name = ? AND token = ?"
+const KEEP: &str = sql!(
+    "UPDATE lock_runtime_line SET kept_until = " now_ms!() " + ? WHERE name = ? AND token = ?"
 );
 /// Takes a place at the end of a line (binds: line, token, ms).
-const JOIN: &str = concat!(
-    "INSERT INTO lock_runtime_line (name, token, kept_until) VALUES (?, ?, ",
-    now_ms!(),
-    " + ?)"
+const JOIN: &str = sql!(
+    "INSERT INTO lock_runtime_line (name, token, kept_until) VALUES (?, ?, " now_ms!() " + ?)"
 );
 /// Leaves a line (binds: line, token).
 const LEAVE: &str = "DELETE FROM lock_runtime_line WHERE name = ? AND token = ?";
 /// Leaves every line of a key (binds: token, the three lines).
 const LEAVE_ALL: &str = "DELETE FROM lock_runtime_line WHERE token = ? AND name IN (?, ?, ?)";
 /// How long the last standing claim has left (binds: claims line).
-const CLAIMED_FOR: &str = concat!(
-    "SELECT MAX(kept_until) - ",
-    now_ms!(),
-    " FROM lock_runtime_line WHERE name = ? AND kept_until > ",
-    now_ms!()
+const CLAIMED_FOR: &str = sql!(
+    "SELECT MAX(kept_until) - " now_ms!() " FROM lock_runtime_line WHERE name = ? AND kept_until > " now_ms!()
 );
 /// Takes the locked row for a token (binds: token, ttl, fencing, name).
-const TAKE_ROW: &str = concat!(
-    "UPDATE lock_runtime_locks SET token = ?, expires_ms = ",
-    now_ms!(),
-    " + ?, fence = IF(?, GREATEST(",
-    now_us!(),
-    ", COALESCE(fence, 0) + 1), fence) WHERE name = ?"
+const TAKE_ROW: &str = sql!(
+    "UPDATE lock_runtime_locks SET token = ?, expires_ms = " now_ms!() " + ?, fence = IF(?, GREATEST("
+    now_us!() ", COALESCE(fence, 0) + 1), fence) WHERE name = ?"
 );
 /// The row is this token's already (a request sent again): its lease counts from now, and it
 /// takes a fencing token if it has none (binds: ttl, fencing, name).
-const KEEP_OURS: &str = concat!(
-    "UPDATE lock_runtime_locks SET expires_ms = GREATEST(expires_ms, ",
-    now_ms!(),
-    " + ?), fence = IF(? AND fence IS NULL, ",
-    now_us!(),
-    ", fence) WHERE name = ?"
+const KEEP_OURS: &str = sql!(
+    "UPDATE lock_runtime_locks SET expires_ms = GREATEST(expires_ms, " now_ms!()
+    " + ?), fence = IF(? AND fence IS NULL, " now_us!() ", fence) WHERE name = ?"
 );
 /// The row's fencing token (binds: name).
 const FENCE: &str = "SELECT fence FROM lock_runtime_locks WHERE name = ?";

@@ -59,6 +59,23 @@ macro_rules! now_ms {
         concat!("(", now_us!(), " DIV 1000)")
     };
 }
+/// A statement's text: string literals and macros that give one (`now_ms!()`, `now_us!()`,
+/// `takeable!(…)`) side by side, joined at compile time as `concat!` joins them; without the
+/// commas, a statement reads as one piece of SQL.
+macro_rules! sql {
+    (@ [$($done:tt)*]) => {
+        concat!($($done)*)
+    };
+    (@ [$($done:tt)*] $name:ident ! $args:tt $($rest:tt)*) => {
+        sql!(@ [$($done)* $name! $args,] $($rest)*)
+    };
+    (@ [$($done:tt)*] $part:literal $($rest:tt)*) => {
+        sql!(@ [$($done)* $part,] $($rest)*)
+    };
+    ($($parts:tt)+) => {
+        sql!(@ [] $($parts)+)
+    };
+}
 mod admin;
 
 /// The row may be taken by the token `$token` (a bind, or an expression naming the row's own):
@@ -91,23 +108,16 @@ mod tx;
 /// does not depend on the order). A taken row sets `LAST_INSERT_ID` to its token (or 1 without
 /// fencing), a refused one to 0, or to 2 when a header holds the key (a semaphore's or readers':
 /// its token starts with a zero byte); the statement's reply carries it.
-const TAKE: &str = concat!(
-    "INSERT INTO lock_runtime_locks (name, token, expires_ms, fence) VALUES (?, ?, ",
-    now_ms!(),
-    " + ?, IF(?, LAST_INSERT_ID(",
-    now_us!(),
-    "), IF(LAST_INSERT_ID(1), NULL, NULL))) ON DUPLICATE KEY UPDATE fence = IF(",
-    takeable!("?"),
-    ", IF(?, LAST_INSERT_ID(IF(token = ? AND fence IS NOT NULL, fence, GREATEST(",
-    now_us!(),
-    ", COALESCE(fence, 0) + 1))), IF(LAST_INSERT_ID(1), fence, fence)), \
-     IF(LAST_INSERT_ID(IF(LEFT(token, 1) = X'00', 2, 0)), fence, fence)), token = IF(",
-    takeable!("?"),
-    ", ?, token), expires_ms = IF(",
-    takeable!("?"),
-    ", ",
-    now_ms!(),
-    " + ?, expires_ms)"
+const TAKE: &str = sql!(
+    "INSERT INTO lock_runtime_locks (name, token, expires_ms, fence) \
+     VALUES (?, ?, " now_ms!() " + ?, IF(?, LAST_INSERT_ID(" now_us!() "), IF(LAST_INSERT_ID(1), NULL, NULL))) \
+     ON DUPLICATE KEY UPDATE \
+     fence = IF(" takeable!("?") ", \
+       IF(?, LAST_INSERT_ID(IF(token = ? AND fence IS NOT NULL, fence, \
+         GREATEST(" now_us!() ", COALESCE(fence, 0) + 1))), IF(LAST_INSERT_ID(1), fence, fence)), \
+       IF(LAST_INSERT_ID(IF(LEFT(token, 1) = X'00', 2, 0)), fence, fence)), \
+     token = IF(" takeable!("?") ", ?, token), \
+     expires_ms = IF(" takeable!("?") ", " now_ms!() " + ?, expires_ms)"
 );
 /// A set's acquire: [`TAKE`] for many rows in one statement, every row or none (binds: per row
 /// name, token, ttl, fencing; then [`row_tokens`]' binds five times, with fencing after the
@@ -165,32 +175,26 @@ fn rows_of(names: usize, locking: bool) -> String {
 }
 
 /// How long the holder of a refused lock has left (none: it went meanwhile).
-const LEFT: &str = concat!(
-    "SELECT expires_ms - ",
-    now_ms!(),
-    " FROM lock_runtime_locks WHERE name = ? AND token IS NOT NULL AND expires_ms > ",
-    now_ms!()
+const LEFT: &str = sql!(
+    "SELECT expires_ms - " now_ms!()
+    " FROM lock_runtime_locks WHERE name = ? AND token IS NOT NULL AND expires_ms > " now_ms!()
 );
 /// One renewal (binds: ttl, name, token): never shortens the lease.
-const RENEW: &str = concat!(
-    "UPDATE lock_runtime_locks SET expires_ms = GREATEST(expires_ms, ",
-    now_ms!(),
-    " + ?) WHERE name = ? AND token = ? AND expires_ms > ",
-    now_ms!()
+const RENEW: &str = sql!(
+    "UPDATE lock_runtime_locks SET expires_ms = GREATEST(expires_ms, " now_ms!()
+    " + ?) WHERE name = ? AND token = ? AND expires_ms > " now_ms!()
 );
 /// The common release (binds: name, token): deletes a lock still held by this token with no
 /// fencing token to keep.
-const GIVE_BACK: &str = concat!(
-    "DELETE FROM lock_runtime_locks WHERE name = ? AND token = ? AND fence IS NULL AND expires_ms > ",
+const GIVE_BACK: &str = sql!(
+    "DELETE FROM lock_runtime_locks WHERE name = ? AND token = ? AND fence IS NULL AND expires_ms > "
     now_ms!()
 );
 /// Any other release (binds: hold, hold, name, token): frees the row, keeping its fencing token,
 /// or keeps the lock `hold` ms longer marked released.
-const RELEASE: &str = concat!(
-    "UPDATE lock_runtime_locks SET token = IF(? > 0, CONCAT(token, ':released'), NULL), expires_ms = ",
-    now_ms!(),
-    " + ? WHERE name = ? AND token = ? AND expires_ms > ",
-    now_ms!()
+const RELEASE: &str = sql!(
+    "UPDATE lock_runtime_locks SET token = IF(? > 0, CONCAT(token, ':released'), NULL), expires_ms = "
+    now_ms!() " + ? WHERE name = ? AND token = ? AND expires_ms > " now_ms!()
 );
 /// Rows nothing needs any more: an unfenced lock's as soon as it expired, a fenced lock's (its
 /// last token) an hour after.
@@ -208,11 +212,7 @@ macro_rules! unneeded {
 /// The sweep's first step (binds: rows): a plain read, which locks nothing (a `DELETE … WHERE`
 /// over the unindexed lease column would lock every row it reads, live locks included, until
 /// it ends).
-const UNNEEDED: &str = concat!(
-    "SELECT name FROM lock_runtime_locks WHERE ",
-    unneeded!(),
-    " LIMIT ?"
-);
+const UNNEEDED: &str = sql!("SELECT name FROM lock_runtime_locks WHERE " unneeded!() " LIMIT ?");
 
 /// The most rows one sweep deletes.
 const SWEEP_ROWS: u32 = 1000;

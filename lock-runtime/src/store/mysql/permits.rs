@@ -48,33 +48,18 @@ const TRIES: usize = 4;
 /// fencing column stays empty (the key's tokens live in the header: a permit's token is not
 /// read back from its row, so no statement reads `LAST_INSERT_ID()` where it also sets it,
 /// which the manual leaves undefined). Any other row fails the statement.
-const CLAIM: &str = concat!(
-    "INSERT INTO lock_runtime_locks (name, token, expires_ms, fence) VALUES (?, ?, ",
-    now_ms!(),
-    " + ?, LAST_INSERT_ID(",
-    now_us!(),
-    ")), (?, ?, ",
-    now_ms!(),
-    " + ?, NULL) ON DUPLICATE KEY UPDATE \
+const CLAIM: &str = sql!(
+    "INSERT INTO lock_runtime_locks (name, token, expires_ms, fence) \
+     VALUES (?, ?, " now_ms!() " + ?, LAST_INSERT_ID(" now_us!() ")), (?, ?, " now_ms!() " + ?, NULL) \
+     ON DUPLICATE KEY UPDATE \
      fence = IF(name = ?, \
-       IF(token IS NULL OR expires_ms <= ",
-    now_ms!(),
-    " OR token = ?, LAST_INSERT_ID(GREATEST(",
-    now_us!(),
-    ", COALESCE(fence, 0) + 1)), expires_ms + 18446744073709551615), \
-       IF(",
-    takeable!("?"),
-    ", fence, expires_ms + 18446744073709551615)), \
-     token = IF(name = ?, ?, IF(",
-    takeable!("?"),
-    ", ?, token)), \
-     expires_ms = IF(name = ?, GREATEST(expires_ms, ",
-    now_ms!(),
-    " + ?), IF(",
-    takeable!("?"),
-    ", ",
-    now_ms!(),
-    " + ?, expires_ms))"
+       IF(token IS NULL OR expires_ms <= " now_ms!() " OR token = ?, \
+         LAST_INSERT_ID(GREATEST(" now_us!() ", COALESCE(fence, 0) + 1)), \
+         expires_ms + 18446744073709551615), \
+       IF(" takeable!("?") ", fence, expires_ms + 18446744073709551615)), \
+     token = IF(name = ?, ?, IF(" takeable!("?") ", ?, token)), \
+     expires_ms = IF(name = ?, GREATEST(expires_ms, " now_ms!() " + ?), \
+       IF(" takeable!("?") ", " now_ms!() " + ?, expires_ms))"
 );
 
 /// Keeps only a key's own permit rows among those in its range (`<lock>#p`…`<lock>#q` holds the
@@ -88,14 +73,9 @@ macro_rules! own_permits {
 
 /// A semaphore's rows as they are (binds: the header's name, the permits' range, the header's
 /// name): name, its live token (NULL: none), and how long its lease has left.
-const ROWS: &str = concat!(
-    "SELECT name, IF(token IS NOT NULL AND expires_ms > ",
-    now_ms!(),
-    ", token, NULL), expires_ms - ",
-    now_ms!(),
-    " FROM lock_runtime_locks WHERE name = ? OR (name >= ? AND name < ?",
-    own_permits!(),
-    ")"
+const ROWS: &str = sql!(
+    "SELECT name, IF(token IS NOT NULL AND expires_ms > " now_ms!() ", token, NULL), expires_ms - " now_ms!()
+    " FROM lock_runtime_locks WHERE name = ? OR (name >= ? AND name < ?" own_permits!() ")"
 );
 
 /// An update of a live permit and its header in one statement (one clock), only while the
@@ -146,13 +126,11 @@ const KEEP: &str = permit_and_header!(
 
 /// A header's token and floor, when the last live permit's lease ends and how many are live
 /// (binds: header name, the permits' range, header name).
-const LAST: &str = concat!(
+const LAST: &str = sql!(
     "SELECT (SELECT token FROM lock_runtime_locks WHERE name = ?), \
        (SELECT fence FROM lock_runtime_locks WHERE name = ?), \
-       MAX(expires_ms), COUNT(*) FROM lock_runtime_locks WHERE name >= ? AND name < ?",
-    own_permits!(),
-    " AND token IS NOT NULL AND expires_ms > ",
-    now_ms!()
+       MAX(expires_ms), COUNT(*) FROM lock_runtime_locks WHERE name >= ? AND name < ?"
+    own_permits!() " AND token IS NOT NULL AND expires_ms > " now_ms!()
 );
 
 /// Shortens a header's lease to when its last permit's ends, if nothing raised it since it was
@@ -163,20 +141,16 @@ const SHORTEN: &str = "UPDATE lock_runtime_locks SET expires_ms = LEAST(expires_
 /// Frees a header whose permits all went, if nothing raised it since it was read (binds: name,
 /// marker, floor read). Its row stays, with the key's fencing floor (the sweep deletes it an
 /// hour later).
-const FREE_HEADER: &str = concat!(
-    "UPDATE lock_runtime_locks SET token = NULL, expires_ms = ",
-    now_ms!(),
+const FREE_HEADER: &str = sql!(
+    "UPDATE lock_runtime_locks SET token = NULL, expires_ms = " now_ms!()
     " WHERE name = ? AND token = ? AND fence = ?"
 );
 
 /// Gives back a permit an attempt whose answer never came may have taken, found by its token
 /// (binds: the permits' range, the header's name, token, token).
-const GIVE_BACK_ANY: &str = concat!(
-    "UPDATE lock_runtime_locks SET token = NULL, expires_ms = ",
-    now_ms!(),
-    " WHERE name >= ? AND name < ?",
-    own_permits!(),
-    " AND (token = ? OR token = CONCAT(?, ':released'))"
+const GIVE_BACK_ANY: &str = sql!(
+    "UPDATE lock_runtime_locks SET token = NULL, expires_ms = " now_ms!() " WHERE name >= ? AND name < ?"
+    own_permits!() " AND (token = ? OR token = CONCAT(?, ':released'))"
 );
 
 /// The line of a fair semaphore of the lock named `lock` (see [`line`](super::line)).

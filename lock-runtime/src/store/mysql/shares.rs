@@ -26,68 +26,51 @@ use crate::LockError;
 /// Every share of a key (binds: name): without a live header none is live.
 const FORGET_ALL: &str = "DELETE FROM lock_runtime_shares WHERE name = ?";
 /// Shares whose lease ended (binds: name).
-const PURGE: &str = concat!(
-    "DELETE FROM lock_runtime_shares WHERE name = ? AND expires_ms <= ",
-    now_ms!()
-);
+const PURGE: &str = sql!("DELETE FROM lock_runtime_shares WHERE name = ? AND expires_ms <= " now_ms!());
 /// Lengthens a live share, never shortening it (binds: ttl, name, token).
-const RENEW: &str = concat!(
-    "UPDATE lock_runtime_shares SET expires_ms = GREATEST(expires_ms, ",
-    now_ms!(),
-    " + ?) WHERE name = ? AND token = ? AND expires_ms > ",
-    now_ms!()
+const RENEW: &str = sql!(
+    "UPDATE lock_runtime_shares SET expires_ms = GREATEST(expires_ms, " now_ms!()
+    " + ?) WHERE name = ? AND token = ? AND expires_ms > " now_ms!()
 );
 /// A new share (binds: name, token, ttl).
-const ENTER: &str = concat!(
-    "INSERT INTO lock_runtime_shares (name, token, expires_ms) VALUES (?, ?, ",
-    now_ms!(),
-    " + ?)"
+const ENTER: &str = sql!(
+    "INSERT INTO lock_runtime_shares (name, token, expires_ms) VALUES (?, ?, " now_ms!() " + ?)"
 );
 /// Makes or raises the readers' header (binds: marker, ttl, name): the row is free, lapsed or
 /// the header already (checked under its lock), so its lease only grows.
-const RAISE: &str = concat!(
-    "UPDATE lock_runtime_locks SET token = ?, expires_ms = GREATEST(expires_ms, ",
-    now_ms!(),
+const RAISE: &str = sql!(
+    "UPDATE lock_runtime_locks SET token = ?, expires_ms = GREATEST(expires_ms, " now_ms!()
     " + ?) WHERE name = ?"
 );
 /// Raises a readers' header found live under its row lock (binds: ttl, name, marker).
-const RAISE_HEADER: &str = concat!(
-    "UPDATE lock_runtime_locks SET expires_ms = GREATEST(expires_ms, ",
-    now_ms!(),
+const RAISE_HEADER: &str = sql!(
+    "UPDATE lock_runtime_locks SET expires_ms = GREATEST(expires_ms, " now_ms!()
     " + ?) WHERE name = ? AND token = ?"
 );
 /// Gives a live share back (binds: name, token).
-const LEAVE: &str = concat!(
-    "DELETE FROM lock_runtime_shares WHERE name = ? AND token = ? AND expires_ms > ",
-    now_ms!()
+const LEAVE: &str = sql!(
+    "DELETE FROM lock_runtime_shares WHERE name = ? AND token = ? AND expires_ms > " now_ms!()
 );
 /// When the last live share ends (binds: name).
-const LAST: &str = concat!(
-    "SELECT MAX(expires_ms) FROM lock_runtime_shares WHERE name = ? AND expires_ms > ",
-    now_ms!()
+const LAST: &str = sql!(
+    "SELECT MAX(expires_ms) FROM lock_runtime_shares WHERE name = ? AND expires_ms > " now_ms!()
 );
 /// Shortens the header to the last share's end (binds: end, name, marker).
 const SHORTEN: &str =
     "UPDATE lock_runtime_locks SET expires_ms = LEAST(expires_ms, ?) WHERE name = ? AND token = ?";
 /// Frees the header (binds: name, marker); its row stays with the key's fencing token.
-const FREE: &str = concat!(
-    "UPDATE lock_runtime_locks SET token = NULL, expires_ms = ",
-    now_ms!(),
-    " WHERE name = ? AND token = ?"
+const FREE: &str = sql!(
+    "UPDATE lock_runtime_locks SET token = NULL, expires_ms = " now_ms!() " WHERE name = ? AND token = ?"
 );
 /// The live shares of the keys whose names start with a prefix (binds: prefix length, prefix):
 /// name, token, ms left.
-pub(super) const READERS: &str = concat!(
-    "SELECT name, token, expires_ms - ",
-    now_ms!(),
-    " FROM lock_runtime_shares WHERE LEFT(name, ?) = ? AND expires_ms > ",
-    now_ms!()
+pub(super) const READERS: &str = sql!(
+    "SELECT name, token, expires_ms - " now_ms!()
+    " FROM lock_runtime_shares WHERE LEFT(name, ?) = ? AND expires_ms > " now_ms!()
 );
 /// The live shares of one key (binds: name), as [`READERS`].
-pub(super) const READERS_OF: &str = concat!(
-    "SELECT name, token, expires_ms - ",
-    now_ms!(),
-    " FROM lock_runtime_shares WHERE name = ? AND expires_ms > ",
+pub(super) const READERS_OF: &str = sql!(
+    "SELECT name, token, expires_ms - " now_ms!() " FROM lock_runtime_shares WHERE name = ? AND expires_ms > "
     now_ms!()
 );
 
