@@ -219,13 +219,18 @@ async fn head(conn: &mut MySqlConnection, line: &str) -> Result<Option<Vec<u8>>,
         .await
 }
 
-/// The row's fencing token, read after this transaction set it.
-async fn fence_of(conn: &mut MySqlConnection, name: &str) -> Result<Option<u64>, sqlx::Error> {
-    let fence: Option<i64> = sqlx::query_scalar(FENCE)
-        .bind(name.as_bytes())
-        .fetch_one(conn)
-        .await?;
-    Ok(fence.map(unsigned))
+/// A row this transaction took: taken, with the row's fencing token (read after the
+/// transaction set it) when asked for.
+async fn taken(conn: &mut MySqlConnection, name: &str, fencing: bool) -> Result<Outcome, sqlx::Error> {
+    let fence = match fencing {
+        true => sqlx::query_scalar::<_, Option<i64>>(FENCE)
+            .bind(name.as_bytes())
+            .fetch_one(conn)
+            .await?
+            .map(unsigned),
+        false => None,
+    };
+    Ok(Outcome::Taken { fence, permit: None })
 }
 
 /// How long the writers' claims on the lock named `name` stand yet (none: no claim stands).
@@ -253,11 +258,7 @@ pub(super) fn exclusive<'c>(conn: &'c mut MySqlConnection, a: &'c Asked<'_>) -> 
                     .bind(name.as_bytes())
                     .execute(&mut *conn)
                     .await?;
-                let fence = match ask.fencing {
-                    true => fence_of(conn, name).await?,
-                    false => None,
-                };
-                return Ok(Outcome::Taken { fence, permit: None });
+                return taken(conn, name, ask.fencing).await;
             }
             _ => {}
         }
@@ -310,11 +311,7 @@ pub(super) fn exclusive<'c>(conn: &'c mut MySqlConnection, a: &'c Asked<'_>) -> 
             .bind(name.as_bytes())
             .execute(&mut *conn)
             .await?;
-        let fence = match ask.fencing {
-            true => fence_of(conn, name).await?,
-            false => None,
-        };
-        Ok(Outcome::Taken { fence, permit: None })
+        taken(conn, name, ask.fencing).await
     })
 }
 

@@ -29,6 +29,9 @@
 use std::collections::HashMap;
 use std::sync::{Mutex, MutexGuard};
 
+use sqlx::mysql::{MySql, MySqlArguments};
+use sqlx::query::Query;
+
 use super::tx::Step;
 use super::MysqlStore;
 use crate::store::sql::{ask, millis, unsigned, SqlStore as _};
@@ -196,6 +199,21 @@ pub(super) struct Held {
     pub(super) marker: Vec<u8>,
     /// Taken by a fair caller: its release names the waiter it admits.
     pub(super) fair: bool,
+}
+
+impl Held {
+    /// `statement` ([`RENEW_PERMIT`], [`KEEP`]), which moves this permit's lease and its
+    /// header's to `ms` from now, with its binds: the permit's row, `token`, `ms` twice, the
+    /// header's row and this semaphore's marker.
+    fn moved<'q>(&'q self, statement: &'q str, token: &'q str, ms: u64) -> Query<'q, MySql, MySqlArguments> {
+        sqlx::query(statement)
+            .bind(self.row.name().as_bytes())
+            .bind(token.as_bytes())
+            .bind(millis(ms))
+            .bind(millis(ms))
+            .bind(self.header.as_bytes())
+            .bind(self.marker.as_slice())
+    }
 }
 
 /// This client's permits, by token (a release and a renewal name the lock and the token only).
@@ -385,14 +403,7 @@ impl MysqlStore {
         token: &str,
         ttl_ms: u64,
     ) -> Result<bool, LockError> {
-        let renewed = ask!(self, |conn| sqlx::query(RENEW_PERMIT)
-            .bind(held.row.name().as_bytes())
-            .bind(token.as_bytes())
-            .bind(millis(ttl_ms))
-            .bind(millis(ttl_ms))
-            .bind(held.header.as_bytes())
-            .bind(held.marker.as_slice())
-            .execute(conn))?;
+        let renewed = ask!(self, |conn| held.moved(RENEW_PERMIT, token, ttl_ms).execute(conn))?;
         // sqlx's connections count matched rows: both, also when no lease moved.
         if renewed.rows_affected() == 2 {
             return Ok(true);
@@ -414,14 +425,7 @@ impl MysqlStore {
     ) -> Result<Released, LockError> {
         if let Some(held) = self.permits.forget(token) {
             if hold_ms > 0 {
-                let kept = ask!(self, |conn| sqlx::query(KEEP)
-                    .bind(held.row.name().as_bytes())
-                    .bind(token.as_bytes())
-                    .bind(millis(hold_ms))
-                    .bind(millis(hold_ms))
-                    .bind(held.header.as_bytes())
-                    .bind(held.marker.as_slice())
-                    .execute(conn))?;
+                let kept = ask!(self, |conn| held.moved(KEEP, token, hold_ms).execute(conn))?;
                 return Ok(match kept.rows_affected() {
                     2 => Released::Freed,
                     _ => Released::NotOurs,
