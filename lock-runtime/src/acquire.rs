@@ -13,7 +13,8 @@ use crate::error::ShutDown;
 use crate::guard::LockGuard;
 use crate::state::LockState;
 use crate::store::{
-    lease_granted, Ask, Attempt, Capabilities, Flight, Kind, Lock, Mode, Release, SetAttempt, Waking,
+    lease_granted, Ask, Asked, Attempt, Capabilities, Flight, Kind, Lock, Mode, Release, SetAsk, SetAttempt,
+    Waking,
 };
 use crate::telemetry::{self, Labels};
 use crate::wakeups::Registration;
@@ -85,7 +86,16 @@ impl Acquire<'_> {
                 let first = call.at_once.take();
                 let started = first.unwrap_or_else(Instant::now);
                 let pending = PendingAcquire::new(core, &lock, &call.token, (&ask, call.kind));
-                let answer = backend.attempt(&lock, &call.token, &ask, &pending.flight).await;
+                let answer = backend
+                    .attempt(
+                        Asked {
+                            lock: &lock,
+                            token: &call.token,
+                            ask: &ask,
+                        },
+                        &pending.flight,
+                    )
+                    .await;
                 call.deciding = Decided {
                     attempt: started.elapsed(),
                     at_once: first.is_some(),
@@ -559,7 +569,17 @@ pub(crate) async fn take_set_at_once(
     // release of that lock follows it at once) and copied to the others once answered.
     let spare = Flight::default();
     let flight = pending.first().map_or(&spare, |p| &p.flight);
-    let answer = core.store.attempt_set(locks, &tokens, &ask, flight).await;
+    let answer = core
+        .store
+        .attempt_set(
+            SetAsk {
+                locks,
+                tokens: &tokens,
+                ask: &ask,
+            },
+            flight,
+        )
+        .await;
     if let Some(route) = flight.get() {
         pending.iter().for_each(|p| p.flight.set(route));
     }

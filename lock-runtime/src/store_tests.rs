@@ -10,7 +10,7 @@ use std::time::Duration;
 use crate::core::Core;
 use crate::store::memory::MemoryStore;
 use crate::store::{
-    Ask, Attempt, Capabilities, Flight, ForceReleased, Lock, LockView, Offered, Release, Released, Renewal,
+    Asked, Attempt, Capabilities, Flight, ForceReleased, Lock, LockView, Offered, Release, Released, Renewal,
     Renewing, Store, StoreAdmin, Timeouts, Waking,
 };
 use crate::wakeups::Wakeups;
@@ -52,15 +52,9 @@ impl Store for Counting {
         Store::name(&self.inner, key)
     }
 
-    async fn attempt(
-        &self,
-        lock: &Lock,
-        token: &str,
-        ask: &Ask,
-        flight: &Flight,
-    ) -> Result<Attempt, LockError> {
+    async fn attempt(&self, asked: Asked<'_>, flight: &Flight) -> Result<Attempt, LockError> {
         self.count();
-        let answer = Store::attempt(&self.inner, lock, token, ask, flight).await;
+        let answer = Store::attempt(&self.inner, asked, flight).await;
         if matches!(answer, Ok(Attempt::Held { .. })) {
             self.refusals.fetch_add(1, Ordering::Relaxed);
             let gate = self.hold_refusal.lock().unwrap_or_else(|e| e.into_inner()).take();

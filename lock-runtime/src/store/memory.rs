@@ -8,8 +8,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::{
-    Ask, Attempt, Capabilities, Flight, ForceReleased, Kind, Lock, Notices, Release, Released, Renewal,
-    Renewing, Store, StoreAdmin,
+    Ask, Asked, Attempt, Capabilities, Flight, ForceReleased, Kind, Lock, Notices, Release, Released,
+    Renewal, Renewing, Store, StoreAdmin,
 };
 use crate::options::{ceil_millis, FAIR_PLACE_KEPT};
 use crate::view::{glob_matches, Fence, Holding, LockView, Reader, RELEASED};
@@ -842,14 +842,8 @@ impl Store for MemoryStore {
         name
     }
 
-    async fn attempt(
-        &self,
-        lock: &Lock,
-        token: &str,
-        ask: &Ask,
-        _: &Flight,
-    ) -> Result<Attempt, crate::LockError> {
-        self.acquire(lock.name(), token, ask)
+    async fn attempt(&self, asked: Asked<'_>, _: &Flight) -> Result<Attempt, crate::LockError> {
+        self.acquire(asked.lock.name(), asked.token, asked.ask)
     }
 
     async fn renew(&self, locks: &[Renewing<'_>]) -> Result<Vec<Renewal>, crate::LockError> {

@@ -363,6 +363,24 @@ impl Ask {
     }
 }
 
+/// One attempt's words: the lock, the caller's token for it, and what it asks.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Asked<'a> {
+    pub(crate) lock: &'a Lock,
+    pub(crate) token: &'a str,
+    pub(crate) ask: &'a Ask,
+}
+
+/// What an attempt at a set of locks asks: every lock (checked, in the set's canonical order,
+/// each once), each for its own token (in the same order: a store may keep what it knows of a
+/// lock by its token, as for a single one), and how, as one lock's [`Ask`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SetAsk<'a> {
+    pub(crate) locks: &'a [Lock],
+    pub(crate) tokens: &'a [String],
+    pub(crate) ask: &'a Ask,
+}
+
 /// Until when a store keeps what it granted (a lock taken, or renewed) whatever happens to this
 /// client, when that is sooner than the lease asked for from the request's send: etcd's session
 /// lease, last renewed a while ago; a ZooKeeper session timeout shorter than the ttl. `None`:
@@ -719,25 +737,19 @@ pub(crate) trait Store: Send + Sync + Debug + 'static {
     /// records the route it took, for [`release`](Self::release) `after` it.
     fn attempt(
         &self,
-        lock: &Lock,
-        token: &str,
-        ask: &Ask,
+        asked: Asked<'_>,
         flight: &Flight,
     ) -> impl Future<Output = Result<Attempt, LockError>> + Send;
 
-    /// Takes every lock of `locks` (checked, in the set's canonical order, each once), each for
-    /// its own token of `tokens` (in the same order: a store may keep what it knows of a lock by
-    /// its token, as for a single one), in one request, or none of them; `None` where the store
-    /// cannot here (the client then takes them one by one). Asked only for exclusive locks that
-    /// are not fair, of more than one key, by a caller that is not waiting yet; with `ask.join`
-    /// the caller will wait, and goes on key by key when refused (a refusal need not name the
-    /// lock that refused it). `flight` records the route, for the release of each lock after it
-    /// if its answer never comes.
+    /// Takes every lock of the set (see [`SetAsk`]) in one request, or none of them; `None`
+    /// where the store cannot here (the client then takes them one by one). Asked only for
+    /// exclusive locks that are not fair, of more than one key, by a caller that is not waiting
+    /// yet; with `ask.join` the caller will wait, and goes on key by key when refused (a refusal
+    /// need not name the lock that refused it). `flight` records the route, for the release of
+    /// each lock after it if its answer never comes.
     fn attempt_set(
         &self,
-        _locks: &[Lock],
-        _tokens: &[String],
-        _ask: &Ask,
+        _set: SetAsk<'_>,
         _flight: &Flight,
     ) -> impl Future<Output = Result<Option<SetAttempt>, LockError>> + Send {
         std::future::ready(Ok(None))
@@ -836,20 +848,8 @@ pub(crate) trait DynStore: Send + Sync + Debug {
     fn capabilities(&self) -> Capabilities;
     fn name(&self, key: &str) -> String;
     fn connect(&self) -> Answer<'_, ()>;
-    fn attempt<'a>(
-        &'a self,
-        lock: &'a Lock,
-        token: &'a str,
-        ask: &'a Ask,
-        flight: &'a Flight,
-    ) -> Answer<'a, Attempt>;
-    fn attempt_set<'a>(
-        &'a self,
-        locks: &'a [Lock],
-        tokens: &'a [String],
-        ask: &'a Ask,
-        flight: &'a Flight,
-    ) -> Answer<'a, Option<SetAttempt>>;
+    fn attempt<'a>(&'a self, asked: Asked<'a>, flight: &'a Flight) -> Answer<'a, Attempt>;
+    fn attempt_set<'a>(&'a self, set: SetAsk<'a>, flight: &'a Flight) -> Answer<'a, Option<SetAttempt>>;
     fn renew<'a>(&'a self, locks: &'a [Renewing<'a>]) -> Answer<'a, Vec<Renewal>>;
     fn release<'a>(&'a self, lock: &'a Lock, token: &'a str, release: Release<'a>) -> Answer<'a, Released>;
     fn leave<'a>(&'a self, lock: &'a Lock, token: &'a str, claimed: bool) -> Answer<'a, ()>;
@@ -874,24 +874,12 @@ impl<S: Store + StoreAdmin> DynStore for S {
         Box::pin(Store::connect(self))
     }
 
-    fn attempt<'a>(
-        &'a self,
-        lock: &'a Lock,
-        token: &'a str,
-        ask: &'a Ask,
-        flight: &'a Flight,
-    ) -> Answer<'a, Attempt> {
-        Box::pin(Store::attempt(self, lock, token, ask, flight))
+    fn attempt<'a>(&'a self, asked: Asked<'a>, flight: &'a Flight) -> Answer<'a, Attempt> {
+        Box::pin(Store::attempt(self, asked, flight))
     }
 
-    fn attempt_set<'a>(
-        &'a self,
-        locks: &'a [Lock],
-        tokens: &'a [String],
-        ask: &'a Ask,
-        flight: &'a Flight,
-    ) -> Answer<'a, Option<SetAttempt>> {
-        Box::pin(Store::attempt_set(self, locks, tokens, ask, flight))
+    fn attempt_set<'a>(&'a self, set: SetAsk<'a>, flight: &'a Flight) -> Answer<'a, Option<SetAttempt>> {
+        Box::pin(Store::attempt_set(self, set, flight))
     }
 
     fn renew<'a>(&'a self, locks: &'a [Renewing<'a>]) -> Answer<'a, Vec<Renewal>> {

@@ -22,7 +22,7 @@ use super::redis::servers::Servers;
 use super::redis::urls::{client_for_url, no_insecure_urls};
 use super::redis::{keys, RedisStore};
 use super::{
-    Ask, Attempt, Capabilities, DynStore, Flight, ForceReleased, Kind, Lock, LockView, Offered, Release,
+    Asked, Attempt, Capabilities, DynStore, Flight, ForceReleased, Kind, Lock, LockView, Offered, Release,
     Released, Renewal, Renewing, Settings, Store, StoreAdmin, StoreConfig, Timeouts, Waking,
 };
 use crate::error::TimedOut;
@@ -271,7 +271,8 @@ impl Store for RedlockStore {
     /// Sent to every master at once, each given a tenth of the ttl (at least 50 ms, at most the
     /// response timeout); decided by the first majority to answer, held only while that majority
     /// answered within the lock's validity.
-    async fn attempt(&self, lock: &Lock, token: &str, ask: &Ask, _: &Flight) -> Result<Attempt, LockError> {
+    async fn attempt(&self, asked: Asked<'_>, _: &Flight) -> Result<Attempt, LockError> {
+        let Asked { lock, token, ask } = asked;
         let lock = lock.name();
         let started = Instant::now();
         let bound = self.per_master(ask.ttl_ms);

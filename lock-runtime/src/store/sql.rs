@@ -13,7 +13,7 @@ use tokio::sync::OnceCell;
 
 use crate::background::Background;
 use crate::error::TimedOut;
-use crate::store::{Ask, Attempt, Flight, Kind, Lock, Mode, Release, Store, Timeouts};
+use crate::store::{Ask, Asked, Attempt, Flight, Kind, Lock, Mode, Release, Store, Timeouts};
 use crate::LockError;
 
 /// Every right locking needs on a SQL store, checked when a client connects (so that a role
@@ -42,16 +42,41 @@ pub(crate) async fn check_rights<S: Store>(
     };
     let flight = Flight::default();
     store
-        .attempt(&probe, &reader, &ask(Mode::Shared), &flight)
+        .attempt(
+            Asked {
+                lock: &probe,
+                token: &reader,
+                ask: &ask(Mode::Shared),
+            },
+            &flight,
+        )
         .await?;
     store.release(&probe, &reader, release(Kind::Shared)).await?;
-    store.attempt(&probe, &holder, &once, &flight).await?;
+    store
+        .attempt(
+            Asked {
+                lock: &probe,
+                token: &holder,
+                ask: &once,
+            },
+            &flight,
+        )
+        .await?;
     let queued = Ask {
         join: true,
         ..ask(Mode::Fair)
     };
     let waited = async {
-        let answer = store.attempt(&probe, &waiter, &queued, &flight).await?;
+        let answer = store
+            .attempt(
+                Asked {
+                    lock: &probe,
+                    token: &waiter,
+                    ask: &queued,
+                },
+                &flight,
+            )
+            .await?;
         store.leave(&probe, &waiter, false).await?;
         if let Attempt::Acquired { .. } = answer {
             // The holder's lease ran out first (a database slower than the probe's ttl).
@@ -70,7 +95,16 @@ pub(crate) async fn check_rights<S: Store>(
         count: 2,
         fair: false,
     });
-    store.attempt(&permits, &holder, &two, &flight).await?;
+    store
+        .attempt(
+            Asked {
+                lock: &permits,
+                token: &holder,
+                ask: &two,
+            },
+            &flight,
+        )
+        .await?;
     store.release(&permits, &holder, release(Kind::Permit)).await?;
     Ok(())
 }

@@ -40,8 +40,8 @@ use tokio::time::Instant;
 use super::decode::userinfo;
 use super::line::{Book, Line, Placed};
 use super::{
-    granted_until, Ask, Attempt, Capabilities, DynStore, Flight, Kind, Lock, Notices, Release, Released,
-    Renewal, Renewing, SetAttempt, Settings, Store, StoreConfig, Waking,
+    granted_until, Ask, Asked, Attempt, Capabilities, DynStore, Flight, Kind, Lock, Notices, Release,
+    Released, Renewal, Renewing, SetAsk, SetAttempt, Settings, Store, StoreConfig, Waking,
 };
 use crate::background::Background;
 use crate::redact::hide_credentials;
@@ -660,7 +660,16 @@ impl EtcdStore {
             // Gone with its session (or deleted by an operator): in line again, at the end.
             self.shared.book.places().remove(token);
             let ask = Ask { join: true, ..*ask };
-            return DynStore::attempt(self, lock, token, &ask, &Flight::default()).await;
+            return DynStore::attempt(
+                self,
+                Asked {
+                    lock,
+                    token,
+                    ask: &ask,
+                },
+                &Flight::default(),
+            )
+            .await;
         }
         let last_fence = read_at(&responses, 2).first().map_or(0, fence_of);
         let lease = mine.map_or(place.lease, KeyValue::lease);
@@ -924,7 +933,8 @@ impl Store for EtcdStore {
         Ok(())
     }
 
-    async fn attempt(&self, lock: &Lock, token: &str, ask: &Ask, _: &Flight) -> Result<Attempt, LockError> {
+    async fn attempt(&self, asked: Asked<'_>, _: &Flight) -> Result<Attempt, LockError> {
+        let Asked { lock, token, ask } = asked;
         if ask.mode.semaphore() {
             return self.permit_attempt(lock, token, ask).await;
         }
@@ -1010,13 +1020,8 @@ impl Store for EtcdStore {
     /// will not wait does for one. Every place has the transaction's revision, so each lock's
     /// fencing token rises as a single lock's does. Refused, it reads how many are in each line,
     /// to name the first lock held (not for a caller that will wait, which goes on key by key).
-    async fn attempt_set(
-        &self,
-        locks: &[Lock],
-        tokens: &[String],
-        ask: &Ask,
-        _: &Flight,
-    ) -> Result<Option<SetAttempt>, LockError> {
+    async fn attempt_set(&self, set: SetAsk<'_>, _: &Flight) -> Result<Option<SetAttempt>, LockError> {
+        let SetAsk { locks, tokens, ask } = set;
         // Two compares a lock.
         if locks.len() * 2 > MAX_TXN_OPS {
             return Ok(None);

@@ -26,7 +26,7 @@ use super::tx::Step;
 use super::MysqlStore;
 use crate::options::FAIR_PLACE_KEPT;
 use crate::store::sql::{ask, millis, unsigned};
-use crate::store::{permits_differ, Ask, Attempt, Lock, Released};
+use crate::store::{permits_differ, Asked, Attempt, Lock, Released};
 use crate::LockError;
 
 /// The token of a readers' header (see [`shares`](super::shares)): a zero byte first, as a
@@ -137,13 +137,6 @@ impl Outcome {
             Outcome::Counted(held) => Err(permits_differ(key, held, permits)),
         }
     }
-}
-
-/// One attempt's words, for a step.
-pub(super) struct Asked<'a> {
-    pub(super) lock: &'a Lock,
-    pub(super) token: &'a str,
-    pub(super) ask: &'a Ask,
 }
 
 /// The key's row, locked until the transaction ends: its token while its lease lasts, and its
@@ -383,25 +376,14 @@ pub(super) fn fair_permit<'c>(conn: &'c mut MySqlConnection, a: &'c Asked<'_>) -
 
 impl MysqlStore {
     /// An exclusive attempt in a transaction ([`exclusive`]).
-    pub(super) async fn exclusive_attempt(
-        &self,
-        lock: &Lock,
-        token: &str,
-        ask: &Ask,
-    ) -> Result<Attempt, LockError> {
-        let asked = Asked { lock, token, ask };
+    pub(super) async fn exclusive_attempt(&self, asked: Asked<'_>) -> Result<Attempt, LockError> {
         let outcome = self.transact(&asked, exclusive).await?;
-        outcome.attempt(lock.key(), 1)
+        outcome.attempt(asked.lock.key(), 1)
     }
 
     /// A fair semaphore's attempt in a transaction ([`fair_permit`]).
-    pub(super) async fn fair_permit_attempt(
-        &self,
-        lock: &Lock,
-        token: &str,
-        ask: &Ask,
-    ) -> Result<Attempt, LockError> {
-        let asked = Asked { lock, token, ask };
+    pub(super) async fn fair_permit_attempt(&self, asked: Asked<'_>) -> Result<Attempt, LockError> {
+        let Asked { lock, token, ask } = asked;
         let outcome = self.transact(&asked, fair_permit).await?;
         if let Outcome::Taken {
             permit: Some(permit), ..

@@ -34,8 +34,8 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlPool};
 
 use super::sql::{ask, millis, unsigned, SqlCore, SqlStore};
 use super::{
-    Ask, Attempt, Capabilities, DynStore, Flight, Kind, Lock, Notices, Offered, Release, Released, Renewal,
-    Renewing, SetAttempt, Settings, Store, StoreConfig, Waking,
+    Asked, Attempt, Capabilities, DynStore, Flight, Kind, Lock, Notices, Offered, Release, Released, Renewal,
+    Renewing, SetAsk, SetAttempt, Settings, Store, StoreConfig, Waking,
 };
 use crate::redact::hide_credentials;
 use crate::{LockClientBuilder, LockError};
@@ -538,16 +538,17 @@ impl Store for MysqlStore {
         super::sql::check_rights(self, &self.prefix, false).await
     }
 
-    async fn attempt(&self, lock: &Lock, token: &str, ask: &Ask, _: &Flight) -> Result<Attempt, LockError> {
+    async fn attempt(&self, asked: Asked<'_>, _: &Flight) -> Result<Attempt, LockError> {
+        let Asked { lock, token, ask } = asked;
         if ask.mode.semaphore() {
-            return self.permit_attempt(lock, token, ask).await;
+            return self.permit_attempt(asked).await;
         }
         self.sweep_now_and_then();
         if ask.mode.shared() {
-            return self.share_attempt(lock, token, ask).await;
+            return self.share_attempt(asked).await;
         }
         if ask.mode.fair() {
-            return self.exclusive_attempt(lock, token, ask).await;
+            return self.exclusive_attempt(asked).await;
         }
         let taken = ask!(self, |conn| sqlx::query(TAKE)
             .bind(lock.name().as_bytes())
@@ -566,7 +567,7 @@ impl Store for MysqlStore {
         if answer == 2 {
             // A header holds the key (a semaphore's, or readers'): the attempt that tells
             // which, and claims the writers' turn from readers.
-            return self.exclusive_attempt(lock, token, ask).await;
+            return self.exclusive_attempt(asked).await;
         }
         if answer != 0 {
             if ask.claimed {
@@ -597,13 +598,8 @@ impl Store for MysqlStore {
     /// that refused a caller that will not wait, likewise (one that will goes on key by key). A
     /// fenced set whose tokens cannot all be read back as this caller's (a lock forced free or
     /// lapsed in between) is given back and refused: no guard is handed out without its tokens.
-    async fn attempt_set(
-        &self,
-        locks: &[Lock],
-        tokens: &[String],
-        ask: &Ask,
-        _: &Flight,
-    ) -> Result<Option<SetAttempt>, LockError> {
+    async fn attempt_set(&self, set: SetAsk<'_>, _: &Flight) -> Result<Option<SetAttempt>, LockError> {
+        let SetAsk { locks, tokens, ask } = set;
         self.sweep_now_and_then();
         let statement = take_set(locks.len());
         // The rows in the primary key's order.

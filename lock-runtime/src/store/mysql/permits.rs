@@ -35,7 +35,7 @@ use sqlx::query::Query;
 use super::tx::Step;
 use super::MysqlStore;
 use crate::store::sql::{ask, millis, unsigned, SqlStore as _};
-use crate::store::{permits_differ, Ask, Attempt, Lock, Released};
+use crate::store::{permits_differ, Ask, Asked, Attempt, Lock, Released};
 use crate::LockError;
 
 /// How many permits one attempt tries when the one it tried was taken meanwhile.
@@ -340,15 +340,11 @@ pub(super) async fn claim(
 
 impl MysqlStore {
     /// One attempt at any free permit of a semaphore of `ask.mode.permits()` (see the module doc).
-    pub(super) async fn permit_attempt(
-        &self,
-        lock: &Lock,
-        token: &str,
-        ask: &Ask,
-    ) -> Result<Attempt, LockError> {
+    pub(super) async fn permit_attempt(&self, asked: Asked<'_>) -> Result<Attempt, LockError> {
+        let Asked { lock, token, ask } = asked;
         self.sweep_now_and_then();
         if ask.mode.fair() {
-            return self.fair_permit_attempt(lock, token, ask).await;
+            return self.fair_permit_attempt(asked).await;
         }
         let count = ask.mode.permits();
         let marker = marker(count);

@@ -16,11 +16,11 @@ use std::sync::{Mutex, MutexGuard};
 use sqlx::MySqlConnection;
 
 pub(super) use super::line::SHARES;
-use super::line::{claimed_for, lock_row, Asked, Outcome};
+use super::line::{claimed_for, lock_row, Outcome};
 use super::tx::Step;
 use super::MysqlStore;
 use crate::store::sql::{millis, unsigned};
-use crate::store::{Attempt, Lock, Released, Renewal};
+use crate::store::{Asked, Attempt, Lock, Released, Renewal};
 use crate::LockError;
 
 /// Every share of a key (binds: name): without a live header none is live.
@@ -240,13 +240,8 @@ impl Shares {
 
 impl MysqlStore {
     /// One attempt at a share ([`enter`]).
-    pub(super) async fn share_attempt(
-        &self,
-        lock: &Lock,
-        token: &str,
-        ask: &crate::store::Ask,
-    ) -> Result<Attempt, LockError> {
-        let asked = Asked { lock, token, ask };
+    pub(super) async fn share_attempt(&self, asked: Asked<'_>) -> Result<Attempt, LockError> {
+        let Asked { lock, token, .. } = asked;
         let outcome = self.transact(&asked, enter).await?;
         if let Outcome::Taken { .. } = outcome {
             self.shares.set().insert(token.to_owned());

@@ -14,8 +14,8 @@ use sqlx::postgres::{PgConnectOptions, PgPool};
 
 use super::sql::{ask, millis, unsigned, SqlCore, SqlStore};
 use super::{
-    Ask, Attempt, Capabilities, DynStore, Flight, Kind, Lock, Notices, Release, Released, Renewal, Renewing,
-    SetAttempt, Settings, Store, StoreConfig,
+    Ask, Asked, Attempt, Capabilities, DynStore, Flight, Kind, Lock, Notices, Release, Released, Renewal,
+    Renewing, SetAsk, SetAttempt, Settings, Store, StoreConfig,
 };
 use crate::options::FAIR_PLACE_KEPT;
 use crate::redact::hide_credentials;
@@ -570,7 +570,8 @@ impl Store for PostgresStore {
         super::sql::check_rights(self, &self.prefix, true).await
     }
 
-    async fn attempt(&self, lock: &Lock, token: &str, ask: &Ask, _: &Flight) -> Result<Attempt, LockError> {
+    async fn attempt(&self, asked: Asked<'_>, _: &Flight) -> Result<Attempt, LockError> {
+        let Asked { lock, token, ask } = asked;
         self.sweep_now_and_then();
         let ttl = millis(ask.ttl_ms);
         if ask.mode.semaphore() {
@@ -684,13 +685,8 @@ impl Store for PostgresStore {
     /// Every lock of a set for its token, or none, in one statement (`lock_runtime_v1_take_set`).
     /// A key held by a semaphore is refused as a single lock's try is (`InvalidOptions` naming
     /// both counts); a caller that will wait gives up a wait for a locked row within its wait.
-    async fn attempt_set(
-        &self,
-        locks: &[Lock],
-        tokens: &[String],
-        ask: &Ask,
-        _: &Flight,
-    ) -> Result<Option<SetAttempt>, LockError> {
+    async fn attempt_set(&self, set: SetAsk<'_>, _: &Flight) -> Result<Option<SetAttempt>, LockError> {
+        let SetAsk { locks, tokens, ask } = set;
         self.sweep_now_and_then();
         let names: Vec<&str> = locks.iter().map(Lock::name).collect();
         let lock_ms = self.lock_ms(ask);

@@ -18,8 +18,8 @@ use self::scripts::{renew, Call, Caller, RIGHTS, SET};
 use self::servers::Servers;
 use self::subscriber::Subscriber;
 use crate::store::{
-    Ask, Attempt, Capabilities, Flight, Kind, Lock, Release, Released, Renewal, Renewing, SetAttempt,
-    Settings, Store, Waking,
+    Ask, Asked, Attempt, Capabilities, Flight, Kind, Lock, Release, Released, Renewal, Renewing, SetAsk,
+    SetAttempt, Settings, Store, Waking,
 };
 use crate::LockError;
 
@@ -544,26 +544,16 @@ impl Store for RedisStore {
         RedisStore::connect(self).await
     }
 
-    async fn attempt(
-        &self,
-        lock: &Lock,
-        token: &str,
-        ask: &Ask,
-        flight: &Flight,
-    ) -> Result<Attempt, LockError> {
+    async fn attempt(&self, asked: Asked<'_>, flight: &Flight) -> Result<Attempt, LockError> {
+        let Asked { lock, token, ask } = asked;
         self.acquire(lock.name(), token, ask, flight).await
     }
 
     /// Every lock of a set, all or none, in one script (`set.lua`): where the deployment can
     /// (one server or primary; a Cluster when the keys share a slot) and no replica must
     /// acknowledge it (a set too few replicas acknowledged is taken one by one instead).
-    async fn attempt_set(
-        &self,
-        locks: &[Lock],
-        tokens: &[String],
-        ask: &Ask,
-        flight: &Flight,
-    ) -> Result<Option<SetAttempt>, LockError> {
+    async fn attempt_set(&self, set: SetAsk<'_>, flight: &Flight) -> Result<Option<SetAttempt>, LockError> {
+        let SetAsk { locks, tokens, ask } = set;
         if self.acknowledged.waits() {
             return Ok(None);
         }

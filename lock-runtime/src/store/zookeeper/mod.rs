@@ -32,8 +32,8 @@ use zookeeper_client::{Client, CreateMode, Error as ZkError, MultiReadResult, Se
 
 use super::line::{Book, Line, Placed};
 use super::{
-    granted_until, Ask, Attempt, Capabilities, DynStore, Flight, Lock, Notices, Release, Released, Renewal,
-    Renewing, Settings, Store, StoreConfig, Waking,
+    granted_until, Ask, Asked, Attempt, Capabilities, DynStore, Flight, Lock, Notices, Release, Released,
+    Renewal, Renewing, Settings, Store, StoreConfig, Waking,
 };
 use crate::background::Background;
 use crate::view::RELEASED;
@@ -824,13 +824,16 @@ impl ZkStore {
     /// (a try that will not wait) gives the place up.
     async fn decide(
         &self,
-        lock: &Lock,
-        token: &str,
-        (ask_, flight): (&Ask, &Flight),
+        (asked, flight): (Asked<'_>, &Flight),
         place: Place,
         (sent, session): (Instant, &Session),
         sync: bool,
     ) -> Result<Attempt, LockError> {
+        let Asked {
+            lock,
+            token,
+            ask: ask_,
+        } = asked;
         let fence = ask_.fencing && place.shared;
         let looked = match self.look(session, lock.name(), fence, sync).await {
             Ok(looked) => looked,
@@ -892,7 +895,7 @@ impl ZkStore {
                 // Gone already: its session ended (or an operator deleted it). In line again.
                 self.shared.book.forget(token);
                 if ask_.join {
-                    return DynStore::attempt(self, lock, token, ask_, flight).await;
+                    return DynStore::attempt(self, asked, flight).await;
                 }
                 Ok(Attempt::HELD)
             }
@@ -976,22 +979,21 @@ impl ZkStore {
     /// (its session ended) is made again, at the end of the line.
     async fn look_again(
         &self,
-        lock: &Lock,
-        token: &str,
-        (ask_, flight): (&Ask, &Flight),
+        asked: Asked<'_>,
+        flight: &Flight,
         place: Place,
     ) -> Result<Attempt, LockError> {
+        let token = asked.token;
         let sent = Instant::now();
         let Some(session) = self.shared.session(place.session) else {
             self.shared.book.forget(token);
             self.shared.unwatch(token);
-            return DynStore::attempt(self, lock, token, ask_, flight).await;
+            return DynStore::attempt(self, asked, flight).await;
         };
         let sent = self.confirmed(sent, &session).await;
         // Behind a `sync`: a server cut off from the leader still answers reads for a while,
         // from a state that may still show this client's node after its session ended.
-        self.decide(lock, token, (ask_, flight), place, (sent, &session), true)
-            .await
+        self.decide((asked, flight), place, (sent, &session), true).await
     }
 
     /// The node of `token`, which this client never heard of (an attempt whose answer never
@@ -1117,19 +1119,18 @@ impl Store for ZkStore {
         }
     }
 
-    async fn attempt(
-        &self,
-        lock: &Lock,
-        token: &str,
-        ask_: &Ask,
-        flight: &Flight,
-    ) -> Result<Attempt, LockError> {
+    async fn attempt(&self, asked: Asked<'_>, flight: &Flight) -> Result<Attempt, LockError> {
+        let Asked {
+            lock,
+            token,
+            ask: ask_,
+        } = asked;
         if ask_.mode.semaphore() {
             return self.permit_attempt(lock, token, ask_, flight).await;
         }
         let known = self.shared.book.places().get(token).cloned();
         if let Some(place) = known.filter(|p| p.until.is_none()).map(|p| p.of) {
-            return self.look_again(lock, token, (ask_, flight), place).await;
+            return self.look_again(asked, flight, place).await;
         }
         let sent = Instant::now();
         let session = self.session(ask_.ttl_ms).await?;
@@ -1150,8 +1151,7 @@ impl Store for ZkStore {
         self.shared.book.record(token, Placed::waiting(place.clone()));
         // Read behind its own create on the same session: the server has applied it, so every
         // node before it that still exists is seen (no `sync` needed).
-        self.decide(lock, token, (ask_, flight), place, (sent, &session), false)
-            .await
+        self.decide((asked, flight), place, (sent, &session), false).await
     }
 
     async fn renew(&self, locks: &[Renewing<'_>]) -> Result<Vec<Renewal>, LockError> {
