@@ -301,6 +301,17 @@ impl LockClientBuilder {
 pub const MAX_PREFIX_LEN: usize = 256;
 
 /// The prefix, if every store can hold it before any key.
+/// A store's servers as the builder keeps them: each address given to a builder method that
+/// takes a list (a Cluster's nodes, the sentinels, RedLock's masters, etcd's endpoints,
+/// ZooKeeper's hosts).
+#[cfg_attr(
+    not(any(feature = "redis", feature = "etcd", feature = "zookeeper")),
+    allow(dead_code)
+)]
+pub(crate) fn addresses(list: impl IntoIterator<Item = impl AsRef<str>>) -> Vec<String> {
+    list.into_iter().map(|a| a.as_ref().to_owned()).collect()
+}
+
 fn check_prefix(prefix: &str) -> Result<(), LockError> {
     if prefix.len() > MAX_PREFIX_LEN {
         return Err(LockError::invalid_options(format!(

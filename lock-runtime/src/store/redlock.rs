@@ -25,6 +25,7 @@ use super::{
     Asked, Attempt, Capabilities, DynStore, Flight, ForceReleased, Kind, Lock, LockView, Offered, Release,
     Released, Renewal, Renewing, Settings, Store, StoreAdmin, StoreConfig, Timeouts, Waking,
 };
+use crate::builder::addresses;
 use crate::error::TimedOut;
 use crate::redact::hide_credentials;
 use crate::view::{Fence, Holding};
@@ -92,14 +93,8 @@ impl LockClientBuilder {
     ///     .await?;
     /// # let _ = locks; Ok(()) }
     /// ```
-    pub fn redlock<I, S>(self, urls: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
-    {
-        self.place(RedlockConfig(
-            urls.into_iter().map(|u| u.as_ref().to_owned()).collect(),
-        ))
+    pub fn redlock(self, urls: impl IntoIterator<Item = impl AsRef<str>>) -> Self {
+        self.place(RedlockConfig(addresses(urls)))
     }
 }
 

@@ -44,6 +44,7 @@ use super::{
     Released, Renewal, Renewing, SetAsk, SetAttempt, Settings, Store, StoreConfig, Waking,
 };
 use crate::background::Background;
+use crate::builder::addresses;
 use crate::redact::hide_credentials;
 use crate::view::RELEASED;
 use crate::{LockClientBuilder, LockError};
@@ -228,14 +229,8 @@ impl LockClientBuilder {
     ///     .await?;
     /// # let _ = locks; Ok(()) }
     /// ```
-    pub fn etcd<I, S>(self, endpoints: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
-    {
-        self.place(EtcdConfig::new(
-            endpoints.into_iter().map(|u| u.as_ref().to_owned()),
-        ))
+    pub fn etcd(self, endpoints: impl IntoIterator<Item = impl AsRef<str>>) -> Self {
+        self.place(EtcdConfig::new(addresses(endpoints)))
     }
 
     /// Logs in to etcd (its auth) as `user` with `password`, for the cluster given to

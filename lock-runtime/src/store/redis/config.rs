@@ -124,14 +124,8 @@ impl LockClientBuilder {
     /// # let _ = locks; Ok(()) }
     /// ```
     #[cfg(feature = "cluster")]
-    pub fn cluster<I, S>(self, urls: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
-    {
-        self.place(RedisConfig::Cluster(
-            urls.into_iter().map(|u| u.as_ref().to_owned()).collect(),
-        ))
+    pub fn cluster(self, urls: impl IntoIterator<Item = impl AsRef<str>>) -> Self {
+        self.place(RedisConfig::Cluster(crate::builder::addresses(urls)))
     }
 
     /// A primary managed by Redis Sentinel (the `sentinel` feature, on by default): `urls` are
@@ -151,13 +145,9 @@ impl LockClientBuilder {
     /// # let _ = locks; Ok(()) }
     /// ```
     #[cfg(feature = "sentinel")]
-    pub fn sentinel<I, S>(self, urls: I, master_name: &str) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
-    {
+    pub fn sentinel(self, urls: impl IntoIterator<Item = impl AsRef<str>>, master_name: &str) -> Self {
         self.place(RedisConfig::Sentinel(
-            urls.into_iter().map(|u| u.as_ref().to_owned()).collect(),
+            crate::builder::addresses(urls),
             master_name.to_owned(),
         ))
     }

@@ -36,6 +36,7 @@ use super::{
     Renewal, Renewing, Settings, Store, StoreConfig, Waking,
 };
 use crate::background::Background;
+use crate::builder::addresses;
 use crate::view::RELEASED;
 use crate::{LockClientBuilder, LockError};
 
@@ -271,14 +272,8 @@ impl LockClientBuilder {
     ///     .await?;
     /// # let _ = locks; Ok(()) }
     /// ```
-    pub fn zookeeper<I, S>(self, hosts: I) -> Self
-    where
-        I: IntoIterator<Item = S>,
-        S: AsRef<str>,
-    {
-        self.place(ZkConfig::new(
-            hosts.into_iter().map(|h| h.as_ref().to_owned()).collect(),
-        ))
+    pub fn zookeeper(self, hosts: impl IntoIterator<Item = impl AsRef<str>>) -> Self {
+        self.place(ZkConfig::new(addresses(hosts)))
     }
 
     /// Adds ZooKeeper `digest` credentials to every session of the ensemble given to
