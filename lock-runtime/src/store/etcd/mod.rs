@@ -400,6 +400,21 @@ impl Line for Shared {
         &self.book
     }
 
+    fn upkeep_due(&self) -> Option<Instant> {
+        self.sessions.next_due()
+    }
+
+    /// Renews the sessions in use (a lapsed one's places are lost), then deletes places whose
+    /// time is up.
+    async fn upkeep(&self) {
+        let in_use = |lease: i64| self.book.places().values().any(|p| p.lease == lease);
+        let kept = self.sessions.keep(&self.pool, in_use).await;
+        for lease in kept.lapsed {
+            self.lapsed(lease);
+        }
+        self.reap().await;
+    }
+
     /// Deletes `place` if it is still the one this client put (and, for a fenced writer,
     /// leaves its token for the readers after it): whether it was there.
     async fn delete(&self, place: &Place) -> Result<bool, LockError> {
@@ -512,21 +527,6 @@ impl Shared {
             .collect();
         for (name, token) in waiting {
             self.notices.turn(&name, token.as_bytes(), None);
-        }
-    }
-
-    /// Renews sessions and deletes places whose time is up, until the client goes.
-    async fn keep(self: Arc<Self>) {
-        loop {
-            if !self.book.due_now(self.sessions.next_due()).await {
-                continue;
-            }
-            let in_use = |lease: i64| self.book.places().values().any(|p| p.lease == lease);
-            let kept = self.sessions.keep(&self.pool, in_use).await;
-            for lease in kept.lapsed {
-                self.lapsed(lease);
-            }
-            self.reap().await;
         }
     }
 }

@@ -197,6 +197,31 @@ pub(crate) trait Line: Send + Sync {
         }
     }
 
+    /// When the store's own upkeep (a session to renew, or to close when idle) is next due, if
+    /// it has any.
+    fn upkeep_due(&self) -> Option<Instant> {
+        None
+    }
+
+    /// The store's upkeep at a due time, the reaper's round ([`reap`](Line::reap)) among it.
+    fn upkeep(&self) -> impl Future<Output = ()> + Send {
+        self.reap()
+    }
+
+    /// The keeper: the store's upkeep whenever it or a place is due, until the client goes.
+    fn keep(self: std::sync::Arc<Self>) -> impl Future<Output = ()> + Send
+    where
+        Self: Sized,
+    {
+        async move {
+            loop {
+                if self.book().due_now(self.upkeep_due()).await {
+                    self.upkeep().await;
+                }
+            }
+        }
+    }
+
     /// Takes `token`'s place out of its line (a waiter that stops waiting), its watch stopped. A
     /// place that could not be deleted would be kept by its session as long as this client
     /// lives, holding the line back: the reaper deletes it, trying again until it is.

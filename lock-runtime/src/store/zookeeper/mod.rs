@@ -480,6 +480,17 @@ impl Line for Shared {
         }
         locked(&self.freed).remove(token);
     }
+
+    fn upkeep_due(&self) -> Option<Instant> {
+        self.sessions.next_idle()
+    }
+
+    /// Deletes nodes whose time is up, then closes the sessions no place is on any more.
+    async fn upkeep(&self) {
+        self.reap().await;
+        let in_use: Vec<i64> = self.book.places().values().map(|p| p.session).collect();
+        self.sessions.close_idle(|id| in_use.contains(&id));
+    }
 }
 
 impl Shared {
@@ -548,18 +559,6 @@ impl Shared {
         self.notices.held_lost(&held);
         for (name, waiter) in waiting {
             self.notices.turn(&name, waiter.as_bytes(), None);
-        }
-    }
-
-    /// Deletes nodes whose time is up and closes idle sessions, until the client goes.
-    async fn keep(self: Arc<Self>) {
-        loop {
-            if !self.book.due_now(self.sessions.next_idle()).await {
-                continue;
-            }
-            self.reap().await;
-            let in_use: Vec<i64> = self.book.places().values().map(|p| p.session).collect();
-            self.sessions.close_idle(|id| in_use.contains(&id));
         }
     }
 }
@@ -1085,6 +1084,11 @@ impl Drop for ZkStore {
 }
 
 impl Store for ZkStore {
+    /// `<parent>/<key as a node name>`: the lock's nodes are its children.
+    fn name(&self, key: &str) -> String {
+        names::lock_path(&self.parent, key)
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             name: "zookeeper",
@@ -1092,11 +1096,6 @@ impl Store for ZkStore {
             waking: Waking::Queued { watched: true },
             ..Capabilities::ALL
         }
-    }
-
-    /// `<parent>/<key as a node name>`: the lock's nodes are its children.
-    fn name(&self, key: &str) -> String {
-        names::lock_path(&self.parent, key)
     }
 
     async fn connect(&self) -> Result<(), LockError> {
