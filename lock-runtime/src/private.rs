@@ -121,6 +121,13 @@ where
     R::from_error(R::Error::from_lock_error(error))
 }
 
+/// The `client = …` one, or else the default client.
+fn chosen(client: Option<LockClient>) -> Result<LockClient, LockError> {
+    client
+        .or_else(crate::default_client)
+        .ok_or(LockError::NotConfigured)
+}
+
 /// Runs a body guarded by a set of keys (`keys = [...]`): the `client = …` one, or else the
 /// default client. `call` is the guarded fn's path, named in the refusals of its key and options.
 pub async fn run_all<F: Future>(
@@ -131,11 +138,7 @@ pub async fn run_all<F: Future>(
     body: F,
 ) -> Result<F::Output, LockError> {
     let body = Box::pin(body);
-    let client = match client {
-        Some(client) => client,
-        None => crate::default_client().ok_or(LockError::NotConfigured)?,
-    };
-    client
+    chosen(client)?
         .run_all(&keys, &options, body)
         .await
         .map_err(|e| e.in_call(call))
@@ -151,11 +154,7 @@ pub async fn run<F: Future>(
     body: F,
 ) -> Result<F::Output, LockError> {
     let body = Box::pin(body); // held once, not once per layer (see `LockClient::run`)
-    let client = match client {
-        Some(client) => client,
-        None => crate::default_client().ok_or(LockError::NotConfigured)?,
-    };
-    client
+    chosen(client)?
         .run(&key, &options, body)
         .await
         .map_err(|e| e.in_call(call))

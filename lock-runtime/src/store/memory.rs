@@ -261,6 +261,16 @@ impl Table {
     }
 }
 
+/// A forced release's outcome: freed when what was seen was still there (and is now gone),
+/// else changed when the key holds something else (`changed`, asked only then), else gone.
+fn outcome(freed: bool, changed: impl FnOnce() -> bool) -> ForceReleased {
+    match freed {
+        true => ForceReleased::Freed,
+        false if changed() => ForceReleased::Changed,
+        false => ForceReleased::Gone,
+    }
+}
+
 fn ms_until(at: Instant, now: Instant) -> u64 {
     ceil_millis(at.saturating_duration_since(now))
 }
@@ -797,26 +807,14 @@ impl MemoryStore {
                         None => ForceReleased::Gone,
                     }
                 }
-                Holding::Permits { .. } => {
-                    if store.permits(lock, now).is_some() {
-                        store.semaphores.remove(lock);
-                        ForceReleased::Freed
-                    } else if store.held_count(lock, now).is_some() {
-                        ForceReleased::Changed
-                    } else {
-                        ForceReleased::Gone
-                    }
-                }
-                Holding::Shared { .. } => {
-                    if store.readers(lock, now).is_some() {
-                        store.shares.remove(lock);
-                        ForceReleased::Freed
-                    } else if store.live(lock, now).is_some() {
-                        ForceReleased::Changed
-                    } else {
-                        ForceReleased::Gone
-                    }
-                }
+                Holding::Permits { .. } => outcome(
+                    store.permits(lock, now).is_some() && store.semaphores.remove(lock).is_some(),
+                    || store.held_count(lock, now).is_some(),
+                ),
+                Holding::Shared { .. } => outcome(
+                    store.readers(lock, now).is_some() && store.shares.remove(lock).is_some(),
+                    || store.live(lock, now).is_some(),
+                ),
             }
         };
         if forced == ForceReleased::Freed {

@@ -207,6 +207,15 @@ pub(super) fn lease_not_found(e: &LockError) -> bool {
     matches!(e, LockError::Unavailable { source } if source.downcast_ref::<NoLease>().is_some())
 }
 
+/// A lease operation's answer: `true` done, `false` if the lease had ended already.
+fn lease_found<T>(answer: Result<T, LockError>) -> Result<bool, LockError> {
+    match answer {
+        Ok(_) => Ok(true),
+        Err(e) if lease_not_found(&e) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
 /// The source of [`LockError::Unavailable`] for a lease etcd does not have.
 #[derive(Debug, thiserror::Error)]
 #[error("etcd at {0}: the lease has ended")]
@@ -430,26 +439,18 @@ impl Pool {
 
     /// Revokes a lease, deleting its keys: `false` if it had ended already.
     pub(super) async fn revoke(&self, lease: i64) -> Result<bool, LockError> {
-        match self
-            .ask(|client| async move { client.lease_client().revoke(lease).await })
-            .await
-        {
-            Ok(_) => Ok(true),
-            Err(e) if lease_not_found(&e) => Ok(false),
-            Err(e) => Err(e),
-        }
+        lease_found(
+            self.ask(|client| async move { client.lease_client().revoke(lease).await })
+                .await,
+        )
     }
 
     /// Keeps a lease alive for its ttl: `false` if it had ended.
     pub(super) async fn keep_alive(&self, lease: i64) -> Result<bool, LockError> {
-        match self
-            .ask(|client| async move { client.lease_client().keep_alive(lease).await })
-            .await
-        {
-            Ok(_) => Ok(true),
-            Err(e) if lease_not_found(&e) => Ok(false),
-            Err(e) => Err(e),
-        }
+        lease_found(
+            self.ask(|client| async move { client.lease_client().keep_alive(lease).await })
+                .await,
+        )
     }
 
     /// A lease's remaining whole seconds, if it is alive.
