@@ -827,10 +827,7 @@ impl MemoryStore {
 /// Every call is answered when first polled (there is no request to wait for).
 impl Store for MemoryStore {
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            name: "in-memory",
-            ..Capabilities::ALL
-        }
+        Capabilities::all("in-memory")
     }
 
     fn name(&self, key: &str) -> String {

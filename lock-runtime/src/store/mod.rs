@@ -690,6 +690,14 @@ impl Capabilities {
         waking: Waking::Announced { hands_over: true },
     };
 
+    /// Everything, as [`ALL`](Self::ALL) offers it, by the store named `name`.
+    pub(crate) const fn all(name: &'static str) -> Capabilities {
+        Capabilities {
+            name,
+            ..Capabilities::ALL
+        }
+    }
+
     /// Refuses options this store does not offer, saying why.
     pub(crate) fn check(&self, options: &LockOptions) -> Result<(), LockError> {
         let asked = [

@@ -551,10 +551,7 @@ fn lock_not_available(e: &sqlx::Error) -> bool {
 
 impl Store for PostgresStore {
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            name: "PostgreSQL",
-            ..Capabilities::ALL
-        }
+        Capabilities::all("PostgreSQL")
     }
 
     /// `<prefix>{<key>}`, the rows' key.
