@@ -187,7 +187,14 @@ impl RedlockStore {
         let releases = self.masters.iter().zip(attempts).map(|(m, attempt)| async move {
             // After the attempt ended (each is bounded), on its connection.
             let _ = attempt.task.await;
-            let release = m.release_lock(lock, token, 0, Kind::Plain, Some(&attempt.flight));
+            let release = m.release_lock(
+                m.caller(lock, token),
+                Release {
+                    hold_ms: 0,
+                    kind: Kind::Plain,
+                    after: Some(&attempt.flight),
+                },
+            );
             tokio::time::timeout(bound, release).await
         });
         futures_util::future::join_all(releases).await;
@@ -295,7 +302,7 @@ impl Store for RedlockStore {
             let answered = Arc::new(std::sync::atomic::AtomicBool::new(false));
             let (flown, answer) = (Arc::clone(&flight), Arc::clone(&answered));
             let task = tokio::spawn(async move {
-                let attempt = master.acquire(&lock, &token, &ask, &flown);
+                let attempt = master.acquire(master.caller(&lock, &token), &ask, &flown);
                 let attempt = tokio::time::timeout(bound, attempt).await;
                 if matches!(attempt, Ok(Ok(_))) {
                     answer.store(true, std::sync::atomic::Ordering::Release);
@@ -451,7 +458,14 @@ impl Store for RedlockStore {
                     }
                     None => None,
                 };
-                let release = master.release_lock(&lock, &token, hold_ms, Kind::Plain, flight.as_deref());
+                let release = master.release_lock(
+                    master.caller(&lock, &token),
+                    Release {
+                        hold_ms,
+                        kind: Kind::Plain,
+                        after: flight.as_deref(),
+                    },
+                );
                 let answer = match tokio::time::timeout(bound, release).await {
                     Ok(answer) => answer,
                     Err(_) => Err(LockError::unavailable(TimedOut { after: bound })),

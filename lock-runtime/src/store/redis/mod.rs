@@ -120,7 +120,16 @@ impl RedisStore {
             "too few replicas acknowledged the acquire; giving the lock back"
         );
         // Boxed: a rare path, kept out of every acquire's future.
-        if let Err(e) = Box::pin(self.give_back(lock, token, 0, kind, None)).await {
+        if let Err(e) = Box::pin(self.give_back(
+            self.caller(lock, token),
+            Release {
+                hold_ms: 0,
+                kind,
+                after: None,
+            },
+        ))
+        .await
+        {
             tracing::warn!(redis_key = lock, error = %e, "giving back an unreplicated lock failed; it will expire");
         }
         Ok(Attempt::NotReplicated { acked, wanted })
@@ -171,22 +180,21 @@ impl RedisStore {
     /// One attempt; `flight` records the connection it went on.
     pub(crate) async fn acquire(
         &self,
-        lock: &str,
-        token: &str,
+        caller: Caller<'_>,
         ask: &Ask,
         flight: &Flight,
     ) -> Result<Attempt, LockError> {
+        let Caller { lock, token, .. } = caller;
         self.rights_checked().await?;
         if ask.mode.semaphore() {
-            return self.permit(lock, token, ask, flight).await;
+            return self.permit(caller, ask, flight).await;
         }
         if ask.mode.shared() {
-            return self.share(lock, token, ask, flight).await;
+            return self.share(caller, ask, flight).await;
         }
         if !ask.fencing && !ask.waiting && !ask.mode.fair() {
-            return self.try_set(lock, token, ask.ttl_ms, flight).await;
+            return self.try_set(caller, ask.ttl_ms, flight).await;
         }
-        let caller = self.caller(lock, token);
         let ((answer, acked), kind): ((Vec<i64>, _), _) = if ask.mode.fair() {
             (
                 self.run_acknowledged(Some(flight), || caller.fair(ask)).await?,
@@ -208,7 +216,7 @@ impl RedisStore {
 
     /// What every attempt and release script is called with: `token` at `lock`, on this
     /// deployment.
-    fn caller<'a>(&self, lock: &'a str, token: &'a str) -> Caller<'a> {
+    pub(crate) fn caller<'a>(&self, lock: &'a str, token: &'a str) -> Caller<'a> {
         Caller {
             lock,
             token,
@@ -217,14 +225,8 @@ impl RedisStore {
     }
 
     /// One attempt at any free permit of a semaphore (permit.lua).
-    async fn permit(
-        &self,
-        lock: &str,
-        token: &str,
-        ask: &Ask,
-        flight: &Flight,
-    ) -> Result<Attempt, LockError> {
-        let caller = self.caller(lock, token);
+    async fn permit(&self, caller: Caller<'_>, ask: &Ask, flight: &Flight) -> Result<Attempt, LockError> {
+        let Caller { lock, token, .. } = caller;
         let (answer, acked): (Vec<i64>, _) =
             self.run_acknowledged(Some(flight), || caller.permit(ask)).await?;
         let attempt = scripts::permit::attempt(&answer, ask.fencing, ask.mode.permits())
@@ -265,8 +267,8 @@ impl RedisStore {
     }
 
     /// One attempt at a share of a read-write lock (share.lua).
-    async fn share(&self, lock: &str, token: &str, ask: &Ask, flight: &Flight) -> Result<Attempt, LockError> {
-        let caller = self.caller(lock, token);
+    async fn share(&self, caller: Caller<'_>, ask: &Ask, flight: &Flight) -> Result<Attempt, LockError> {
+        let Caller { lock, token, .. } = caller;
         let (answer, acked): (Vec<i64>, _) =
             self.run_acknowledged(Some(flight), || caller.share(ask)).await?;
         if let [2, held, ..] = answer[..] {
@@ -280,13 +282,8 @@ impl RedisStore {
     /// The cheapest attempt, one command: `SET NX PX … GET` answers the value it found, so a
     /// retried request recognises its own token, and any other value (or another type, which
     /// `GET` refuses with `WRONGTYPE`) is someone else's. It does not learn the holder's ttl.
-    async fn try_set(
-        &self,
-        lock: &str,
-        token: &str,
-        ttl_ms: u64,
-        flight: &Flight,
-    ) -> Result<Attempt, LockError> {
+    async fn try_set(&self, caller: Caller<'_>, ttl_ms: u64, flight: &Flight) -> Result<Attempt, LockError> {
+        let Caller { lock, token, .. } = caller;
         let set = || {
             let mut set = redis::Cmd::with_capacity(7, lock.len() + token.len() + 40);
             set.arg("SET")
@@ -429,13 +426,11 @@ impl RedisStore {
     /// of an acquire whose answer never came). A RedLock client releases on each master so.
     pub(crate) async fn release_lock(
         &self,
-        lock: &str,
-        token: &str,
-        hold_ms: u64,
-        kind: Kind,
-        after: Option<&Flight>,
+        caller: Caller<'_>,
+        release: Release<'_>,
     ) -> Result<Released, LockError> {
-        let (answer, admitted) = self.give_back(lock, token, hold_ms, kind, after).await?;
+        let kind = release.kind;
+        let (answer, admitted) = self.give_back(caller, release).await?;
         Ok(match answer {
             ReleaseAnswer::NotOurs => Released::NotOurs,
             // Other readers still share the lock: nobody can enter because this one left.
@@ -459,13 +454,11 @@ impl RedisStore {
     /// [`ReleaseAnswer::HandedOver`], the waiter named.
     async fn give_back(
         &self,
-        lock: &str,
-        token: &str,
-        hold_ms: u64,
-        kind: Kind,
-        after: Option<&Flight>,
+        caller: Caller<'_>,
+        release: Release<'_>,
     ) -> Result<(ReleaseAnswer, Option<Admitted>), LockError> {
-        let (caller, announcement) = (self.caller(lock, token), self.subscriber.announcement.as_str());
+        let Release { hold_ms, kind, after } = release;
+        let announcement = self.subscriber.announcement.as_str();
         // On the acquire connection: a release sent after an acquire whose answer never came
         // (cancelled, timed out) must reach Redis after it.
         let (connection, within) = self.ordered();
@@ -546,7 +539,7 @@ impl Store for RedisStore {
 
     async fn attempt(&self, asked: Asked<'_>, flight: &Flight) -> Result<Attempt, LockError> {
         let Asked { lock, token, ask } = asked;
-        self.acquire(lock.name(), token, ask, flight).await
+        self.acquire(self.caller(lock.name(), token), ask, flight).await
     }
 
     /// Every lock of a set, all or none, in one script (`set.lua`): where the deployment can
@@ -609,8 +602,7 @@ impl Store for RedisStore {
     }
 
     async fn release(&self, lock: &Lock, token: &str, release: Release<'_>) -> Result<Released, LockError> {
-        self.release_lock(lock.name(), token, release.hold_ms, release.kind, release.after)
-            .await
+        self.release_lock(self.caller(lock.name(), token), release).await
     }
 
     async fn leave(&self, lock: &Lock, token: &str, claimed: bool) -> Result<(), LockError> {
