@@ -53,11 +53,12 @@ const OPTION_ARGS: [&str; 15] = [
     "permits",
 ];
 const DEFAULT_TTL_MS: u64 = 30_000;
-// Kept in step with lock_runtime::{MIN_TTL, MIN_WATCHDOG_TTL, MAX_DURATION}.
+// The runtime's lock_runtime::{MIN_TTL, MIN_WATCHDOG_TTL, MAX_DURATION} in ms (the tests' layout.rs
+// fails when they differ).
 const MIN_TTL_MS: u64 = 10;
 const MIN_WATCHDOG_TTL_MS: u64 = 60;
 const MAX_MS: u64 = 30 * 24 * 3600 * 1000;
-// Kept in step with lock_runtime::MAX_PERMITS.
+// The runtime's lock_runtime::MAX_PERMITS (checked likewise).
 const MAX_PERMITS: u64 = 1024;
 
 #[derive(Clone, Copy)]

@@ -485,3 +485,47 @@ fn the_checks_see_what_they_look_for() {
     );
     assert_eq!(module_of("store/redis/mod.rs"), ["store", "redis"]);
 }
+
+/// The value of `const NAME: u64 = …;` in the macro crate's `validate.rs`, arithmetic of
+/// literals (`30 * 24 * 3600 * 1000`) evaluated.
+fn macro_limit(source: &str, name: &str) -> u64 {
+    let start = format!("const {name}: u64 = ");
+    let line = source
+        .lines()
+        .find_map(|line| line.trim().strip_prefix(start.as_str()))
+        .unwrap_or_else(|| panic!("lock-macros/src/validate.rs has no `{start}…`"));
+    line.trim_end_matches(';')
+        .split('*')
+        .map(|factor| {
+            let digits: String = factor.trim().chars().filter(|c| *c != '_').collect();
+            digits
+                .parse::<u64>()
+                .unwrap_or_else(|e| panic!("{name}: `{factor}` is not a number ({e})"))
+        })
+        .product()
+}
+
+/// The macro checks a literal `ttl_ms`, `watchdog` ttl, duration and `permits` at compile time
+/// against limits of its own (a proc-macro crate cannot read the runtime's constants): each must
+/// be the runtime's, or a literal the macro accepts would fail at run time (or the reverse).
+#[test]
+fn the_macros_limits_are_the_runtimes() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../lock-macros/src/validate.rs");
+    let source = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let limits = [
+        ("MIN_TTL_MS", ms(lock_runtime::MIN_TTL)),
+        ("MIN_WATCHDOG_TTL_MS", ms(lock_runtime::MIN_WATCHDOG_TTL)),
+        ("MAX_MS", ms(lock_runtime::MAX_DURATION)),
+        ("MAX_PERMITS", u64::from(lock_runtime::MAX_PERMITS)),
+    ];
+    for (name, runtime) in limits {
+        assert_eq!(
+            macro_limit(&source, name),
+            runtime,
+            "lock-macros/src/validate.rs's {name} is not the runtime's"
+        );
+    }
+    // The reader itself: the arithmetic form is read as its product.
+    assert_eq!(macro_limit("const X: u64 = 30 * 24 * 3_600;", "X"), 2_592_000);
+}
