@@ -300,7 +300,6 @@ impl LockClientBuilder {
 /// can index (PostgreSQL's btree keys, its `NOTIFY` payload, ZooKeeper's paths).
 pub const MAX_PREFIX_LEN: usize = 256;
 
-/// The prefix, if every store can hold it before any key.
 /// A store's servers as the builder keeps them: each address given to a builder method that
 /// takes a list (a Cluster's nodes, the sentinels, RedLock's masters, etcd's endpoints,
 /// ZooKeeper's hosts).
@@ -312,6 +311,7 @@ pub(crate) fn addresses(list: impl IntoIterator<Item = impl AsRef<str>>) -> Vec<
     list.into_iter().map(|a| a.as_ref().to_owned()).collect()
 }
 
+/// The prefix, if every store can hold it before any key.
 fn check_prefix(prefix: &str) -> Result<(), LockError> {
     if prefix.len() > MAX_PREFIX_LEN {
         return Err(LockError::invalid_options(format!(

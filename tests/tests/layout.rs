@@ -2,7 +2,8 @@
 //! path, no pinned connection, no script), `lockctl` is a command line over the library (no
 //! store crate, no file of the library included by path), and no two runtime modules import
 //! each other, however far round (the graph of `use` paths between the files of
-//! `lock-runtime/src` has no cycle).
+//! `lock-runtime/src` has no cycle); also that the guide for a new store lists the store folders
+//! as they are, and that the macro's compile-time limits are the runtime's.
 //!
 //! ```text
 //! cargo test -p lock-tests --test layout
