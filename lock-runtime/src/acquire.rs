@@ -87,14 +87,7 @@ impl Acquire<'_> {
                 let started = first.unwrap_or_else(Instant::now);
                 let pending = PendingAcquire::new(core, &lock, &call.token, (&ask, call.kind));
                 let answer = backend
-                    .attempt(
-                        Asked {
-                            lock: &lock,
-                            token: &call.token,
-                            ask: &ask,
-                        },
-                        &pending.flight,
-                    )
+                    .attempt(Asked::new(&lock, &call.token, &ask), &pending.flight)
                     .await;
                 call.deciding = Decided {
                     attempt: started.elapsed(),

@@ -371,6 +371,13 @@ pub(crate) struct Asked<'a> {
     pub(crate) ask: &'a Ask,
 }
 
+impl<'a> Asked<'a> {
+    /// `token`'s try at `lock`, asking `ask`.
+    pub(crate) fn new(lock: &'a Lock, token: &'a str, ask: &'a Ask) -> Self {
+        Asked { lock, token, ask }
+    }
+}
+
 /// What an attempt at a set of locks asks: every lock (checked, in the set's canonical order,
 /// each once), each for its own token (in the same order: a store may keep what it knows of a
 /// lock by its token, as for a single one), and how, as one lock's [`Ask`].

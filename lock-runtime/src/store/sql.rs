@@ -42,40 +42,17 @@ pub(crate) async fn check_rights<S: Store>(
     };
     let flight = Flight::default();
     store
-        .attempt(
-            Asked {
-                lock: &probe,
-                token: &reader,
-                ask: &ask(Mode::Shared),
-            },
-            &flight,
-        )
+        .attempt(Asked::new(&probe, &reader, &ask(Mode::Shared)), &flight)
         .await?;
     store.release(&probe, &reader, release(Kind::Shared)).await?;
-    store
-        .attempt(
-            Asked {
-                lock: &probe,
-                token: &holder,
-                ask: &once,
-            },
-            &flight,
-        )
-        .await?;
+    store.attempt(Asked::new(&probe, &holder, &once), &flight).await?;
     let queued = Ask {
         join: true,
         ..ask(Mode::Fair)
     };
     let waited = async {
         let answer = store
-            .attempt(
-                Asked {
-                    lock: &probe,
-                    token: &waiter,
-                    ask: &queued,
-                },
-                &flight,
-            )
+            .attempt(Asked::new(&probe, &waiter, &queued), &flight)
             .await?;
         store.leave(&probe, &waiter, false).await?;
         if let Attempt::Acquired { .. } = answer {
@@ -96,14 +73,7 @@ pub(crate) async fn check_rights<S: Store>(
         fair: false,
     });
     store
-        .attempt(
-            Asked {
-                lock: &permits,
-                token: &holder,
-                ask: &two,
-            },
-            &flight,
-        )
+        .attempt(Asked::new(&permits, &holder, &two), &flight)
         .await?;
     store.release(&permits, &holder, release(Kind::Permit)).await?;
     Ok(())

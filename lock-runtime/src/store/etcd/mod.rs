@@ -655,16 +655,7 @@ impl EtcdStore {
             // Gone with its session (or deleted by an operator): in line again, at the end.
             self.shared.book.places().remove(token);
             let ask = Ask { join: true, ..*ask };
-            return DynStore::attempt(
-                self,
-                Asked {
-                    lock,
-                    token,
-                    ask: &ask,
-                },
-                &Flight::default(),
-            )
-            .await;
+            return DynStore::attempt(self, Asked::new(lock, token, &ask), &Flight::default()).await;
         }
         let last_fence = read_at(&responses, 2).first().map_or(0, fence_of);
         let lease = mine.map_or(place.lease, KeyValue::lease);
