@@ -199,14 +199,10 @@ pub(crate) trait Line: Send + Sync {
 
     /// When the store's own upkeep (a session to renew, or to close when idle) is next due, if
     /// it has any.
-    fn upkeep_due(&self) -> Option<Instant> {
-        None
-    }
+    fn upkeep_due(&self) -> Option<Instant>;
 
     /// The store's upkeep at a due time, the reaper's round ([`reap`](Line::reap)) among it.
-    fn upkeep(&self) -> impl Future<Output = ()> + Send {
-        self.reap()
-    }
+    fn upkeep(&self) -> impl Future<Output = ()> + Send;
 
     /// The keeper: the store's upkeep whenever it or a place is due, until the client goes.
     fn keep(self: std::sync::Arc<Self>) -> impl Future<Output = ()> + Send
@@ -488,6 +484,8 @@ mod tests {
         /// What the next deletion answers: `Some(found)`, or `None` for an unavailable store.
         answer: Mutex<Option<bool>>,
         asked: Mutex<Vec<&'static str>>,
+        /// When its own upkeep is due (`None`: never).
+        upkeep_at: Mutex<Option<Instant>>,
     }
 
     impl Line for Told {
@@ -519,6 +517,59 @@ mod tests {
         fn not_released(&self, _: &str, _: Placed<()>, _: &LockError) {
             locked(&self.asked).push("not_released");
         }
+
+        fn upkeep_due(&self) -> Option<Instant> {
+            *locked(&self.upkeep_at)
+        }
+
+        /// Its own upkeep done, it is not due again (as a store's renewed session is not).
+        async fn upkeep(&self) {
+            locked(&self.asked).push("upkeep");
+            locked(&self.upkeep_at).take_if(|at| *at <= Instant::now());
+            self.reap().await;
+        }
+    }
+
+    /// The keeper runs the store's upkeep when a held place's time is up (the reaper then deletes
+    /// it) and when the store's own upkeep is due, with no place due; never before either.
+    #[tokio::test(start_paused = true)]
+    async fn the_keeper_runs_the_upkeep_when_a_place_or_the_store_is_due() {
+        let line = std::sync::Arc::new(Told::default());
+        *locked(&line.answer) = Some(true);
+        let start = Instant::now();
+        line.book
+            .record("held", Placed::held((), start + Duration::from_secs(5)));
+        let keeper = tokio::spawn(line.clone().keep());
+        let asked = |line: &Told| locked(&line.asked).clone();
+        let deadline = start + Duration::from_secs(30);
+        while !asked(&line).contains(&"delete") {
+            assert!(
+                Instant::now() < deadline,
+                "the keeper never deleted the place: {:?}",
+                asked(&line)
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(
+            Instant::now() >= start + Duration::from_secs(5),
+            "deleted before its time"
+        );
+        assert_eq!(asked(&line), ["upkeep", "delete"]);
+        assert!(!line.book.places().contains_key("held"));
+        // Nothing held: the store's own upkeep, when it says it is due.
+        let due = Instant::now() + Duration::from_secs(7);
+        *locked(&line.upkeep_at) = Some(due);
+        while asked(&line).len() < 3 {
+            assert!(
+                Instant::now() < deadline + Duration::from_secs(30),
+                "no upkeep: {:?}",
+                asked(&line)
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(Instant::now() >= due, "upkeep before it was due");
+        assert_eq!(asked(&line)[2], "upkeep");
+        keeper.abort();
     }
 
     #[tokio::test(start_paused = true)]
