@@ -261,16 +261,6 @@ impl Table {
     }
 }
 
-/// A forced release's outcome: freed when what was seen was still there (and is now gone),
-/// else changed when the key holds something else (`changed`, asked only then), else gone.
-fn outcome(freed: bool, changed: impl FnOnce() -> bool) -> ForceReleased {
-    match freed {
-        true => ForceReleased::Freed,
-        false if changed() => ForceReleased::Changed,
-        false => ForceReleased::Gone,
-    }
-}
-
 fn ms_until(at: Instant, now: Instant) -> u64 {
     ceil_millis(at.saturating_duration_since(now))
 }
@@ -793,28 +783,27 @@ impl MemoryStore {
         let forced = {
             let mut store = self.store();
             let token = |value: &str| value.strip_suffix(RELEASED).unwrap_or(value).to_owned();
-            match &seen.holding {
-                Holding::Free | Holding::Foreign { .. } => ForceReleased::Gone,
-                Holding::Exclusive { value, .. } => {
-                    let held = store.live(lock, now).map(|h| token(&h.token));
-                    match held {
-                        Some(held) if held == token(value) => {
-                            store.locks.remove(lock);
-                            ForceReleased::Freed
-                        }
-                        Some(_) => ForceReleased::Changed,
-                        None if store.held_count(lock, now).is_some() => ForceReleased::Changed,
-                        None => ForceReleased::Gone,
-                    }
+            // Whether what was seen is still there, and now given back.
+            let freed = match &seen.holding {
+                Holding::Free | Holding::Foreign { .. } => None,
+                Holding::Exclusive { value, .. } => Some(
+                    store
+                        .live(lock, now)
+                        .is_some_and(|held| token(&held.token) == token(value))
+                        && store.locks.remove(lock).is_some(),
+                ),
+                Holding::Permits { .. } => {
+                    Some(store.permits(lock, now).is_some() && store.semaphores.remove(lock).is_some())
                 }
-                Holding::Permits { .. } => outcome(
-                    store.permits(lock, now).is_some() && store.semaphores.remove(lock).is_some(),
-                    || store.held_count(lock, now).is_some(),
-                ),
-                Holding::Shared { .. } => outcome(
-                    store.readers(lock, now).is_some() && store.shares.remove(lock).is_some(),
-                    || store.live(lock, now).is_some(),
-                ),
+                Holding::Shared { .. } => {
+                    Some(store.readers(lock, now).is_some() && store.shares.remove(lock).is_some())
+                }
+            };
+            match freed {
+                // Nothing of ours was seen there.
+                None => ForceReleased::Gone,
+                Some(true) => ForceReleased::Freed,
+                Some(false) => ForceReleased::unless_held(store.held_count(lock, now).is_some()),
             }
         };
         if forced == ForceReleased::Freed {

@@ -843,7 +843,13 @@ impl ForceReleased {
     /// someone holds it now, `Gone` when it is free.
     #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     pub(crate) fn not_freed(now: &LockView) -> ForceReleased {
-        match now.is_held() {
+        ForceReleased::unless_held(now.is_held())
+    }
+
+    /// A forced release that freed nothing: `Changed` when someone `held` the lock after it,
+    /// `Gone` when it was free.
+    pub(crate) fn unless_held(held: bool) -> ForceReleased {
+        match held {
             true => ForceReleased::Changed,
             false => ForceReleased::Gone,
         }
