@@ -14,11 +14,17 @@ lock_tests::on_every_deployment!(
     a_watch_sees_locks_come_and_go,
 );
 
-/// Fencing counters and shares, where the store keeps them (not RedLock).
+/// Fencing counters, shares and semaphores, where the store keeps them (not RedLock).
 mod counted {
-    use super::list_shows_fencing_counters_and_shares;
+    use super::{
+        a_forced_release_of_readers_spares_a_semaphore_that_came_after,
+        list_shows_fencing_counters_and_shares,
+    };
 
-    lock_tests::on_every_deployment_with_one_counter!(list_shows_fencing_counters_and_shares);
+    lock_tests::on_every_deployment_with_one_counter!(
+        list_shows_fencing_counters_and_shares,
+        a_forced_release_of_readers_spares_a_semaphore_that_came_after,
+    );
 }
 
 fn minute() -> LockOptions {
@@ -118,6 +124,21 @@ async fn a_forced_release_spares_a_lock_that_changed_hands(t: Target) {
     assert!(!second.is_lost());
     assert!(c.is_locked("hands").await.unwrap(), "the new holder keeps it");
     assert!(second.release().await.unwrap());
+}
+
+/// Readers seen, gone by the forced release, and a semaphore holding the key since: it changed
+/// hands (another kind of holder counts as much as another writer).
+async fn a_forced_release_of_readers_spares_a_semaphore_that_came_after(t: Target) {
+    let c = t.client();
+    let admin = Admin::new(c.clone());
+    let read = minute().mode(LockMode::Shared);
+    let reader = c.acquire("kinds", &read).await.unwrap();
+    let seen = admin.show("kinds").await.unwrap();
+    assert!(reader.release().await.unwrap());
+    let permit = c.acquire("kinds", &minute().permits(2)).await.unwrap();
+    assert_eq!(admin.force_release(&seen).await.unwrap(), ForceReleased::Changed);
+    assert!(!permit.is_lost());
+    assert!(permit.release().await.unwrap());
 }
 
 async fn a_watch_sees_locks_come_and_go(t: Target) {

@@ -47,13 +47,13 @@ const FREE_HELD: &str = "WITH freed AS ( \
         RETURNING key) \
      SELECT count(*) FROM (SELECT lock_runtime_v1_tell($1, $3) FROM freed) AS told";
 
-/// Frees a read-write lock's shares (or a semaphore's permits) if readers (holders) still hold
-/// it, and announces it.
+/// Frees a read-write lock's shares (or, with `$3`, a semaphore's permits) if readers (holders)
+/// still hold it, and announces it (binds: key, announcement, whether permits were seen).
 const FREE_SHARED: &str = "WITH freed AS ( \
         UPDATE lock_runtime_locks SET shares = NULL, shares_until = 0, marked = false, \
             permits = NULL, held = NULL \
         FROM lock_runtime_v1_now() AS n \
-        WHERE key = $1 AND shares_until > n \
+        WHERE key = $1 AND shares_until > n AND (permits IS NOT NULL) = $3 \
         RETURNING key), \
      holders AS (DELETE FROM lock_runtime_permits WHERE key IN (SELECT key FROM freed)) \
      SELECT count(*) FROM (SELECT lock_runtime_v1_tell($1, $2) FROM freed) AS told";
@@ -199,9 +199,13 @@ impl StoreAdmin for PostgresStore {
                     .fetch_one(conn))?
             }
             Holding::Shared { .. } | Holding::Permits { .. } => {
+                // Only the kind seen: a semaphore that took the key after the readers seen (or
+                // readers after a semaphore) changed hands.
+                let permits = matches!(seen.holding, Holding::Permits { .. });
                 ask!(self, |conn| sqlx::query_scalar(FREE_SHARED)
                     .bind(name)
                     .bind(&self.announcement)
+                    .bind(permits)
                     .fetch_one(conn))?
             }
         };
