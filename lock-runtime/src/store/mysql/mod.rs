@@ -130,7 +130,7 @@ const TAKE: &str = sql!(
 /// (as a renewal and the sweep lock them), and a deadlock's victim changed nothing and is sent
 /// again.
 fn take_set(rows: usize) -> String {
-    let row = concat!("(?, ?, ", now_ms!(), " + ?, IF(?, ", now_us!(), ", NULL))");
+    let row = sql!("(?, ?, " now_ms!() " + ?, IF(?, " now_us!() ", NULL))");
     let own = row_tokens(rows);
     let takeable = format!("(token IS NULL OR expires_ms <= {} OR token = {own})", now_ms!());
     format!(
