@@ -76,6 +76,7 @@ impl FaultProxy {
             mode: Mutex::new(Mode::Relay),
             accepted: AtomicUsize::new(0),
             dropped: AtomicUsize::new(0),
+            sent: AtomicUsize::new(0),
             silence_new: AtomicBool::new(false),
         });
         let (commands, command_rx) = mpsc::unbounded_channel();
@@ -118,6 +119,13 @@ impl FaultProxy {
     /// request has reached the proxy and will never be delivered.
     pub fn dropped(&self) -> usize {
         self.shared.dropped.load(Ordering::SeqCst)
+    }
+
+    /// How many bytes the proxy has read from clients so far, whatever it did with them
+    /// (relayed, held back by [`delay`](Self::delay), dropped): a test sees that a request
+    /// left its client (and, delayed, when it is due).
+    pub fn sent(&self) -> usize {
+        self.shared.sent.load(Ordering::SeqCst)
     }
 
     /// Normal mode: every byte is relayed as soon as it is read, both ways (the initial mode).
@@ -224,6 +232,8 @@ struct Shared {
     mode: Mutex<Mode>,
     accepted: AtomicUsize,
     dropped: AtomicUsize,
+    /// See [`FaultProxy::sent`].
+    sent: AtomicUsize,
     /// See [`FaultProxy::silence_new`].
     silence_new: AtomicBool,
 }
@@ -437,6 +447,9 @@ async fn direction(mut from: ReadHalf<'_>, mut to: WriteHalf<'_>, ctl: &Ctl, ans
         let mut buf = vec![0u8; 16 * 1024];
         loop {
             let read = from.read(&mut buf).await;
+            if let (Ok(n), false) = (&read, answers) {
+                ctl.shared.sent.fetch_add(*n, Ordering::SeqCst);
+            }
             if ctl.silent(answers) {
                 match read {
                     Ok(n) if n > 0 => {

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use sqlx::postgres::{PgConnectOptions, PgPool};
 
-use super::sql::{ask, millis, unsigned, SqlCore, SqlStore};
+use super::sql::{ask, millis, release_after, unsigned, SqlCore, SqlStore};
 use super::{
     Ask, Asked, Attempt, Capabilities, DynStore, Flight, Kind, Lock, Notices, Release, Released, Renewal,
     Renewing, SetAsk, SetAttempt, Settings, Store, StoreConfig,
@@ -282,11 +282,16 @@ impl PostgresStore {
         // Whatever the URL, the role or the database say: names resolve in the store's schema
         // (catalog first, as PostgreSQL advises for trusted code), and the store's own
         // statements run at READ COMMITTED (under REPEATABLE READ or SERIALIZABLE a contended
-        // upsert fails with a serialization error instead of waiting for the row). Startup
-        // options come after the URL's and win over the role's and database's settings.
+        // upsert fails with a serialization error instead of waiting for the row). And no
+        // statement of the store's outlives the response timeout on the server either: the
+        // client gives up on it then, and a statement given up on must not go on to take a lock
+        // later (see `sql::release_after`). Startup options come after the URL's and win over the role's
+        // and database's settings.
+        let statement_ms = crate::options::ceil_millis(timeouts.response).max(1);
         let options = options.application_name("lock-runtime").options([
             ("search_path", format!("pg_catalog,{schema},pg_temp")),
             ("default_transaction_isolation", "read\\ committed".to_owned()),
+            ("statement_timeout", statement_ms.to_string()),
         ]);
         Ok(PostgresStore {
             sql: SqlCore::new(options, timeouts, format!("{address} (schema {schema})")),
@@ -408,14 +413,22 @@ impl Drop for PostgresStore {
 /// Makes the schema unless this version's is there: one transaction, its first statement taking
 /// a transaction-level advisory lock, so clients starting together make it one at a time; and
 /// asked again under that lock, so it is made once, not once per client that waited (a second
-/// making would lock the table against the first one's lock holders until it commits).
-async fn make_schema(pool: &PgPool, schema: &str) -> Result<(), sqlx::Error> {
+/// making would lock the table against the first one's lock holders until it commits). Its
+/// statements may run `within` (the client waits that long for the making), not only the
+/// response timeout the connection's other statements are held to: the advisory lock, and the
+/// making's own locks, may wait for another client's making, or for sessions of an older build.
+async fn make_schema(pool: &PgPool, schema: &str, within: std::time::Duration) -> Result<(), sqlx::Error> {
     let mut conn = pool.acquire().await?;
     let conn: &mut sqlx::PgConnection = &mut conn;
     if schema_ready(conn, schema).await?.0 {
         return Ok(());
     }
     let mut tx = sqlx::Connection::begin(conn).await?;
+    let within_ms = crate::options::ceil_millis(within).max(1);
+    sqlx::query("SELECT set_config('statement_timeout', $1, true)")
+        .bind(within_ms.to_string())
+        .execute(&mut *tx)
+        .await?;
     let made = make_schema_in(&mut tx, schema).await?;
     tx.commit().await?;
     if made {
@@ -493,7 +506,8 @@ impl SqlStore for PostgresStore {
     }
 
     fn make_schema(&self, pool: &PgPool) -> impl Future<Output = Result<(), sqlx::Error>> + Send {
-        make_schema(pool, &self.schema_name)
+        let timeouts = &self.sql.timeouts;
+        make_schema(pool, &self.schema_name, timeouts.connect + timeouts.response)
     }
 
     async fn sweep_batch(conn: &mut sqlx::PgConnection) -> Result<bool, sqlx::Error> {
@@ -751,8 +765,12 @@ impl Store for PostgresStore {
     }
 
     async fn release(&self, lock: &Lock, token: &str, release: Release<'_>) -> Result<Released, LockError> {
-        self.release_lock(lock, token, release.hold_ms, release.kind)
-            .await
+        // Every statement of the store's ends within the response timeout on the server (the
+        // connection's `statement_timeout`).
+        release_after(release.after.is_some(), self.sql.timeouts.response, || {
+            self.release_lock(lock, token, release.hold_ms, release.kind)
+        })
+        .await
     }
 
     async fn leave(&self, lock: &Lock, token: &str, claimed: bool) -> Result<(), LockError> {
