@@ -658,6 +658,47 @@ async fn a_client_cut_off_inside_a_transaction_blocks_the_key_only_briefly() {
     proxy.reset_all();
 }
 
+/// An acquire waiting for a row another session holds is given up on the server when its
+/// client gives it up (the store's sessions wait for a row as long as the response timeout, not
+/// InnoDB's 50 s): it does not go on to take the key for nobody once the row comes free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_acquire_stops_waiting_for_the_row_on_the_server() {
+    use sqlx::Connection;
+    let server = blocking(MariadbServer::spawn).await;
+    let c = builder(&server.url())
+        .response_timeout(3 * SECOND)
+        .build()
+        .await
+        .unwrap();
+    assert!(!c.is_locked("stuck").await.unwrap(), "the table is made");
+    let mut holder = sqlx::MySqlConnection::connect(&server.url()).await.unwrap();
+    sqlx::raw_sql("START TRANSACTION")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO lock_runtime_locks (name, token, expires_ms, fence) VALUES ('lock:{stuck}', NULL, 0, NULL)")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    let answer = c.acquire("stuck", &ttl(60_000)).await;
+    assert!(matches!(answer, Err(LockError::Unavailable { .. })), "{answer:?}");
+    eventually(
+        8 * SECOND,
+        "the abandoned attempt stops waiting for the row on the server",
+        || {
+            let rows = server.sql(
+                "SELECT COUNT(*) FROM information_schema.processlist \
+             WHERE info LIKE 'INSERT INTO lock_runtime_locks%' AND info NOT LIKE '%processlist%'",
+            );
+            async move { rows.trim() == "0" }
+        },
+    )
+    .await;
+    sqlx::raw_sql("COMMIT").execute(&mut holder).await.unwrap();
+    let guard = c.acquire("stuck", &ttl(5000)).await.unwrap();
+    assert!(guard.release().await.unwrap());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_cut_off_by_a_partition_works_again_once_it_heals() {
     let server = MariadbServer::spawn();
@@ -893,4 +934,55 @@ async fn a_semaphore_is_one_statement_a_permit_and_its_key_is_freed_by_its_last_
         other.acquire("sem:kept", &ttl(10_000)).await.is_ok()
     })
     .await;
+}
+
+/// An acquire abandoned unanswered may reach the server after its release: the release goes on
+/// another connection, finds nothing, and the attempt then takes the key for nobody. Made to
+/// happen here by a proxy that holds the attempt back past the response timeout while the
+/// release goes straight. The release is sent again once the attempt has surely ended on the
+/// server: the key is held until then, not for its ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_acquire_that_lands_after_its_release_is_given_back() {
+    let server = blocking(MariadbServer::spawn).await;
+    let proxy = FaultProxy::start(server.port());
+    let c = builder(&format!("mysql://root@127.0.0.1:{}/test", proxy.port()))
+        .response_timeout(3 * SECOND)
+        .build()
+        .await
+        .unwrap();
+    let mut landed = false;
+    for round in 0..5 {
+        let key = format!("late:{round}");
+        // Every connection of the pool has the attempt's statement prepared (the pool hands
+        // its connections out in turn): one not prepared yet is prepared first, a round trip
+        // the proxy would hold back, and the attempt would never be sent.
+        let mut warmed = 0;
+        while warmed <= proxy.accepted() {
+            let guard = c.acquire(&key, &ttl(60_000)).await.unwrap();
+            assert!(guard.release().await.unwrap());
+            warmed += 1;
+        }
+        let before = proxy.sent();
+        proxy.delay(5 * SECOND);
+        let acquiring = tokio::spawn({
+            let (c, key) = (c.clone(), key.clone());
+            async move { c.acquire(&key, &ttl(60_000)).await }
+        });
+        let sent = lock_tests::holds_within(10 * SECOND, || async { proxy.sent() > before }).await;
+        assert!(sent, "the attempt left the client");
+        proxy.relay();
+        let answer = acquiring.await.unwrap();
+        assert!(matches!(answer, Err(LockError::Unavailable { .. })), "{answer:?}");
+        // Sent whole, the attempt lands 5 s after it left, after its release found nothing,
+        // and takes the key. (Sent on a connection still being opened or handed back, whose
+        // round trips the proxy held back, it never ran: another round.)
+        if lock_tests::holds_within(8 * SECOND, || async { c.is_locked(&key).await.unwrap() }).await {
+            landed = true;
+            let freed =
+                lock_tests::holds_within(20 * SECOND, || async { !c.is_locked(&key).await.unwrap() }).await;
+            assert!(freed, "{key} is still held, for nobody");
+            break;
+        }
+    }
+    assert!(landed, "no attempt held back landed in 5 rounds");
 }

@@ -4,9 +4,10 @@
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use futures_util::future::BoxFuture;
 use sqlx::pool::PoolOptions;
 use sqlx::{ConnectOptions, Connection, Pool};
 use tokio::sync::OnceCell;
@@ -82,6 +83,14 @@ pub(crate) async fn check_rights<S: Store>(
 /// The options a pool of `DB` connects with.
 pub(crate) type Options<DB> = <<DB as sqlx::Database>::Connection as Connection>::Options;
 
+/// What a store runs on each connection it opens, before the connection's first request: a
+/// session setting no connect option carries (MySQL's lock wait).
+pub(crate) type Setup<DB> = Arc<
+    dyn for<'c> Fn(&'c mut <DB as sqlx::Database>::Connection) -> BoxFuture<'c, Result<(), sqlx::Error>>
+        + Send
+        + Sync,
+>;
+
 /// What the release of an attempt whose answer never came allows, beyond the longest a
 /// statement of the store's may run on the server, for that attempt to have ended there: its
 /// way to the server after the client sent it (a busy server, the network), and its end.
@@ -137,17 +146,27 @@ impl<DB: sqlx::Database> LazyPool<DB> {
     /// The pool of this runtime: at most `size` connections, none pinged before a request (a
     /// round trip per request: a connection that broke fails its request, which the caller
     /// retries, and the pool drops it), and a connection waited for three quarters of `connect`
-    /// (the quarter left is [`why_unconnected`]'s, to say why none could be made).
-    pub(crate) fn get(&self, options: &Options<DB>, size: u32, connect: Duration) -> Pool<DB> {
+    /// (the quarter left is [`why_unconnected`]'s, to say why none could be made); `setup` run
+    /// on each connection it opens.
+    pub(crate) fn get(
+        &self,
+        options: &Options<DB>,
+        size: u32,
+        connect: Duration,
+        setup: Option<&Setup<DB>>,
+    ) -> Pool<DB> {
         let mut slot = self.slot();
         if let Some(pool) = slot.as_ref().filter(|_| self.runtime.is_running()) {
             return pool.clone();
         }
-        let pool = PoolOptions::<DB>::new()
+        let mut pool = PoolOptions::<DB>::new()
             .max_connections(size)
             .test_before_acquire(false)
-            .acquire_timeout(connect * 3 / 4)
-            .connect_lazy_with(options.clone());
+            .acquire_timeout(connect * 3 / 4);
+        if let Some(setup) = setup.cloned() {
+            pool = pool.after_connect(move |conn, _| setup(conn));
+        }
+        let pool = pool.connect_lazy_with(options.clone());
         *slot = Some(pool.clone());
         self.runtime.replace(std::future::pending);
         pool
@@ -211,6 +230,8 @@ pub(crate) struct SqlCore<DB: sqlx::Database> {
     pub(crate) sweeps: Sweeps,
     /// Where the database is, for errors (`host:port/database`, and what else names it).
     pub(crate) place: String,
+    /// Run on each connection the pool opens.
+    setup: Option<Setup<DB>>,
 }
 
 impl<DB: sqlx::Database> SqlCore<DB> {
@@ -222,6 +243,15 @@ impl<DB: sqlx::Database> SqlCore<DB> {
             schema: OnceCell::new(),
             sweeps: Sweeps::default(),
             place,
+            setup: None,
+        }
+    }
+
+    /// The same, with `setup` run on each connection the pool opens.
+    pub(crate) fn with_setup(self, setup: Setup<DB>) -> Self {
+        SqlCore {
+            setup: Some(setup),
+            ..self
         }
     }
 
@@ -277,8 +307,12 @@ pub(crate) trait SqlStore: Sync {
     /// The pool of this runtime (made lazily, so building a client needs no runtime).
     fn pool(&self) -> Pool<Self::Db> {
         let core = self.core();
-        core.pool
-            .get(&core.options, Self::POOL_SIZE, core.timeouts.connect)
+        core.pool.get(
+            &core.options,
+            Self::POOL_SIZE,
+            core.timeouts.connect,
+            core.setup.as_ref(),
+        )
     }
 
     /// Makes the schema (tables, and what else the store runs) if it is not there.

@@ -32,7 +32,7 @@ use std::sync::Arc;
 
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool};
 
-use super::sql::{ask, millis, unsigned, SqlCore, SqlStore};
+use super::sql::{ask, millis, release_after, unsigned, SqlCore, SqlStore};
 use super::{
     Asked, Attempt, Capabilities, DynStore, Flight, Kind, Lock, Notices, Offered, Release, Released, Renewal,
     Renewing, SetAsk, SetAttempt, Settings, Store, StoreConfig, Waking,
@@ -316,8 +316,15 @@ impl MysqlStore {
             )));
         };
         let address = format!("{}:{}/{database}", options.get_host(), options.get_port());
+        let lock_wait = lock_wait(timeouts.response);
+        let setup: super::sql::Setup<sqlx::MySql> = Arc::new(move |conn| {
+            Box::pin(async move {
+                let set = format!("SET SESSION innodb_lock_wait_timeout = {}", lock_wait.as_secs());
+                sqlx::Executor::execute(conn, set.as_str()).await.map(drop)
+            })
+        });
         Ok(MysqlStore {
-            sql: SqlCore::new(options, timeouts, address),
+            sql: SqlCore::new(options, timeouts, address).with_setup(setup),
             prefix,
             notices,
             permits: permits::Permits::default(),
@@ -754,6 +761,35 @@ impl Store for MysqlStore {
     }
 
     async fn release(&self, lock: &Lock, token: &str, release: Release<'_>) -> Result<Released, LockError> {
+        let statements = lock_wait(self.sql.timeouts.response);
+        release_after(release.after.is_some(), statements, || {
+            self.release_once(lock, token, release)
+        })
+        .await
+    }
+
+    async fn leave(&self, lock: &Lock, token: &str, claimed: bool) -> Result<(), LockError> {
+        self.leave_lines(lock, token, claimed).await
+    }
+}
+
+/// How long a statement of the store's waits for a row on the server
+/// (`innodb_lock_wait_timeout`, whole seconds, at least one): the response timeout, when the
+/// client gives up on it too; not InnoDB's 50 s, after which a statement given up on would still
+/// take a lock for nobody (see `sql::release_after`).
+fn lock_wait(response: std::time::Duration) -> std::time::Duration {
+    let whole = response.as_secs() + u64::from(response.subsec_nanos() > 0);
+    std::time::Duration::from_secs(whole.max(1))
+}
+
+impl MysqlStore {
+    /// One release of `token`'s hold of `lock` (see [`Store::release`]).
+    async fn release_once(
+        &self,
+        lock: &Lock,
+        token: &str,
+        release: Release<'_>,
+    ) -> Result<Released, LockError> {
         if release.kind == Kind::Permit {
             return self
                 .release_permit(lock, token, release.hold_ms, release.after.is_some())
@@ -768,10 +804,6 @@ impl Store for MysqlStore {
             return Ok(self.admitted(lock.name(), 1).await);
         }
         Ok(released)
-    }
-
-    async fn leave(&self, lock: &Lock, token: &str, claimed: bool) -> Result<(), LockError> {
-        self.leave_lines(lock, token, claimed).await
     }
 }
 
