@@ -607,8 +607,10 @@ impl LockClient {
     /// It stops the watchdog, marks every held lock lost (so guarded bodies with
     /// `on_lost = "abort"` stop), releases each one (token-checked, minimum holds honoured), and
     /// waits for releases already in flight in the background (dropped guards, abandoned
-    /// acquires, cancelled fair waiters giving up their places), each bounded by the response
-    /// timeout. Afterwards every acquire fails with
+    /// acquires, cancelled fair waiters giving up their places), for at most the response
+    /// timeout. (On PostgreSQL and MySQL the release of an acquire abandoned in flight that
+    /// found nothing is sent again a few seconds later, in case the attempt landed after it:
+    /// shutdown does not wait that long, and says so in a warning.) Afterwards every acquire fails with
     /// [`LockError::Unavailable`] (source [`ShutDown`](crate::ShutDown)). Calling it again does nothing more.
     ///
     /// ```no_run

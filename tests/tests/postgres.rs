@@ -1152,7 +1152,7 @@ async fn an_acquire_behind_a_locked_row_keeps_to_its_wait() {
 /// An acquire abandoned unanswered may reach the server after its release: the release goes on
 /// another connection, finds nothing, and the attempt then takes the key for nobody. Made to
 /// happen here by a proxy that holds the attempt back past the response timeout while the
-/// release goes straight. The release is sent again once the attempt's statement has surely
+/// release goes straight. The release is sent again once the attempt's statement has
 /// ended on the server (the connection's `statement_timeout` bounds it): the key is held until
 /// then, not for its ttl.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1164,9 +1164,9 @@ async fn an_abandoned_acquire_that_lands_after_its_release_is_given_back() {
     let mut landed = false;
     for round in 0..5 {
         let key = format!("late:{round}");
-        // Every connection of the pool has the attempt's statement prepared (the pool hands
-        // its connections out in turn): one not prepared yet is first described, a round trip
-        // the proxy would hold back, and the attempt would never be sent.
+        // The pool's connections, handed out in turn, have the attempt's statement prepared
+        // (one not prepared yet is prepared first, a round trip the proxy would hold back, and
+        // the attempt would never be sent: another round).
         let mut warmed = 0;
         while warmed <= proxy.accepted() {
             let guard = c.acquire(&key, &ttl(60_000)).await.unwrap();

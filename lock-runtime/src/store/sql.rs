@@ -98,8 +98,9 @@ const ATTEMPT_ENDED_SLACK: Duration = Duration::from_secs(1);
 
 /// A SQL store's release (`release`, sent once or twice): sent again, when it is the release of
 /// an attempt whose answer never came (`after`) and it found nothing, once that attempt has
-/// surely ended on the server, `statements` (the longest the store's statements run there)
-/// and [`ATTEMPT_ENDED_SLACK`] later. The attempt went on a connection of its own, closed
+/// ended on the server: `statements` (the longest an attempt runs there, given how the store
+/// bounds it) and [`ATTEMPT_ENDED_SLACK`] later. (An attempt that reaches the server later than
+/// that slack after it was given up is not covered.) The attempt went on a connection of its own, closed
 /// since, which the server may still be running: on its way there, or waiting for a row
 /// behind this release, which it then takes for nobody until its ttl. A store with one
 /// connection sends the release after the attempt on it ([`Flight`]); a pool cannot. The second

@@ -761,7 +761,9 @@ impl Store for MysqlStore {
     }
 
     async fn release(&self, lock: &Lock, token: &str, release: Release<'_>) -> Result<Released, LockError> {
-        let statements = lock_wait(self.sql.timeouts.response);
+        // An attempt waits for a row at most `lock_wait`, and for two at most (a permit's claim
+        // locks its header and its row; a set's locks are given back again later still).
+        let statements = lock_wait(self.sql.timeouts.response) * 2;
         release_after(release.after.is_some(), statements, || {
             self.release_once(lock, token, release)
         })

@@ -766,7 +766,8 @@ impl Store for PostgresStore {
 
     async fn release(&self, lock: &Lock, token: &str, release: Release<'_>) -> Result<Released, LockError> {
         // Every statement of the store's ends within the response timeout on the server (the
-        // connection's `statement_timeout`).
+        // connection's `statement_timeout`; behind a pooler that drops startup options, the
+        // role's, as docs/deployments.md asks).
         release_after(release.after.is_some(), self.sql.timeouts.response, || {
             self.release_lock(lock, token, release.hold_ms, release.kind)
         })
