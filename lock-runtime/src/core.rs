@@ -300,13 +300,15 @@ pub(crate) fn release_in_background(core: Arc<Core>, lock: Abandoned) {
                     after: Some(flight),
                 };
                 let mut released = give_back_until(&core, (lock, token), release, lasts_until).await;
-                if matches!(released, Ok(false)) && *of_set {
-                    // A set's request may take this lock after its release found nothing: one
-                    // statement locks a set's rows one after another, and this release can
-                    // reach a later row before the statement does. Given back once more when
-                    // any such request has been answered or given up (token-checked: harmless
-                    // if the lock was never taken).
-                    tokio::time::sleep(core.timeouts.response * 2 + Duration::from_secs(1)).await;
+                // The attempt may take this lock after its release found nothing: a set's
+                // request (one statement locks a set's rows one after another, and this
+                // release can reach a later row before the statement does), and any attempt on
+                // a store whose release can overtake it (`late_attempts`). Given back once more
+                // when any such request has ended (token-checked: harmless if the lock was
+                // never taken).
+                let set_ended = of_set.then(|| core.timeouts.response * 2 + Duration::from_secs(1));
+                if let (Ok(false), Some(ended)) = (&released, set_ended.max(core.store.late_attempts())) {
+                    tokio::time::sleep(ended).await;
                     released = give_back_until(&core, (lock, token), release, lasts_until).await;
                 }
                 if matches!(released, Ok(false)) {

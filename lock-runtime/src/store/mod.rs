@@ -783,6 +783,16 @@ pub(crate) trait Store: Send + Sync + Debug + 'static {
         release: Release<'_>,
     ) -> impl Future<Output = Result<Released, LockError>> + Send;
 
+    /// How long after the client gave up on an attempt (no answer within the response timeout,
+    /// or its caller cancelled) the store may still apply it where that attempt's release can
+    /// get there first and find nothing: a pool's other connection, where a store with one
+    /// connection sends the release after the attempt on its route ([`Flight`]). The release
+    /// of such an attempt that found nothing is sent again this long after. `None`: a release
+    /// cannot overtake its attempt.
+    fn late_attempts(&self) -> Option<Duration> {
+        None
+    }
+
     /// Takes `token` out of the lock's line and withdraws its claim as a waiting writer (a
     /// waiter that stops waiting). `claimed`: it may have claimed the writers' turn, so readers
     /// held back by the claim are told to try again. A store without a line has nothing to do.
@@ -873,6 +883,7 @@ pub(crate) trait DynStore: Send + Sync + Debug {
     fn attempt_set<'a>(&'a self, set: SetAsk<'a>, flight: &'a Flight) -> Answer<'a, Option<SetAttempt>>;
     fn renew<'a>(&'a self, locks: &'a [Renewing<'a>]) -> Answer<'a, Vec<Renewal>>;
     fn release<'a>(&'a self, lock: &'a Lock, token: &'a str, release: Release<'a>) -> Answer<'a, Released>;
+    fn late_attempts(&self) -> Option<Duration>;
     fn leave<'a>(&'a self, lock: &'a Lock, token: &'a str, claimed: bool) -> Answer<'a, ()>;
     fn inspect<'a>(&'a self, lock: &'a Lock) -> Answer<'a, LockView>;
     #[cfg_attr(not(feature = "cli"), allow(dead_code))]
@@ -909,6 +920,10 @@ impl<S: Store + StoreAdmin> DynStore for S {
 
     fn release<'a>(&'a self, lock: &'a Lock, token: &'a str, release: Release<'a>) -> Answer<'a, Released> {
         Box::pin(Store::release(self, lock, token, release))
+    }
+
+    fn late_attempts(&self) -> Option<Duration> {
+        Store::late_attempts(self)
     }
 
     fn leave<'a>(&'a self, lock: &'a Lock, token: &'a str, claimed: bool) -> Answer<'a, ()> {

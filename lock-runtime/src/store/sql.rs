@@ -14,7 +14,7 @@ use tokio::sync::OnceCell;
 
 use crate::background::Background;
 use crate::error::TimedOut;
-use crate::store::{Ask, Asked, Attempt, Flight, Kind, Lock, Mode, Release, Released, Store, Timeouts};
+use crate::store::{Ask, Asked, Attempt, Flight, Kind, Lock, Mode, Release, Store, Timeouts};
 use crate::LockError;
 
 /// Every right locking needs on a SQL store, checked when a client connects (so that a role
@@ -91,35 +91,18 @@ pub(crate) type Setup<DB> = Arc<
         + Sync,
 >;
 
-/// What the release of an attempt whose answer never came allows, beyond the longest a
-/// statement of the store's may run on the server, for that attempt to have ended there: its
-/// way to the server after the client sent it (a busy server, the network), and its end.
+/// What a SQL store allows, beyond the longest it lets an attempt run on the server, for an
+/// attempt the client gave up on to have ended there: its way to the server after the client
+/// sent it (a busy server, the network), and its end.
 const ATTEMPT_ENDED_SLACK: Duration = Duration::from_secs(1);
 
-/// A SQL store's release (`release`, sent once or twice): sent again, when it is the release of
-/// an attempt whose answer never came (`after`) and it found nothing, once that attempt has
-/// ended on the server: `statements` (the longest an attempt runs there, given how the store
-/// bounds it) and [`ATTEMPT_ENDED_SLACK`] later. (An attempt that reaches the server later than
-/// that slack after it was given up is not covered.) The attempt went on a connection of its own, closed
-/// since, which the server may still be running: on its way there, or waiting for a row
-/// behind this release, which it then takes for nobody until its ttl. A store with one
-/// connection sends the release after the attempt on it ([`Flight`]); a pool cannot. The second
-/// release is token-checked: nothing happens if the attempt never took the lock.
-pub(crate) async fn release_after<F, Fut>(
-    after: bool,
-    statements: Duration,
-    mut release: F,
-) -> Result<Released, LockError>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<Released, LockError>>,
-{
-    let released = release().await?;
-    if released != Released::NotOurs || !after {
-        return Ok(released);
-    }
-    tokio::time::sleep(statements + ATTEMPT_ENDED_SLACK).await;
-    release().await
+/// A SQL store's [`late_attempts`](Store::late_attempts), for a store that lets an attempt
+/// run at most `statements` on the server: the attempt went on a connection of its own, closed
+/// since, which the server may still be running (on its way there, or waiting for a row behind
+/// the release), and a pool cannot send the release after it there. (An attempt that reaches
+/// the server later than [`ATTEMPT_ENDED_SLACK`] after it was given up is not covered.)
+pub(crate) fn late_attempts(statements: Duration) -> Option<Duration> {
+    Some(statements + ATTEMPT_ENDED_SLACK)
 }
 
 /// A store's pool, made on the runtime that first needs it (so building a client needs no

@@ -32,7 +32,7 @@ use std::sync::Arc;
 
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool};
 
-use super::sql::{ask, millis, release_after, unsigned, SqlCore, SqlStore};
+use super::sql::{ask, late_attempts, millis, unsigned, SqlCore, SqlStore};
 use super::{
     Asked, Attempt, Capabilities, DynStore, Flight, Kind, Lock, Notices, Offered, Release, Released, Renewal,
     Renewing, SetAsk, SetAttempt, Settings, Store, StoreConfig, Waking,
@@ -316,12 +316,14 @@ impl MysqlStore {
             )));
         };
         let address = format!("{}:{}/{database}", options.get_host(), options.get_port());
-        let lock_wait = lock_wait(timeouts.response);
+        let set: Arc<str> = format!(
+            "SET SESSION innodb_lock_wait_timeout = {}",
+            lock_wait(timeouts.response).as_secs()
+        )
+        .into();
         let setup: super::sql::Setup<sqlx::MySql> = Arc::new(move |conn| {
-            Box::pin(async move {
-                let set = format!("SET SESSION innodb_lock_wait_timeout = {}", lock_wait.as_secs());
-                sqlx::Executor::execute(conn, set.as_str()).await.map(drop)
-            })
+            let set = Arc::clone(&set);
+            Box::pin(async move { sqlx::Executor::execute(conn, &*set).await.map(drop) })
         });
         Ok(MysqlStore {
             sql: SqlCore::new(options, timeouts, address).with_setup(setup),
@@ -761,37 +763,6 @@ impl Store for MysqlStore {
     }
 
     async fn release(&self, lock: &Lock, token: &str, release: Release<'_>) -> Result<Released, LockError> {
-        // An attempt waits for a row at most `lock_wait`, and for two at most (a permit's claim
-        // locks its header and its row; a set's locks are given back again later still).
-        let statements = lock_wait(self.sql.timeouts.response) * 2;
-        release_after(release.after.is_some(), statements, || {
-            self.release_once(lock, token, release)
-        })
-        .await
-    }
-
-    async fn leave(&self, lock: &Lock, token: &str, claimed: bool) -> Result<(), LockError> {
-        self.leave_lines(lock, token, claimed).await
-    }
-}
-
-/// How long a statement of the store's waits for a row on the server
-/// (`innodb_lock_wait_timeout`, whole seconds, at least one): the response timeout, when the
-/// client gives up on it too; not InnoDB's 50 s, after which a statement given up on would still
-/// take a lock for nobody (see `sql::release_after`).
-fn lock_wait(response: std::time::Duration) -> std::time::Duration {
-    let whole = response.as_secs() + u64::from(response.subsec_nanos() > 0);
-    std::time::Duration::from_secs(whole.max(1))
-}
-
-impl MysqlStore {
-    /// One release of `token`'s hold of `lock` (see [`Store::release`]).
-    async fn release_once(
-        &self,
-        lock: &Lock,
-        token: &str,
-        release: Release<'_>,
-    ) -> Result<Released, LockError> {
         if release.kind == Kind::Permit {
             return self
                 .release_permit(lock, token, release.hold_ms, release.after.is_some())
@@ -807,6 +778,27 @@ impl MysqlStore {
         }
         Ok(released)
     }
+
+    fn late_attempts(&self) -> Option<std::time::Duration> {
+        // An attempt waits for a row at most `lock_wait`, and for two at most (a permit's claim
+        // locks its header and its row). A set's statement waits for a row per key: its locks
+        // are given back again after the longer of this and the client's wait for any set
+        // (see `core::release_in_background`).
+        late_attempts(lock_wait(self.sql.timeouts.response) * 2)
+    }
+
+    async fn leave(&self, lock: &Lock, token: &str, claimed: bool) -> Result<(), LockError> {
+        self.leave_lines(lock, token, claimed).await
+    }
+}
+
+/// How long a statement of the store's waits for a row on the server
+/// (`innodb_lock_wait_timeout`, whole seconds, at least one): the response timeout, when the
+/// client gives up on it too; not InnoDB's 50 s, after which a statement given up on would still
+/// take a lock for nobody (see `late_attempts`).
+fn lock_wait(response: std::time::Duration) -> std::time::Duration {
+    let whole = response.as_secs() + u64::from(response.subsec_nanos() > 0);
+    std::time::Duration::from_secs(whole.max(1))
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use sqlx::postgres::{PgConnectOptions, PgPool};
 
-use super::sql::{ask, millis, release_after, unsigned, SqlCore, SqlStore};
+use super::sql::{ask, late_attempts, millis, unsigned, SqlCore, SqlStore};
 use super::{
     Ask, Asked, Attempt, Capabilities, DynStore, Flight, Kind, Lock, Notices, Release, Released, Renewal,
     Renewing, SetAsk, SetAttempt, Settings, Store, StoreConfig,
@@ -285,7 +285,7 @@ impl PostgresStore {
         // upsert fails with a serialization error instead of waiting for the row). And no
         // statement of the store's outlives the response timeout on the server either: the
         // client gives up on it then, and a statement given up on must not go on to take a lock
-        // later (see `sql::release_after`). Startup options come after the URL's and win over the role's
+        // later (see `late_attempts`). Startup options come after the URL's and win over the role's
         // and database's settings.
         let statement_ms = crate::options::ceil_millis(timeouts.response).max(1);
         let options = options.application_name("lock-runtime").options([
@@ -765,13 +765,15 @@ impl Store for PostgresStore {
     }
 
     async fn release(&self, lock: &Lock, token: &str, release: Release<'_>) -> Result<Released, LockError> {
+        self.release_lock(lock, token, release.hold_ms, release.kind)
+            .await
+    }
+
+    fn late_attempts(&self) -> Option<std::time::Duration> {
         // Every statement of the store's ends within the response timeout on the server (the
         // connection's `statement_timeout`; behind a pooler that drops startup options, the
         // role's, as docs/deployments.md asks).
-        release_after(release.after.is_some(), self.sql.timeouts.response, || {
-            self.release_lock(lock, token, release.hold_ms, release.kind)
-        })
-        .await
+        late_attempts(self.sql.timeouts.response)
     }
 
     async fn leave(&self, lock: &Lock, token: &str, claimed: bool) -> Result<(), LockError> {
