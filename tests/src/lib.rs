@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use lock_runtime::{LockClient, LockClientBuilder, LockOptions};
 
+mod abandoned;
 pub mod affinity;
 pub mod bench;
 mod cluster;
@@ -29,6 +30,7 @@ mod sentinel;
 mod tls;
 mod zookeeper;
 
+pub use abandoned::a_late_attempt_is_given_back;
 pub use cluster::{RedisCluster, SlotMigration};
 pub use etcd::EtcdCluster;
 pub use logs::Logs;

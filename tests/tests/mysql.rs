@@ -34,6 +34,22 @@ async fn blocking<T: Send + 'static>(step: impl FnOnce() -> T + Send + 'static) 
         .expect("the kit's step panicked")
 }
 
+/// A transaction of the test's own that holds the row of the key `stuck` (free, inserted by it):
+/// the store's statements on that key wait for it until it ends.
+async fn holding_the_row_of_stuck(server: &MariadbServer) -> sqlx::MySqlConnection {
+    use sqlx::Connection;
+    let mut holder = sqlx::MySqlConnection::connect(&server.url()).await.unwrap();
+    sqlx::raw_sql("START TRANSACTION")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO lock_runtime_locks (name, token, expires_ms, fence) VALUES ('lock:{stuck}', NULL, 0, NULL)")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    holder
+}
+
 /// Keys that MariaDB's default collations would call equal (case, accents, `ß`/`ss`, trailing
 /// spaces) are different locks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -597,7 +613,6 @@ async fn a_holder_cut_off_stops_before_another_takes_the_lock() {
 /// lock wait (50 s) or the server's idle limit (8 hours).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_cut_off_inside_a_transaction_blocks_the_key_only_briefly() {
-    use sqlx::Connection;
     let server = blocking(MariadbServer::spawn).await;
     let proxy = FaultProxy::start(server.port());
     // The cut client's response timeout is its sessions' idle limit inside a transaction.
@@ -614,15 +629,7 @@ async fn a_client_cut_off_inside_a_transaction_blocks_the_key_only_briefly() {
     // The key's row, made by a transaction of the test's own that holds it: the cut client's
     // attempt starts its transaction and waits there for the row.
     let fair = ttl(5000).fair(true);
-    let mut holder = sqlx::MySqlConnection::connect(&server.url()).await.unwrap();
-    sqlx::raw_sql("START TRANSACTION")
-        .execute(&mut holder)
-        .await
-        .unwrap();
-    sqlx::query("INSERT INTO lock_runtime_locks (name, token, expires_ms, fence) VALUES ('lock:{stuck}', NULL, 0, NULL)")
-        .execute(&mut holder)
-        .await
-        .unwrap();
+    let mut holder = holding_the_row_of_stuck(&server).await;
     let attempt = tokio::spawn({
         let cut = cut.clone();
         async move { cut.acquire("stuck", &ttl(5000).fair(true)).await }
@@ -663,7 +670,6 @@ async fn a_client_cut_off_inside_a_transaction_blocks_the_key_only_briefly() {
 /// InnoDB's 50 s): it does not go on to take the key for nobody once the row comes free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abandoned_acquire_stops_waiting_for_the_row_on_the_server() {
-    use sqlx::Connection;
     let server = blocking(MariadbServer::spawn).await;
     let c = builder(&server.url())
         .response_timeout(3 * SECOND)
@@ -671,15 +677,7 @@ async fn an_abandoned_acquire_stops_waiting_for_the_row_on_the_server() {
         .await
         .unwrap();
     assert!(!c.is_locked("stuck").await.unwrap(), "the table is made");
-    let mut holder = sqlx::MySqlConnection::connect(&server.url()).await.unwrap();
-    sqlx::raw_sql("START TRANSACTION")
-        .execute(&mut holder)
-        .await
-        .unwrap();
-    sqlx::query("INSERT INTO lock_runtime_locks (name, token, expires_ms, fence) VALUES ('lock:{stuck}', NULL, 0, NULL)")
-        .execute(&mut holder)
-        .await
-        .unwrap();
+    let mut holder = holding_the_row_of_stuck(&server).await;
     let answer = c.acquire("stuck", &ttl(60_000)).await;
     assert!(matches!(answer, Err(LockError::Unavailable { .. })), "{answer:?}");
     eventually(
@@ -950,49 +948,5 @@ async fn an_abandoned_acquire_that_lands_after_its_release_is_given_back() {
         .build()
         .await
         .unwrap();
-    let mut landed = false;
-    for round in 0..5 {
-        let key = format!("late:{round}");
-        // The pool's connections, handed out in turn, have the attempt's statement prepared
-        // (one not prepared yet is prepared first, a round trip the proxy would hold back, and
-        // the attempt would never be sent: another round).
-        let mut warmed = 0;
-        while warmed <= proxy.accepted() {
-            let guard = c.acquire(&key, &ttl(60_000)).await.unwrap();
-            assert!(guard.release().await.unwrap());
-            warmed += 1;
-        }
-        // Held back once the proxy has read more than a ping's few bytes (a connection going
-        // back to the pool pings it) since the delay began.
-        let before = proxy.sent();
-        proxy.delay(5 * SECOND);
-        let acquiring = tokio::spawn({
-            let (c, key) = (c.clone(), key.clone());
-            async move { c.acquire(&key, &ttl(60_000)).await }
-        });
-        let sent = lock_tests::holds_within(10 * SECOND, || async { proxy.sent() > before + 16 }).await;
-        assert!(sent, "the attempt left the client");
-        proxy.relay();
-        match acquiring.await.unwrap() {
-            Err(LockError::Unavailable { .. }) => {}
-            // Sent before the delay (what the proxy saw was a connection going back to the
-            // pool, a ping of a few bytes): another round.
-            Ok(guard) => {
-                assert!(guard.release().await.unwrap());
-                continue;
-            }
-            answer => panic!("{answer:?}"),
-        }
-        // Sent whole, the attempt lands 5 s after it left, after its release found nothing,
-        // and takes the key. (Sent on a connection still being opened or handed back, whose
-        // round trips the proxy held back, it never ran: another round.)
-        if lock_tests::holds_within(8 * SECOND, || async { c.is_locked(&key).await.unwrap() }).await {
-            landed = true;
-            let freed =
-                lock_tests::holds_within(20 * SECOND, || async { !c.is_locked(&key).await.unwrap() }).await;
-            assert!(freed, "{key} is still held, for nobody");
-            break;
-        }
-    }
-    assert!(landed, "no attempt held back landed in 5 rounds");
+    lock_tests::a_late_attempt_is_given_back(&c, &proxy).await;
 }

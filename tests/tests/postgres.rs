@@ -1161,50 +1161,7 @@ async fn an_abandoned_acquire_that_lands_after_its_release_is_given_back() {
     let proxy = FaultProxy::start(server.port());
     let url = format!("postgres://postgres@127.0.0.1:{}/postgres", proxy.port());
     let c = builder(&url).response_timeout(3 * SECOND).build().await.unwrap();
-    let mut landed = false;
-    for round in 0..5 {
-        let key = format!("late:{round}");
-        // The pool's connections, handed out in turn, have the attempt's statement prepared
-        // (one not prepared yet is prepared first, a round trip the proxy would hold back, and
-        // the attempt would never be sent: another round).
-        let mut warmed = 0;
-        while warmed <= proxy.accepted() {
-            let guard = c.acquire(&key, &ttl(60_000)).await.unwrap();
-            assert!(guard.release().await.unwrap());
-            warmed += 1;
-        }
-        // Held back once the proxy has read more than a ping's few bytes (a connection going
-        // back to the pool pings it) since the delay began.
-        let before = proxy.sent();
-        proxy.delay(5 * SECOND);
-        let acquiring = tokio::spawn({
-            let (c, key) = (c.clone(), key.clone());
-            async move { c.acquire(&key, &ttl(60_000)).await }
-        });
-        let sent = holds_within(10 * SECOND, || async { proxy.sent() > before + 16 }).await;
-        assert!(sent, "the attempt left the client");
-        proxy.relay();
-        match acquiring.await.unwrap() {
-            Err(LockError::Unavailable { .. }) => {}
-            // Sent before the delay (what the proxy saw was a connection going back to the
-            // pool, a ping of a few bytes): another round.
-            Ok(guard) => {
-                assert!(guard.release().await.unwrap());
-                continue;
-            }
-            answer => panic!("{answer:?}"),
-        }
-        // Sent whole, the attempt lands 5 s after it left, after its release found nothing,
-        // and takes the key. (Sent on a connection still being opened or handed back, whose
-        // round trips the proxy held back, it never ran: another round.)
-        if holds_within(8 * SECOND, || async { c.is_locked(&key).await.unwrap() }).await {
-            landed = true;
-            let freed = holds_within(20 * SECOND, || async { !c.is_locked(&key).await.unwrap() }).await;
-            assert!(freed, "{key} is still held, for nobody");
-            break;
-        }
-    }
-    assert!(landed, "no attempt held back landed in 5 rounds");
+    lock_tests::a_late_attempt_is_given_back(&c, &proxy).await;
 }
 
 /// A partition that silences every connection the client has (a firewall dropping the flows):
